@@ -1,0 +1,239 @@
+"""Plain-PyTorch (fp32) reference for Gated DeltaNet verification and state commit (DESIGN A.7).
+
+Per value head and token i (q_i, k_i L2-normalised, decay alpha_i = e^{g_i}, write strength beta_i,
+state S in R^{dv x dk}), the gated delta rule is
+
+    z_i = beta_i (v_i - alpha_i S_{i-1} k_i),  S_i = alpha_i S_{i-1} + z_i k_i^T,  o_i = S_i (scale q_i)   (1)
+
+`gdn_recurrent` runs Eq. 1 token by token; it is the oracle the other functions are tested against.
+
+With the cumulative log decay g_i = sum_{j<=i} log alpha_j (called `g_cum` below) Eq. 1 unrolls to
+
+    S_i = e^{g_i} S_0 + sum_{j<=i} e^{g_i - g_j} z_j k_j^T                                        (2)
+
+Substituting (2) for S_{i-1} in the definition of z_i gives one triangular system for all T tokens,
+
+    H Z = diag(beta) (V - diag(e^g) K S_0^T),   H_ii = 1,  H_ij = beta_i e^{g_i - g_j} k_i^T k_j (j < i)  (3)
+
+and the outputs follow without forming any per-token state,
+
+    O = diag(e^g) (scale Q) S_0^T + (Gamma . (scale Q) K^T) Z,   Gamma_ij = e^{g_i - g_j} (j <= i), 0 else  (10)
+
+`gdn_verify` evaluates (3) and (10) block-parallel and returns the compact factors (z_i, k_i, g_i).
+H is lower triangular, so the first m rows of Z depend only on the first m tokens: after rejecting
+a suffix, `gdn_commit` rebuilds the accepted state of every layer from the same factors by
+
+    S_m = e^{g_m} S_0 + Z_{1:m}^T diag(e^{g_m - g_1}, ..., e^{g_m - g_m}) K_{1:m}                  (7)
+
+Numerics: e^{g_i - g_j} is formed only where j <= i (the exponent is masked to -inf before `exp`,
+never a ratio of exponentials), so decays of e.g. g = -50 per token underflow to 0 instead of
+overflowing. `g` must be finite (log alpha <= 0). All arithmetic is fp32.
+
+Layouts (value head h reads key head h // (HV // HK), i.e. repeat_interleave semantics):
+    q, k   [B, T, HK, dk]      v, z, o   [B, T, HV, dv]      g, beta, g_cum   [B, T, HV]
+    state  [B, HV, dv, dk]  (fp32; o_i = S_i (scale q_i))
+Internally value heads are split as HV = HK x G (G = HV // HK) so q and k broadcast over the
+group dimension instead of being repeated.
+"""
+
+import torch
+from torch import Tensor
+
+# ---------------------------------------------------------------------------------------------
+# Boundary checks
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_ndim(fn: str, name: str, x: Tensor, layout: str) -> None:
+    if x.dim() != len(layout.split(",")):
+        raise ValueError(f"{fn}: {name} has {x.dim()} dims, expected [{layout}]")
+
+
+def _check_shape(fn: str, name: str, x: Tensor, layout: str, expected: tuple[int, ...]) -> None:
+    if tuple(x.shape) != expected:
+        raise ValueError(
+            f"{fn}: {name} has shape {tuple(x.shape)}, expected [{layout}] = {expected}"
+        )
+
+
+def _check_float32(fn: str, name: str, x: Tensor) -> None:
+    if x.dtype != torch.float32:
+        raise ValueError(f"{fn}: {name} has dtype {x.dtype}, expected torch.float32")
+
+
+def _check_heads(fn: str, hv: int, hk: int) -> None:
+    if hv % hk != 0:
+        raise ValueError(f"{fn}: HV={hv} value heads is not a multiple of HK={hk} key heads")
+
+
+def _check_step_inputs(fn, q, k, v, g, beta, state) -> tuple[int, int, int, int, int, int]:
+    """Validate the inputs of `gdn_recurrent` / `gdn_verify`; return (B, T, HK, HV, dk, dv)."""
+    _check_ndim(fn, "q", q, "B, T, HK, dk")
+    _check_ndim(fn, "k", k, "B, T, HK, dk")
+    _check_ndim(fn, "v", v, "B, T, HV, dv")
+    B, T, HK, dk = q.shape
+    HV, dv = v.shape[2], v.shape[3]
+    if T < 1:
+        raise ValueError(f"{fn}: q has T={T} tokens, expected T >= 1")
+    _check_shape(fn, "k", k, "B, T, HK, dk", (B, T, HK, dk))
+    _check_shape(fn, "v", v, "B, T, HV, dv", (B, T, HV, dv))
+    _check_heads(fn, HV, HK)
+    _check_shape(fn, "g", g, "B, T, HV", (B, T, HV))
+    _check_shape(fn, "beta", beta, "B, T, HV", (B, T, HV))
+    _check_shape(fn, "state", state, "B, HV, dv, dk", (B, HV, dv, dk))
+    _check_float32(fn, "state", state)
+    return B, T, HK, HV, dk, dv
+
+
+# ---------------------------------------------------------------------------------------------
+# Head grouping: HV = HK x G, value head h = hk * G + group
+# ---------------------------------------------------------------------------------------------
+
+
+def _key_heads(x: Tensor) -> Tensor:
+    """[B, T, HK, d] -> [B, HK, 1, T, d] fp32, broadcastable over the group dimension."""
+    return x.float().transpose(1, 2).unsqueeze(2)
+
+
+def _value_heads(x: Tensor, hk: int) -> Tensor:
+    """[B, T, HV, *rest] -> [B, HK, G, T, *rest] fp32."""
+    B, T, HV = x.shape[:3]
+    x = x.float().reshape(B, T, hk, HV // hk, *x.shape[3:])
+    return x.permute(0, 2, 3, 1, *range(4, x.dim()))
+
+
+def _token_major(x: Tensor) -> Tensor:
+    """[B, HK, G, T, *rest] -> [B, T, HV, *rest] (inverse of `_value_heads`)."""
+    B, HK, G, T = x.shape[:4]
+    x = x.permute(0, 3, 1, 2, *range(4, x.dim()))
+    return x.reshape(B, T, HK * G, *x.shape[4:])
+
+
+# ---------------------------------------------------------------------------------------------
+# Eq. 1: sequential oracle
+# ---------------------------------------------------------------------------------------------
+
+
+def gdn_recurrent(q, k, v, g, beta, state, scale) -> tuple[Tensor, Tensor]:
+    """Sequential recurrence of Eq. 1, token by token. Returns (o, final_state); does not modify `state`.
+
+    q, k [B, T, HK, dk]; v [B, T, HV, dv]; g (log decay), beta [B, T, HV]; state [B, HV, dv, dk]
+    fp32. Returns o [B, T, HV, dv] in v.dtype and the state after the last token [B, HV, dv, dk]
+    fp32.
+    """
+    B, T, HK, HV, dk, dv = _check_step_inputs("gdn_recurrent", q, k, v, g, beta, state)
+    qh, kh = _key_heads(q) * scale, _key_heads(k)  # [B, HK, 1, T, dk]
+    vh = _value_heads(v, HK)  # [B, HK, G, T, dv]
+    alpha, bh = _value_heads(g, HK).exp(), _value_heads(beta, HK)  # [B, HK, G, T]
+    S = state.reshape(B, HK, HV // HK, dv, dk).clone()  # [B, HK, G, dv, dk]
+    outputs = []
+    for i in range(T):
+        k_i, q_i = kh[:, :, :, i, :, None], qh[:, :, :, i, :, None]  # [B, HK, 1, dk, 1]
+        a_i, b_i = alpha[..., i, None, None], bh[..., i, None, None]  # [B, HK, G, 1, 1]
+        S = a_i * S
+        z_i = b_i * (vh[:, :, :, i, :, None] - S @ k_i)  # [B, HK, G, dv, 1]
+        S = S + z_i @ k_i.transpose(-1, -2)  # [B, HK, G, dv, dk]
+        outputs.append((S @ q_i).squeeze(-1))  # [B, HK, G, dv]
+    o = _token_major(torch.stack(outputs, dim=3))  # [B, T, HV, dv]
+    return o.to(v.dtype), S.reshape(B, HV, dv, dk)
+
+
+# ---------------------------------------------------------------------------------------------
+# Eqs. 3 and 10: block-parallel verification
+# ---------------------------------------------------------------------------------------------
+
+
+def _causal_decay(g_cum: Tensor, diagonal: int) -> Tensor:
+    """Gamma_ij = e^{g_i - g_j} where j <= i - diagonal, else 0.  [..., T] -> [..., T, T].
+
+    The exponent is masked to -inf before `exp`, so positive exponents (j > i) are never
+    evaluated and very negative decays underflow to 0 rather than producing inf or NaN.
+    """
+    T = g_cum.shape[-1]
+    causal = torch.ones(T, T, dtype=torch.bool, device=g_cum.device).tril(-diagonal)  # [T, T]
+    exponent = g_cum[..., :, None] - g_cum[..., None, :]  # [..., T, T]
+    return exponent.masked_fill(~causal, float("-inf")).exp()
+
+
+def gdn_verify(q, k, v, g, beta, state, scale) -> tuple[Tensor, Tensor, Tensor]:
+    """Block-parallel verification of T tokens: solve Eq. 3, outputs by Eq. 10.
+    Returns (o, z, g_cum): o [B,T,HV,dv] in v.dtype, z [B,T,HV,dv] fp32, g_cum [B,T,HV] fp32 (cumulative log decay).
+    The compact factors are (z, k, g_cum); k is the caller's own tensor. Does not modify `state`.
+
+    q, k [B, T, HK, dk] (L2-normalised); v [B, T, HV, dv]; g (log decay <= 0, finite), beta
+    [B, T, HV]; state S_0 [B, HV, dv, dk] fp32; scale multiplies q. Any T >= 1. Memory is
+    O(T^2 + T (dv + dk)) per head: no per-token state is formed.
+    """
+    B, T, HK, HV, dk, dv = _check_step_inputs("gdn_verify", q, k, v, g, beta, state)
+    qh, kh = _key_heads(q) * scale, _key_heads(k)  # [B, HK, 1, T, dk]
+    vh = _value_heads(v, HK)  # [B, HK, G, T, dv]
+    bh = _value_heads(beta, HK)  # [B, HK, G, T]
+    g_cum = _value_heads(g, HK).cumsum(dim=-1)  # [B, HK, G, T]
+    S0_t = state.reshape(B, HK, HV // HK, dv, dk).transpose(-1, -2)  # [B, HK, G, dk, dv]
+    decay_0 = g_cum.exp()[..., None]  # e^{g_i} [B, HK, G, T, 1]
+
+    # Eq. 3: H Z = diag(beta) (V - diag(e^g) K S_0^T)
+    kk = kh @ kh.transpose(-1, -2)  # k_i^T k_j [B, HK, 1, T, T]
+    eye = torch.eye(T, dtype=torch.float32, device=kk.device)  # [T, T]
+    H = eye + bh[..., None] * _causal_decay(g_cum, diagonal=1) * kk  # [B, HK, G, T, T]
+    rhs = bh[..., None] * (vh - decay_0 * (kh @ S0_t))  # [B, HK, G, T, dv]
+    Z = torch.linalg.solve_triangular(H, rhs, upper=False, unitriangular=True)  # [B, HK, G, T, dv]
+
+    # Eq. 10: O = diag(e^g) Q S_0^T + (Gamma . Q K^T) Z
+    qk = qh @ kh.transpose(-1, -2)  # [B, HK, 1, T, T]
+    O = decay_0 * (qh @ S0_t) + (_causal_decay(g_cum, diagonal=0) * qk) @ Z  # [B, HK, G, T, dv]
+
+    return _token_major(O).to(v.dtype), _token_major(Z), _token_major(g_cum)
+
+
+# ---------------------------------------------------------------------------------------------
+# Eq. 7: accepted-state reconstruction for every layer at once
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_commit_inputs(states, z, k, g_cum, accepted) -> None:
+    fn = "gdn_commit"
+    _check_ndim(fn, "states", states, "L, B, HV, dv, dk")
+    _check_ndim(fn, "z", z, "L, B, T, HV, dv")
+    _check_ndim(fn, "k", k, "L, B, T, HK, dk")
+    _check_float32(fn, "states", states)
+    L, B, HV, dv, dk = states.shape
+    T, HK = z.shape[2], k.shape[3]
+    _check_shape(fn, "z", z, "L, B, T, HV, dv", (L, B, T, HV, dv))
+    _check_shape(fn, "k", k, "L, B, T, HK, dk", (L, B, T, HK, dk))
+    _check_heads(fn, HV, HK)
+    _check_shape(fn, "g_cum", g_cum, "L, B, T, HV", (L, B, T, HV))
+    _check_shape(fn, "accepted", accepted, "B", (B,))
+    if accepted.dtype != torch.long:
+        raise ValueError(f"gdn_commit: accepted has dtype {accepted.dtype}, expected torch.long")
+    # The range check reads the values, which is only free when they already live on the host.
+    if accepted.device.type == "cpu" and not bool(((accepted >= 1) & (accepted <= T)).all()):
+        raise ValueError(f"gdn_commit: accepted = {accepted.tolist()}, expected 1 <= m <= T={T}")
+
+
+def gdn_commit(states, z, k, g_cum, accepted) -> None:
+    """Rebuild the accepted state of every layer at once, in place, by Eq. 7, accumulating in fp32.
+
+    states [L, B, HV, dv, dk] fp32 holds S_0 of every layer and is overwritten with S_m;
+    z [L, B, T, HV, dv], k [L, B, T, HK, dk] (bf16 or fp32) and g_cum [L, B, T, HV] are the
+    factors from `gdn_verify`; accepted [B] long is m, the number of committed tokens of batch
+    element b (1 <= m <= T, the same for all layers; range-checked only when on the CPU).
+    """
+    _check_commit_inputs(states, z, k, g_cum, accepted)
+    L, B, HV, dv, dk = states.shape
+    T, HK = z.shape[2], k.shape[3]
+    g_cum = g_cum.float()
+    last = (accepted - 1).view(1, B, 1, 1).expand(L, B, 1, HV)  # index of token m [L, B, 1, HV]
+    g_m = g_cum.gather(dim=2, index=last)  # [L, B, 1, HV]
+
+    # weights e^{g_m - g_j} for j <= m, exactly 0 for the rejected suffix (masked before exp)
+    kept = torch.arange(T, device=accepted.device).view(1, T) < accepted.view(B, 1)  # [B, T]
+    exponent = (g_m - g_cum).masked_fill(~kept.view(1, B, T, 1), float("-inf"))
+    weights = exponent.exp()  # [L, B, T, HV]
+
+    # sum_j e^{g_m - g_j} z_j k_j^T, contracted over tokens: value heads grouped as [HK, G]
+    weighted_z = (weights[..., None] * z.float()).view(L, B, T, HK, HV // HK, dv)
+    update = torch.einsum("lbtkgv,lbtkd->lbkgvd", weighted_z, k.float())  # [L, B, HK, G, dv, dk]
+
+    states.mul_(g_m.exp().view(L, B, HV, 1, 1))  # e^{g_m} S_0
+    states.add_(update.reshape(L, B, HV, dv, dk))

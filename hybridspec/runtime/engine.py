@@ -1,0 +1,187 @@
+"""The decoding engine: prefill, autoregressive decoding and speculative rounds (DESIGN A.8).
+
+One speculative round, as pure steps over the target, the drafter and the policy:
+
+    draft → select w0 → stage 0 on u tokens → routing correction → stage 1 on w tokens
+          → accept (greedy or point-mass) → commit m = A + 1 tokens
+
+Batch size one, as the paper. Every round leaves a `RoundRecord` for the collectors.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from .drafter import DFlashDrafter, DraftOutput
+from .models.hybrid import HybridTarget, PassOutput
+from .policies import HybridSpecPolicy, Policy
+from .sampling import SamplingParams, choose, verify_greedy, verify_point_mass
+
+
+@dataclass
+class RoundRecord:
+    w0: int | None  # nominal length (None for ar)
+    u: int  # Stage-0 length
+    w: int  # executed verification length (counts the anchor)
+    accepted: int  # A
+    accepted_full: int | None  # A_D, when all D draft tokens were verified
+    emitted: int  # tokens this round added to the output (after truncation)
+    truncated: bool  # cut short by EOS or the output limit
+    draft_tokens: list[int] = field(default_factory=list)
+    confidence: list[float] = field(default_factory=list)
+    entropy: list[float] = field(default_factory=list)
+    layer0_experts: Tensor | None = None  # [u, k] expert ids of the Stage-0 tokens
+    expert_ids: list[Tensor] | None = None  # per MoE layer [w, k], when routing is recorded
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int]  # generated ids only
+    finish_reason: str  # "eos" or "length"
+    rounds: list[RoundRecord]
+    prefill_seconds: float
+    decode_seconds: float  # after the prefill-produced anchor
+
+    @property
+    def decode_tokens(self) -> int:
+        """Tokens emitted after the prefill-produced anchor (DESIGN A.10)."""
+        return len(self.token_ids) - 1
+
+    @property
+    def acceptance_length(self) -> float:
+        return self.decode_tokens / len(self.rounds) if self.rounds else 0.0
+
+    @property
+    def mean_verification_length(self) -> float:
+        return sum(r.w for r in self.rounds) / len(self.rounds) if self.rounds else 0.0
+
+
+class Clock:
+    """Wall-clock phases; synchronizes the device so that a phase's time is its own."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+
+class Engine:
+    def __init__(self, target: HybridTarget, drafter: DFlashDrafter | None = None, *, max_context: int = 4096):
+        self.target, self.drafter, self.max_context = target, drafter, max_context
+        self.device = target.embed_tokens.weight.device
+        self.clock = Clock(self.device)
+        width = drafter.draft_len + 1 if drafter is not None else 1
+        if drafter is not None:
+            target.feature_layers = drafter.feature_layers
+        self.cache = target.new_cache(max_len=max_context + width, tokens_per_pass=max(64, width))
+
+    # ---------------------------------------------------------------- public
+    def generate(self, prompt_ids: list[int], *, policy: Policy, max_new_tokens: int,
+                 sampling: SamplingParams = SamplingParams(), eos_ids: tuple[int, ...] = (),
+                 record_routing: bool = False) -> GenerationResult:
+        if not prompt_ids:
+            raise ValueError("prompt is empty")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be ≥ 1, got {max_new_tokens}")
+        if len(prompt_ids) + max_new_tokens > self.max_context:
+            raise ValueError(f"prompt ({len(prompt_ids)}) + max_new_tokens ({max_new_tokens}) exceeds the context "
+                             f"of {self.max_context} tokens")
+        if policy.speculative and self.drafter is None:
+            raise ValueError(f"policy {policy.name!r} is speculative and needs a drafter")
+        generator = torch.Generator().manual_seed(sampling.seed)
+        self.cache.reset()
+        start = self.clock.now()
+        prompt = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
+        out = self.target.prefill(prompt, self.cache)
+        if policy.speculative:
+            self.drafter.reset(self.cache.max_len)
+            self.drafter.extend(out.features)
+        tokens = [choose(out.logits[0, -1], sampling, generator)]
+        decode_start = self.clock.now()
+        rounds: list[RoundRecord] = []
+        eos = set(eos_ids)
+        while tokens[-1] not in eos and len(tokens) < max_new_tokens:
+            remaining = max_new_tokens - len(tokens)
+            if policy.speculative:
+                new, record = self._speculative_round(tokens[-1], policy, remaining, sampling, generator, record_routing)
+            else:
+                new, record = self._autoregressive_step(tokens[-1], sampling, generator)
+            new, cut = _truncate(new, remaining, eos)
+            record.truncated = record.truncated or cut or new[-1] in eos
+            record.emitted = len(new)
+            tokens.extend(new)
+            rounds.append(record)
+        end = self.clock.now()
+        reason = "eos" if tokens[-1] in eos else "length"
+        return GenerationResult(tokens, reason, rounds, decode_start - start, end - decode_start)
+
+    # ---------------------------------------------------------------- steps
+    def _autoregressive_step(self, anchor: int, sampling, generator) -> tuple[list[int], RoundRecord]:
+        t0 = self.clock.now()
+        out = self.target.forward_pass(self._ids([anchor]), self.cache)
+        self.target.commit(self.cache, 1, 1)
+        token = choose(out.logits[0, 0], sampling, generator)
+        record = RoundRecord(None, 1, 1, 0, None, 1, False, seconds={"total": self.clock.now() - t0})
+        return [token], record
+
+    def _speculative_round(self, anchor: int, policy: Policy, remaining: int, sampling, generator,
+                           record_routing: bool) -> tuple[list[int], RoundRecord]:
+        clock, target, W = self.clock, self.target, policy.max_length
+        t0 = clock.now()
+        draft = self.drafter.propose(anchor)
+        t_draft = clock.now()
+        w0, p_hat = policy.select(draft.confidence, draft.entropy)
+        w_rem = max(2, min(remaining, W))  # the longest length the output budget allows
+        two_stage = isinstance(policy, HybridSpecPolicy)
+        u = min(w0 + 1, w_rem) if two_stage else min(w0, w_rem)
+        t_select = clock.now()
+        s0 = target.stage0(self._ids([anchor, *draft.tokens[: u - 1].tolist()]), self.cache)
+        t_stage0 = clock.now()
+        w_c = w0
+        if two_stage and u == w0 + 1:
+            w_c = policy.correct(w0, p_hat, s0.expert_ids[0], w_rem, target.cfg.num_experts)
+        w = min(w_c, w_rem)
+        out = target.stage1(s0, w, self.cache, record_routing=record_routing)
+        t_stage1 = clock.now()
+        accepted, x_new = self._accept(draft, out, w, sampling, generator)
+        target.commit(self.cache, w, accepted + 1)
+        self.drafter.extend(out.features[:, : accepted + 1])
+        t_end = clock.now()
+        record = RoundRecord(
+            w0=w0, u=u, w=w, accepted=accepted, accepted_full=accepted if w == W else None, emitted=0,
+            truncated=w < w_c,  # the output budget shortened the round draft_tokens=draft.tokens.tolist(), confidence=draft.confidence.tolist(),
+            entropy=draft.entropy.tolist(), layer0_experts=s0.expert_ids[0].cpu(),
+            expert_ids=[ids[0].cpu() for ids in out.expert_ids] if out.expert_ids else None,
+            seconds={"draft": t_draft - t0, "select": t_select - t_draft, "stage0": t_stage0 - t_select,
+                     "stage1": t_stage1 - t_stage0, "commit": t_end - t_stage1, "total": t_end - t0},
+        )
+        return [*draft.tokens[:accepted].tolist(), x_new], record
+
+    @staticmethod
+    def _accept(draft: DraftOutput, out: PassOutput, w: int, sampling: SamplingParams, generator) -> tuple[int, int]:
+        proposed, logits = draft.tokens[: w - 1], out.logits[0]  # [w−1], [w, V]
+        if sampling.greedy:
+            return verify_greedy(proposed, logits)
+        return verify_point_mass(proposed, logits, sampling, generator)
+
+    def _ids(self, ids: list[int]) -> Tensor:
+        return torch.tensor([ids], dtype=torch.long, device=self.device)
+
+
+def _truncate(new: list[int], remaining: int, eos: set[int]) -> tuple[list[int], bool]:
+    """Cut a round's tokens after the first EOS and at the output limit (DESIGN A.1)."""
+    cut = len(new)
+    for i, token in enumerate(new):
+        if token in eos:
+            cut = i + 1
+            break
+    cut = min(cut, remaining)
+    return new[:cut], cut < len(new)

@@ -1,0 +1,1 @@
+"""Layers shared by every supported architecture."""

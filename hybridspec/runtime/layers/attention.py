@@ -1,0 +1,44 @@
+"""Gated softmax attention over the static KV cache (DESIGN B.4: `q_proj` is 2× wide, the second
+half gates the output through a sigmoid; q/k RMS-normed per head; partial RoPE)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..cache import TargetCache
+from ..config import TargetConfig
+from .norms import OffsetRMSNorm
+from .rope import apply_rope
+
+
+class GatedAttention(nn.Module):
+    def __init__(self, cfg: TargetConfig):
+        super().__init__()
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, 2 * self.n_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=False)
+        self.q_norm = OffsetRMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
+        self.k_norm = OffsetRMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
+
+    def forward(self, x: Tensor, cache: TargetCache, slot: int, rope: tuple[Tensor, Tensor]) -> Tensor:
+        """x [B, T, hidden] at positions length … length+T−1; writes their K/V into the cache."""
+        B, T, _ = x.shape
+        start = cache.length
+        q, gate = self.q_proj(x).view(B, T, self.n_heads, 2 * self.head_dim).chunk(2, dim=-1)
+        q = apply_rope(self.q_norm(q), *rope)
+        k = apply_rope(self.k_norm(self.k_proj(x).view(B, T, self.n_kv, self.head_dim)), *rope)
+        cache.key[slot, :, start : start + T] = k
+        cache.value[slot, :, start : start + T] = self.v_proj(x).view(B, T, self.n_kv, self.head_dim)
+        keys = cache.key[slot, :, : start + T].transpose(1, 2)  # [B, n_kv, S, hd]
+        values = cache.value[slot, :, : start + T].transpose(1, 2)
+        groups = self.n_heads // self.n_kv
+        keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
+        # token i (position start+i) sees keys 0 … start+i
+        visible = torch.arange(start + T, device=x.device)[None, :] <= (start + torch.arange(T, device=x.device))[:, None]
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=visible)  # [B, H, T, hd]
+        out = out.transpose(1, 2).reshape(B, T, -1) * torch.sigmoid(gate.reshape(B, T, -1))
+        return self.o_proj(out)

@@ -1,0 +1,66 @@
+"""Gated DeltaNet token mixer (DESIGN B.4), verifying T tokens against the committed state.
+
+The layer never changes committed state: it reads the conv window and recurrent state of its slot
+and leaves the compact factors and conv inputs of the T tokens in the round buffers; the model's
+commit advances the state through the accepted prefix (DESIGN A.7, Eq. 7).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..cache import TargetCache
+from ..config import TargetConfig
+from .norms import GatedRMSNorm
+
+
+def l2_normalize(x: Tensor, eps: float = 1e-6) -> Tensor:
+    x = x.float()
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+class GatedDeltaNet(nn.Module):
+    def __init__(self, cfg: TargetConfig, verify: Callable):
+        super().__init__()
+        self.hk, self.hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+        self.dk, self.dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        key_dim, value_dim = self.hk * self.dk, self.hv * self.dv
+        self.conv_dim = cfg.gdn_conv_dim
+        self.kernel = cfg.linear_conv_kernel_dim
+        self.in_proj_qkv = nn.Linear(cfg.hidden_size, 2 * key_dim + value_dim, bias=False)
+        self.in_proj_z = nn.Linear(cfg.hidden_size, value_dim, bias=False)
+        self.in_proj_b = nn.Linear(cfg.hidden_size, self.hv, bias=False)
+        self.in_proj_a = nn.Linear(cfg.hidden_size, self.hv, bias=False)
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, self.kernel, groups=self.conv_dim, bias=False)
+        self.dt_bias = nn.Parameter(torch.ones(self.hv))
+        self.A_log = nn.Parameter(torch.zeros(self.hv))
+        self.norm = GatedRMSNorm(self.dv, eps=cfg.rms_norm_eps)
+        self.out_proj = nn.Linear(value_dim, cfg.hidden_size, bias=False)
+        self._verify = verify
+
+    def forward(self, x: Tensor, cache: TargetCache, slot: int) -> Tensor:
+        """x [B, T, hidden] → [B, T, hidden]; fills the round buffers of `slot` for these T tokens."""
+        B, T, _ = x.shape
+        mixed = self.in_proj_qkv(x)  # [B, T, conv_dim]
+        cache.conv_in[slot, :, :T] = mixed
+        window = torch.cat((cache.conv[slot], mixed.transpose(1, 2)), dim=-1)  # [B, conv_dim, K-1+T]
+        mixed = F.silu(F.conv1d(window, self.conv1d.weight, groups=self.conv_dim)).transpose(1, 2)
+        key_dim = self.hk * self.dk
+        q, k, v = mixed.split((key_dim, key_dim, self.hv * self.dv), dim=-1)
+        q = l2_normalize(q.reshape(B, T, self.hk, self.dk))
+        k = l2_normalize(k.reshape(B, T, self.hk, self.dk))
+        v = v.reshape(B, T, self.hv, self.dv)
+        beta = self.in_proj_b(x).sigmoid()  # [B, T, HV]
+        # log decay g = log α = −exp(A_log)·softplus(a + dt_bias)   (DESIGN B.4)
+        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)
+        o, z, g_cum = self._verify(q, k, v, g, beta, cache.ssm[slot], self.dk**-0.5)
+        cache.z[slot, :, :T] = z
+        cache.k[slot, :, :T] = k
+        cache.g_cum[slot, :, :T] = g_cum
+        gate = self.in_proj_z(x).reshape(B, T, self.hv, self.dv)
+        o = self.norm(o.to(x.dtype), gate)  # [B, T, HV, dv]
+        return self.out_proj(o.reshape(B, T, -1))

@@ -1,0 +1,1 @@
+"""Checkpoint formats: one module per architecture maps its weight names onto `HybridTarget`."""

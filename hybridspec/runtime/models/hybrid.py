@@ -1,0 +1,189 @@
+"""The hybrid GDN + MoE target (Qwen3.5 / Qwen3.6 / Qwen3-Next), split at the Layer-0 router.
+
+    stage0(tokens[:u])  Layer-0 GDN + Layer-0 router on u tokens        (DESIGN A.4)
+    stage1(s0, w)       Layer-0 experts on the first w ≤ u tokens, layers 1…L−1, norm, LM head
+    commit(m)           advance KV length, conv windows and every GDN state through m tokens (Eq. 7)
+
+A plain forward of T tokens is `stage1(stage0(tokens), T)`; prefill runs it chunk by chunk and
+commits each chunk whole. Parameter names follow the Hugging Face `qwen3_5_moe_text` layout with
+the `model.` prefix removed (the loaders of `models/` map other layouts onto it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from ...kernels.gdn import reference as gdn_reference
+from ..cache import TargetCache
+from ..config import ConfigError, TargetConfig
+from ..layers.attention import GatedAttention
+from ..layers.gdn import GatedDeltaNet
+from ..layers.moe import DenseMLP, SparseMoE
+from ..layers.norms import OffsetRMSNorm
+from ..layers.rope import rope_cos_sin, rope_inv_freq
+
+
+@dataclass
+class Stage0:
+    """What Stage 0 retains for Stage 1 (per token of the u run; Stage 1 reads only the first w)."""
+
+    tokens: int  # u
+    residual: Tensor  # [B, u, hidden]  Layer-0 hidden after the GDN residual add
+    moe_input: Tensor  # [B, u, hidden]  post-attention norm output (router and experts input)
+    expert_ids: Tensor  # [B, u, k]
+    expert_weights: Tensor  # [B, u, k]
+
+
+@dataclass
+class PassOutput:
+    tokens: int  # w
+    logits: Tensor  # [B, w, vocab] fp32
+    features: Tensor | None  # [B, w, n_taps·hidden]  hidden after each tapped layer (drafter context)
+    expert_ids: list[Tensor] | None  # per MoE layer [B, w, k] when routing is recorded
+
+
+def gdn_ops(backend: str) -> tuple[Callable, Callable]:
+    """(verify, commit) implementations of the GDN kernels for a backend."""
+    if backend == "torch":
+        return gdn_reference.gdn_verify, gdn_reference.gdn_commit
+    if backend == "triton":
+        raise ConfigError("the triton backend needs the GDN Triton kernels, which this build does not have yet")
+    raise ConfigError(f"unknown backend {backend!r} (torch or triton)")
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: TargetConfig, index: int, verify: Callable):
+        super().__init__()
+        self.is_gdn = cfg.layer_types[index] == "linear_attention"
+        if self.is_gdn:
+            self.linear_attn = GatedDeltaNet(cfg, verify)
+        else:
+            self.self_attn = GatedAttention(cfg)
+        dense = index in cfg.dense_layers
+        self.mlp = DenseMLP(cfg.hidden_size, cfg.intermediate_size) if dense else SparseMoE(cfg)
+        self.input_layernorm = OffsetRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.post_attention_layernorm = OffsetRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+
+    @property
+    def is_moe(self) -> bool:
+        return isinstance(self.mlp, SparseMoE)
+
+    def mix(self, x: Tensor, cache: TargetCache, slot: int, rope: tuple[Tensor, Tensor]) -> Tensor:
+        """Token mixer with its residual: x + mixer(norm(x))."""
+        h = self.input_layernorm(x)
+        h = self.linear_attn(h, cache, slot) if self.is_gdn else self.self_attn(h, cache, slot, rope)
+        return x + h
+
+
+class HybridTarget(nn.Module):
+    def __init__(self, cfg: TargetConfig, *, backend: str = "torch"):
+        super().__init__()
+        self.cfg = cfg
+        self.backend = backend
+        verify, self._gdn_commit = gdn_ops(backend)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, verify) for i in range(cfg.num_hidden_layers))
+        self.norm = OffsetRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        # slot of each layer inside the cache tensors of its kind
+        self._slot = [cfg.gdn_layers.index(i) if t == "linear_attention" else cfg.attention_layers.index(i)
+                      for i, t in enumerate(cfg.layer_types)]
+        self.register_buffer("inv_freq", rope_inv_freq(cfg.rotary_dim, cfg.rope_theta), persistent=False)
+        self.feature_layers: tuple[int, ...] = ()  # layers whose output the drafter reads
+
+    # ---------------------------------------------------------------- caches
+    def new_cache(self, *, max_len: int, tokens_per_pass: int = 64, batch: int = 1) -> TargetCache:
+        p = self.embed_tokens.weight
+        return TargetCache.allocate(self.cfg, max_len=max_len, tokens_per_pass=tokens_per_pass,
+                                    dtype=p.dtype, device=p.device, batch=batch)
+
+    def _rope(self, cache: TargetCache, tokens: int) -> tuple[Tensor, Tensor]:
+        positions = torch.arange(cache.length, cache.length + tokens, device=self.inv_freq.device)
+        return rope_cos_sin(positions, self.inv_freq, self.embed_tokens.weight.dtype)
+
+    def _check_room(self, cache: TargetCache, tokens: int) -> None:
+        if tokens > cache.max_tokens_per_pass:
+            raise ValueError(f"{tokens} tokens in one pass; the cache's round buffers hold {cache.max_tokens_per_pass}")
+        if cache.length + tokens > cache.max_len:
+            raise ValueError(f"context of {cache.length + tokens} tokens exceeds the cache's {cache.max_len}")
+
+    # ---------------------------------------------------------------- the split forward
+    @torch.no_grad()
+    def stage0(self, tokens: Tensor, cache: TargetCache) -> Stage0:
+        """tokens [B, u] → Layer-0 GDN (factors left in the round buffers) and Layer-0 routing."""
+        u = tokens.shape[1]
+        self._check_room(cache, u)
+        layer = self.layers[0]
+        residual = layer.mix(self.embed_tokens(tokens), cache, 0, rope=None)  # [B, u, hidden]
+        moe_input = layer.post_attention_layernorm(residual)
+        ids, weights = layer.mlp.route(moe_input)
+        return Stage0(u, residual, moe_input, ids, weights)
+
+    @torch.no_grad()
+    def stage1(self, s0: Stage0, w: int, cache: TargetCache, *, record_routing: bool = False) -> PassOutput:
+        """Resume at the Layer-0 experts for the first w ≤ u tokens; reads no retained value beyond w."""
+        if not 1 <= w <= s0.tokens:
+            raise ValueError(f"stage1 length w={w} must be in 1..{s0.tokens} (the Stage-0 length)")
+        rope = self._rope(cache, w)
+        layer0 = self.layers[0]
+        ids, weights = s0.expert_ids[:, :w], s0.expert_weights[:, :w]
+        x = s0.residual[:, :w] + layer0.mlp.run_experts(s0.moe_input[:, :w], ids, weights)
+        routing = [ids] if record_routing else None
+        features = [x] if 0 in self.feature_layers else []
+        for index in range(1, len(self.layers)):
+            layer = self.layers[index]
+            x = layer.mix(x, cache, self._slot[index], rope)
+            h = layer.post_attention_layernorm(x)
+            if layer.is_moe:
+                ids, weights = layer.mlp.route(h)
+                if routing is not None:
+                    routing.append(ids)
+                h = layer.mlp.run_experts(h, ids, weights)
+            else:
+                h = layer.mlp(h)
+            x = x + h
+            if index in self.feature_layers:
+                features.append(x)
+        logits = self.lm_head(self.norm(x)).float()
+        feats = torch.cat(features, dim=-1) if features else None
+        return PassOutput(w, logits, feats, routing)
+
+    def forward_pass(self, tokens: Tensor, cache: TargetCache, *, record_routing: bool = False) -> PassOutput:
+        """Unsplit verification of all tokens [B, T] (nothing committed)."""
+        return self.stage1(self.stage0(tokens, cache), tokens.shape[1], cache, record_routing=record_routing)
+
+    # ---------------------------------------------------------------- commit
+    @torch.no_grad()
+    def commit(self, cache: TargetCache, w: int, accepted: int) -> None:
+        """Advance every cache through the first `accepted` (= m) of the w tokens just verified."""
+        if not 1 <= accepted <= w:
+            raise ValueError(f"commit of {accepted} tokens after a pass of {w}")
+        m = torch.full((cache.ssm.shape[1],), accepted, dtype=torch.long, device=cache.ssm.device)
+        self._gdn_commit(cache.ssm, cache.z[:, :, :w], cache.k[:, :, :w], cache.g_cum[:, :, :w], m)
+        window = torch.cat((cache.conv, cache.conv_in[:, :, :accepted].transpose(-1, -2)), dim=-1)
+        cache.conv.copy_(window[..., accepted:])  # the last K−1 conv inputs
+        cache.length += accepted
+
+    # ---------------------------------------------------------------- prefill
+    @torch.no_grad()
+    def prefill(self, tokens: Tensor, cache: TargetCache, *, all_logits: bool = False) -> PassOutput:
+        """Run and commit a prompt [B, T] in chunks of the round-buffer size.
+
+        Returns the last token's logits (all tokens' with `all_logits`) and every token's features."""
+        chunk = cache.max_tokens_per_pass
+        logits, features = [], []
+        for start in range(0, tokens.shape[1], chunk):
+            part = tokens[:, start : start + chunk]
+            out = self.forward_pass(part, cache)
+            self.commit(cache, part.shape[1], part.shape[1])
+            logits.append(out.logits if all_logits else out.logits[:, -1:])
+            if out.features is not None:
+                features.append(out.features)
+        all_l = torch.cat(logits, dim=1) if all_logits else logits[-1]
+        return PassOutput(tokens.shape[1], all_l, torch.cat(features, dim=1) if features else None, None)

@@ -1,0 +1,152 @@
+"""Verification-length policies (DESIGN A.2–A.5, A.10).
+
+Lengths `w` count the anchor: a round verifies (x0, d1 … d_{w−1}). A policy picks the nominal length
+w0 from the draft alone; `hybridspec` may add one token after seeing the Layer-0 routing (Eq. 6).
+
+    ar          no drafter, one token per target pass
+    full        w = W (vanilla DFlash)
+    static:N    w = N
+    ratio       EVICT-like: argmax_w G(w)/L(w) over 2…W, G from raw confidences
+    ratio4      D-Cut-like: the same over {4, 8, 12, 16}
+    nominal     Eq. 5 with the calibrated acceptance model
+    hybridspec  Eq. 5, then the routing correction of Eq. 6 with two-stage verification
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..artifacts.params import PolicyParameters
+from .acceptance import AcceptanceEstimator
+
+POLICY_NAMES = ("ar", "full", "static:N", "ratio", "ratio4", "nominal", "hybridspec")
+NEEDS_PARAMETERS = ("ratio", "ratio4", "nominal", "hybridspec")
+
+
+class PolicyError(ValueError):
+    """A policy name or policy input that cannot be used."""
+
+
+def expected_tokens(prefix_acceptance: Tensor) -> Tensor:
+    """G(w) = 1 + Σ_{i=1..w−1} p_i for w = 0 … W (entries 0 and 1 are 1).  p [D] → [D + 2]."""
+    ones = torch.ones(2, dtype=prefix_acceptance.dtype, device=prefix_acceptance.device)
+    return torch.cat((ones, 1 + torch.cumsum(prefix_acceptance, dim=0)))
+
+
+def best_length(scores: Tensor, lengths: Tensor) -> Tensor:
+    """argmax of scores over candidate lengths; ties go to the shorter length (lengths ascending)."""
+    return lengths[torch.argmax(scores)]
+
+
+def new_experts_added(expert_ids: Tensor, w0: int, num_experts: int) -> int:
+    """n_new = U0(w0+1) − U0(w0): Layer-0 experts first selected by token w0+1.  expert_ids [u, k]."""
+    seen = torch.zeros(num_experts, dtype=torch.bool, device=expert_ids.device)
+    seen[expert_ids[:w0].reshape(-1)] = True
+    fresh = expert_ids[w0].unique()
+    return int((~seen[fresh]).sum())
+
+
+@dataclass
+class Policy:
+    name: str
+    draft_len: int  # D
+
+    speculative = True
+    corrects_routing = False
+
+    @property
+    def max_length(self) -> int:
+        return self.draft_len + 1
+
+    def select(self, confidence: Tensor, entropy: Tensor) -> tuple[int, Tensor | None]:
+        """Nominal length w0 from the draft of one request ([D] each) and p̂ when the policy has it."""
+        raise NotImplementedError
+
+
+class AutoregressivePolicy(Policy):
+    speculative = False
+
+
+class FixedPolicy(Policy):
+    def __init__(self, name: str, draft_len: int, length: int):
+        super().__init__(name, draft_len)
+        if not 2 <= length <= draft_len + 1:
+            raise PolicyError(f"{name}: length must be in 2..{draft_len + 1}")
+        self.length = length
+
+    def select(self, confidence, entropy):
+        return self.length, None
+
+
+class RatioPolicy(Policy):
+    """argmax_w G(w) / (C_tgt(w) + fixed) with p_i = Π_{j≤i} conf_j (raw confidences)."""
+
+    def __init__(self, name: str, draft_len: int, params: PolicyParameters, lengths: tuple[int, ...]):
+        super().__init__(name, draft_len)
+        self.lengths = torch.tensor(lengths)
+        self.latency = torch.tensor([params.cost[w] + params.fixed_cost for w in lengths], dtype=torch.float64)
+
+    def select(self, confidence, entropy):
+        gain = expected_tokens(torch.cumprod(confidence.double().cpu(), 0))[self.lengths]
+        return int(best_length(gain / self.latency, self.lengths)), None
+
+
+class NominalPolicy(Policy):
+    """Eq. 5: w0 = argmax_{w∈W0} [1 + Σ_{i<w} p̂_i − ρ C_tgt(w)], ties → shorter."""
+
+    def __init__(self, name: str, draft_len: int, params: PolicyParameters, device="cpu"):
+        super().__init__(name, draft_len)
+        if params.draft_len != draft_len:
+            raise PolicyError(f"{name}: parameters are for D={params.draft_len}, the drafter drafts D={draft_len}")
+        self.params = params
+        self.estimator = AcceptanceEstimator(params.acceptance, device)
+        self.lengths = torch.tensor(sorted(params.lengths), device=device)
+        self.cost = torch.tensor(params.cost, dtype=torch.float32, device=device)
+
+    def select(self, confidence, entropy):
+        p_hat = self.estimator.prefix(confidence, entropy)  # [D]
+        scores = expected_tokens(p_hat)[self.lengths] - self.params.rho * self.cost[self.lengths]
+        return int(best_length(scores, self.lengths)), p_hat
+
+
+class HybridSpecPolicy(NominalPolicy):
+    corrects_routing = True
+
+    def correct(self, w0: int, p_hat: Tensor, layer0_experts: Tensor, w_rem: int, num_experts: int) -> int:
+        """Eq. 6: keep w0 or add the token d_{w0} after seeing its Layer-0 experts.  layer0_experts [u, k]."""
+        W, prm = self.max_length, self.params
+        if w0 >= W or w_rem <= w0:
+            return w0
+        n_new = new_experts_added(layer0_experts, w0, num_experts)
+        table = prm.nbar_cond[w0]
+        extra = prm.eta * (table[min(n_new, len(table) - 1)] - prm.nbar_all[w0])
+        delta = prm.cost[w0 + 1] - prm.cost[w0] - prm.s + extra  # ΔL_c
+        return w0 + 1 if float(p_hat[w0 - 1]) > prm.rho * delta else w0
+
+
+def make_policy(name: str, draft_len: int, params: PolicyParameters | None = None, device="cpu") -> Policy:
+    """A policy by name (see the module docstring); errors name what is missing."""
+    if name == "ar":
+        return AutoregressivePolicy("ar", draft_len)
+    if name == "full":
+        return FixedPolicy("full", draft_len, draft_len + 1)
+    if name.startswith("static:"):
+        try:
+            length = int(name.split(":", 1)[1])
+        except ValueError:
+            raise PolicyError(f"policy {name!r}: static:N needs an integer N") from None
+        return FixedPolicy(name, draft_len, length)
+    if name in NEEDS_PARAMETERS and params is None:
+        raise PolicyError(f"policy {name!r} needs calibrated parameters (an artifact from `hybridspec fit`)")
+    if name == "ratio":
+        return RatioPolicy(name, draft_len, params, tuple(range(2, draft_len + 2)))
+    if name == "ratio4":
+        return RatioPolicy(name, draft_len, params, tuple(w for w in (4, 8, 12, 16) if w <= draft_len + 1))
+    if name == "nominal":
+        return NominalPolicy(name, draft_len, params, device)
+    if name == "hybridspec":
+        return HybridSpecPolicy(name, draft_len, params, device)
+    raise PolicyError(f"unknown policy {name!r}; policies: {', '.join(POLICY_NAMES)}")

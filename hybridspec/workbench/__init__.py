@@ -1,0 +1,1 @@
+"""See DESIGN.md B.2; filled by its own issue."""

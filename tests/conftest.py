@@ -1,0 +1,24 @@
+"""Shared fixtures: tiny random checkpoints written by transformers (the numerical oracle)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.checkpoints import write_tiny_qwen3_5_moe, write_tiny_qwen3_next
+
+
+@pytest.fixture(scope="session")
+def qwen35_dir(tmp_path_factory):
+    return write_tiny_qwen3_5_moe(tmp_path_factory.mktemp("qwen35"))
+
+
+@pytest.fixture(scope="session")
+def qwen3next_dir(tmp_path_factory):
+    return write_tiny_qwen3_next(tmp_path_factory.mktemp("qwen3next"))
+
+
+@pytest.fixture(autouse=True)
+def _deterministic():
+    torch.manual_seed(0)
+    yield
