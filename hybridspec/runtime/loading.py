@@ -102,3 +102,28 @@ def load_target(spec: str | Path, *, device: str = "cpu", dtype: str = "float32"
         raise ConfigError(f"{path}: not a model directory (expected config.json + *.safetensors)")
     raise ConfigError(f"{spec!r} is neither a model directory nor a preset ({', '.join(sorted(PRESETS))})")
 
+
+
+def random_drafter(target: HybridTarget, *, num_layers: int = 2, block_size: int = 16, seed: int = 0):
+    """A DFlash drafter with random weights shaped for `target` (cost profiling, demos, tests)."""
+    from .config import DrafterConfig, default_target_layer_ids
+    from .drafter import DFlashDrafter
+
+    cfg = target.cfg
+    dcfg = DrafterConfig(  # the target's attention shapes
+        hidden_size=cfg.hidden_size, num_hidden_layers=num_layers, num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
+        intermediate_size=3 * cfg.hidden_size, block_size=block_size, mask_token_id=cfg.vocab_size - 1,
+        target_layer_ids=tuple(default_target_layer_ids(cfg.num_hidden_layers, num_layers)),
+        vocab_size=cfg.vocab_size,
+    )
+    p = target.embed_tokens.weight
+    drafter = DFlashDrafter(dcfg, target.embed_tokens, target.lm_head).to(device=p.device, dtype=p.dtype)
+    gen = torch.Generator(device=p.device).manual_seed(seed)
+    with torch.no_grad():
+        for name, w in drafter.named_parameters():
+            if w.ndim == 1:
+                w.fill_(1.0)
+            else:
+                w.normal_(0.0, 1.0 / math.sqrt(w.shape[-1]), generator=gen)
+    return drafter.eval()

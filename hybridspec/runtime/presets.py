@@ -31,6 +31,16 @@ PRESETS: dict[str, dict] = {
 }
 
 
+# Stand-in for the embedded default until the trained pair ships: a tiny random hybrid target.
+PRESETS["random-tiny"] = {
+    **_QWEN35_35B, "vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+    "linear_key_head_dim": 16, "linear_value_head_dim": 16, "num_experts": 16, "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32, "max_position_embeddings": 4096,
+}
+RANDOM_PRESETS = tuple(PRESETS)  # every preset has random weights
+
+
 def preset_config(name: str) -> dict:
     """The HF-style config dict of a preset, by exact name."""
     if name not in PRESETS:

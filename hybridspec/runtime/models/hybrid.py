@@ -135,7 +135,8 @@ class HybridTarget(nn.Module):
         ids, weights = s0.expert_ids[:, :w], s0.expert_weights[:, :w]
         x = s0.residual[:, :w] + layer0.mlp.run_experts(s0.moe_input[:, :w], ids, weights)
         routing = [ids] if record_routing else None
-        features = [x] if 0 in self.feature_layers else []
+        taps = set(self.feature_layers)
+        outputs = {0: x} if 0 in taps else {}
         for index in range(1, len(self.layers)):
             layer = self.layers[index]
             x = layer.mix(x, cache, self._slot[index], rope)
@@ -148,10 +149,11 @@ class HybridTarget(nn.Module):
             else:
                 h = layer.mlp(h)
             x = x + h
-            if index in self.feature_layers:
-                features.append(x)
+            if index in taps:
+                outputs[index] = x
         logits = self.lm_head(self.norm(x)).float()
-        feats = torch.cat(features, dim=-1) if features else None
+        # in the drafter's order, repeats allowed (DFlash concatenates per listed layer)
+        feats = torch.cat([outputs[i] for i in self.feature_layers], dim=-1) if taps else None
         return PassOutput(w, logits, feats, routing)
 
     def forward_pass(self, tokens: Tensor, cache: TargetCache, *, record_routing: bool = False) -> PassOutput:

@@ -1,0 +1,62 @@
+"""Everything a command needs to decode: target, drafter, engine, text codec, EOS ids."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import ConfigError
+from .drafter import DFlashDrafter, load_drafter
+from .engine import Engine
+from .loading import load_target, random_drafter
+from .models.hybrid import HybridTarget
+from .presets import PRESETS
+from .tokenizer import TextCodec, load_codec
+
+DEFAULT_MODEL = "random-tiny"  # until the embedded pair ships (see README)
+
+
+@dataclass
+class Session:
+    model: str
+    target: HybridTarget
+    drafter: DFlashDrafter | None
+    engine: Engine
+    codec: TextCodec | None
+    eos_ids: tuple[int, ...]
+
+    @property
+    def random_weights(self) -> bool:
+        return self.model in PRESETS
+
+
+def open_session(model: str | None = None, drafter: str | None = None, *, need_drafter: bool = True,
+                 device: str = "cpu", dtype: str = "float32", backend: str = "torch",
+                 max_context: int = 4096, seed: int = 0) -> Session:
+    """Load the target (directory or preset) and, when needed, the drafter (directory, or `random`
+    for a random one; random presets default to `random`)."""
+    model = model or DEFAULT_MODEL
+    target = load_target(model, device=device, dtype=dtype, backend=backend, seed=seed)
+    draft = None
+    if need_drafter:
+        if drafter is None and model not in PRESETS:
+            raise ConfigError(f"a speculative policy needs --drafter (a DFlash directory) for {model}")
+        if drafter in (None, "random"):
+            draft = random_drafter(target, seed=seed + 1)
+        else:
+            draft = load_drafter(drafter, target.embed_tokens, target.lm_head)
+            _check_pair(target, draft, drafter)
+    codec = load_codec(Path(model)) if Path(model).is_dir() else None
+    engine = Engine(target, draft, max_context=max_context)
+    return Session(model, target, draft, engine, codec, target.cfg.eos_token_ids)
+
+
+def _check_pair(target: HybridTarget, drafter: DFlashDrafter, source: str) -> None:
+    cfg, dcfg = target.cfg, drafter.cfg
+    if dcfg.hidden_size != cfg.hidden_size:
+        raise ConfigError(f"{source}: drafter hidden size {dcfg.hidden_size} ≠ target hidden size {cfg.hidden_size}")
+    bad = [i for i in dcfg.target_layer_ids if not 0 <= i < cfg.num_hidden_layers]
+    if bad:
+        raise ConfigError(f"{source}: target_layer_ids {bad} outside the target's {cfg.num_hidden_layers} layers")
+    if not 0 <= dcfg.mask_token_id < cfg.vocab_size:
+        raise ConfigError(f"{source}: mask_token_id {dcfg.mask_token_id} outside the vocabulary ({cfg.vocab_size})")
