@@ -157,7 +157,8 @@ class Engine:
         t_end = clock.now()
         record = RoundRecord(
             w0=w0, u=u, w=w, accepted=accepted, accepted_full=accepted if w == W else None, emitted=0,
-            truncated=w < w_c,  # the output budget shortened the round draft_tokens=draft.tokens.tolist(), confidence=draft.confidence.tolist(),
+            truncated=w < w_c,  # the output budget shortened the round
+            draft_tokens=draft.tokens.tolist(), confidence=draft.confidence.tolist(),
             entropy=draft.entropy.tolist(), layer0_experts=s0.expert_ids[0].cpu(),
             expert_ids=[ids[0].cpu() for ids in out.expert_ids] if out.expert_ids else None,
             seconds={"draft": t_draft - t0, "select": t_select - t_draft, "stage0": t_stage0 - t_select,
