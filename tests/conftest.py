@@ -7,6 +7,9 @@ import torch
 
 from tests.checkpoints import write_tiny_qwen3_5_moe, write_tiny_qwen3_next
 
+# The tests run tiny models: one thread avoids thread start-up cost per op (several times faster).
+torch.set_num_threads(1)
+
 
 @pytest.fixture(scope="session")
 def qwen35_dir(tmp_path_factory):

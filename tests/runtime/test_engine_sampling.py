@@ -1,0 +1,110 @@
+"""Sampling exactness (DESIGN A.6, Proposition 2): with the point-mass rule, `full` and
+`hybridspec` sample the first tokens from exactly the target-only distribution; the same test
+rejects the `min(1, p/q)` rule applied to the drafter's argmax under a draft-reading length rule."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from hybridspec.runtime import engine as engine_module
+from hybridspec.runtime.engine import Engine
+from hybridspec.runtime.loading import load_target, random_drafter
+from hybridspec.runtime.policies import make_policy
+from hybridspec.runtime.sampling import SamplingParams, target_probs
+from tests.checkpoints import write_tiny_qwen3_5_moe
+from tests.runtime.helpers import policy_parameters
+
+PROMPT = [1, 4, 2]
+TOKENS = 4  # joint distribution of the first four generated tokens
+SAMPLES = 2000
+SAMPLING = dict(temperature=0.9, top_k=5, top_p=0.97)
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    return load_target(write_tiny_qwen3_5_moe(tmp_path_factory.mktemp("v7"), seed=5, vocab_size=7, num_hidden_layers=4))
+
+
+@pytest.fixture(scope="module")
+def exact(target):
+    return exact_joint(target)
+
+
+def exact_joint(target) -> dict:
+    """P(t1 … t4) of target-only sampling, by enumeration: {tuple: probability}."""
+    V, params = target.cfg.vocab_size, SamplingParams(**SAMPLING)
+    probs = {}
+    for prefix in itertools.chain.from_iterable(itertools.product(range(V), repeat=n) for n in range(TOKENS)):
+        cache = target.new_cache(max_len=32, tokens_per_pass=16)
+        logits = target.prefill(torch.tensor([PROMPT + list(prefix)]), cache).logits[0, -1]
+        probs[prefix] = target_probs(logits, params).double().numpy()
+    joint = {}
+    for seq in itertools.product(range(V), repeat=TOKENS):
+        p = np.prod([probs[seq[:i]][seq[i]] for i in range(TOKENS)])
+        if p > 0:
+            joint[seq] = p
+    return joint
+
+
+def _sample(target, policy_name: str) -> dict:
+    engine = Engine(target, random_drafter(target, seed=9), max_context=64)
+    policy = make_policy(policy_name, 15, policy_parameters(rho=60.0))
+    counts: dict = {}
+    for seed in range(SAMPLES):
+        out = engine.generate(PROMPT, policy=policy, max_new_tokens=TOKENS,
+                              sampling=SamplingParams(**SAMPLING, seed=seed)).token_ids
+        counts[tuple(out)] = counts.get(tuple(out), 0) + 1
+    return counts
+
+
+def _p_value(counts: dict, exact: dict) -> float:
+    """Chi-square goodness of fit; cells expected below 5 are pooled into one."""
+    assert set(counts) <= set(exact), "sampled a sequence the target gives zero probability"
+    observed, expected, pool_o, pool_e = [], [], 0, 0.0
+    for seq, p in exact.items():
+        e = p * SAMPLES
+        if e < 5:
+            pool_o, pool_e = pool_o + counts.get(seq, 0), pool_e + e
+        else:
+            observed.append(counts.get(seq, 0))
+            expected.append(e)
+    observed.append(pool_o)
+    expected.append(pool_e)
+    return float(chisquare(observed, np.array(expected) * sum(observed) / sum(expected)).pvalue)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy_name", ["full", "hybridspec"])
+def test_point_mass_rule_matches_target_sampling(target, exact, policy_name):
+    assert _p_value(_sample(target, policy_name), exact) > 1e-3
+
+
+def _min_p_over_q(draft, logits, params, generator):
+    """The general rule min(1, p/q) with q the drafter's confidence in its argmax: not exact here."""
+    probs = target_probs(logits, params).cpu()
+    for i in range(draft.shape[0]):
+        d, q = int(draft[i]), _min_p_over_q.confidence[i]
+        if float(torch.rand(1, generator=generator)) <= min(1.0, float(probs[i, d]) / q):
+            continue
+        residual = (probs[i] - 0).clamp_min(0)
+        residual[d] = 0
+        return i, int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
+    return draft.shape[0], int(torch.multinomial(probs[-1], 1, generator=generator))
+
+
+@pytest.mark.slow
+def test_chi_square_rejects_a_broken_rule(target, exact, monkeypatch):
+    original = engine_module.Engine._accept
+
+    def broken(draft, out, w, sampling, generator):
+        _min_p_over_q.confidence = draft.confidence.tolist()
+        return _min_p_over_q(draft.tokens[: w - 1], out.logits[0], sampling, generator)
+
+    monkeypatch.setattr(engine_module.Engine, "_accept", staticmethod(broken))
+    assert _p_value(_sample(target, "hybridspec"), exact) < 1e-6
+    monkeypatch.setattr(engine_module.Engine, "_accept", original)

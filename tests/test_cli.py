@@ -1,0 +1,71 @@
+"""`hybridspec generate` end to end through the CLI: JSON output and the errors it names."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from hybridspec.artifacts.io import save_parameters
+from hybridspec.cli import app
+from tests.runtime.helpers import policy_parameters
+
+runner = CliRunner()
+
+
+def _json(args: list[str]) -> dict:
+    result = runner.invoke(app, ["generate", *args, "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
+def test_generate_json_fields_and_ar_equality(tmp_path):
+    ar = _json(["--prompt-ids", "3,1,4", "--policy", "ar", "--max-new-tokens", "20"])
+    assert {"token_ids", "text", "rounds", "acceptance_length", "mean_verification_length",
+            "decode_seconds"} <= set(ar)
+    assert len(ar["token_ids"]) == 20 and ar["rounds"] == 19 and ar["mean_verification_length"] == 1
+    save_parameters(policy_parameters(), tmp_path / "p.json")
+    for policy in ("full", "static:5", "hybridspec"):
+        extra = ["--artifact", str(tmp_path / "p.json")] if policy == "hybridspec" else []
+        spec = _json(["--prompt-ids", "3,1,4", "--policy", policy, "--max-new-tokens", "20", *extra])
+        assert spec["token_ids"] == ar["token_ids"], policy
+        assert spec["random_weights"] is True
+
+
+def test_generate_with_a_checkpoint_directory(qwen35_dir):
+    ar = _json(["--model", str(qwen35_dir), "--prompt-ids", "5,6", "--policy", "ar", "--max-new-tokens", "8"])
+    assert len(ar["token_ids"]) == 8 and ar["random_weights"] is False
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--prompt-ids", "1,2", "--policy", "nominal"], "needs --artifact"),
+    (["--prompt-ids", "1,2", "--policy", "sometimes"], "unknown policy"),
+    (["--prompt-ids", "1,2", "--policy", "static:x"], "static:N needs an integer"),
+    (["--model", "qwen9-unknown", "--prompt-ids", "1", "--policy", "ar"], "neither a model directory nor a preset"),
+    (["--prompt", "hello", "--policy", "ar"], "no tokenizer.json"),
+    (["--prompt-ids", "1,2", "--prompt", "x", "--policy", "ar"], "exactly one"),
+    (["--prompt-ids", "1,99999", "--policy", "ar"], "outside the vocabulary"),
+    (["--prompt-ids", "1", "--policy", "ar", "--top-p", "0"], "top_p"),
+])
+def test_generate_errors_name_what_is_wrong(args, message):
+    result = runner.invoke(app, ["generate", *args])
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split()), result.output
+
+
+def test_directory_model_needs_a_drafter_for_speculative_policies(qwen35_dir):
+    result = runner.invoke(app, ["generate", "--model", str(qwen35_dir), "--prompt-ids", "1", "--policy", "full"])
+    assert result.exit_code == 2 and "needs --drafter" in " ".join(result.output.split())
+
+
+def test_unsupported_config_is_named(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    result = runner.invoke(app, ["generate", "--model", str(tmp_path), "--prompt-ids", "1", "--policy", "ar"])
+    assert result.exit_code == 2 and "model_type 'llama'" in result.output
+
+
+def test_demo_runs_and_every_policy_equals_ar():
+    result = runner.invoke(app, ["demo", "--max-new-tokens", "12"])
+    assert result.exit_code == 0, result.output
+    assert "random" in result.output and " NO " not in result.output
