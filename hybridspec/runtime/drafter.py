@@ -9,6 +9,7 @@ itself; one pass gives D = block_size − 1 draft tokens with top-1 confidence a
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -150,3 +151,21 @@ def load_drafter(path: str | Path, embed: nn.Embedding, lm_head: nn.Linear) -> D
     load_state(drafter, weights, str(path))
     p = embed.weight
     return drafter.to(device=p.device, dtype=p.dtype).eval()
+
+
+def save_drafter(drafter: DFlashDrafter, directory: str | Path, *, num_target_layers: int,
+                 dtype: torch.dtype | None = None) -> None:
+    """Write `config.json` + `model.safetensors` in the DFlash checkpoint format."""
+    from safetensors.torch import save_file
+
+    cfg, directory = drafter.cfg, Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    raw = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": cfg.hidden_size,
+           "num_hidden_layers": cfg.num_hidden_layers, "num_attention_heads": cfg.num_attention_heads,
+           "num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,
+           "intermediate_size": cfg.intermediate_size, "rope_theta": cfg.rope_theta, "rms_norm_eps": cfg.rms_norm_eps,
+           "vocab_size": cfg.vocab_size, "num_target_layers": num_target_layers, "block_size": cfg.block_size,
+           "dflash_config": {"mask_token_id": cfg.mask_token_id, "target_layer_ids": list(cfg.target_layer_ids)}}
+    (directory / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
+    tensors = {k: (v.to(dtype) if dtype else v).contiguous().cpu() for k, v in drafter.state_dict().items()}
+    save_file(tensors, directory / "model.safetensors")

@@ -13,7 +13,15 @@ from .models.hybrid import HybridTarget
 from .presets import PRESETS
 from .tokenizer import TextCodec, load_codec
 
-DEFAULT_MODEL = "random-tiny"  # until the embedded pair ships (see README)
+EMBEDDED = Path(__file__).resolve().parent.parent / "assets" / "embedded"
+FALLBACK_MODEL = "random-tiny"  # when the embedded pair is not installed
+
+
+def default_model() -> tuple[str, str | None]:
+    """(model, drafter) used when none is given: the embedded pair, else `random-tiny`."""
+    if (EMBEDDED / "target" / "config.json").is_file():
+        return str(EMBEDDED / "target"), str(EMBEDDED / "drafter")
+    return FALLBACK_MODEL, None
 
 
 @dataclass
@@ -35,7 +43,9 @@ def open_session(model: str | None = None, drafter: str | None = None, *, need_d
                  max_context: int = 4096, seed: int = 0) -> Session:
     """Load the target (directory or preset) and, when needed, the drafter (directory, or `random`
     for a random one; random presets default to `random`)."""
-    model = model or DEFAULT_MODEL
+    if model is None:
+        model, embedded_drafter = default_model()
+        drafter = drafter or embedded_drafter
     target = load_target(model, device=device, dtype=dtype, backend=backend, seed=seed)
     draft = None
     if need_drafter:

@@ -85,6 +85,15 @@ def _check_step_inputs(fn, q, k, v, g, beta, state) -> tuple[int, int, int, int,
     return B, T, HK, HV, dk, dv
 
 
+def _check_factor_outputs(fn, z_out, g_out, shape: tuple[int, int, int, int]) -> None:
+    """Optional in-place outputs of `gdn_verify`: z_out [B, T, HV, dv], g_out [B, T, HV], fp32."""
+    for name, out, layout, expected in (("z_out", z_out, "B, T, HV, dv", shape),
+                                        ("g_out", g_out, "B, T, HV", shape[:3])):
+        if out is not None:
+            _check_shape(fn, name, out, layout, expected)
+            _check_float32(fn, name, out)
+
+
 # ---------------------------------------------------------------------------------------------
 # Head grouping: HV = HK x G, value head h = hk * G + group
 # ---------------------------------------------------------------------------------------------
@@ -155,7 +164,7 @@ def _causal_decay(g_cum: Tensor, diagonal: int) -> Tensor:
     return exponent.masked_fill(~causal, float("-inf")).exp()
 
 
-def gdn_verify(q, k, v, g, beta, state, scale) -> tuple[Tensor, Tensor, Tensor]:
+def gdn_verify(q, k, v, g, beta, state, scale, *, z_out=None, g_out=None) -> tuple[Tensor, Tensor, Tensor]:
     """Block-parallel verification of T tokens: solve Eq. 3, outputs by Eq. 10.
     Returns (o, z, g_cum): o [B,T,HV,dv] in v.dtype, z [B,T,HV,dv] fp32, g_cum [B,T,HV] fp32 (cumulative log decay).
     The compact factors are (z, k, g_cum); k is the caller's own tensor. Does not modify `state`.
@@ -163,8 +172,11 @@ def gdn_verify(q, k, v, g, beta, state, scale) -> tuple[Tensor, Tensor, Tensor]:
     q, k [B, T, HK, dk] (L2-normalised); v [B, T, HV, dv]; g (log decay <= 0, finite), beta
     [B, T, HV]; state S_0 [B, HV, dv, dk] fp32; scale multiplies q. Any T >= 1. Memory is
     O(T^2 + T (dv + dk)) per head: no per-token state is formed.
+    z_out [B, T, HV, dv] fp32 and g_out [B, T, HV] fp32, when given (e.g. slices of the round
+    buffers), receive z and g_cum in place and are returned as z and g_cum.
     """
     B, T, HK, HV, dk, dv = _check_step_inputs("gdn_verify", q, k, v, g, beta, state)
+    _check_factor_outputs("gdn_verify", z_out, g_out, (B, T, HV, dv))
     qh, kh = _key_heads(q) * scale, _key_heads(k)  # [B, HK, 1, T, dk]
     vh = _value_heads(v, HK)  # [B, HK, G, T, dv]
     bh = _value_heads(beta, HK)  # [B, HK, G, T]
@@ -183,7 +195,12 @@ def gdn_verify(q, k, v, g, beta, state, scale) -> tuple[Tensor, Tensor, Tensor]:
     qk = qh @ kh.transpose(-1, -2)  # [B, HK, 1, T, T]
     O = decay_0 * (qh @ S0_t) + (_causal_decay(g_cum, diagonal=0) * qk) @ Z  # [B, HK, G, T, dv]
 
-    return _token_major(O).to(v.dtype), _token_major(Z), _token_major(g_cum)
+    Z, g_cum = _token_major(Z), _token_major(g_cum)  # [B, T, HV, dv], [B, T, HV]
+    if z_out is not None:
+        Z = z_out.copy_(Z)
+    if g_out is not None:
+        g_cum = g_out.copy_(g_cum)
+    return _token_major(O).to(v.dtype), Z, g_cum
 
 
 # ---------------------------------------------------------------------------------------------

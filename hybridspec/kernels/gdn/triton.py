@@ -1,0 +1,274 @@
+"""Triton kernels for GDN verification (Eqs. 3, 10) and the all-layer commit (Eq. 7), DESIGN A.7.
+
+Same signatures, layouts and semantics as `reference.py` (read its docstring for the maths):
+
+    q, k   [B, T, HK, dk]      v, o, z   [B, T, HV, dv]      g, beta, g_cum   [B, T, HV]
+    state  [B, HV, dv, dk] fp32 (o_i = S_i (scale q_i));  value head h reads key head h // (HV // HK)
+
+`gdn_verify` is one launch per layer over a grid (B * HV, dv / BV). A program owns one value head
+and a block of BV rows of S_0: K S_0^T, Q S_0^T, Z and O restricted to those value rows need only
+those rows of S_0, so the small T x T matrices (K K^T, Q K^T, decays, the inverse of H) are simply
+recomputed by each of the dv / BV programs of a head. Tokens are padded to BT = 16 (the smallest
+`tl.dot` tile) and T is a compile-time constant, so each length gets its own specialised kernel.
+
+Eq. 3 is solved exactly with matrix products only. H = I + A with A strictly lower triangular, so
+A^T = 0 and
+
+    H^-1 = sum_{i < T} (-A)^i = (I - A)(I + A^2)(I + A^4)(I + A^8)
+
+keeping only the factors a length needs (T <= 2: one, <= 4: two, <= 8: three, <= 16: four).
+
+`gdn_commit` is one launch for all L layers over a grid (L * B * HV, dv / BV): each program reads
+m = accepted[b] on the device and rewrites BV rows of one state in place by the rank-m update
+S_m = e^{g_m} S_0 + (Z_{1:m} * e^{g_m - g_j})^T K_{1:m}.
+
+Numerics: every product is an fp32 `tl.dot(..., input_precision="ieee")` (TF32 would miss 1e-5),
+inputs (bf16 or fp32) are widened to fp32 on load, and decay exponents g_i - g_j are masked to
+-inf before `exp` wherever j > i, so a positive difference is never exponentiated.
+Only explicit pointer arithmetic is used (triton >= 3.9 removed block pointers; the GPU has 3.6).
+"""
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from hybridspec.kernels.gdn.reference import (
+    _check_commit_inputs,
+    _check_factor_outputs,
+    _check_step_inputs,
+)
+
+MAX_TOKENS = 16  # the verification window W; longer prefill chunks use the reference
+MAX_KEY_DIM = 256  # one [BT, BK] key tile per program
+BLOCK_T = 16  # tokens padded to the smallest tl.dot tile
+BLOCK_V = 32  # value rows of the state per program
+INPUT_DTYPES = (torch.bfloat16, torch.float32)
+
+# ---------------------------------------------------------------------------------------------
+# Kernels
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _inverse_unit_lower(b_a, T: tl.constexpr, BT: tl.constexpr):
+    """(I + A)^-1 for strictly lower triangular A [BT, BT] with A^T = 0, by products only."""
+    o_t = tl.arange(0, BT)
+    b_eye = (o_t[:, None] == o_t[None, :]).to(tl.float32)
+    b_inv = b_eye - b_a  # powers 0..1
+    b_pow = b_a
+    if T > 2:
+        b_pow = tl.dot(b_pow, b_pow, input_precision="ieee")  # A^2
+        b_inv = tl.dot(b_inv, b_eye + b_pow, input_precision="ieee")  # powers 0..3
+    if T > 4:
+        b_pow = tl.dot(b_pow, b_pow, input_precision="ieee")  # A^4
+        b_inv = tl.dot(b_inv, b_eye + b_pow, input_precision="ieee")  # powers 0..7
+    if T > 8:
+        b_pow = tl.dot(b_pow, b_pow, input_precision="ieee")  # A^8
+        b_inv = tl.dot(b_inv, b_eye + b_pow, input_precision="ieee")  # powers 0..15
+    return b_inv
+
+
+@triton.jit
+def _gdn_verify_kernel(
+    q, k, v, g, beta, state, o, z, g_cum, scale,
+    stride_q_b, stride_q_t, stride_q_h,
+    stride_k_b, stride_k_t, stride_k_h,
+    stride_v_b, stride_v_t, stride_v_h,
+    stride_g_b, stride_g_t,
+    stride_beta_b, stride_beta_t,
+    stride_s_b, stride_s_h, stride_s_v,
+    stride_o_b, stride_o_t, stride_o_h,
+    stride_z_b, stride_z_t, stride_z_h,
+    stride_gc_b, stride_gc_t,
+    T: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, DK: tl.constexpr,
+    DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
+    i_bh, i_v = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = (i_bh // HV).to(tl.int64), i_bh % HV
+    i_hk = i_h // GROUP  # key head of this value head
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_t, m_k, m_v = o_t < T, o_k < DK, o_v < DV
+    m_tk, m_tv = m_t[:, None] & m_k[None, :], m_t[:, None] & m_v[None, :]
+
+    # gates [BT]; padded tokens get g = beta = 0 so that every row of theirs below is zero
+    b_g = tl.load(g + i_b * stride_g_b + o_t * stride_g_t + i_h, mask=m_t, other=0).to(tl.float32)
+    b_beta = tl.load(beta + i_b * stride_beta_b + o_t * stride_beta_t + i_h, mask=m_t,
+                     other=0).to(tl.float32)
+    b_gc = tl.cumsum(b_g, axis=0)  # g_i, cumulative log decay [BT]
+
+    p_q = q + i_b * stride_q_b + o_t[:, None] * stride_q_t + i_hk * stride_q_h + o_k[None, :]
+    p_k = k + i_b * stride_k_b + o_t[:, None] * stride_k_t + i_hk * stride_k_h + o_k[None, :]
+    p_s = state + i_b * stride_s_b + i_h * stride_s_h + o_v[:, None] * stride_s_v + o_k[None, :]
+    b_q = tl.load(p_q, mask=m_tk, other=0).to(tl.float32) * scale  # [BT, BK]
+    b_k = tl.load(p_k, mask=m_tk, other=0).to(tl.float32)  # [BT, BK]
+    b_s = tl.load(p_s, mask=m_v[:, None] & m_k[None, :], other=0)  # rows of S_0 [BV, BK]
+
+    b_ks = tl.dot(b_k, tl.trans(b_s), input_precision="ieee")  # K S_0^T [BT, BV]
+    b_qs = tl.dot(b_q, tl.trans(b_s), input_precision="ieee")  # Q S_0^T [BT, BV]
+    b_kk = tl.dot(b_k, tl.trans(b_k), input_precision="ieee")  # k_i^T k_j [BT, BT]
+    b_qk = tl.dot(b_q, tl.trans(b_k), input_precision="ieee")  # q_i^T k_j [BT, BT]
+
+    # decays e^{g_i - g_j}: the exponent is masked to -inf before exp where j > i (or j = i)
+    b_diff = b_gc[:, None] - b_gc[None, :]  # [BT, BT]
+    strict = o_t[:, None] > o_t[None, :]
+    causal = o_t[:, None] >= o_t[None, :]
+    b_a = b_beta[:, None] * tl.exp(tl.where(strict, b_diff, float("-inf"))) * b_kk  # H - I
+    b_gamma = tl.exp(tl.where(causal, b_diff, float("-inf")))  # Gamma [BT, BT]
+    b_decay0 = tl.exp(b_gc)[:, None]  # e^{g_i} [BT, 1]
+
+    # Eq. 3: Z = H^-1 diag(beta) (V - diag(e^g) K S_0^T)
+    p_v = v + i_b * stride_v_b + o_t[:, None] * stride_v_t + i_h * stride_v_h + o_v[None, :]
+    b_v = tl.load(p_v, mask=m_tv, other=0).to(tl.float32)  # [BT, BV]
+    b_rhs = b_beta[:, None] * (b_v - b_decay0 * b_ks)
+    b_z = tl.dot(_inverse_unit_lower(b_a, T, BT), b_rhs, input_precision="ieee")  # [BT, BV]
+
+    # Eq. 10: O = diag(e^g) Q S_0^T + (Gamma . Q K^T) Z   (q already scaled)
+    b_o = b_decay0 * b_qs + tl.dot(b_gamma * b_qk, b_z, input_precision="ieee")  # [BT, BV]
+
+    p_o = o + i_b * stride_o_b + o_t[:, None] * stride_o_t + i_h * stride_o_h + o_v[None, :]
+    p_z = z + i_b * stride_z_b + o_t[:, None] * stride_z_t + i_h * stride_z_h + o_v[None, :]
+    tl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=m_tv)
+    tl.store(p_z, b_z, mask=m_tv)
+    if i_v == 0:
+        tl.store(g_cum + i_b * stride_gc_b + o_t * stride_gc_t + i_h, b_gc, mask=m_t)
+
+
+@triton.jit
+def _gdn_commit_kernel(
+    states, z, k, g_cum, accepted, B,
+    stride_s_l, stride_s_b, stride_s_h, stride_s_v,
+    stride_z_l, stride_z_b, stride_z_t, stride_z_h,
+    stride_k_l, stride_k_b, stride_k_t, stride_k_h,
+    stride_gc_l, stride_gc_b, stride_gc_t,
+    T: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, DK: tl.constexpr,
+    DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
+    i_lbh, i_v = tl.program_id(0), tl.program_id(1)
+    i_l, i_b, i_h = (i_lbh // (B * HV)).to(tl.int64), (i_lbh // HV % B).to(tl.int64), i_lbh % HV
+    i_hk = i_h // GROUP
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < DK, o_v < DV
+
+    b_m = tl.load(accepted + i_b)  # m, committed tokens of this sequence (1 <= m <= T)
+    kept = (o_t < b_m) & (o_t < T)  # tokens 1..m [BT]
+    p_gc = g_cum + i_l * stride_gc_l + i_b * stride_gc_b + o_t * stride_gc_t + i_h
+    b_gc = tl.load(p_gc, mask=kept, other=0)  # g_j [BT]
+    b_gm = tl.sum(tl.where(o_t == b_m - 1, b_gc, 0.0), axis=0)  # g_m
+    b_w = tl.exp(tl.where(kept, b_gm - b_gc, float("-inf")))  # e^{g_m - g_j}, 0 beyond m [BT]
+
+    p_z = (z + i_l * stride_z_l + i_b * stride_z_b + o_t[:, None] * stride_z_t + i_h * stride_z_h
+           + o_v[None, :])
+    p_k = (k + i_l * stride_k_l + i_b * stride_k_b + o_t[:, None] * stride_k_t
+           + i_hk * stride_k_h + o_k[None, :])
+    b_z = tl.load(p_z, mask=kept[:, None] & m_v[None, :], other=0).to(tl.float32)  # [BT, BV]
+    b_k = tl.load(p_k, mask=kept[:, None] & m_k[None, :], other=0).to(tl.float32)  # [BT, BK]
+    b_update = tl.dot(tl.trans(b_z * b_w[:, None]), b_k, input_precision="ieee")  # [BV, BK]
+
+    # Eq. 7: S_m = e^{g_m} S_0 + sum_{j<=m} e^{g_m - g_j} z_j k_j^T, rows o_v, in place
+    p_s = (states + i_l * stride_s_l + i_b * stride_s_b + i_h * stride_s_h
+           + o_v[:, None] * stride_s_v + o_k[None, :])
+    m_s = m_v[:, None] & m_k[None, :]
+    b_s = tl.load(p_s, mask=m_s, other=0)  # S_0 rows [BV, BK]
+    tl.store(p_s, tl.exp(b_gm) * b_s + b_update, mask=m_s)
+
+
+# ---------------------------------------------------------------------------------------------
+# Launchers
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_dtype(fn: str, name: str, x: Tensor, allowed: tuple[torch.dtype, ...]) -> None:
+    if x.dtype not in allowed:
+        raise ValueError(f"{fn}: {name} has dtype {x.dtype}, expected one of {list(allowed)}")
+
+
+def _check_layout(fn: str, tensors: dict[str, Tensor]) -> None:
+    """Same device for all (CUDA, or CPU under TRITON_INTERPRET=1); last dim contiguous."""
+    names = list(tensors)
+    device = tensors[names[0]].device
+    for name, x in tensors.items():
+        if x.device != device:
+            raise ValueError(f"{fn}: {name} is on {x.device}, expected {device} like {names[0]}")
+        if x.shape[-1] > 1 and x.stride(-1) != 1:
+            raise ValueError(f"{fn}: {name} has strides {tuple(x.stride())}, "
+                             "expected a contiguous last dimension (stride 1)")
+    interpreted = type(_gdn_verify_kernel).__name__ == "InterpretedFunction"
+    if device.type != "cuda" and not interpreted:
+        raise ValueError(f"{fn}: tensors are on {device}; the Triton kernels need CUDA tensors "
+                         "(CPU tensors only with TRITON_INTERPRET=1 set before import)")
+
+
+def _check_sizes(fn: str, T: int, dk: int) -> None:
+    if T > MAX_TOKENS:
+        raise ValueError(f"{fn}: T={T} tokens, the Triton kernels take at most {MAX_TOKENS} "
+                         "(use the reference for longer prefill chunks)")
+    if dk > MAX_KEY_DIM:
+        raise ValueError(f"{fn}: dk={dk}, the Triton kernels take at most {MAX_KEY_DIM}")
+
+
+def _blocks(dk: int) -> dict[str, int]:
+    return dict(BT=BLOCK_T, BK=max(16, triton.next_power_of_2(dk)), BV=BLOCK_V)
+
+
+def gdn_verify(q, k, v, g, beta, state, scale, *, z_out=None, g_out=None) -> tuple[Tensor, Tensor, Tensor]:
+    """Triton `reference.gdn_verify`: Eq. 3 and Eq. 10 for T <= 16 tokens, one launch.
+
+    q, k [B, T, HK, dk] (L2-normalised) and v [B, T, HV, dv] in bf16 or fp32; g (log decay <= 0),
+    beta [B, T, HV] bf16 or fp32; state S_0 [B, HV, dv, dk] fp32 (not modified); scale multiplies q.
+    Returns o [B, T, HV, dv] in v.dtype, z [B, T, HV, dv] fp32 and g_cum [B, T, HV] fp32. When given,
+    z_out [B, T, HV, dv] and g_out [B, T, HV] (fp32, any strides with a contiguous last dim, e.g.
+    `buf[slot, :, :T]`) are written in place and returned as z and g_cum.
+    """
+    fn = "gdn_verify"
+    B, T, HK, HV, dk, dv = _check_step_inputs(fn, q, k, v, g, beta, state)
+    _check_factor_outputs(fn, z_out, g_out, (B, T, HV, dv))
+    _check_sizes(fn, T, dk)
+    for name, x in dict(q=q, k=k, v=v, g=g, beta=beta).items():
+        _check_dtype(fn, name, x, INPUT_DTYPES)
+    o = torch.empty(B, T, HV, dv, dtype=v.dtype, device=v.device)  # [B, T, HV, dv]
+    z = z_out if z_out is not None else torch.empty(B, T, HV, dv, device=v.device)
+    g_cum = g_out if g_out is not None else torch.empty(B, T, HV, device=v.device)
+    _check_layout(fn, dict(q=q, k=k, v=v, g=g, beta=beta, state=state, z_out=z, g_out=g_cum))
+
+    blocks = _blocks(dk)
+    grid = (B * HV, triton.cdiv(dv, blocks["BV"]))
+    _gdn_verify_kernel[grid](
+        q, k, v, g, beta, state, o, z, g_cum, float(scale),
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *g.stride()[:2], *beta.stride()[:2],
+        *state.stride()[:3], *o.stride()[:3], *z.stride()[:3], *g_cum.stride()[:2],
+        T=T, HV=HV, GROUP=HV // HK, DK=dk, DV=dv, **blocks, num_warps=4,
+    )
+    return o, z, g_cum
+
+
+def gdn_commit(states, z, k, g_cum, accepted) -> None:
+    """Triton `reference.gdn_commit`: the accepted state of every layer by Eq. 7, one launch.
+
+    states [L, B, HV, dv, dk] fp32 holds S_0 of every layer and is overwritten with S_m in place
+    (any strides with a contiguous last dim, e.g. the runtime's cache); z [L, B, T, HV, dv] and
+    k [L, B, T, HK, dk] bf16 or fp32, g_cum [L, B, T, HV] fp32 are the factors of `gdn_verify`
+    (T <= 16); accepted [B] long is m per sequence (1 <= m <= T), read on the device: no host
+    synchronisation (range-checked only when it already lives on the CPU).
+    """
+    fn = "gdn_commit"
+    _check_commit_inputs(states, z, k, g_cum, accepted)
+    L, B, HV, dv, dk = states.shape
+    T, HK = z.shape[2], k.shape[3]
+    _check_sizes(fn, T, dk)
+    _check_dtype(fn, "z", z, INPUT_DTYPES)
+    _check_dtype(fn, "k", k, INPUT_DTYPES)
+    _check_dtype(fn, "g_cum", g_cum, (torch.float32,))
+    _check_layout(fn, dict(states=states, z=z, k=k, g_cum=g_cum, accepted=accepted))
+
+    blocks = _blocks(dk)
+    grid = (L * B * HV, triton.cdiv(dv, blocks["BV"]))
+    _gdn_commit_kernel[grid](
+        states, z, k, g_cum, accepted, B,
+        *states.stride()[:4], *z.stride()[:4], *k.stride()[:4], *g_cum.stride()[:3],
+        T=T, HV=HV, GROUP=HV // HK, DK=dk, DV=dv, **blocks, num_warps=4,
+    )

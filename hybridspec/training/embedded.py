@@ -1,0 +1,145 @@
+"""`hybridspec train-embedded`: build the embedded default pair from the standard library.
+
+    corpus (stdlib sources) → byte-level BPE tokenizer → target (qwen3_5_moe_text, transformers)
+    → DFlash drafter against the frozen target → categorized prompt set → DIR/
+
+DIR gets `target/` (config.json, model.safetensors, tokenizer.json), `drafter/` (DFlash
+config.json, model.safetensors), `prompts.jsonl` and `training.json` (corpus, settings, losses).
+Run as `python -m hybridspec.training.embedded --out DIR [--recipe full|tiny] [--device cuda]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import torch
+
+from .corpus import build_corpus
+from .drafter import DrafterSettings, DrafterShape, drafter_config, train_drafter
+from .prompts import build_prompt_set, write_prompt_set
+from .target import TargetShape, TrainSettings, train_target
+from .tokenizer import EOS, MASK, train_tokenizer
+
+
+@dataclass(frozen=True)
+class Recipe:
+    vocab_size: int = 4096
+    held_out_fraction: float = 0.1
+    max_files: int | None = None
+    target: TargetShape = field(default_factory=TargetShape)
+    target_train: TrainSettings = field(default_factory=TrainSettings)
+    drafter: DrafterShape = field(default_factory=DrafterShape)
+    drafter_train: DrafterSettings = field(default_factory=DrafterSettings)
+    prompts_per_category: int = 80
+    prompt_context_chars: int = 1200
+    seed: int = 0
+
+
+RECIPES = {
+    "full": Recipe(),
+    # a CPU smoke configuration: same code path, tiny shapes, a few steps
+    "tiny": Recipe(
+        vocab_size=400, held_out_fraction=0.3, max_files=60,
+        target=TargetShape(vocab_size=400, hidden_size=32, num_hidden_layers=4, num_attention_heads=2, head_dim=16,
+                           linear_head_dim=16, num_experts=16, moe_intermediate_size=8,
+                           shared_expert_intermediate_size=16),
+        target_train=TrainSettings(steps=6, batch_size=4, seq_len=64, warmup=2, time_limit_s=60),
+        drafter=DrafterShape(num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=32),
+        drafter_train=DrafterSettings(steps=4, batch_size=4, seq_len=64, blocks_per_seq=2, warmup=2, time_limit_s=60),
+        prompts_per_category=4, prompt_context_chars=300,
+    ),
+}
+
+
+def token_stream(tokenizer, texts: list[str], eos_id: int) -> torch.Tensor:
+    ids = []
+    for encoding in tokenizer.encode_batch(texts, add_special_tokens=False):
+        ids.extend(encoding.ids)
+        ids.append(eos_id)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def _save_target(model, directory: Path) -> None:
+    model.to(torch.bfloat16).save_pretrained(directory)
+    (directory / "generation_config.json").unlink(missing_ok=True)
+    model.float()
+
+
+def train_embedded(out: Path, recipe: Recipe, device: str, log=print) -> dict:
+    out = Path(out)
+    (out / "target").mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    corpus = build_corpus(held_out_fraction=recipe.held_out_fraction, max_files=recipe.max_files)
+    log(f"corpus: {corpus.summary()}")
+    tokenizer = train_tokenizer(corpus.texts(held_out=False), recipe.vocab_size)
+    eos_id, mask_id = tokenizer.token_to_id(EOS), tokenizer.token_to_id(MASK)
+    train = token_stream(tokenizer, corpus.texts(held_out=False), eos_id)
+    held = token_stream(tokenizer, corpus.texts(held_out=True), eos_id)
+    log(f"tokens: {len(train)} train, {len(held)} held out ({time.time() - started:.0f}s)")
+    shape = replace(recipe.target, vocab_size=tokenizer.get_vocab_size())
+    target, target_record = train_target(shape, recipe.target_train, train, held, eos_id, device, log)
+    _save_target(target, out / "target")
+    tokenizer.save(str(out / "target" / "tokenizer.json"))
+    for p in target.parameters():
+        p.requires_grad_(False)
+
+    from ..runtime.drafter import DFlashDrafter, save_drafter
+
+    dcfg = drafter_config(recipe.drafter, hidden_size=shape.hidden_size, target_layers=shape.num_hidden_layers,
+                          vocab_size=shape.vocab_size, mask_token_id=mask_id)
+    torch.manual_seed(recipe.seed)
+    drafter = DFlashDrafter(dcfg, target.get_input_embeddings(), target.get_output_embeddings()).to(device)
+    _init_drafter(drafter)
+    drafter_record = train_drafter(drafter, target, recipe.drafter_train, train, held, device, log)
+    save_drafter(drafter, out / "drafter", num_target_layers=shape.num_hidden_layers, dtype=torch.bfloat16)
+
+    prompts = build_prompt_set(corpus, lambda t: tokenizer.encode(t, add_special_tokens=False).ids,
+                               per_category=recipe.prompts_per_category,
+                               context_chars=recipe.prompt_context_chars, seed=recipe.seed)
+    write_prompt_set(prompts, out / "prompts.jsonl")
+    record = {"corpus": corpus.summary(), "tokenizer": {"vocab_size": tokenizer.get_vocab_size(), "eos_id": eos_id,
+              "mask_id": mask_id, "train_tokens": len(train), "held_out_tokens": len(held)},
+              "recipe": asdict(recipe), "target": target_record, "drafter": drafter_record,
+              "prompts": len(prompts), "device": _device_name(device), "torch": torch.__version__,
+              "python": platform.python_version(), "seconds": round(time.time() - started, 1)}
+    (out / "training.json").write_text(json.dumps(record, indent=1) + "\n")
+    log(f"done in {record['seconds']}s → {out}")
+    return record
+
+
+def _init_drafter(drafter) -> None:
+    with torch.no_grad():
+        for name, p in drafter.named_parameters():
+            if p.ndim == 1:
+                p.fill_(1.0)
+            else:
+                torch.nn.init.normal_(p, std=0.02)
+
+
+def _device_name(device: str) -> str:
+    return torch.cuda.get_device_name() if torch.device(device).type == "cuda" else platform.processor() or "cpu"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--recipe", choices=sorted(RECIPES), default="full")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--target-minutes", type=float, help="cap on target training time")
+    parser.add_argument("--drafter-minutes", type=float, help="cap on drafter training time")
+    args = parser.parse_args(argv)
+    recipe = RECIPES[args.recipe]
+    if args.target_minutes:
+        recipe = replace(recipe, target_train=replace(recipe.target_train, time_limit_s=60 * args.target_minutes))
+    if args.drafter_minutes:
+        recipe = replace(recipe, drafter_train=replace(recipe.drafter_train, time_limit_s=60 * args.drafter_minutes))
+    train_embedded(args.out, recipe, args.device, log=lambda m: print(m, flush=True))
+
+
+if __name__ == "__main__":
+    main()

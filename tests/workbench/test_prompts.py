@@ -1,0 +1,47 @@
+"""Prompt files are validated on load; every error names the file and line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hybridspec.workbench.prompts import PromptFileError, load_prompts
+
+GOOD = {"id": "a", "category": "code", "split": "calib", "prompt": "def f():"}
+
+
+def _write(tmp_path, lines):
+    path = tmp_path / "p.jsonl"
+    path.write_text("\n".join(line if isinstance(line, str) else json.dumps(line) for line in lines) + "\n")
+    return path
+
+
+def test_loads_and_filters_by_split(tmp_path):
+    path = _write(tmp_path, [GOOD, {**GOOD, "id": "b", "split": "test"}, "", {**GOOD, "id": "c", "prompt": None,
+                                                                               "prompt_ids": [1, 2]}])
+    assert [p.id for p in load_prompts(path)] == ["a", "b", "c"]
+    assert [p.id for p in load_prompts(path, split="test")] == ["b"]
+    assert load_prompts(path)[2].ids == (1, 2)
+
+
+@pytest.mark.parametrize("bad,message", [
+    ("{oops", "p.jsonl:2: invalid JSON"),
+    ({**GOOD, "id": "b", "split": "train"}, "p.jsonl:2: split 'train'"),
+    ({"id": "b", "split": "test", "prompt": "x"}, "p.jsonl:2: missing field 'category'"),
+    ({**GOOD, "id": "a"}, "p.jsonl:2: id 'a' already used on line 1"),
+    ({**GOOD, "id": "b", "prompt": ""}, "p.jsonl:2: field 'prompt' must be a non-empty str"),
+    ({**GOOD, "id": "b", "prompt_ids": [1]}, "p.jsonl:2: give exactly one of"),
+    ([1, 2], "p.jsonl:2: expected a JSON object"),
+])
+def test_bad_line_is_reported_with_its_number(tmp_path, bad, message):
+    with pytest.raises(PromptFileError, match=message):
+        load_prompts(_write(tmp_path, [GOOD, bad]))
+
+
+def test_missing_and_empty_files(tmp_path):
+    with pytest.raises(PromptFileError, match="no such prompt file"):
+        load_prompts(tmp_path / "nope.jsonl")
+    (tmp_path / "e.jsonl").write_text("\n")
+    with pytest.raises(PromptFileError, match="no prompts"):
+        load_prompts(tmp_path / "e.jsonl")
