@@ -41,7 +41,7 @@ class Recipe:
 
 
 RECIPES = {
-    "full": Recipe(),
+    "full": Recipe(drafter_train=DrafterSettings(distill_sequences=1536, distill_batch=768, time_limit_s=300.0)),
     # a CPU smoke configuration: same code path, tiny shapes, a few steps
     "tiny": Recipe(
         vocab_size=400, held_out_fraction=0.3, max_files=60,
@@ -50,7 +50,8 @@ RECIPES = {
                            shared_expert_intermediate_size=16),
         target_train=TrainSettings(steps=6, batch_size=4, seq_len=64, warmup=2, time_limit_s=60),
         drafter=DrafterShape(num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=32),
-        drafter_train=DrafterSettings(steps=4, batch_size=4, seq_len=64, blocks_per_seq=2, warmup=2, time_limit_s=60),
+        drafter_train=DrafterSettings(steps=4, batch_size=4, seq_len=64, blocks_per_seq=2, warmup=2, time_limit_s=60,
+                                      distill_sequences=6, distill_prefix=16, distill_batch=4),
         prompts_per_category=4, prompt_context_chars=300,
     ),
 }
@@ -70,21 +71,34 @@ def _save_target(model, directory: Path) -> None:
     model.float()
 
 
-def train_embedded(out: Path, recipe: Recipe, device: str, log=print) -> dict:
+def train_embedded(out: Path, recipe: Recipe, device: str, log=print, *, target_dir: Path | None = None) -> dict:
+    """Train the whole pair into `out`; with `target_dir`, reuse that trained target (and its
+    tokenizer) and train only the drafter and the prompt set."""
     out = Path(out)
     (out / "target").mkdir(parents=True, exist_ok=True)
     started = time.time()
     corpus = build_corpus(held_out_fraction=recipe.held_out_fraction, max_files=recipe.max_files)
     log(f"corpus: {corpus.summary()}")
-    tokenizer = train_tokenizer(corpus.texts(held_out=False), recipe.vocab_size)
+    if target_dir is None:
+        tokenizer = train_tokenizer(corpus.texts(held_out=False), recipe.vocab_size)
+    else:
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(Path(target_dir) / "tokenizer.json"))
     eos_id, mask_id = tokenizer.token_to_id(EOS), tokenizer.token_to_id(MASK)
     train = token_stream(tokenizer, corpus.texts(held_out=False), eos_id)
     held = token_stream(tokenizer, corpus.texts(held_out=True), eos_id)
     log(f"tokens: {len(train)} train, {len(held)} held out ({time.time() - started:.0f}s)")
     shape = replace(recipe.target, vocab_size=tokenizer.get_vocab_size())
-    target, target_record = train_target(shape, recipe.target_train, train, held, eos_id, device, log)
-    _save_target(target, out / "target")
-    tokenizer.save(str(out / "target" / "tokenizer.json"))
+    if target_dir is None:
+        target, target_record = train_target(shape, recipe.target_train, train, held, eos_id, device, log)
+        _save_target(target, out / "target")
+        tokenizer.save(str(out / "target" / "tokenizer.json"))
+    else:
+        from transformers import AutoModelForCausalLM
+
+        target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).to(device).eval()
+        target_record = {"reused": str(target_dir)}
     for p in target.parameters():
         p.requires_grad_(False)
 
@@ -132,13 +146,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--target-minutes", type=float, help="cap on target training time")
     parser.add_argument("--drafter-minutes", type=float, help="cap on drafter training time")
+    parser.add_argument("--target-dir", type=Path, help="reuse this trained target; train the drafter only")
     args = parser.parse_args(argv)
     recipe = RECIPES[args.recipe]
     if args.target_minutes:
         recipe = replace(recipe, target_train=replace(recipe.target_train, time_limit_s=60 * args.target_minutes))
     if args.drafter_minutes:
         recipe = replace(recipe, drafter_train=replace(recipe.drafter_train, time_limit_s=60 * args.drafter_minutes))
-    train_embedded(args.out, recipe, args.device, log=lambda m: print(m, flush=True))
+    train_embedded(args.out, recipe, args.device, log=lambda m: print(m, flush=True), target_dir=args.target_dir)
 
 
 if __name__ == "__main__":

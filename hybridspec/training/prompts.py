@@ -33,7 +33,7 @@ def _cuts_literal(path: str, text: str) -> Iterator[int]:
     for line in lines:
         run = run + 1 if line.rstrip().endswith(",") and len(line.strip()) > 3 else 0
         offset += len(line)
-        if run == 6:  # six similar lines in, cut after them
+        if run >= 6 and run % 6 == 0:  # every sixth similar line, cut after it
             yield offset
 
 
@@ -87,13 +87,12 @@ def build_prompt_set(corpus: Corpus, encode: Callable[[str], list[int]], *, per_
             raise ValueError(f"prompt set: only {len(cuts)} '{category}' sites in held-out files, need {per_category}")
         rng.shuffle(cuts)
         chosen, per_file = [], Counter()
-        for f, cut in cuts:  # at most 4 prompts per file, for variety
-            if per_file[f.path] >= 4:
+        for f, cut in cuts:  # at most 6 prompts per file, for variety
+            if per_file[f.path] >= 6:
                 continue
             text = f.text[max(0, cut - context_chars) : cut]
-            ids = encode(text)
-            if len(ids) > max_tokens:
-                continue
+            while len(encode(text)) > max_tokens:  # dense text: keep less context
+                text = text[len(text) // 4 :]
             chosen.append((f.path, cut, text))
             per_file[f.path] += 1
             if len(chosen) == per_category:

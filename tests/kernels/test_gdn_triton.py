@@ -1,0 +1,288 @@
+"""The Triton GDN kernels against the PyTorch reference, under TRITON_INTERPRET=1 on CPU tensors."""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: kernels are interpreted
+
+import inspect
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton")
+
+from hybridspec.kernels.gdn import reference  # noqa: E402
+from hybridspec.kernels.gdn import triton as gdn_triton  # noqa: E402
+from tests.kernels.test_gdn_reference import (  # noqa: E402
+    COMMIT_ERRORS,
+    REGIMES,
+    STEP_ERRORS,
+    make_inputs,
+    recurrent_prefix,
+)
+from tests.tolerance import assert_close  # noqa: E402
+
+if type(gdn_triton._gdn_verify_kernel).__name__ != "InterpretedFunction":
+    pytest.skip("hybridspec.kernels.gdn.triton was imported before TRITON_INTERPRET=1 was set",
+                allow_module_level=True)
+
+# awkward sizes: grouped value heads with dk, dv not powers of two (dv = 40 spans a full and a
+# masked block of 32 rows), and plain multi-head (HV = HK) with a single masked block
+SHAPES = {
+    "grouped": dict(HK=3, HV=6, dk=24, dv=40),
+    "ungrouped": dict(HK=2, HV=2, dk=20, dv=24),
+}
+FP32_RATIO = 1e-5
+BF16_OUTPUT_RATIO = 5e-3  # o is rounded to bf16 by both implementations; a flip costs one ulp
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """The interpreter runs tiny numpy ops per program: intra-op threads only add contention."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def aligned_inputs(seed: int, T: int, dtype=torch.float32, **shape) -> dict:
+    """Nearly parallel keys, beta ~ 0.9..0.99 and decay ~ 1: H - I has entries near 1 (Eq. 3).
+
+    The hardest case for a product-form inverse: powers of H - I grow like binomial coefficients.
+    """
+    inputs = make_inputs(seed, B=1, T=T, regime="near_one", dtype=dtype, **shape)
+    gen = torch.Generator().manual_seed(seed)
+    common = torch.randn(1, 1, shape["HK"], shape["dk"], generator=gen)
+    k = F.normalize(common + 0.1 * torch.randn(1, T, shape["HK"], shape["dk"], generator=gen), dim=-1)
+    beta = 0.9 + 0.09 * torch.rand(1, T, shape["HV"], generator=gen)  # [1, T, HV]
+    return dict(inputs, k=k.to(dtype), beta=beta)
+
+
+def mixed_inputs(seed: int, T: int, dtype=torch.float32, **shape) -> dict:
+    """gdn_verify arguments with one batch element per decay regime (ordinary, g ~ -20..-60,
+    g ~ -1e-6) and one with aligned keys (`aligned_inputs`): B = 4."""
+    parts = [make_inputs(seed + i, B=1, T=T, regime=regime, dtype=dtype, **shape)
+             for i, regime in enumerate(REGIMES)]
+    parts.append(aligned_inputs(seed + len(REGIMES), T, dtype, **shape))
+    merged = {name: torch.cat([p[name] for p in parts]) for name in ("q", "k", "v", "g", "beta", "state")}
+    return dict(merged, scale=parts[0]["scale"])
+
+
+def layer_factors(T: int, accepted: torch.Tensor, dtype=torch.float32, **shape) -> tuple:
+    """Reference factors of len(REGIMES) layers (layer l uses regime l) for B = len(accepted).
+
+    Returns S_0 [L, B, HV, dv, dk], z [L, B, T, HV, dv], k [L, B, T, HK, dk], g_cum [L, B, T, HV].
+    """
+    S0s, zs, ks, g_cums = [], [], [], []
+    for layer, regime in enumerate(REGIMES):
+        inputs = make_inputs(100 * T + layer, B=len(accepted), T=T, regime=regime, **shape)
+        _, z, g_cum = reference.gdn_verify(**inputs)
+        S0s.append(inputs["state"])
+        zs.append(z.to(dtype).contiguous())  # the reference's outputs are permuted views
+        ks.append(inputs["k"].to(dtype))
+        g_cums.append(g_cum.contiguous())
+    return torch.stack(S0s), torch.stack(zs), torch.stack(ks), torch.stack(g_cums)
+
+
+def test_signatures_match_reference():
+    for name in ("gdn_verify", "gdn_commit"):
+        assert (inspect.signature(getattr(gdn_triton, name))
+                == inspect.signature(getattr(reference, name))), f"{name} signatures differ"
+
+
+# ---------------------------------------------------------------------------------------------
+# verification: Eqs. 3 and 10
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("T", range(1, 17))
+@pytest.mark.parametrize("shape", SHAPES)
+def test_verify_matches_reference(shape, T):
+    inputs = mixed_inputs(T, T, **SHAPES[shape])
+    state_before = inputs["state"].clone()
+    o_ref, z_ref, g_ref = reference.gdn_verify(**inputs)
+
+    o, z, g_cum = gdn_triton.gdn_verify(**inputs)
+
+    assert o.dtype == z.dtype == g_cum.dtype == torch.float32
+    assert_close("o", o_ref, o, FP32_RATIO)
+    assert_close("z", z_ref, z, FP32_RATIO)
+    assert_close("g_cum", g_ref, g_cum, FP32_RATIO)
+    assert torch.equal(inputs["state"], state_before), "gdn_verify modified its state argument"
+
+
+@pytest.mark.parametrize("T", [1, 6, 16])
+def test_verify_bf16_inputs(T):
+    """bf16 q, k, v, g, beta: both implementations widen to fp32; only the bf16 rounding of o differs."""
+    inputs = mixed_inputs(50 + T, T, dtype=torch.bfloat16, **SHAPES["grouped"])
+    inputs.update(g=inputs["g"].bfloat16(), beta=inputs["beta"].bfloat16())
+    o_ref, z_ref, g_ref = reference.gdn_verify(**inputs)
+
+    o, z, g_cum = gdn_triton.gdn_verify(**inputs)
+
+    assert o.dtype == torch.bfloat16 and z.dtype == g_cum.dtype == torch.float32
+    assert_close("o (bf16)", o_ref, o, BF16_OUTPUT_RATIO)
+    assert_close("z", z_ref, z, FP32_RATIO)
+    assert_close("g_cum", g_ref, g_cum, FP32_RATIO)
+
+
+@pytest.mark.parametrize("impl", [reference, gdn_triton], ids=["reference", "triton"])
+def test_factor_outputs_written_into_buffer_slices(impl):
+    """z_out / g_out as non-contiguous slices buf[slot, :, :T] of round buffers [L, B, T_max, ...]."""
+    T, shape = 5, SHAPES["grouped"]
+    inputs = mixed_inputs(3, T, **shape)
+    B, HV, dv = 4, shape["HV"], shape["dv"]
+    z_buf = torch.full((2, B, 16, HV, dv), 7.0)  # [L, B, T_max, HV, dv]
+    g_buf = torch.full((2, B, 16, HV), 7.0)  # [L, B, T_max, HV]
+    z_out, g_out = z_buf[1, :, :T], g_buf[1, :, :T]
+    assert not z_out.is_contiguous() and not g_out.is_contiguous()
+    _, z_ref, g_ref = reference.gdn_verify(**inputs)
+
+    _, z, g_cum = impl.gdn_verify(**inputs, z_out=z_out, g_out=g_out)
+
+    assert z.data_ptr() == z_out.data_ptr() and g_cum.data_ptr() == g_out.data_ptr()
+    assert_close("z_out", z_ref, z_out, FP32_RATIO)
+    assert_close("g_out", g_ref, g_out, FP32_RATIO)
+    assert (z_buf[0] == 7.0).all() and (z_buf[1, :, T:] == 7.0).all(), "z_out wrote outside its slice"
+    assert (g_buf[0] == 7.0).all() and (g_buf[1, :, T:] == 7.0).all(), "g_out wrote outside its slice"
+
+
+# ---------------------------------------------------------------------------------------------
+# commit: Eq. 7
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("T", range(1, 17))
+def test_commit_matches_reference(T):
+    """Every m in 1..T at once (batch element b commits accepted[b]), three layers, one launch."""
+    accepted = torch.randperm(T, generator=torch.Generator().manual_seed(T)) + 1  # [B = T]
+    S0, z, k, g_cum = layer_factors(T, accepted, HK=1, HV=2, dk=20, dv=24)
+    expected = S0.clone()
+    reference.gdn_commit(expected, z, k, g_cum, accepted)
+
+    states = S0.clone()
+    gdn_triton.gdn_commit(states, z, k, g_cum, accepted)
+
+    for layer in range(len(REGIMES)):
+        assert_close(f"state[layer {layer}]", expected[layer], states[layer], FP32_RATIO)
+
+
+def test_commit_bf16_factors():
+    T, accepted = 9, torch.tensor([9, 1, 4])
+    S0, z, k, g_cum = layer_factors(T, accepted, dtype=torch.bfloat16, **SHAPES["grouped"])
+    expected = S0.clone()
+    reference.gdn_commit(expected, z, k, g_cum, accepted)
+
+    states = S0.clone()
+    gdn_triton.gdn_commit(states, z, k, g_cum, accepted)
+
+    assert_close("states (bf16 z, k)", expected, states, FP32_RATIO)
+
+
+def test_commit_into_cache_views_from_buffer_slices():
+    """States as a strided view of a bigger pool; factors as buf[:, :, :T] slices of [L, B, T_max, ...]."""
+    T, accepted, shape = 7, torch.tensor([3, 7, 1]), SHAPES["grouped"]
+    S0, z, k, g_cum = layer_factors(T, accepted, **shape)
+    L, B = S0.shape[:2]
+    pool = torch.full((L, B + 1, *S0.shape[2:]), 7.0)  # [L, slots, HV, dv, dk]
+    states = pool[:, 1:]
+    states.copy_(S0)
+    z_buf = torch.full((L, B, 16, *z.shape[3:]), float("nan"))  # rejected rows may hold anything
+    k_buf = torch.full((L, B, 16, *k.shape[3:]), float("nan"))
+    g_buf = torch.full((L, B, 16, g_cum.shape[3]), float("nan"))
+    z_buf[:, :, :T], k_buf[:, :, :T], g_buf[:, :, :T] = z, k, g_cum
+    expected = S0.clone()
+    reference.gdn_commit(expected, z, k, g_cum, accepted)
+
+    gdn_triton.gdn_commit(states, z_buf[:, :, :T], k_buf[:, :, :T], g_buf[:, :, :T], accepted)
+
+    assert_close("states", expected, states, FP32_RATIO)
+    assert (pool[:, 0] == 7.0).all(), "gdn_commit wrote outside the states view"
+
+
+# ---------------------------------------------------------------------------------------------
+# the model's size: dk = dv = 128, end to end against the recurrence
+# ---------------------------------------------------------------------------------------------
+
+
+def test_verify_and_commit_128_match_recurrence():
+    T, accepted = 16, torch.tensor([16, 7])
+    inputs = make_inputs(11, B=2, T=T, HK=1, HV=2, dk=128, dv=128)
+    o_ref, prefix_states, _ = recurrent_prefix(inputs)  # [T+1, B, HV, dv, dk]
+
+    o, z, g_cum = gdn_triton.gdn_verify(**inputs)
+    states = inputs["state"][None].clone()  # [1, B, HV, dv, dk]
+    gdn_triton.gdn_commit(states, z[None], inputs["k"][None], g_cum[None], accepted)
+
+    assert_close("o", o_ref, o, FP32_RATIO)
+    assert_close("state", prefix_states[accepted, torch.arange(2)], states[0], FP32_RATIO)
+
+
+# ---------------------------------------------------------------------------------------------
+# boundary errors
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("message", STEP_ERRORS)
+def test_verify_rejects_bad_argument_like_reference(message):
+    inputs = make_inputs(0, B=2, T=3, **SHAPES["grouped"])
+    STEP_ERRORS[message](inputs)
+    with pytest.raises(ValueError, match=re.escape(f"gdn_verify: {message}")):
+        gdn_triton.gdn_verify(**inputs)
+
+
+@pytest.mark.parametrize("message", COMMIT_ERRORS)
+def test_commit_rejects_bad_argument_like_reference(message):
+    inputs = make_inputs(0, B=2, T=3, **SHAPES["grouped"])
+    _, z, g_cum = reference.gdn_verify(**inputs)
+    args = dict(states=inputs["state"][None].clone(), z=z[None], k=inputs["k"][None],
+                g_cum=g_cum[None], accepted=torch.tensor([1, 3]))
+    COMMIT_ERRORS[message](args)
+    with pytest.raises(ValueError, match=re.escape(f"gdn_commit: {message}")):
+        gdn_triton.gdn_commit(**args)
+
+
+VERIFY_KERNEL_ERRORS = {
+    "T=17 tokens, the Triton kernels take at most 16": lambda a: a.update(
+        {n: torch.cat([a[n], a[n][:, :1]], dim=1) for n in ("q", "k", "v", "g", "beta")}),
+    "q has dtype torch.float16": lambda a: a.update(q=a["q"].half()),
+    "beta has dtype torch.float64": lambda a: a.update(beta=a["beta"].double()),
+    "v has strides": lambda a: a.update(v=a["v"].transpose(-1, -2).contiguous().transpose(-1, -2)),
+    "state is on meta": lambda a: a.update(state=a["state"].to("meta")),
+    "z_out has shape": lambda a: a.update(z_out=torch.empty(2, 16, 6, 39)),
+    "z_out has dtype": lambda a: a.update(z_out=torch.empty(2, 16, 6, 40, dtype=torch.bfloat16)),
+    "g_out has shape": lambda a: a.update(g_out=torch.empty(2, 16, 5)),
+}
+
+
+@pytest.mark.parametrize("message", VERIFY_KERNEL_ERRORS)
+def test_verify_rejects_what_the_kernel_cannot_take(message):
+    inputs = make_inputs(0, B=2, T=16, **SHAPES["grouped"])
+    VERIFY_KERNEL_ERRORS[message](inputs)
+    with pytest.raises(ValueError, match=re.escape(f"gdn_verify: {message}")):
+        gdn_triton.gdn_verify(**inputs)
+
+
+COMMIT_KERNEL_ERRORS = {
+    "T=17 tokens": lambda a: a.update(
+        z=torch.cat([a["z"], a["z"][:, :, :1]], dim=2), k=torch.cat([a["k"], a["k"][:, :, :1]], dim=2),
+        g_cum=torch.cat([a["g_cum"], a["g_cum"][:, :, :1]], dim=2)),
+    "g_cum has dtype torch.bfloat16": lambda a: a.update(g_cum=a["g_cum"].bfloat16()),
+    "k has dtype torch.float16": lambda a: a.update(k=a["k"].half()),
+    "states has strides": lambda a: a.update(
+        states=a["states"].transpose(-1, -2).contiguous().transpose(-1, -2)),
+    "accepted is on meta": lambda a: a.update(accepted=a["accepted"].to("meta")),
+}
+
+
+@pytest.mark.parametrize("message", COMMIT_KERNEL_ERRORS)
+def test_commit_rejects_what_the_kernel_cannot_take(message):
+    inputs = make_inputs(0, B=2, T=16, **SHAPES["grouped"])
+    _, z, g_cum = reference.gdn_verify(**inputs)
+    args = dict(states=inputs["state"][None].clone(), z=z[None].contiguous(), k=inputs["k"][None],
+                g_cum=g_cum[None].contiguous(), accepted=torch.tensor([1, 3]))
+    COMMIT_KERNEL_ERRORS[message](args)
+    with pytest.raises(ValueError, match=re.escape(f"gdn_commit: {message}")):
+        gdn_triton.gdn_commit(**args)
