@@ -19,7 +19,7 @@ PolicyOpt = Annotated[str, typer.Option("--policy", help="ar, full, static:N, ra
 ArtifactOpt = Annotated[Optional[Path], typer.Option("--artifact", help="Policy parameters from `hybridspec fit`.")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="cpu or cuda.")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="float32, bfloat16 or float16.")]
-BackendOpt = Annotated[str, typer.Option("--backend", help="torch or triton (GDN kernels).")]
+BackendOpt = Annotated[str, typer.Option("--backend", help="auto (triton on CUDA), torch or triton (GDN kernels).")]
 
 
 def _fail(message: str) -> None:
@@ -42,7 +42,7 @@ def generate(
     seed: Annotated[int, typer.Option("--seed")] = 0,
     device: DeviceOpt = "cpu",
     dtype: DtypeOpt = "float32",
-    backend: BackendOpt = "torch",
+    backend: BackendOpt = "auto",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Generate from one prompt with a length policy and print the tokens and round statistics."""
@@ -79,21 +79,41 @@ def _print_summary(summary: dict) -> None:
 def demo(
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1)] = 48,
 ) -> None:
-    """Decode one prompt with every policy that needs no calibration and compare them."""
-    from .runtime.generation import GenerateRequest, run_generate
+    """Decode one prompt of the embedded default with the policies that need no calibration."""
+    from .runtime.generation import GenerateRequest, demo_prompt, run_generate
 
-    table = Table("policy", "tokens", "rounds", "AL", "mean w", "decode s", "equals ar", title="demo")
+    prompt, prompt_ids = demo_prompt()
+    table = Table("policy", "tokens", "rounds", "AL", "mean w", "decode s", "tok/s", "equals ar", title="demo")
     reference = None
     for policy in ("ar", "full", "static:4", "static:8"):
-        summary = run_generate(GenerateRequest(prompt_ids="1,2,3,4,5,6,7,8", policy=policy, max_new_tokens=max_new_tokens))
+        summary = run_generate(GenerateRequest(prompt=prompt, prompt_ids=prompt_ids, policy=policy,
+                                               max_new_tokens=max_new_tokens))
         reference = reference or summary["token_ids"]
         table.add_row(policy, str(len(summary["token_ids"])), str(summary["rounds"]),
                       f"{summary['acceptance_length']:.2f}", f"{summary['mean_verification_length']:.2f}",
-                      f"{summary['decode_seconds']:.3f}", "yes" if summary["token_ids"] == reference else "NO")
-    console.print(f"[yellow]model {summary['model']!r}: a small random hybrid GDN–MoE target and a random "
-                  "DFlash drafter (the trained embedded pair is not shipped yet); acceptance is near zero, "
-                  "the point is that every policy emits exactly the `ar` tokens[/]")
+                      f"{summary['decode_seconds']:.3f}", f"{summary['decode_tokens_per_second']:.0f}",
+                      "yes" if summary["token_ids"] == reference else "NO")
+    console.print(f"[bold]model[/] {summary['model']}")
+    if summary["random_weights"]:
+        console.print("[yellow]random weights (the embedded pair is not installed): tokens are meaningless[/]")
+    if prompt:
+        console.print(f"[bold]prompt[/] (last lines)\n{prompt[-300:]}")
+        console.print(f"[bold]continuation[/]\n{summary['text']}")
     console.print(table)
+
+
+@app.command("train-embedded")
+def train_embedded(
+    out: Annotated[Path, typer.Option("--out", help="Output directory (target/, drafter/, prompts.jsonl).")],
+    recipe: Annotated[str, typer.Option("--recipe", help="full (GPU) or tiny (CPU smoke).")] = "full",
+    device: Annotated[Optional[str], typer.Option("--device")] = None,
+    target_dir: Annotated[Optional[Path], typer.Option("--target-dir", help="Reuse a trained target.")] = None,
+) -> None:
+    """Train the embedded default pair from this interpreter's standard library."""
+    from .training.embedded import main as train_main
+
+    args = ["--out", str(out), "--recipe", recipe] + (["--device", device] if device else [])
+    train_main(args + (["--target-dir", str(target_dir)] if target_dir else []))
 
 
 def main() -> None:  # pragma: no cover

@@ -21,14 +21,15 @@ def _json(args: list[str]) -> dict:
 
 
 def test_generate_json_fields_and_ar_equality(tmp_path):
-    ar = _json(["--prompt-ids", "3,1,4", "--policy", "ar", "--max-new-tokens", "20"])
+    ar = _json(["--model", "random-tiny", "--prompt-ids", "3,1,4", "--policy", "ar", "--max-new-tokens", "20"])
     assert {"token_ids", "text", "rounds", "acceptance_length", "mean_verification_length",
             "decode_seconds"} <= set(ar)
     assert len(ar["token_ids"]) == 20 and ar["rounds"] == 19 and ar["mean_verification_length"] == 1
     save_parameters(policy_parameters(), tmp_path / "p.json")
     for policy in ("full", "static:5", "hybridspec"):
         extra = ["--artifact", str(tmp_path / "p.json")] if policy == "hybridspec" else []
-        spec = _json(["--prompt-ids", "3,1,4", "--policy", policy, "--max-new-tokens", "20", *extra])
+        spec = _json(["--model", "random-tiny", "--prompt-ids", "3,1,4", "--policy", policy, "--max-new-tokens",
+                      "20", *extra])
         assert spec["token_ids"] == ar["token_ids"], policy
         assert spec["random_weights"] is True
 
@@ -43,7 +44,7 @@ def test_generate_with_a_checkpoint_directory(qwen35_dir):
     (["--prompt-ids", "1,2", "--policy", "sometimes"], "unknown policy"),
     (["--prompt-ids", "1,2", "--policy", "static:x"], "static:N needs an integer"),
     (["--model", "qwen9-unknown", "--prompt-ids", "1", "--policy", "ar"], "neither a model directory nor a preset"),
-    (["--prompt", "hello", "--policy", "ar"], "no tokenizer.json"),
+    (["--model", "random-tiny", "--prompt", "hello", "--policy", "ar"], "no tokenizer.json"),
     (["--prompt-ids", "1,2", "--prompt", "x", "--policy", "ar"], "exactly one"),
     (["--prompt-ids", "1,99999", "--policy", "ar"], "outside the vocabulary"),
     (["--prompt-ids", "1", "--policy", "ar", "--top-p", "0"], "top_p"),
@@ -65,7 +66,14 @@ def test_unsupported_config_is_named(tmp_path):
     assert result.exit_code == 2 and "model_type 'llama'" in result.output
 
 
+def test_default_model_is_the_embedded_pair_with_text():
+    out = _json(["--prompt", "def add(a, b):\n    return", "--policy", "full", "--max-new-tokens", "12"])
+    assert out["random_weights"] is False and out["model"].endswith("embedded/target")
+    ar = _json(["--prompt", "def add(a, b):\n    return", "--policy", "ar", "--max-new-tokens", "12"])
+    assert out["token_ids"] == ar["token_ids"] and out["text"] == ar["text"] and out["text"]
+
+
 def test_demo_runs_and_every_policy_equals_ar():
     result = runner.invoke(app, ["demo", "--max-new-tokens", "12"])
     assert result.exit_code == 0, result.output
-    assert "random" in result.output and " NO " not in result.output
+    assert "equals ar" in result.output and " NO " not in result.output and "yes" in result.output

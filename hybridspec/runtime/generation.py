@@ -27,7 +27,7 @@ class GenerateRequest:
     seed: int = 0
     device: str = "cpu"
     dtype: str = "float32"
-    backend: str = "torch"
+    backend: str = "auto"
 
 
 def _prompt(request: GenerateRequest, session: Session) -> list[int]:
@@ -45,6 +45,17 @@ def _prompt(request: GenerateRequest, session: Session) -> list[int]:
     if session.codec is None:
         raise ValueError(f"model {session.model!r} has no tokenizer.json; give prompt ids")
     return session.codec.encode(request.prompt)
+
+
+def demo_prompt() -> tuple[str | None, str | None]:
+    """(text, ids) of the demo: a test prompt of the embedded set, or ids for the random fallback."""
+    from ..workbench.prompts import load_prompts
+    from .session import EMBEDDED, default_model
+
+    if default_model()[1] is None:
+        return None, "1,2,3,4,5,6,7,8"
+    prompts = load_prompts(EMBEDDED / "prompts.jsonl", split="test")
+    return next(p.text for p in prompts if p.category == "test"), None
 
 
 def run_generate(request: GenerateRequest) -> dict:

@@ -39,10 +39,12 @@ class Session:
 
 
 def open_session(model: str | None = None, drafter: str | None = None, *, need_drafter: bool = True,
-                 device: str = "cpu", dtype: str = "float32", backend: str = "torch",
+                 device: str = "cpu", dtype: str = "float32", backend: str = "auto",
                  max_context: int = 4096, seed: int = 0) -> Session:
     """Load the target (directory or preset) and, when needed, the drafter (directory, or `random`
     for a random one; random presets default to `random`)."""
+    if backend == "auto":  # the Triton kernels on CUDA, the PyTorch reference elsewhere
+        backend = "triton" if str(device).startswith("cuda") else "torch"
     if model is None:
         model, embedded_drafter = default_model()
         drafter = drafter or embedded_drafter

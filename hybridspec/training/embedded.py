@@ -41,7 +41,7 @@ class Recipe:
 
 
 RECIPES = {
-    "full": Recipe(drafter_train=DrafterSettings(distill_sequences=1536, distill_batch=768, time_limit_s=300.0)),
+    "full": Recipe(drafter_train=DrafterSettings(steps=30000, time_limit_s=330.0)),
     # a CPU smoke configuration: same code path, tiny shapes, a few steps
     "tiny": Recipe(
         vocab_size=400, held_out_fraction=0.3, max_files=60,
@@ -147,13 +147,33 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--target-minutes", type=float, help="cap on target training time")
     parser.add_argument("--drafter-minutes", type=float, help="cap on drafter training time")
     parser.add_argument("--target-dir", type=Path, help="reuse this trained target; train the drafter only")
+    parser.add_argument("--prompts-only", action="store_true", help="with --target-dir: only write prompts.jsonl")
     args = parser.parse_args(argv)
     recipe = RECIPES[args.recipe]
     if args.target_minutes:
         recipe = replace(recipe, target_train=replace(recipe.target_train, time_limit_s=60 * args.target_minutes))
     if args.drafter_minutes:
         recipe = replace(recipe, drafter_train=replace(recipe.drafter_train, time_limit_s=60 * args.drafter_minutes))
+    if args.prompts_only:
+        if args.target_dir is None:
+            parser.error("--prompts-only needs --target-dir (its tokenizer.json)")
+        write_prompts(args.out, args.target_dir, recipe)
+        return
     train_embedded(args.out, recipe, args.device, log=lambda m: print(m, flush=True), target_dir=args.target_dir)
+
+
+def write_prompts(out: Path, target_dir: Path, recipe: Recipe) -> int:
+    """The prompt set alone, from this interpreter's corpus and the target's tokenizer."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(Path(target_dir) / "tokenizer.json"))
+    corpus = build_corpus(held_out_fraction=recipe.held_out_fraction, max_files=recipe.max_files)
+    prompts = build_prompt_set(corpus, lambda t: tokenizer.encode(t, add_special_tokens=False).ids,
+                               per_category=recipe.prompts_per_category,
+                               context_chars=recipe.prompt_context_chars, seed=recipe.seed)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    write_prompt_set(prompts, Path(out) / "prompts.jsonl")
+    return len(prompts)
 
 
 if __name__ == "__main__":

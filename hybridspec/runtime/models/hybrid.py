@@ -47,12 +47,26 @@ class PassOutput:
 
 
 def gdn_ops(backend: str) -> tuple[Callable, Callable]:
-    """(verify, commit) implementations of the GDN kernels for a backend."""
+    """(verify, commit) implementations of the GDN kernels for a backend. The Triton kernels are
+    specialised for verification lengths ≤ 16; longer prefill chunks use the reference."""
     if backend == "torch":
         return gdn_reference.gdn_verify, gdn_reference.gdn_commit
-    if backend == "triton":
-        raise ConfigError("the triton backend needs the GDN Triton kernels, which this build does not have yet")
-    raise ConfigError(f"unknown backend {backend!r} (torch or triton)")
+    if backend != "triton":
+        raise ConfigError(f"unknown backend {backend!r} (torch or triton)")
+    try:
+        from ...kernels.gdn import triton as gdn_triton
+    except ImportError as exc:
+        raise ConfigError(f"the triton backend needs triton ({exc})") from exc
+
+    def verify(q, k, v, g, beta, state, scale, *, z_out=None, g_out=None):
+        impl = gdn_triton.gdn_verify if q.shape[1] <= gdn_triton.MAX_TOKENS else gdn_reference.gdn_verify
+        return impl(q, k, v, g, beta, state, scale, z_out=z_out, g_out=g_out)
+
+    def commit(states, z, k, g_cum, accepted):
+        impl = gdn_triton.gdn_commit if z.shape[2] <= gdn_triton.MAX_TOKENS else gdn_reference.gdn_commit
+        impl(states, z, k, g_cum, accepted)
+
+    return verify, commit
 
 
 class DecoderLayer(nn.Module):
