@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
+# Triton kernels run on CPU tensors through the interpreter (set before anything imports triton).
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
 import pytest
 import torch
 
