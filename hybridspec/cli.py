@@ -116,5 +116,58 @@ def train_embedded(
     train_main(args + (["--target-dir", str(target_dir)] if target_dir else []))
 
 
+@app.command()
+def capture(
+    model: ModelOpt = None,
+    drafter: DrafterOpt = None,
+    prompts: Annotated[Optional[Path], typer.Option("--prompts", help="Prompt set (JSONL); default: the embedded set.")] = None,
+    split: Annotated[str, typer.Option("--split", help="calib or test.")] = "calib",
+    db: Annotated[Path, typer.Option("--db", help="The campaign's DuckDB file (created or extended).")] = Path("capture.duckdb"),
+    name: Annotated[str, typer.Option("--name", help="Campaign name; with the pass it identifies a run.")] = "default",
+    passes: Annotated[str, typer.Option("--passes", help="capture,fixed,stage0,moe,routing or all.")] = "all",
+    max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", help="Per prompt (default 128; 32 with --quick).")] = None,
+    device: DeviceOpt = "cpu",
+    dtype: DtypeOpt = "float32",
+    backend: BackendOpt = "auto",
+    quick: Annotated[bool, typer.Option("--quick", help="2 prompts per category, fewer lengths and samples.")] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue a run of this name, skipping finished units.")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a run of this name.")] = False,
+    shard: Annotated[str, typer.Option("--shard", help="i/n: this process takes every n-th unit from i (0-based).")] = "0/1",
+) -> None:
+    """Run calibration passes through the real runtime and record every round and timing in DuckDB."""
+    from .collectors.campaign import run_campaign
+    from .collectors.common import CaptureConfig, parse_passes, parse_shard
+    from .collectors.progress import RichReporter, summary_table
+
+    try:
+        config = CaptureConfig(model=model, drafter=drafter, prompts=prompts, split=split, db=db, name=name,
+                               passes=parse_passes(passes), max_new_tokens=max_new_tokens, device=device,
+                               dtype=dtype, backend=backend, quick=quick, resume=resume, overwrite=overwrite,
+                               shard=parse_shard(shard))
+        with RichReporter(console) as reporter:
+            summaries = run_campaign(config, reporter)
+    except ValueError as exc:  # CaptureConfigError, StoreError, PromptFileError, ConfigError
+        _fail(str(exc))
+    console.print(summary_table(summaries, db))
+
+
+@app.command()
+def merge(
+    out: Annotated[Path, typer.Argument(help="The merged store (created or extended).")],
+    inputs: Annotated[list[Path], typer.Argument(help="Shard stores to combine.")],
+) -> None:
+    """Combine stores written by several processes or hosts (`capture --shard i/n`) into one."""
+    from .workbench.store import merge_stores
+
+    try:
+        counts = merge_stores(out, inputs)
+    except ValueError as exc:
+        _fail(str(exc))
+    table = Table("table", "rows", title=f"merged {len(inputs)} stores into {out}")
+    for name, rows in counts.items():
+        table.add_row(name, str(rows))
+    console.print(table)
+
+
 def main() -> None:  # pragma: no cover
     app()

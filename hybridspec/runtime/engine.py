@@ -18,7 +18,7 @@ from torch import Tensor
 
 from .drafter import DFlashDrafter, DraftOutput
 from .models.hybrid import HybridTarget, PassOutput
-from .policies import HybridSpecPolicy, Policy
+from .policies import Policy
 from .sampling import SamplingParams, choose, verify_greedy, verify_point_mass
 
 
@@ -140,7 +140,7 @@ class Engine:
         t_draft = clock.now()
         w0, p_hat = policy.select(draft.confidence, draft.entropy)
         w_rem = max(2, min(remaining, W))  # the longest length the output budget allows
-        two_stage = isinstance(policy, HybridSpecPolicy)
+        two_stage = policy.corrects_routing  # Stage 0 runs one extra token for the correction
         u = min(w0 + 1, w_rem) if two_stage else min(w0, w_rem)
         t_select = clock.now()
         s0 = target.stage0(self._ids([anchor, *draft.tokens[: u - 1].tolist()]), self.cache)

@@ -19,14 +19,6 @@ REGIMES = ("ordinary", "near_zero", "near_one")
 FP32_RATIO = 1e-5
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """These tensors are tiny: intra-op threads only add contention (10x slower on 2 busy cores)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def _seed(*parts: int) -> int:
     return sum(p * 1000**i for i, p in enumerate(parts))

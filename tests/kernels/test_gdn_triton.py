@@ -40,14 +40,6 @@ FP32_RATIO = 1e-5
 BF16_ROUNDING = 2**-7
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """The interpreter runs tiny numpy ops per program: intra-op threads only add contention."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def aligned_inputs(seed: int, T: int, dtype=torch.float32, **shape) -> dict:
     """Nearly parallel keys, beta ~ 0.9..0.99 and decay ~ 1: H - I has entries near 1 (Eq. 3).

@@ -1,0 +1,185 @@
+"""A calibration campaign: the selected passes, run through the real runtime, into one store.
+
+Order of checks (every cheap error before any model is loaded): options → store path writable →
+store schema → run names free (or --resume / --overwrite) → prompt file → model identity hashes →
+model load → per pass: run identity (a resumed run must match model, drafter, device, params).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from ..runtime.presets import PRESETS, preset_config
+from ..runtime.session import EMBEDDED, default_model, open_session
+from ..runtime.tokenizer import load_codec
+from ..workbench.prompts import Prompt, load_prompts
+from ..workbench.runinfo import checkpoint_id, preset_id, software_versions
+from ..workbench.store import RunSpec, Store, check_writable
+from .capture import CapturePass
+from .common import CaptureConfig, CaptureConfigError, CollectorPass, PassContext, PromptIds
+from .fixed import FixedPass, subset_per_category
+from .moe import MoePass
+from .routing import RoutingPass
+from .stage0 import Stage0Pass
+
+PASSES: dict[str, type] = {"capture": CapturePass, "fixed": FixedPass, "stage0": Stage0Pass, "moe": MoePass,
+                           "routing": RoutingPass}
+QUICK_PROMPTS_PER_CATEGORY = 2
+MAX_BLOCK = 64  # context headroom for the drafter block (generate_fully_verified runs N + W tokens)
+
+
+class Reporter(Protocol):
+    """Progress callbacks (the CLI draws rich progress bars from them)."""
+
+    def pass_started(self, name: str, units: int, already_done: int) -> None: ...
+    def unit_started(self, name: str, unit: str) -> None: ...
+    def unit_committed(self, name: str, unit: str, rows: int) -> None: ...
+    def pass_finished(self, summary: "PassSummary") -> None: ...
+
+
+class NullReporter:
+    def pass_started(self, name, units, already_done): pass
+    def unit_started(self, name, unit): pass
+    def unit_committed(self, name, unit, rows): pass
+    def pass_finished(self, summary): pass
+
+
+@dataclass
+class PassSummary:
+    name: str
+    run_id: str
+    status: str  # of the run after this process (finished once every shard is)
+    units: int  # in this shard
+    resumed: int  # units already committed before this process
+    committed: int  # units committed by this process
+    rows: dict[str, int] = field(default_factory=dict)  # rows of the run per table (this store)
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    model: str  # resolved --model (the embedded directory when none was given)
+    drafter: str | None
+    model_id: str
+    drafter_id: str | None
+
+
+def resolve_models(config: CaptureConfig) -> ModelIdentity:
+    """Content identities of the target and drafter, without loading either (DESIGN B.7)."""
+    model, drafter = config.model, config.drafter
+    if model is None:
+        model, embedded = default_model()
+        drafter = drafter or embedded
+    if Path(model).is_dir():
+        model_id = checkpoint_id(Path(model))
+    elif model in PRESETS:
+        model_id = preset_id(preset_config(model), config.seed)
+    else:
+        raise CaptureConfigError(f"--model {model!r} is neither a model directory nor a preset "
+                                 f"({', '.join(sorted(PRESETS))})")
+    if drafter is None and model not in PRESETS:
+        raise CaptureConfigError(f"--drafter is required for --model {model} (a DFlash directory, or random)")
+    if drafter in (None, "random"):  # random_drafter(target, num_layers=2, block_size=16, seed=seed + 1)
+        drafter_id = preset_id({"random_drafter_for": model_id, "num_layers": 2, "block_size": 16}, config.seed + 1,
+                               kind="random-drafter")
+    elif Path(drafter).is_dir():
+        drafter_id = checkpoint_id(Path(drafter))
+    else:
+        raise CaptureConfigError(f"--drafter {drafter!r}: not a directory (a DFlash checkpoint) nor `random`")
+    return ModelIdentity(model, drafter or "random", model_id, drafter_id)
+
+
+def prompt_ids(prompts: list[Prompt], codec, vocab: int, where: Path) -> list[PromptIds]:
+    """Token ids of each prompt (text through the model's tokenizer); errors name the prompt."""
+    out = []
+    for p in prompts:
+        if p.ids is not None:
+            ids = p.ids
+        elif codec is None:
+            raise CaptureConfigError(f"{where}: prompt {p.id!r} is text, but the model has no tokenizer.json; "
+                                     "give prompt_ids")
+        else:
+            ids = tuple(codec.encode(p.text))
+        bad = [i for i in ids if not 0 <= i < vocab]
+        if bad or not ids:
+            raise CaptureConfigError(f"{where}: prompt {p.id!r} has ids {bad[:5]} outside the vocabulary ({vocab})")
+        out.append(PromptIds(p.id, p.category, p.split, tuple(ids)))
+    return out
+
+
+def read_vocab_size(model: str) -> int:
+    """The target's vocabulary size from its config (no weights read)."""
+    config = preset_config(model) if model in PRESETS else json.loads((Path(model) / "config.json").read_text())
+    return int(config.get("text_config", config)["vocab_size"])
+
+
+def _file_digest(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def run_campaign(config: CaptureConfig, reporter: Reporter | None = None) -> list[PassSummary]:
+    """Run `config.passes` into `config.db`; one summary per pass."""
+    reporter = reporter or NullReporter()
+    shard_index, shard_count = config.shard
+    check_writable(config.db)
+    prompt_file = Path(config.prompts) if config.prompts is not None else EMBEDDED / "prompts.jsonl"
+    with Store(config.db) as store:  # refuses a store of a newer schema
+        for name in config.passes:
+            store.check_name_free(config.name, name, shard_index, resume=config.resume, overwrite=config.overwrite)
+        prompts = load_prompts(prompt_file, split=config.split)  # file:line errors
+        if not prompts:
+            raise CaptureConfigError(f"{prompt_file}: no prompts of split {config.split!r}")
+        if config.quick:
+            prompts = subset_per_category(prompts, QUICK_PROMPTS_PER_CATEGORY)
+        models = resolve_models(config)
+        backend = config.backend if config.backend != "auto" else ("triton" if config.device.startswith("cuda")
+                                                                   else "torch")
+        codec = load_codec(Path(models.model)) if Path(models.model).is_dir() else None
+        vocab = read_vocab_size(models.model)
+        ids = prompt_ids(prompts, codec, vocab, prompt_file)
+        session = open_session(models.model, models.drafter, device=config.device, dtype=config.dtype,
+                               backend=backend, seed=config.seed,
+                               max_context=max(len(p.ids) for p in ids) + config.new_tokens + 2 * MAX_BLOCK)
+        ctx = PassContext(config, session, ids, _file_digest(prompt_file))
+        versions = software_versions()
+        summaries = []
+        with torch.no_grad():
+            for name in config.passes:
+                collector = PASSES[name]()
+                spec = RunSpec(name=config.name, pass_name=name, model_id=models.model_id,
+                               drafter_id=models.drafter_id, device=config.device, dtype=config.dtype,
+                               backend=backend, params=collector.params(ctx), versions=versions, model=models.model,
+                               drafter=models.drafter, shard_count=shard_count)
+                summary = run_pass(store, ctx, collector, spec, shard_index, reporter)
+                reporter.pass_finished(summary)
+                summaries.append(summary)
+        return summaries
+
+
+def run_pass(store: Store, ctx: PassContext, collector: CollectorPass, spec: RunSpec, shard_index: int,
+             reporter: Reporter) -> PassSummary:
+    """One pass: every unit of this shard not yet committed, each in its own transaction."""
+    start = time.perf_counter()
+    config = ctx.config
+    ctx.run_id = store.start_run(spec, shard_index, resume=config.resume, overwrite=config.overwrite)
+    units = collector.units(ctx)[shard_index :: spec.shard_count]
+    done = store.done_units(ctx.run_id)
+    todo = [u for u in units if u.key not in done]
+    reporter.pass_started(spec.pass_name, len(units), len(units) - len(todo))
+    if todo:
+        collector.prepare(ctx)
+    for unit in todo:
+        reporter.unit_started(spec.pass_name, unit.key)
+        rows = store.commit_unit(ctx.run_id, unit.key, collector.collect(ctx, unit.item), shard_index)
+        reporter.unit_committed(spec.pass_name, unit.key, rows)
+    store.finish_shard(ctx.run_id, shard_index)
+    counts = {t: n for t, n in store.counts(ctx.run_id).items() if n and t not in ("runs", "units")}
+    return PassSummary(spec.pass_name, ctx.run_id, store.run_row(ctx.run_id)["status"], len(units),
+                       len(units) - len(todo), len(todo), counts, time.perf_counter() - start)

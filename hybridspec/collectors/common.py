@@ -1,0 +1,200 @@
+"""What every calibration pass shares: the campaign configuration, the pass context, units of
+work, the reporter interface, and the expert-counting helpers of DESIGN A.5 / A.9.
+
+A pass is a module with one class exposing
+
+    name                      the pass name (`runs.pass`)
+    params(ctx) -> dict       its parameters (stored as `runs.params`; a resume must match them)
+    units(ctx) -> [Unit]      every unit of work of the whole run, in a fixed order (shards take
+                              every n-th unit, so the union over shards is the whole run)
+    prepare(ctx)              per-process set-up and warm-up (nothing recorded)
+    collect(ctx, item) -> {table: [row dict]}   one unit's rows, committed by the driver in one
+                              transaction with the unit's done marker
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from ..runtime.session import Session
+
+ALL_PASSES = ("capture", "fixed", "stage0", "moe", "routing")
+DEFAULT_NEW_TOKENS, QUICK_NEW_TOKENS = 128, 32
+
+
+class CaptureConfigError(ValueError):
+    """A capture option that cannot be used; the message names the option."""
+
+
+def parse_passes(text: str) -> tuple[str, ...]:
+    """`capture,fixed` or `all` → pass names in the canonical order."""
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    if names == ["all"]:
+        return ALL_PASSES
+    bad = [p for p in names if p not in ALL_PASSES]
+    if bad or not names:
+        raise CaptureConfigError(f"--passes {text!r}: unknown pass {bad[0] if bad else '(none)'!r}; "
+                                 f"choose from {', '.join(ALL_PASSES)} or all")
+    return tuple(p for p in ALL_PASSES if p in names)
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """`i/n` (0 ≤ i < n) → (i, n)."""
+    try:
+        index, count = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise CaptureConfigError(f"--shard {text!r}: expected i/n with integers, e.g. 0/2") from None
+    if count < 1 or not 0 <= index < count:
+        raise CaptureConfigError(f"--shard {text!r}: need n ≥ 1 and 0 ≤ i < n (shards are numbered 0…n−1)")
+    return index, count
+
+
+@dataclass(frozen=True)
+class CaptureConfig:
+    """One `hybridspec capture` invocation (CLI values; validated on construction)."""
+
+    model: str | None = None  # None: the embedded default pair
+    drafter: str | None = None
+    prompts: Path | None = None  # None: the embedded prompt set
+    split: str = "calib"
+    db: Path = Path("capture.duckdb")
+    name: str = "default"
+    passes: tuple[str, ...] = ALL_PASSES
+    max_new_tokens: int | None = None  # None: 128, or 32 with quick
+    device: str = "cpu"
+    dtype: str = "float32"
+    backend: str = "auto"
+    quick: bool = False
+    resume: bool = False
+    overwrite: bool = False
+    shard: tuple[int, int] = (0, 1)
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.resume and self.overwrite:
+            raise CaptureConfigError("--resume and --overwrite exclude each other")
+        if not self.name or any(c in self.name for c in "\0\n"):
+            raise CaptureConfigError(f"--name {self.name!r}: must be a non-empty single line")
+        if self.max_new_tokens is not None and self.max_new_tokens < 2:
+            raise CaptureConfigError(f"--max-new-tokens {self.max_new_tokens}: must be ≥ 2")
+        if self.split not in ("calib", "test"):
+            raise CaptureConfigError(f"--split {self.split!r}: calib or test")
+        bad = [p for p in self.passes if p not in ALL_PASSES]
+        if bad or not self.passes:
+            raise CaptureConfigError(f"passes {self.passes}: choose from {', '.join(ALL_PASSES)}")
+        index, count = self.shard
+        if count < 1 or not 0 <= index < count:
+            raise CaptureConfigError(f"--shard {index}/{count}: need n ≥ 1 and 0 ≤ i < n")
+
+    @property
+    def new_tokens(self) -> int:
+        if self.max_new_tokens is not None:
+            return self.max_new_tokens
+        return QUICK_NEW_TOKENS if self.quick else DEFAULT_NEW_TOKENS
+
+
+@dataclass(frozen=True)
+class PromptIds:
+    """A prompt ready to decode."""
+
+    id: str
+    category: str
+    split: str
+    ids: tuple[int, ...]
+
+
+@dataclass
+class PassContext:
+    config: CaptureConfig
+    session: Session
+    prompts: list[PromptIds]  # the calibration prompts of the campaign (after --quick), file order
+    prompt_set: str  # sha256 of the prompt file (part of every run's params)
+    run_id: str = ""  # the run of the pass being collected (set by the driver)
+    device: torch.device = field(init=False)
+
+    def __post_init__(self):
+        self.device = torch.device(self.config.device)
+
+    @property
+    def draft_len(self) -> int:
+        return self.session.drafter.draft_len  # D
+
+    @property
+    def max_length(self) -> int:
+        return self.draft_len + 1  # W
+
+    def base_params(self) -> dict:
+        c = self.config
+        return {"split": c.split, "quick": c.quick, "prompt_set": self.prompt_set, "seed": c.seed,
+                "prompt_ids": [p.id for p in self.prompts]}
+
+
+@dataclass(frozen=True)
+class Unit:
+    key: str  # unique within the run (`units.unit`)
+    item: object  # what `collect` gets
+
+
+class CollectorPass(Protocol):
+    name: str
+
+    def params(self, ctx: PassContext) -> dict: ...
+    def units(self, ctx: PassContext) -> list[Unit]: ...
+    def prepare(self, ctx: PassContext) -> None: ...
+    def collect(self, ctx: PassContext, item) -> dict[str, list[dict]]: ...
+
+
+def prompt_row(run_id: str, prompt: PromptIds) -> dict:
+    return {"run_id": run_id, "prompt_id": prompt.id, "category": prompt.category, "split": prompt.split,
+            "prompt_tokens": len(prompt.ids)}
+
+
+def new_experts_per_token(expert_ids: Tensor) -> list[int]:
+    """[T, k] expert ids of T consecutive tokens → for each token, how many experts it selects that
+    no earlier token of the T selected (U(t+1) − U(t) of DESIGN A.5; token 0 counts all its own)."""
+    seen: set[int] = set()
+    out = []
+    for row in expert_ids.tolist():
+        fresh = set(row) - seen
+        out.append(len(fresh))
+        seen |= fresh
+    return out
+
+
+def known_acceptance(position: int, accepted: int, w: int) -> bool | None:
+    """A_D ≥ i for draft position i, from a round that verified w − 1 draft tokens and accepted A.
+
+    True for i ≤ A; False after a rejection was seen (A < w − 1); unknown (None) beyond the
+    verified tokens when all of them were accepted."""
+    if position <= accepted:
+        return True
+    if accepted < w - 1:
+        return False
+    return None
+
+
+def generate_fully_verified(ctx: "PassContext", prompt: PromptIds, policy, *, record_routing: bool = False):
+    """Greedy rounds of `prompt` under the output limit N = max_new_tokens, each verifying all of its
+    w tokens: the engine shortens rounds near its own output limit, so it runs with N + W and the
+    rounds that start at or after token N are dropped; a round that crosses N keeps `emitted` cut to
+    N and `truncated = True`, exactly as a run limited to N would emit (DESIGN A.1)."""
+    limit = ctx.config.new_tokens
+    result = ctx.session.engine.generate(list(prompt.ids), policy=policy, max_new_tokens=limit + ctx.max_length,
+                                         eos_ids=ctx.session.eos_ids, record_routing=record_routing)
+    rounds, produced = [], 1  # the prefill emits the first anchor
+    for record in result.rounds:
+        if produced >= limit:
+            break
+        emitted = min(record.emitted, limit - produced)
+        rounds.append(replace(record, emitted=emitted, truncated=record.truncated or emitted < record.emitted))
+        produced += record.emitted
+    return rounds
+
+
+def microseconds(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1e6

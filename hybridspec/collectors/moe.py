@@ -1,0 +1,79 @@
+"""The MoE expert bench (DESIGN A.9, `η`): one MoE layer of the model (its real weights and shapes),
+16 rows × top-k token–expert assignments held fixed, the number of distinct experts swept from
+top-k to min(16·k, E); latency samples of the layer's expert computation (routed + shared).
+
+The routing is constructed, not computed: assignment j (row j // k, slot j % k) goes to expert
+S[j mod n] of a seeded permutation S, which gives exactly n distinct experts and k distinct
+experts per row whenever k ≤ n ≤ 16·k. A unit is one n.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..workbench.timing import sample_latencies
+from .common import PassContext, Unit
+
+ROWS = 16
+SAMPLES, WARMUP = 30, 5
+QUICK_SAMPLES, QUICK_WARMUP, QUICK_POINTS = 8, 2, 6
+
+
+def routing_with_distinct(n_rows: int, top_k: int, n_distinct: int, num_experts: int, seed: int = 0) -> Tensor:
+    """Expert ids [n_rows, top_k] using exactly `n_distinct` experts, each row's k ids distinct."""
+    if not top_k <= n_distinct <= min(n_rows * top_k, num_experts):
+        raise ValueError(f"n_distinct={n_distinct} outside {top_k}..{min(n_rows * top_k, num_experts)}")
+    chosen = torch.randperm(num_experts, generator=torch.Generator().manual_seed(seed))[:n_distinct]
+    slots = torch.arange(n_rows * top_k).view(n_rows, top_k)  # [rows, k]: k consecutive slots per row
+    return chosen[slots % n_distinct]
+
+
+def distinct_sweep(top_k: int, num_experts: int, quick: bool) -> list[int]:
+    """top-k … min(16·k, E): every count, or about QUICK_POINTS evenly spread with --quick."""
+    low, high = top_k, min(ROWS * top_k, num_experts)
+    if not quick or high - low + 1 <= QUICK_POINTS:
+        return list(range(low, high + 1))
+    step = (high - low) / (QUICK_POINTS - 1)
+    return sorted({round(low + i * step) for i in range(QUICK_POINTS)})
+
+
+def _counts(ctx: PassContext) -> tuple[int, int]:
+    return (QUICK_SAMPLES, QUICK_WARMUP) if ctx.config.quick else (SAMPLES, WARMUP)
+
+
+class MoePass:
+    name = "moe"
+
+    def _layer(self, ctx: PassContext) -> int:
+        return next(i for i, layer in enumerate(ctx.session.target.layers) if layer.is_moe)
+
+    def params(self, ctx: PassContext) -> dict:
+        cfg, (samples, warmup) = ctx.session.target.cfg, _counts(ctx)
+        return {**ctx.base_params(), "layer": self._layer(ctx), "n_rows": ROWS, "top_k": cfg.num_experts_per_tok,
+                "num_experts": cfg.num_experts,
+                "distinct": distinct_sweep(cfg.num_experts_per_tok, cfg.num_experts, ctx.config.quick),
+                "samples": samples, "warmup": warmup}
+
+    def units(self, ctx: PassContext) -> list[Unit]:
+        cfg = ctx.session.target.cfg
+        return [Unit(f"n={n}", n) for n in distinct_sweep(cfg.num_experts_per_tok, cfg.num_experts, ctx.config.quick)]
+
+    def prepare(self, ctx: PassContext) -> None:
+        target = ctx.session.target
+        self.layer = self._layer(ctx)
+        self.mlp = target.layers[self.layer].mlp
+        p = target.embed_tokens.weight
+        gen = torch.Generator().manual_seed(ctx.config.seed)
+        self.x = torch.randn(1, ROWS, target.cfg.hidden_size, generator=gen).to(device=p.device, dtype=p.dtype)
+
+    def collect(self, ctx: PassContext, n: int) -> dict[str, list[dict]]:
+        cfg, (samples, warmup) = ctx.session.target.cfg, _counts(ctx)
+        k = cfg.num_experts_per_tok
+        ids = routing_with_distinct(ROWS, k, n, cfg.num_experts, ctx.config.seed).to(ctx.device)[None]  # [1, 16, k]
+        weights = torch.full(ids.shape, 1.0 / k, dtype=self.x.dtype, device=ctx.device)
+        latencies = sample_latencies(lambda: self.mlp.run_experts(self.x, ids, weights), samples=samples,
+                                     warmup=warmup, device=ctx.device)
+        return {"moe_bench": [{"run_id": ctx.run_id, "layer": self.layer, "n_rows": ROWS, "n_assignments": ROWS * k,
+                               "n_distinct_experts": n, "sample_idx": i, "latency_us": t}
+                              for i, t in enumerate(latencies)]}

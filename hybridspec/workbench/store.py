@@ -1,0 +1,311 @@
+"""The calibration store: one DuckDB file per campaign (DESIGN B.7; tables in `schema.py`).
+
+Nothing lost, nothing doubled:
+- a unit's rows (one prompt, one (w, prompt) pair, one Stage-0 length, …) and its "unit done"
+  marker are written in ONE transaction (`commit_unit`), so a killed process leaves either the
+  whole unit or nothing, and `--resume` skips exactly the units whose marker exists;
+- every table has a PRIMARY KEY on its natural key, so a duplicate cannot be written at all;
+- a run's id is a hash of (campaign name, pass), so shards written by separate processes or hosts
+  carry the same run id and `merge_stores` is a plain union of rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import duckdb
+import numpy as np
+
+from .schema import DATA_TABLES, KEYS, MIGRATIONS, SCHEMA_VERSION
+
+
+class StoreError(ValueError):
+    """A store that cannot be used as asked (path, schema version, run-name conflict)."""
+
+
+def run_id_for(name: str, pass_name: str) -> str:
+    """Deterministic run identity: the same (campaign name, pass) in every shard and every process."""
+    return hashlib.sha256(f"{name}\0{pass_name}".encode()).hexdigest()[:16]
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc).replace(tzinfo=None)  # stored as UTC TIMESTAMP
+
+
+def check_writable(path: Path) -> None:
+    """Fail early (before any model is loaded) when `path` cannot be created or written."""
+    path = Path(path)
+    if path.is_dir():
+        raise StoreError(f"--db {path}: is a directory, expected a DuckDB file path")
+    if path.exists():
+        if not os.access(path, os.R_OK | os.W_OK):
+            raise StoreError(f"--db {path}: the file is not readable and writable")
+        return
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise StoreError(f"--db {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise StoreError(f"--db {path}: directory {parent} is not writable")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What identifies a run besides its name: a resumed run must match it exactly."""
+
+    name: str
+    pass_name: str
+    model_id: str
+    drafter_id: str | None
+    device: str
+    dtype: str
+    backend: str
+    params: dict = field(default_factory=dict)
+    versions: dict = field(default_factory=dict)
+    model: str | None = None
+    drafter: str | None = None
+    shard_count: int = 1
+
+    @property
+    def run_id(self) -> str:
+        return run_id_for(self.name, self.pass_name)
+
+
+_IDENTITY = ("model_id", "drafter_id", "device", "dtype", "backend", "params", "shard_count")
+
+
+class Store:
+    """An open store file. Use as a context manager; `Store(path)` creates and migrates it."""
+
+    def __init__(self, path: Path | str, *, read_only: bool = False):
+        self.path = Path(path)
+        try:
+            self.con = duckdb.connect(str(self.path), read_only=read_only)
+        except duckdb.Error as exc:
+            raise StoreError(f"{self.path}: cannot open the store ({exc})") from None
+        try:
+            self.version = self._migrate(read_only)
+        except BaseException:
+            self.con.close()
+            raise
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.con.close()
+
+    # ---------------------------------------------------------------- schema
+    def _migrate(self, read_only: bool) -> int:
+        """Apply every migration above the file's version; refuse a file newer than this code."""
+        has_table = self.con.execute(
+            "SELECT count(*) FROM information_schema.tables WHERE table_name = 'schema_version'").fetchone()[0]
+        current = self.con.execute("SELECT max(version) FROM schema_version").fetchone()[0] if has_table else 0
+        current = current or 0
+        if current > SCHEMA_VERSION:
+            raise StoreError(f"{self.path}: store schema version {current} is newer than this hybridspec's "
+                             f"schema version {SCHEMA_VERSION}; upgrade hybridspec to read it")
+        if current == SCHEMA_VERSION or read_only:
+            return current
+        with self._transaction():
+            if not has_table:
+                self.con.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY, applied_at TIMESTAMP)")
+            for version in range(current + 1, SCHEMA_VERSION + 1):
+                for statement in MIGRATIONS[version]:
+                    self.con.execute(statement)
+                self.con.execute("INSERT INTO schema_version VALUES (?, ?)", [version, _now()])
+        return SCHEMA_VERSION
+
+    def _transaction(self):
+        store = self
+
+        class _Tx:
+            def __enter__(self):
+                store.con.execute("BEGIN TRANSACTION")
+
+            def __exit__(self, kind, value, tb):
+                store.con.execute("COMMIT" if kind is None else "ROLLBACK")
+
+        return _Tx()
+
+    # ---------------------------------------------------------------- runs
+    def run_row(self, run_id: str) -> dict | None:
+        cur = self.con.execute("SELECT * FROM runs WHERE run_id = ?", [run_id])
+        row = cur.fetchone()
+        return dict(zip([c[0] for c in cur.description], row)) if row else None
+
+    def shard_status(self, run_id: str, shard_index: int) -> str | None:
+        row = self.con.execute("SELECT status FROM run_shards WHERE run_id = ? AND shard_index = ?",
+                               [run_id, shard_index]).fetchone()
+        return row[0] if row else None
+
+    def check_name_free(self, name: str, pass_name: str, shard_index: int, *, resume: bool, overwrite: bool) -> None:
+        """Refuse to reuse a run's name without --resume or --overwrite (cheap: before any model loads)."""
+        run_id = run_id_for(name, pass_name)
+        if resume or overwrite or self.run_row(run_id) is None:
+            return
+        status = self.shard_status(run_id, shard_index)
+        units = self.con.execute("SELECT count(*) FROM units WHERE run_id = ?", [run_id]).fetchone()[0]
+        state = "finished" if status == "finished" else f"unfinished ({units} units committed)"
+        raise StoreError(f"{self.path}: run {name!r} (pass {pass_name}) already exists and is {state}; "
+                         "pass --resume to continue it or --overwrite to replace it")
+
+    def start_run(self, spec: RunSpec, shard_index: int = 0, *, resume: bool = False,
+                  overwrite: bool = False) -> str:
+        """Create (or, with `resume`, reopen; with `overwrite`, replace) the run of `spec`; its id."""
+        run_id = spec.run_id
+        self.check_name_free(spec.name, spec.pass_name, shard_index, resume=resume, overwrite=overwrite)
+        existing = self.run_row(run_id)
+        with self._transaction():
+            if existing is not None and overwrite:
+                for table in (*DATA_TABLES, "run_shards", "runs"):
+                    self.con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
+                existing = None
+            if existing is None:
+                self.con.execute(
+                    "INSERT INTO runs (run_id, name, pass, status, model_id, drafter_id, model, drafter, device, dtype, "
+                    "backend, versions, params, shard_count, started_at) VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, "
+                    "?, ?, ?, ?, ?)",
+                    [run_id, spec.name, spec.pass_name, spec.model_id, spec.drafter_id, spec.model, spec.drafter,
+                     spec.device, spec.dtype, spec.backend, json.dumps(spec.versions, sort_keys=True),
+                     json.dumps(spec.params, sort_keys=True), spec.shard_count, _now()])
+            else:
+                self._check_identity(existing, spec)
+            if self.shard_status(run_id, shard_index) is None:
+                self.con.execute("INSERT INTO run_shards VALUES (?, ?, ?, 'running', ?, ?, NULL)",
+                                 [run_id, shard_index, spec.shard_count, socket.gethostname(), _now()])
+        return run_id
+
+    def _check_identity(self, existing: dict, spec: RunSpec) -> None:
+        wanted = asdict(spec)
+        for key in _IDENTITY:
+            have = json.loads(existing[key]) if key == "params" else existing[key]
+            if have != wanted[key]:
+                raise StoreError(f"{self.path}: cannot resume run {spec.name!r} (pass {spec.pass_name}): its {key} "
+                                 f"is {have!r}, this invocation's is {wanted[key]!r}; use another --name or --overwrite")
+
+    def finish_shard(self, run_id: str, shard_index: int) -> None:
+        """Mark this shard finished; the run is finished once every one of its shards is."""
+        with self._transaction():
+            self.con.execute("UPDATE run_shards SET status = 'finished', finished_at = ? "
+                             "WHERE run_id = ? AND shard_index = ? AND status <> 'finished'",
+                             [_now(), run_id, shard_index])
+            self._refresh_run_status(run_id)
+
+    def _refresh_run_status(self, run_id: str) -> None:
+        n, done, last = self.con.execute(
+            "SELECT max(r.shard_count), count(*) FILTER (WHERE s.status = 'finished'), max(s.finished_at) "
+            "FROM runs r JOIN run_shards s USING (run_id) WHERE run_id = ?", [run_id]).fetchone()
+        finished = n is not None and done == n
+        self.con.execute("UPDATE runs SET status = ?, finished_at = ? WHERE run_id = ?",
+                         ["finished" if finished else "running", last if finished else None, run_id])
+
+    # ---------------------------------------------------------------- units
+    def done_units(self, run_id: str) -> set[str]:
+        return {u for (u,) in self.con.execute("SELECT unit FROM units WHERE run_id = ?", [run_id]).fetchall()}
+
+    def commit_unit(self, run_id: str, unit: str, rows: dict[str, list[dict]], shard_index: int = 0) -> int:
+        """Write a unit's rows {table: [row dict]} and its done marker in one transaction; rows written.
+
+        `prompts` rows may be shared by several units of a run (the fixed pass has one unit per
+        (w, prompt)); they are deterministic, so a second copy is ignored rather than refused."""
+        total = sum(len(r) for r in rows.values())
+        with self._transaction():
+            for table, table_rows in rows.items():
+                if table not in DATA_TABLES or table == "units":
+                    raise StoreError(f"commit_unit: {table!r} is not a data table")
+                self._insert(table, table_rows, ignore_duplicates=table == "prompts")
+            self.con.execute("INSERT INTO units VALUES (?, ?, ?, ?, ?)", [run_id, unit, shard_index, total, _now()])
+        return total
+
+    def _insert(self, table: str, rows: list[dict], *, ignore_duplicates: bool = False) -> None:
+        if not rows:
+            return
+        columns = list(rows[0])
+        frame = {c: _column([r[c] for r in rows]) for c in columns}  # DuckDB scans a dict of numpy arrays
+        self.con.register("_frame", frame)
+        try:
+            verb = "INSERT OR IGNORE" if ignore_duplicates else "INSERT"
+            names = ", ".join(columns)
+            self.con.execute(f"{verb} INTO {table} ({names}) SELECT {names} FROM _frame")
+        finally:
+            self.con.unregister("_frame")
+
+    # ---------------------------------------------------------------- reading
+    def query(self, sql: str, params: list | None = None) -> list[tuple]:
+        return self.con.execute(sql, params or []).fetchall()
+
+    def frame(self, sql: str, params: list | None = None):
+        """A query's result as a polars DataFrame (analyses read through SQL / polars)."""
+        import polars as pl
+
+        cur = self.con.execute(sql, params or [])
+        return pl.DataFrame(cur.fetchall(), schema=[c[0] for c in cur.description], orient="row")
+
+    def counts(self, run_id: str | None = None) -> dict[str, int]:
+        """Rows per data table (of one run, or all)."""
+        where, args = ("WHERE run_id = ?", [run_id]) if run_id else ("", [])
+        return {t: self.con.execute(f"SELECT count(*) FROM {t} {where}", args).fetchone()[0]
+                for t in ("runs", *DATA_TABLES)}
+
+
+def _column(values: list) -> np.ndarray:
+    """A column for DuckDB: typed when it has no nulls, an object array (None → NULL) otherwise."""
+    if any(v is None for v in values):
+        return np.array(values, dtype=object)
+    return np.array(values)
+
+
+def merge_stores(out: Path, inputs: list[Path]) -> dict[str, int]:
+    """Union of the rows of shard stores into `out` (created or extended); rows per table after.
+
+    Runs present in several inputs must agree on their identity (model, drafter, device, params);
+    a run's status is recomputed from its shards. Identical rows are kept once; a row whose key
+    exists with other values (the same unit measured twice) keeps the first copy."""
+    out = Path(out)
+    check_writable(out)
+    if not inputs:
+        raise StoreError("merge: no input stores")
+    with Store(out) as target:
+        for path in inputs:
+            path = Path(path)
+            if not path.is_file():
+                raise StoreError(f"merge: {path}: no such store")
+            if path.resolve() == out.resolve():
+                raise StoreError(f"merge: {path} is the output store")
+            with Store(path, read_only=True) as source:  # schema version checked here
+                if source.version != SCHEMA_VERSION:
+                    raise StoreError(f"merge: {path} has schema version {source.version}; open it once with this "
+                                     f"hybridspec (schema {SCHEMA_VERSION}) to migrate it")
+            _merge_one(target, path)
+        return target.counts()
+
+
+def _merge_one(target: Store, path: Path) -> None:
+    con = target.con
+    con.execute(f"ATTACH '{path}' AS src (READ_ONLY)")
+    try:
+        with target._transaction():
+            for run in con.execute("SELECT * FROM src.runs").fetchall():
+                cols = [c[0] for c in con.description]
+                row = dict(zip(cols, run))
+                mine = target.run_row(row["run_id"])
+                if mine is not None:
+                    for key in _IDENTITY:
+                        if mine[key] != row[key]:
+                            raise StoreError(f"merge: {path}: run {row['name']!r} (pass {row['pass']}) has {key} "
+                                             f"{row[key]!r}, the merged store has {mine[key]!r}")
+            for table in KEYS:
+                con.execute(f"INSERT OR IGNORE INTO {table} BY NAME SELECT * FROM src.{table}")
+            for (run_id,) in con.execute("SELECT run_id FROM src.runs").fetchall():
+                target._refresh_run_status(run_id)
+    finally:
+        con.execute("DETACH src")

@@ -1,0 +1,125 @@
+"""The store: schema versions, one-transaction units, run-name rules, merge, content identities."""
+
+from __future__ import annotations
+
+import pytest
+
+from hybridspec.workbench import schema
+from hybridspec.workbench.runinfo import checkpoint_id, preset_id, software_versions
+from hybridspec.workbench.store import RunSpec, Store, StoreError, check_writable, merge_stores, run_id_for
+
+
+def _spec(name="c", pass_name="stage0", shard_count=1, **kw) -> RunSpec:
+    return RunSpec(name=name, pass_name=pass_name, model_id="m" * 64, drafter_id="d" * 64, device="cpu",
+                   dtype="float32", backend="torch", params={"samples": 3, "lengths": [1, 2]},
+                   versions=software_versions(), shard_count=shard_count, **kw)
+
+
+def _timings(run_id: str, u: int, n: int = 3) -> dict:
+    return {"stage0_timings": [{"run_id": run_id, "u": u, "sample_idx": i, "latency_us": 1.0 + i,
+                                "context_tokens": 8} for i in range(n)]}
+
+
+def test_new_store_has_every_table_and_the_current_version(tmp_path):
+    with Store(tmp_path / "s.duckdb") as store:
+        assert store.version == schema.SCHEMA_VERSION
+        tables = {t for (t,) in store.query("SELECT table_name FROM information_schema.tables")}
+        assert set(schema.KEYS) | {"schema_version"} <= tables
+        cols = {c for (c,) in store.query("SELECT column_name FROM information_schema.columns WHERE table_name='runs'")}
+        assert {"run_id", "name", "pass", "status", "model_id", "drafter_id", "device", "dtype", "backend", "versions",
+                "params", "started_at", "finished_at"} <= cols
+    with Store(tmp_path / "s.duckdb") as again:  # reopening migrates nothing
+        assert again.query("SELECT count(*) FROM schema_version") == [(schema.SCHEMA_VERSION,)]
+
+
+def test_a_newer_schema_is_refused_naming_both_versions(tmp_path):
+    path = tmp_path / "s.duckdb"
+    with Store(path) as store:
+        store.con.execute("INSERT INTO schema_version VALUES (99, now())")
+    with pytest.raises(StoreError, match=rf"schema version 99 .*schema version {schema.SCHEMA_VERSION}"):
+        Store(path)
+
+
+def test_a_unit_is_all_or_nothing_and_never_doubled(tmp_path):
+    with Store(tmp_path / "s.duckdb") as store:
+        run = store.start_run(_spec())
+        assert store.commit_unit(run, "u=1", _timings(run, 1)) == 3
+        bad = _timings(run, 2)
+        bad["stage0_timings"].append(dict(bad["stage0_timings"][0]))  # a duplicate key inside the unit
+        with pytest.raises(Exception, match="(?i)duplicate|constraint"):
+            store.commit_unit(run, "u=2", bad)
+        assert store.done_units(run) == {"u=1"}  # no marker, no rows of the failed unit
+        assert store.query("SELECT count(*) FROM stage0_timings WHERE u = 2") == [(0,)]
+        with pytest.raises(Exception, match="(?i)duplicate|constraint"):  # the same unit twice
+            store.commit_unit(run, "u=1", _timings(run, 1))
+        assert store.counts(run)["stage0_timings"] == 3
+
+
+def test_run_names_resume_and_overwrite(tmp_path):
+    with Store(tmp_path / "s.duckdb") as store:
+        run = store.start_run(_spec())
+        assert run == run_id_for("c", "stage0") == _spec().run_id
+        store.commit_unit(run, "u=1", _timings(run, 1))
+        with pytest.raises(StoreError, match=r"unfinished \(1 units committed\).*--resume.*--overwrite"):
+            store.start_run(_spec())
+        store.finish_shard(run, 0)
+        assert store.run_row(run)["status"] == "finished" and store.run_row(run)["finished_at"] is not None
+        with pytest.raises(StoreError, match="already exists and is finished"):
+            store.check_name_free("c", "stage0", 0, resume=False, overwrite=False)
+        assert store.start_run(_spec(), resume=True) == run and store.done_units(run) == {"u=1"}
+        changed = RunSpec(**{**_spec().__dict__, "params": {"samples": 4, "lengths": [1, 2]}})
+        with pytest.raises(StoreError, match="its params is"):
+            store.start_run(changed, resume=True)
+        store.start_run(changed, overwrite=True)
+        assert store.done_units(run) == set() and store.counts(run)["stage0_timings"] == 0
+        assert store.run_row(run)["status"] == "running"
+
+
+def test_check_writable_names_the_problem(tmp_path):
+    check_writable(tmp_path / "new.duckdb")
+    with pytest.raises(StoreError, match="does not exist"):
+        check_writable(tmp_path / "missing" / "x.duckdb")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(StoreError, match="does not exist"):
+        check_writable(tmp_path / "file" / "x.duckdb")
+    with pytest.raises(StoreError, match="is a directory"):
+        check_writable(tmp_path)
+
+
+def test_merge_is_the_union_and_finishes_a_run_when_every_shard_has(tmp_path):
+    shards = []
+    for index in range(2):
+        path = tmp_path / f"shard{index}.duckdb"
+        with Store(path) as store:
+            run = store.start_run(_spec(shard_count=2), index)
+            for u in (1, 2, 3, 4)[index::2]:
+                store.commit_unit(run, f"u={u}", _timings(run, u), index)
+            store.finish_shard(run, index)
+            assert store.run_row(run)["status"] == "running"  # the other shard is not here
+        shards.append(path)
+    counts = merge_stores(tmp_path / "all.duckdb", shards[:1])
+    assert counts["stage0_timings"] == 6
+    counts = merge_stores(tmp_path / "all.duckdb", shards)  # merging shard 0 again adds nothing
+    assert counts["stage0_timings"] == 12 and counts["units"] == 4 and counts["runs"] == 1
+    with Store(tmp_path / "all.duckdb") as merged:
+        assert merged.run_row(run_id_for("c", "stage0"))["status"] == "finished"
+        assert merged.frame("SELECT u, count(*) AS n FROM stage0_timings GROUP BY u ORDER BY u")["n"].to_list() == [3] * 4
+    with Store(tmp_path / "other.duckdb") as other:
+        other.start_run(RunSpec(**{**_spec(shard_count=2).__dict__, "model_id": "x" * 64}))
+    with pytest.raises(StoreError, match="has model_id"):
+        merge_stores(tmp_path / "all.duckdb", [tmp_path / "other.duckdb"])
+
+
+def test_content_identities(tmp_path, qwen35_dir):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(qwen35_dir, copy)
+    assert checkpoint_id(copy) == checkpoint_id(qwen35_dir)
+    weights = next(copy.glob("*.safetensors"))
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    assert checkpoint_id(copy) != checkpoint_id(qwen35_dir)
+    assert preset_id({"a": 1}, 0) == preset_id({"a": 1}, 0) != preset_id({"a": 1}, 1)
+    assert {"python", "torch", "transformers", "hybridspec", "duckdb"} <= set(software_versions())
