@@ -44,13 +44,15 @@ def generate(
     dtype: DtypeOpt = "float32",
     backend: BackendOpt = "auto",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Use an artifact fitted for another model/drafter.")] = False,
 ) -> None:
     """Generate from one prompt with a length policy and print the tokens and round statistics."""
     from .runtime.generation import GenerateRequest, run_generate
 
     request = GenerateRequest(model=model, drafter=drafter, prompt=prompt, prompt_ids=prompt_ids, policy=policy,
                               artifact=artifact, max_new_tokens=max_new_tokens, temperature=temperature,
-                              top_p=top_p, top_k=top_k, seed=seed, device=device, dtype=dtype, backend=backend)
+                              top_p=top_p, top_k=top_k, seed=seed, device=device, dtype=dtype, backend=backend,
+                              force=force)
     try:
         summary = run_generate(request)
     except ValueError as exc:  # ConfigError, PolicyError, ArtifactError, bad sampling values
@@ -125,7 +127,7 @@ def capture(
     db: Annotated[Path, typer.Option("--db", help="The campaign's DuckDB file (created or extended).")] = Path("capture.duckdb"),
     name: Annotated[str, typer.Option("--name", help="Campaign name; with the pass it identifies a run.")] = "default",
     passes: Annotated[str, typer.Option("--passes", help="capture,fixed,stage0,moe,routing or all.")] = "all",
-    max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", help="Per prompt (default 128; 32 with --quick).")] = None,
+    max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", help="Per prompt (default 128; 64 with --quick).")] = None,
     device: DeviceOpt = "cpu",
     dtype: DtypeOpt = "float32",
     backend: BackendOpt = "auto",

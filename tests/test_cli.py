@@ -7,7 +7,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from hybridspec.artifacts.io import save_parameters
+from hybridspec.artifacts.artifact import save_artifact
+from hybridspec.runtime.session import open_session
 from hybridspec.cli import app
 from tests.runtime.helpers import policy_parameters
 
@@ -25,13 +26,25 @@ def test_generate_json_fields_and_ar_equality(tmp_path):
     assert {"token_ids", "text", "rounds", "acceptance_length", "mean_verification_length",
             "decode_seconds"} <= set(ar)
     assert len(ar["token_ids"]) == 20 and ar["rounds"] == 19 and ar["mean_verification_length"] == 1
-    save_parameters(policy_parameters(), tmp_path / "p.json")
+    session = open_session("random-tiny")
+    save_artifact(tmp_path / "p.safetensors", policy_parameters(), model_id=session.model_id,
+                  drafter_id=session.drafter_id, device="cpu", store_digest="none", diagnostics={})
     for policy in ("full", "static:5", "hybridspec"):
-        extra = ["--artifact", str(tmp_path / "p.json")] if policy == "hybridspec" else []
+        extra = ["--artifact", str(tmp_path / "p.safetensors")] if policy == "hybridspec" else []
         spec = _json(["--model", "random-tiny", "--prompt-ids", "3,1,4", "--policy", policy, "--max-new-tokens",
                       "20", *extra])
         assert spec["token_ids"] == ar["token_ids"], policy
         assert spec["random_weights"] is True
+
+
+def test_artifact_for_another_model_is_refused_unless_forced(tmp_path):
+    save_artifact(tmp_path / "p.safetensors", policy_parameters(), model_id="sha256:other", drafter_id="sha256:d",
+                  device="cpu", store_digest="none", diagnostics={})
+    args = ["generate", "--model", "random-tiny", "--prompt-ids", "1,2", "--policy", "nominal", "--artifact",
+            str(tmp_path / "p.safetensors"), "--max-new-tokens", "4"]
+    refused = runner.invoke(app, args)
+    assert refused.exit_code == 2 and "sha256:other" in " ".join(refused.output.split())
+    assert runner.invoke(app, [*args, "--force"]).exit_code == 0
 
 
 def test_generate_with_a_checkpoint_directory(qwen35_dir):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..artifacts.io import load_parameters
+from ..artifacts.artifact import check_identity, load_artifact
 from .engine import GenerationResult
 from .policies import NEEDS_PARAMETERS, PolicyError, make_policy
 from .sampling import SamplingParams
@@ -20,6 +20,7 @@ class GenerateRequest:
     prompt_ids: str | None = None  # "1,2,3"
     policy: str = "hybridspec"
     artifact: Path | None = None
+    force: bool = False  # use an artifact fitted for another model/drafter
     max_new_tokens: int = 64
     temperature: float = 0.0
     top_p: float = 1.0
@@ -63,9 +64,12 @@ def run_generate(request: GenerateRequest) -> dict:
     if request.policy in NEEDS_PARAMETERS and request.artifact is None:
         raise PolicyError(f"policy {request.policy!r} needs --artifact (the output of `hybridspec fit`)")
     sampling = SamplingParams(request.temperature, request.top_k, request.top_p, request.seed)
-    params = load_parameters(request.artifact) if request.artifact is not None else None
+    params, meta = load_artifact(request.artifact) if request.artifact is not None else (None, None)
     session = open_session(request.model, request.drafter, need_drafter=request.policy != "ar",
                            device=request.device, dtype=request.dtype, backend=request.backend, seed=request.seed)
+    if meta is not None and request.policy != "ar":
+        check_identity(meta, model_id=session.model_id, drafter_id=session.drafter_id, force=request.force,
+                       source=str(request.artifact))
     draft_len = session.drafter.draft_len if session.drafter is not None else 0
     policy = make_policy(request.policy, draft_len, params, device=request.device)
     result = session.engine.generate(_prompt(request, session), policy=policy, max_new_tokens=request.max_new_tokens,

@@ -5,12 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..artifacts.identity import directory_id, preset_id
 from .config import ConfigError
 from .drafter import DFlashDrafter, load_drafter
 from .engine import Engine
 from .loading import load_target, random_drafter
 from .models.hybrid import HybridTarget
-from .presets import PRESETS
+from .presets import PRESETS, preset_config
 from .tokenizer import TextCodec, load_codec
 
 EMBEDDED = Path(__file__).resolve().parent.parent / "assets" / "embedded"
@@ -32,6 +33,8 @@ class Session:
     engine: Engine
     codec: TextCodec | None
     eos_ids: tuple[int, ...]
+    model_id: str
+    drafter_id: str | None
 
     @property
     def random_weights(self) -> bool:
@@ -60,7 +63,12 @@ def open_session(model: str | None = None, drafter: str | None = None, *, need_d
             _check_pair(target, draft, drafter)
     codec = load_codec(Path(model)) if Path(model).is_dir() else None
     engine = Engine(target, draft, max_context=max_context)
-    return Session(model, target, draft, engine, codec, target.cfg.eos_token_ids)
+    model_id = directory_id(Path(model)) if Path(model).is_dir() else preset_id(model, preset_config(model), seed)
+    drafter_id = None
+    if draft is not None:
+        drafter_id = (directory_id(Path(drafter)) if drafter not in (None, "random")
+                      else preset_id("random-drafter", {"target": model_id}, seed + 1))
+    return Session(model, target, draft, engine, codec, target.cfg.eos_token_ids, model_id, drafter_id)
 
 
 def _check_pair(target: HybridTarget, drafter: DFlashDrafter, source: str) -> None:

@@ -1,0 +1,96 @@
+"""Fitters recover known parameters from synthetic data; a broken fitter fails the same checks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hybridspec.fitters.acceptance import AcceptanceFitter, conditional_rows, held_out_report
+from hybridspec.fitters.cost import QuadraticCost, Slope
+from hybridspec.fitters.rate import dinkelbach, expected_tokens, pooled_throughput, select_lengths
+from hybridspec.fitters.routing import RoutingTables
+from tests.fitters.synthetic import rounds
+
+TOL_C = 0.03  # mean |ĉ − c| over the rows at risk
+
+
+def _conditional_error(fitter, confidence, entropy, truth, accepted_full):
+    mask, _ = conditional_rows(accepted_full, confidence.shape[1])
+    return float(np.abs(fitter.predict_conditional(confidence, entropy) - truth)[mask].mean())
+
+
+def test_acceptance_model_recovers_the_conditionals_and_needs_entropy():
+    conf, ent, _, a_d = rounds(6000, seed=1)
+    test = rounds(3000, seed=2)
+    fitter = AcceptanceFitter().fit(conf, ent, a_d)
+    assert _conditional_error(fitter, *test) < TOL_C
+    blind = AcceptanceFitter().fit(conf, np.ones_like(ent), a_d)  # a fitter that ignores entropy
+    assert _conditional_error(blind, test[0], np.ones_like(test[1]), test[2], test[3]) > TOL_C
+    report = held_out_report(fitter, test[0], test[1], test[3])
+    assert report["full"]["log_loss"] < report["isotonic"]["log_loss"] < report["raw"]["log_loss"]
+    assert all(np.all(np.diff(x) >= 0) for x in fitter.iso_x_)
+
+
+def test_unfitted_use_is_guarded():
+    with pytest.raises(RuntimeError, match="not fitted"):
+        AcceptanceFitter().predict_conditional(np.zeros((1, 15)), np.zeros((1, 15)))
+
+
+def test_quadratic_cost_and_slopes_come_back():
+    rng = np.random.default_rng(3)
+    w = np.repeat(np.arange(2, 17), 40)
+    latency = 8e-3 + 4e-4 * w + 3e-5 * w**2 + rng.normal(0, 2e-4, w.size)
+    cost = QuadraticCost().fit(w, latency)
+    assert cost.coef_ == pytest.approx([8e-3, 4e-4, 3e-5], rel=0.1, abs=2e-5)
+    assert cost.conf_int_[2][0] < 3e-5 < cost.conf_int_[2][1] and cost.r2_ > 0.9 and not cost.warnings_
+    assert cost.fixed_cost_ == pytest.approx(8e-3, rel=0.05)
+    assert cost.table(16)[16] == pytest.approx(4e-4 * 16 + 3e-5 * 256, rel=0.05) and cost.table(16)[1] == 0
+    u = np.repeat(np.arange(1, 17), 30)
+    s = Slope(name="s").fit(u, 5e-4 + 2e-5 * u + rng.normal(0, 1e-6, u.size))
+    assert s.slope_ == pytest.approx(2e-5, rel=0.05) and s.conf_int_[0] < 2e-5 < s.conf_int_[1]
+    n = np.repeat(np.arange(8, 129, 8), 20)
+    eta = Slope(name="eta").fit(n, 1e-4 + 4.18e-6 * n + rng.normal(0, 5e-6, n.size))
+    assert eta.slope_ == pytest.approx(4.18e-6, rel=0.05) and eta.correlation_ > 0.99
+
+
+def test_flat_or_noisy_costs_warn():
+    rng = np.random.default_rng(4)
+    w = np.repeat(np.arange(2, 17), 10)
+    noisy = QuadraticCost().fit(w, 1e-2 + rng.normal(0, 1e-3, w.size))
+    assert any("R²" in m for m in noisy.warnings_)
+    falling = Slope(name="eta").fit(np.arange(10), 1.0 - 0.1 * np.arange(10))
+    assert any("not positive" in m for m in falling.warnings_)
+
+
+def test_routing_tables_follow_the_definition():
+    rng = np.random.default_rng(5)
+    D, k = 15, 2
+    cap_pos = np.repeat(np.arange(1, D + 1), 200)
+    cap_n0 = rng.integers(0, k + 1, cap_pos.size)
+    pos = np.repeat(np.arange(1, D + 1), 300)
+    n0 = rng.choice(k + 1, pos.size, p=[0.6, 0.3, 0.1])
+    later = 2.0 + 9.0 * n0 + rng.normal(0, 0.5, pos.size)  # ~9 later pairs per new Layer-0 expert
+    tables = RoutingTables().fit(cap_pos, cap_n0, pos, n0, later, D, k)
+    for i in (1, 7, 15):
+        assert tables.nbar_all_[i] == pytest.approx(cap_n0[cap_pos == i].mean() + later[pos == i].mean())
+        for n in range(k + 1):
+            assert tables.nbar_cond_[i, n] == pytest.approx(n + 2.0 + 9.0 * n, abs=0.4)
+            assert tables.cell_counts_[i, n] == int(((pos == i) & (n0 == n)).sum())
+    thin = RoutingTables(min_cell=10_000).fit(cap_pos, cap_n0, pos, n0, later, D, k)
+    assert thin.fitted_cells_[1:D + 1].all()
+    assert thin.nbar_cond_[3, 2] == pytest.approx(2 + 2.0 + 18.0, abs=0.4)
+
+
+def test_dinkelbach_equals_brute_force_over_rho():
+    conf, ent, truth, _ = rounds(800, seed=6)
+    prefix = np.cumprod(truth, axis=1)
+    cost = np.array([0, 0] + [4e-4 * w + 3e-5 * w * w for w in range(2, 17)])
+    lengths, fixed = np.arange(2, 17), 8e-3
+    rho, iterations = dinkelbach(prefix, cost, fixed, lengths)
+    gain = expected_tokens(prefix)
+    grid = np.linspace(rho * 0.2, rho * 3, 4000)
+    best = max(pooled_throughput(gain, cost, fixed, select_lengths(gain, cost, lengths, r)) for r in grid)
+    assert rho == pytest.approx(best, rel=1e-6)
+    assert len(iterations) >= 2 and iterations[-1]["next_rho"] == pytest.approx(rho)
+    fixed_16 = pooled_throughput(gain, cost, fixed, np.full(len(gain), 16))
+    assert rho > fixed_16  # adapting the length beats always verifying W
