@@ -1,0 +1,125 @@
+"""Fit a whole calibration campaign read from the store (DESIGN A.9): the acceptance model,
+C_tgt, s, η, the routing tables and ρ. Returns plain numbers and arrays; the CLI turns them into
+the frozen artifact.
+
+Rounds cut short by EOS or the output limit are excluded from every acceptance fit; the held-out
+rounds are those of every fifth calibration prompt (split by prompt, deterministic)."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..workbench.store import Store, run_id_for
+from .acceptance import AcceptanceFitter, held_out_report
+from .cost import QuadraticCost, Slope
+from .rate import dinkelbach
+from .routing import RoutingTables
+
+
+@dataclass
+class CampaignFit:
+    draft_len: int
+    lengths: tuple[int, ...]
+    acceptance: AcceptanceFitter
+    cost: QuadraticCost
+    stage0: Slope
+    moe: Slope
+    routing: RoutingTables
+    rho: float
+    iterations: list[dict]
+    model_id: str
+    drafter_id: str
+    device: str
+    store_digest: str
+    metrics: dict
+    warnings: list[str] = field(default_factory=list)
+
+    def diagnostics(self) -> dict:
+        return {"acceptance": self.metrics, "dinkelbach": self.iterations, "warnings": self.warnings,
+                "cost": {"coef": self.cost.coef_.tolist(), "conf_int": self.cost.conf_int_.tolist(), "r2": self.cost.r2_},
+                "s": {"slope": self.stage0.slope_, "conf_int": self.stage0.conf_int_, "r2": self.stage0.r2_},
+                "eta": {"slope": self.moe.slope_, "conf_int": self.moe.conf_int_, "r2": self.moe.r2_,
+                        "correlation": self.moe.correlation_},
+                "routing_cell_counts": self.routing.cell_counts_.tolist(),
+                "routing_fitted_cells": self.routing.fitted_cells_.tolist()}
+
+
+class FitError(ValueError):
+    """A store that lacks what the fit needs; the message names the run and table."""
+
+
+def _run(store: Store, name: str, pass_name: str) -> dict:
+    row = store.run_row(run_id_for(name, pass_name))
+    if row is None:
+        raise FitError(f"campaign {name!r} has no {pass_name} run in {store.path}")
+    return row
+
+
+def _capture_arrays(store: Store, run_id: str) -> dict:
+    rounds = store.query("SELECT prompt_id, round_idx, accepted_full FROM rounds WHERE run_id = ? AND NOT truncated "
+                         "AND accepted_full IS NOT NULL ORDER BY prompt_id, round_idx", [run_id])
+    if not rounds:
+        raise FitError(f"capture run {run_id} has no complete (untruncated, fully verified) rounds")
+    pos = store.query("SELECT d.prompt_id, d.round_idx, d.position, d.confidence, d.entropy, d.new_l0_experts "
+                      "FROM draft_positions d JOIN rounds r USING (run_id, prompt_id, round_idx) "
+                      "WHERE d.run_id = ? AND NOT r.truncated AND r.accepted_full IS NOT NULL "
+                      "ORDER BY d.prompt_id, d.round_idx, d.position", [run_id])
+    D = max(p[2] for p in pos)
+    index = {(r[0], r[1]): k for k, r in enumerate(rounds)}
+    conf, ent = np.zeros((len(rounds), D)), np.zeros((len(rounds), D))
+    n0_pos, n0 = [], []
+    for prompt, rnd, position, c, h, new in pos:
+        k = index[(prompt, rnd)]
+        conf[k, position - 1], ent[k, position - 1] = c, h
+        n0_pos.append(position)
+        n0.append(new)
+    prompts = sorted({r[0] for r in rounds})
+    held = {p for i, p in enumerate(prompts) if i % 5 == 4}
+    return {"conf": conf, "ent": ent, "a_d": np.array([r[2] for r in rounds]), "D": D,
+            "held": np.array([r[0] in held for r in rounds]), "n0_pos": np.array(n0_pos), "n0": np.array(n0)}
+
+
+def store_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return "sha256:" + digest.hexdigest()
+
+
+def fit_campaign(db: Path, name: str) -> CampaignFit:
+    """Every fit of DESIGN A.9 over the runs of campaign `name` in the store at `db`."""
+    with Store(db, read_only=True) as store:
+        capture = _run(store, name, "capture")
+        arrays = _capture_arrays(store, capture["run_id"])
+        fixed = np.array(store.query("SELECT executed_w, latency_us FROM fixed_length_timings WHERE run_id = ? "
+                                     "AND NOT truncated",
+                                     [_run(store, name, "fixed")["run_id"]]), dtype=float)
+        stage0 = np.array(store.query("SELECT u, latency_us FROM stage0_timings WHERE run_id = ?",
+                                      [_run(store, name, "stage0")["run_id"]]), dtype=float)
+        moe = np.array(store.query("SELECT n_distinct_experts, latency_us FROM moe_bench WHERE run_id = ?",
+                                   [_run(store, name, "moe")["run_id"]]), dtype=float)
+        routing = np.array(store.query("SELECT position, new_l0_experts, new_later_pairs FROM routing_positions "
+                                       "WHERE run_id = ?", [_run(store, name, "routing")["run_id"]]), dtype=float)
+        top_k = int(max(arrays["n0"].max(), routing[:, 1].max()))
+    D, train = arrays["D"], ~arrays["held"]
+    acceptance = AcceptanceFitter().fit(arrays["conf"][train], arrays["ent"][train], arrays["a_d"][train])
+    held = arrays["held"] if arrays["held"].any() else train
+    metrics = held_out_report(acceptance, arrays["conf"][held], arrays["ent"][held], arrays["a_d"][held])
+    cost = QuadraticCost().fit(fixed[:, 0], fixed[:, 1] * 1e-6)
+    s = Slope(name="s (Stage-0 latency per token)").fit(stage0[:, 0], stage0[:, 1] * 1e-6)
+    eta = Slope(name="eta (MoE latency per distinct expert)").fit(moe[:, 0], moe[:, 1] * 1e-6)
+    tables = RoutingTables().fit(arrays["n0_pos"], arrays["n0"], routing[:, 0].astype(int),
+                                 routing[:, 1].astype(int), routing[:, 2], D, top_k)
+    lengths = tuple(range(2, D + 2))
+    cost_table = cost.table(D + 1)
+    prefix = acceptance.predict_prefix(arrays["conf"], arrays["ent"])
+    rho, iterations = dinkelbach(prefix, cost_table, cost.fixed_cost_, lengths)
+    return CampaignFit(draft_len=D, lengths=lengths, acceptance=acceptance, cost=cost, stage0=s, moe=eta,
+                       routing=tables, rho=rho, iterations=iterations, model_id=capture["model_id"],
+                       drafter_id=capture["drafter_id"], device=capture["device"], store_digest=store_digest(db),
+                       metrics=metrics, warnings=cost.warnings_ + s.warnings_ + eta.warnings_)

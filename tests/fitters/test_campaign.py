@@ -1,0 +1,88 @@
+"""`fit_campaign` on a synthetic store written from known parameters: every fitted quantity
+comes back, and ρ is Dinkelbach's fixed point over the stored capture rounds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hybridspec.fitters.campaign import FitError, fit_campaign
+from hybridspec.fitters.rate import dinkelbach
+from hybridspec.workbench.store import RunSpec, Store
+from tests.fitters.synthetic import rounds
+
+D, K = 15, 2
+COST = (6e-3, 5e-4, 2e-5)  # a + b w + c w², seconds
+S, ETA = 3e-5, 4e-6
+
+
+def _spec(pass_name):
+    return RunSpec(name="synth", pass_name=pass_name, model_id="sha256:m", drafter_id="sha256:d", device="cpu",
+                   dtype="float32", backend="torch")
+
+
+def _write(path, n_rounds=2500, seed=0):
+    rng = np.random.default_rng(seed)
+    conf, ent, _, a_d = rounds(n_rounds, seed=seed)
+    with Store(path) as store:
+        run = store.start_run(_spec("capture"))
+        for p in range(25):  # 25 prompts × 100 rounds
+            sl = range(p * 100, (p + 1) * 100)
+            rows = {"prompts": [dict(run_id=run, prompt_id=f"p{p}", category="c", split="calib", prompt_tokens=9)],
+                    "rounds": [], "draft_positions": []}
+            for r_i, r in enumerate(sl):
+                rows["rounds"].append(dict(run_id=run, prompt_id=f"p{p}", round_idx=r_i, w0=16, u=16, w=16,
+                                           accepted=int(a_d[r]), accepted_full=int(a_d[r]), emitted=int(a_d[r]) + 1,
+                                           truncated=False, latency_us=1.0))
+                for i in range(1, D + 1):
+                    rows["draft_positions"].append(dict(
+                        run_id=run, prompt_id=f"p{p}", round_idx=r_i, position=i, token_id=1,
+                        confidence=float(conf[r, i - 1]), entropy=float(ent[r, i - 1]), accepted=bool(a_d[r] >= i),
+                        new_l0_experts=int(rng.integers(0, K + 1))))
+            store.commit_unit(run, f"p{p}", rows)
+        run = store.start_run(_spec("fixed"))
+        rows = [dict(run_id=run, w=w, prompt_id="p0", round_idx=j, executed_w=w, accepted=0, emitted=1, truncated=False,
+                     latency_us=1e6 * (COST[0] + COST[1] * w + COST[2] * w * w + rng.normal(0, 1e-4)))
+                for w in range(2, 17) for j in range(20)]
+        store.commit_unit(run, "fixed", {"fixed_length_timings": rows})
+        run = store.start_run(_spec("stage0"))
+        rows = [dict(run_id=run, u=u, sample_idx=j, context_tokens=50, latency_us=1e6 * (2e-4 + S * u + rng.normal(0, 1e-6)))
+                for u in range(1, 17) for j in range(10)]
+        store.commit_unit(run, "stage0", {"stage0_timings": rows})
+        run = store.start_run(_spec("moe"))
+        rows = [dict(run_id=run, layer=0, n_rows=16, n_assignments=32, n_distinct_experts=n, sample_idx=j,
+                     latency_us=1e6 * (1e-4 + ETA * n + rng.normal(0, 2e-6))) for n in range(2, 33, 2) for j in range(10)]
+        store.commit_unit(run, "moe", {"moe_bench": rows})
+        run = store.start_run(_spec("routing"))
+        rows = []
+        for r_i in range(400):
+            for i in range(1, D + 1):
+                n0 = int(rng.choice(K + 1, p=[0.5, 0.35, 0.15]))
+                rows.append(dict(run_id=run, prompt_id="p0", round_idx=r_i, position=i, new_l0_experts=n0,
+                                 new_later_pairs=int(round(1 + 9 * n0 + rng.normal(0, 1)))))
+        store.commit_unit(run, "routing", {"routing_positions": rows})
+    return conf, ent, a_d
+
+
+def test_synthetic_campaign_comes_back(tmp_path):
+    db = tmp_path / "synth.duckdb"
+    conf, ent, a_d = _write(db)
+    fit = fit_campaign(db, "synth")
+    assert fit.draft_len == D and fit.model_id == "sha256:m" and fit.drafter_id == "sha256:d"
+    assert fit.cost.coef_ == pytest.approx(COST, rel=0.1, abs=3e-5)
+    assert fit.cost.fixed_cost_ == pytest.approx(COST[0], rel=0.05)
+    assert fit.stage0.slope_ == pytest.approx(S, rel=0.05) and fit.moe.slope_ == pytest.approx(ETA, rel=0.05)
+    assert fit.routing.nbar_cond_[5, 1] == pytest.approx(1 + 1 + 9, abs=0.5)
+    assert fit.metrics["full"]["log_loss"] < fit.metrics["raw"]["log_loss"]
+    rho, _ = dinkelbach(fit.acceptance.predict_prefix(conf, ent), fit.cost.table(D + 1), fit.cost.fixed_cost_,
+                        range(2, D + 2))
+    assert fit.rho == pytest.approx(rho, rel=1e-9)
+    assert not fit.warnings
+
+
+def test_missing_pass_is_named(tmp_path):
+    db = tmp_path / "partial.duckdb"
+    with Store(db) as store:
+        store.start_run(_spec("capture"))
+    with pytest.raises(FitError, match="no complete|no fixed run"):
+        fit_campaign(db, "synth")
