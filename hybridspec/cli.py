@@ -171,5 +171,77 @@ def merge(
     console.print(table)
 
 
+@app.command()
+def fit(
+    db: Annotated[Path, typer.Option("--db", help="Calibration store written by `hybridspec capture`.")],
+    out: Annotated[Path, typer.Option("--out", help="Artifact file to write.")],
+    run: Annotated[str, typer.Option("--run", help="Campaign name (capture's --name).")] = "default",
+) -> None:
+    """Fit the acceptance model, C_tgt, s, η, the routing tables and ρ; write the frozen artifact."""
+    from .artifacts.artifact import save_artifact
+    from .fitters.campaign import FitError, fit_campaign
+    from .workbench.store import StoreError
+
+    if not db.is_file():
+        _fail(f"--db {db}: no such store")
+    try:
+        result = fit_campaign(db, run)
+    except (FitError, StoreError) as exc:
+        _fail(str(exc))
+    meta = save_artifact(out, _parameters(result), model_id=result.model_id, drafter_id=result.drafter_id or "",
+                         device=result.device, store_digest=result.store_digest, diagnostics=result.diagnostics())
+    _print_fit(result, out, meta)
+
+
+def _parameters(result):
+    """A campaign fit as the runtime's policy parameters."""
+    from .artifacts.params import AcceptanceModel, PolicyParameters
+
+    acc = result.acceptance
+    model = AcceptanceModel(iso_x=tuple(tuple(map(float, x)) for x in acc.iso_x_),
+                            iso_y=tuple(tuple(map(float, y)) for y in acc.iso_y_), coef=tuple(map(float, acc.coef_)))
+    return PolicyParameters(
+        draft_len=result.draft_len, lengths=result.lengths, cost=tuple(map(float, result.cost.table(result.draft_len + 1))),
+        fixed_cost=result.cost.fixed_cost_, rho=result.rho, s=result.stage0.slope_, eta=result.moe.slope_,
+        nbar_all=tuple(map(float, result.routing.nbar_all_)),
+        nbar_cond=tuple(tuple(map(float, row)) for row in result.routing.nbar_cond_), acceptance=model)
+
+
+def _print_fit(result, out: Path, meta: dict) -> None:
+    console.print(f"[bold]artifact[/] {out}  ({meta['content_sha256'][:19]}…)")
+    console.print(f"ρ = {result.rho:.2f} tokens/s   s = {result.stage0.slope_ * 1e6:.2f} µs/token   "
+                  f"η = {result.moe.slope_ * 1e6:.2f} µs/expert (r = {result.moe.correlation_:.3f})   "
+                  f"fixed = {result.cost.fixed_cost_ * 1e3:.2f} ms   Dinkelbach iterations {len(result.iterations)}")
+    table = result.cost.table(result.draft_len + 1)
+    console.print("C_tgt(w) ms: " + "  ".join(f"{w}:{table[w] * 1e3:.2f}" for w in result.lengths))
+    metrics = Table("estimate", "log-loss", "Brier", "ECE", "rows", title="acceptance, held-out rounds")
+    for name, m in result.metrics.items():
+        metrics.add_row(name, f"{m['log_loss']:.4f}", f"{m['brier']:.4f}", f"{m['ece']:.4f}", str(m["rows"]))
+    console.print(metrics)
+    for warning in result.warnings:
+        console.print(f"[yellow]warning:[/] {warning}")
+
+
+@app.command()
+def inspect(path: Annotated[Path, typer.Argument(help="Artifact file.")]) -> None:
+    """Print an artifact's contents; exit non-zero when it is invalid."""
+    import json as _json
+
+    from .artifacts.artifact import ArtifactError, load_artifact
+
+    try:
+        params, meta = load_artifact(path)
+    except ArtifactError as exc:
+        _fail(str(exc))
+    shown = {k: v for k, v in meta.items() if k != "diagnostics"}
+    console.print_json(_json.dumps(shown))
+    table = Table("w", "C_tgt ms", "n̄_all", title=f"{path.name}: per length")
+    for w in params.lengths:
+        table.add_row(str(w), f"{params.cost[w] * 1e3:.3f}", f"{params.nbar_all[w]:.2f}")
+    console.print(table)
+    console.print(f"acceptance coefficients {[round(c, 4) for c in params.acceptance.coef]}; "
+                  f"warnings: {meta['diagnostics'].get('warnings', [])}")
+
+
 def main() -> None:  # pragma: no cover
     app()

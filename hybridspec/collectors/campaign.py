@@ -17,10 +17,10 @@ from typing import Protocol
 import torch
 
 from ..runtime.presets import PRESETS, preset_config
-from ..runtime.session import EMBEDDED, default_model, open_session
+from ..runtime.session import EMBEDDED, default_model, model_identity, open_session
 from ..runtime.tokenizer import load_codec
 from ..workbench.prompts import Prompt, load_prompts
-from ..workbench.runinfo import checkpoint_id, preset_id, software_versions
+from ..workbench.runinfo import software_versions
 from ..workbench.store import RunSpec, Store, check_writable
 from .capture import CapturePass
 from .common import CaptureConfig, CaptureConfigError, CollectorPass, PassContext, PromptIds
@@ -77,22 +77,14 @@ def resolve_models(config: CaptureConfig) -> ModelIdentity:
     if model is None:
         model, embedded = default_model()
         drafter = drafter or embedded
-    if Path(model).is_dir():
-        model_id = checkpoint_id(Path(model))
-    elif model in PRESETS:
-        model_id = preset_id(preset_config(model), config.seed)
-    else:
+    if not Path(model).is_dir() and model not in PRESETS:
         raise CaptureConfigError(f"--model {model!r} is neither a model directory nor a preset "
                                  f"({', '.join(sorted(PRESETS))})")
     if drafter is None and model not in PRESETS:
         raise CaptureConfigError(f"--drafter is required for --model {model} (a DFlash directory, or random)")
-    if drafter in (None, "random"):  # random_drafter(target, num_layers=2, block_size=16, seed=seed + 1)
-        drafter_id = preset_id({"random_drafter_for": model_id, "num_layers": 2, "block_size": 16}, config.seed + 1,
-                               kind="random-drafter")
-    elif Path(drafter).is_dir():
-        drafter_id = checkpoint_id(Path(drafter))
-    else:
+    if drafter not in (None, "random") and not Path(drafter).is_dir():
         raise CaptureConfigError(f"--drafter {drafter!r}: not a directory (a DFlash checkpoint) nor `random`")
+    model_id, drafter_id = model_identity(model, drafter, seed=config.seed)  # the ids artifacts are checked against
     return ModelIdentity(model, drafter or "random", model_id, drafter_id)
 
 

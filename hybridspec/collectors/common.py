@@ -24,7 +24,7 @@ from torch import Tensor
 from ..runtime.session import Session
 
 ALL_PASSES = ("capture", "fixed", "stage0", "moe", "routing")
-DEFAULT_NEW_TOKENS, QUICK_NEW_TOKENS = 128, 32
+DEFAULT_NEW_TOKENS, QUICK_NEW_TOKENS = 128, 64
 
 
 class CaptureConfigError(ValueError):
@@ -65,7 +65,7 @@ class CaptureConfig:
     db: Path = Path("capture.duckdb")
     name: str = "default"
     passes: tuple[str, ...] = ALL_PASSES
-    max_new_tokens: int | None = None  # None: 128, or 32 with quick
+    max_new_tokens: int | None = None  # None: 128, or 64 with quick
     device: str = "cpu"
     dtype: str = "float32"
     backend: str = "auto"

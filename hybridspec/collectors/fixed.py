@@ -10,7 +10,7 @@ from __future__ import annotations
 from ..runtime.policies import make_policy
 from .common import PassContext, PromptIds, Unit, microseconds, prompt_row
 
-QUICK_LENGTHS = (2, 4, 8, 12, 16)
+QUICK_LENGTHS = (2, 4, 6, 8, 10, 12, 14, 16)
 QUICK_PROMPTS_PER_CATEGORY = 1
 
 

@@ -51,8 +51,11 @@ class RichReporter:
 
 
 def summary_table(summaries: list[PassSummary], db: Path) -> Table:
-    table = Table("pass", "run", "status", "units", "resumed", "rows", "seconds", title=f"capture → {db}")
+    table = Table(title=f"capture → {db}")
+    for header in ("pass", "status", "units", "resumed", "s"):  # run ids: `SELECT * FROM runs`
+        table.add_column(header, no_wrap=True)
+    table.add_column("rows", no_wrap=True)
     for s in summaries:
         rows = "\n".join(f"{t} {n}" for t, n in s.rows.items())
-        table.add_row(s.name, s.run_id, s.status, str(s.units), str(s.resumed), rows, f"{s.seconds:.1f}")
+        table.add_row(s.name, s.status, str(s.units), str(s.resumed), f"{s.seconds:.0f}", rows)
     return table

@@ -63,12 +63,20 @@ def open_session(model: str | None = None, drafter: str | None = None, *, need_d
             _check_pair(target, draft, drafter)
     codec = load_codec(Path(model)) if Path(model).is_dir() else None
     engine = Engine(target, draft, max_context=max_context)
-    model_id = directory_id(Path(model)) if Path(model).is_dir() else preset_id(model, preset_config(model), seed)
-    drafter_id = None
-    if draft is not None:
-        drafter_id = (directory_id(Path(drafter)) if drafter not in (None, "random")
-                      else preset_id("random-drafter", {"target": model_id}, seed + 1))
+    model_id, drafter_id = model_identity(model, drafter if draft is not None else None, seed=seed,
+                                          with_drafter=draft is not None)
     return Session(model, target, draft, engine, codec, target.cfg.eos_token_ids, model_id, drafter_id)
+
+
+def model_identity(model: str, drafter: str | None, *, seed: int = 0, with_drafter: bool = True) -> tuple[str, str | None]:
+    """(model_id, drafter_id) content identities, computed without loading any weights: sha256 of a
+    directory's config.json + safetensors, or of a preset's config and seed (`random` drafters too)."""
+    model_id = directory_id(Path(model)) if Path(model).is_dir() else preset_id(model, preset_config(model), seed)
+    if not with_drafter:
+        return model_id, None
+    if drafter in (None, "random"):
+        return model_id, preset_id("random-drafter", {"target": model_id}, seed + 1)
+    return model_id, directory_id(Path(drafter))
 
 
 def _check_pair(target: HybridTarget, drafter: DFlashDrafter, source: str) -> None:

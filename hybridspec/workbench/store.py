@@ -201,12 +201,13 @@ class Store:
             self._refresh_run_status(run_id)
 
     def _refresh_run_status(self, run_id: str) -> None:
-        n, done, last = self.con.execute(
-            "SELECT max(r.shard_count), count(*) FILTER (WHERE s.status = 'finished'), max(s.finished_at) "
-            "FROM runs r JOIN run_shards s USING (run_id) WHERE run_id = ?", [run_id]).fetchone()
+        n, done, first, last = self.con.execute(
+            "SELECT max(r.shard_count), count(*) FILTER (WHERE s.status = 'finished'), min(s.started_at), "
+            "max(s.finished_at) FROM runs r JOIN run_shards s USING (run_id) WHERE run_id = ?", [run_id]).fetchone()
         finished = n is not None and done == n
-        self.con.execute("UPDATE runs SET status = ?, finished_at = ? WHERE run_id = ?",
-                         ["finished" if finished else "running", last if finished else None, run_id])
+        self.con.execute("UPDATE runs SET status = ?, started_at = least(started_at, ?), finished_at = ? "
+                         "WHERE run_id = ?", ["finished" if finished else "running", first, last if finished else None,
+                                              run_id])
 
     # ---------------------------------------------------------------- units
     def done_units(self, run_id: str) -> set[str]:
@@ -218,26 +219,26 @@ class Store:
         `prompts` rows may be shared by several units of a run (the fixed pass has one unit per
         (w, prompt)); they are deterministic, so a second copy is ignored rather than refused."""
         total = sum(len(r) for r in rows.values())
-        with self._transaction():
-            for table, table_rows in rows.items():
-                if table not in DATA_TABLES or table == "units":
-                    raise StoreError(f"commit_unit: {table!r} is not a data table")
-                self._insert(table, table_rows, ignore_duplicates=table == "prompts")
-            self.con.execute("INSERT INTO units VALUES (?, ?, ?, ?, ?)", [run_id, unit, shard_index, total, _now()])
-        return total
-
-    def _insert(self, table: str, rows: list[dict], *, ignore_duplicates: bool = False) -> None:
-        if not rows:
-            return
-        columns = list(rows[0])
-        frame = {c: _column([r[c] for r in rows]) for c in columns}  # DuckDB scans a dict of numpy arrays
-        self.con.register("_frame", frame)
+        bad = [t for t in rows if t not in DATA_TABLES or t == "units"]
+        if bad:
+            raise StoreError(f"commit_unit: {bad[0]!r} is not a data table")
+        # DuckDB scans a dict of numpy arrays; register them outside the transaction so that a failed
+        # insert leaves nothing to clean up inside an aborted transaction
+        frames = {t: f"_unit_{t}" for t, r in rows.items() if r}
+        for table, view in frames.items():
+            self.con.register(view, {c: _column([r[c] for r in rows[table]]) for c in rows[table][0]})
         try:
-            verb = "INSERT OR IGNORE" if ignore_duplicates else "INSERT"
-            names = ", ".join(columns)
-            self.con.execute(f"{verb} INTO {table} ({names}) SELECT {names} FROM _frame")
+            with self._transaction():
+                for table, view in frames.items():
+                    verb = "INSERT OR IGNORE" if table == "prompts" else "INSERT"
+                    names = ", ".join(rows[table][0])
+                    self.con.execute(f"{verb} INTO {table} ({names}) SELECT {names} FROM {view}")
+                self.con.execute("INSERT INTO units VALUES (?, ?, ?, ?, ?)",
+                                 [run_id, unit, shard_index, total, _now()])
         finally:
-            self.con.unregister("_frame")
+            for view in frames.values():
+                self.con.unregister(view)
+        return total
 
     # ---------------------------------------------------------------- reading
     def query(self, sql: str, params: list | None = None) -> list[tuple]:
@@ -291,7 +292,8 @@ def merge_stores(out: Path, inputs: list[Path]) -> dict[str, int]:
 
 def _merge_one(target: Store, path: Path) -> None:
     con = target.con
-    con.execute(f"ATTACH '{path}' AS src (READ_ONLY)")
+    quoted = str(path).replace("'", "''")
+    con.execute(f"ATTACH '{quoted}' AS src (READ_ONLY)")
     try:
         with target._transaction():
             for run in con.execute("SELECT * FROM src.runs").fetchall():

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from hybridspec.workbench import schema
-from hybridspec.workbench.runinfo import checkpoint_id, preset_id, software_versions
+from hybridspec.runtime.session import model_identity
+from hybridspec.workbench.runinfo import software_versions
 from hybridspec.workbench.store import RunSpec, Store, StoreError, check_writable, merge_stores, run_id_for
 
 
@@ -115,11 +116,12 @@ def test_content_identities(tmp_path, qwen35_dir):
 
     copy = tmp_path / "copy"
     shutil.copytree(qwen35_dir, copy)
-    assert checkpoint_id(copy) == checkpoint_id(qwen35_dir)
+    assert model_identity(str(copy), None)[0] == model_identity(str(qwen35_dir), None)[0]
     weights = next(copy.glob("*.safetensors"))
     data = bytearray(weights.read_bytes())
     data[-1] ^= 1
     weights.write_bytes(bytes(data))
-    assert checkpoint_id(copy) != checkpoint_id(qwen35_dir)
-    assert preset_id({"a": 1}, 0) == preset_id({"a": 1}, 0) != preset_id({"a": 1}, 1)
+    assert model_identity(str(copy), None)[0] != model_identity(str(qwen35_dir), None)[0]
+    assert model_identity("random-tiny", None, seed=0) == model_identity("random-tiny", None, seed=0)
+    assert model_identity("random-tiny", None, seed=0) != model_identity("random-tiny", None, seed=1)
     assert {"python", "torch", "transformers", "hybridspec", "duckdb"} <= set(software_versions())

@@ -1,0 +1,188 @@
+"""`hybridspec capture` / `merge` end to end, with real subprocesses: a SIGKILL mid-pass then
+`--resume` gives the rows of an uninterrupted run; two shards merged give the single-process rows;
+bad input is refused before any model is loaded."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from hybridspec.cli import app
+from hybridspec.collectors import campaign
+from hybridspec.collectors.common import ALL_PASSES, CaptureConfig
+from hybridspec.workbench.schema import DATA_TABLES, KEYS, SCHEMA_VERSION
+from hybridspec.workbench.store import RunSpec, Store
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}  # the tests' single thread
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def prompt_file(tmp_path_factory) -> Path:
+    gen = torch.Generator().manual_seed(5)
+    path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
+    lines = []
+    for i in range(8):
+        ids = torch.randint(0, 97, (4 + 3 * i,), generator=gen).tolist()
+        lines.append(json.dumps({"id": f"q{i}", "category": "ab"[i % 2], "split": "calib", "prompt_ids": ids}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _args(model: Path, prompts: Path, db: Path, *extra: str) -> list[str]:
+    return ["--model", str(model), "--drafter", "random", "--prompts", str(prompts), "--db", str(db),
+            "--name", "t", *extra]
+
+
+def _subprocess(args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "hybridspec", "capture", *args]
+
+
+def deterministic_rows(path: Path) -> dict[str, list[tuple]]:
+    """Every table's rows without latencies, timestamps, hosts or shard numbers, in key order."""
+    out = {}
+    with Store(path, read_only=True) as store:
+        for table in DATA_TABLES:
+            columns = [c for (c,) in store.query("SELECT column_name FROM information_schema.columns WHERE "
+                                                 "table_name = ? ORDER BY ordinal_position", [table])
+                       if not c.endswith("_us") and c not in ("finished_at", "shard_index")]
+            rows = store.query(f"SELECT {', '.join(columns)} FROM {table} ORDER BY {', '.join(KEYS[table])}")
+            out[table] = [tuple(round(v, 6) if isinstance(v, float) else v for v in row) for row in rows]
+        out["runs"] = store.query("SELECT run_id, name, pass, status, model_id, drafter_id, params, shard_count "
+                                  "FROM runs ORDER BY run_id")
+    return out
+
+
+def _reference(qwen35_dir, prompt_file, db: Path, **config) -> dict[str, list[tuple]]:
+    campaign.run_campaign(CaptureConfig(model=str(qwen35_dir), drafter="random", prompts=prompt_file, db=db,
+                                        name="t", **config))
+    return deterministic_rows(db)
+
+
+def _kill_after_commits(cmd: list[str], commits: int, timeout: float = 120.0) -> list[str]:
+    """Start `cmd`, SIGKILL it as soon as it reports `commits` committed units; its output lines."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV, cwd=ROOT)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    seen, out = 0, []
+    try:
+        while seen < commits:
+            line = lines.get(timeout=timeout)
+            out.append(line)
+            seen += " committed " in line
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL, out
+    return out
+
+
+def test_sigkill_then_resume_equals_an_uninterrupted_run(qwen35_dir, prompt_file, tmp_path):
+    args = _args(qwen35_dir, prompt_file, tmp_path / "killed.duckdb", "--passes", "capture", "--max-new-tokens", "48")
+    _kill_after_commits(_subprocess(args), commits=2)
+    with Store(tmp_path / "killed.duckdb", read_only=True) as store:  # what the kill left behind
+        done = store.query("SELECT count(*) FROM units")[0][0]
+        assert 2 <= done < 8
+        assert store.query("SELECT count(DISTINCT prompt_id) FROM rounds")[0][0] == done  # whole prompts only
+        assert store.query("SELECT status FROM runs") == [("running",)]
+    refused = runner.invoke(app, ["capture", *args])
+    assert refused.exit_code == 2 and "unfinished" in refused.output
+    resumed = subprocess.run(_subprocess([*args, "--resume"]), capture_output=True, text=True, env=ENV, cwd=ROOT)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"{done} already committed" in resumed.stdout
+    reference = _reference(qwen35_dir, prompt_file, tmp_path / "ref.duckdb", passes=("capture",), max_new_tokens=48)
+    assert deterministic_rows(tmp_path / "killed.duckdb") == reference
+    assert len(reference["draft_positions"]) == 15 * len(reference["rounds"]) > 0
+
+
+def test_two_shards_merged_equal_one_process(qwen35_dir, prompt_file, tmp_path):
+    common = ["--passes", "all", "--quick", "--max-new-tokens", "24"]
+    procs = [subprocess.Popen(_subprocess(_args(qwen35_dir, prompt_file, tmp_path / f"s{i}.duckdb", *common,
+                                                "--shard", f"{i}/2")),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV, cwd=ROOT)
+             for i in range(2)]
+    for proc in procs:
+        out, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0, out
+    shard0 = deterministic_rows(tmp_path / "s0.duckdb")
+    assert {status for (_, _, _, status, *_) in shard0["runs"]} == {"running"}  # half of every run
+    merged = runner.invoke(app, ["merge", str(tmp_path / "all.duckdb"), str(tmp_path / "s0.duckdb"),
+                                 str(tmp_path / "s1.duckdb")])
+    assert merged.exit_code == 0, merged.output
+    reference = _reference(qwen35_dir, prompt_file, tmp_path / "ref.duckdb", passes=ALL_PASSES, quick=True,
+                           max_new_tokens=24, shard=(0, 1))
+    got = deterministic_rows(tmp_path / "all.duckdb")
+    # the reference is one shard of one; the merged runs are 2 shards, otherwise identical
+    assert [r[:7] for r in got["runs"]] == [r[:7] for r in reference["runs"]]
+    assert {r[3] for r in got["runs"]} == {"finished"} and {r[7] for r in got["runs"]} == {2}
+    for table in DATA_TABLES:
+        assert got[table] == reference[table], table
+        assert 0 < len(got[table]) or table == "units"
+
+
+# ---------------------------------------------------------------- bad input, refused before loading
+@pytest.fixture
+def no_model_load(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(campaign, "open_session", refuse)
+
+
+def _error(args: list[str]) -> str:
+    result = runner.invoke(app, ["capture", *args])
+    assert result.exit_code == 2, result.output
+    return "".join(result.output.split())  # rich wraps long paths anywhere
+
+
+def _has(output: str, text: str) -> bool:
+    return "".join(text.split()) in output
+
+
+def test_bad_input_is_named_before_any_model_loads(no_model_load, qwen35_dir, prompt_file, tmp_path):
+    base = _args(qwen35_dir, prompt_file, tmp_path / "s.duckdb")
+    assert _has(_error([*base[:-4], "--db", str(tmp_path / "no" / "s.duckdb"), "--name", "t"]), "does not exist")
+    assert _has(_error([*base, "--shard", "2/2"]), "--shard '2/2'")
+    assert _has(_error([*base, "--shard", "one"]), "--shard 'one'")
+    assert _has(_error([*base, "--passes", "capture,bogus"]), "unknown pass 'bogus'")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(prompt_file.read_text().splitlines()[0] + "\n{not json\n")
+    assert _has(_error(_args(qwen35_dir, bad, tmp_path / "s.duckdb")), f"{bad}:2: invalid JSON")
+
+
+def test_newer_schema_and_reused_names_are_refused(no_model_load, qwen35_dir, prompt_file, tmp_path):
+    newer = tmp_path / "newer.duckdb"
+    with Store(newer) as store:
+        store.con.execute("INSERT INTO schema_version VALUES (7, now())")
+    message = _error(_args(qwen35_dir, prompt_file, newer))
+    assert _has(message, "schema version 7") and _has(message, f"schema version {SCHEMA_VERSION}")
+    used = tmp_path / "used.duckdb"
+    with Store(used) as store:
+        spec = RunSpec(name="t", pass_name="moe", model_id="m", drafter_id="d", device="cpu", dtype="float32",
+                       backend="torch")
+        store.finish_shard(store.start_run(spec), 0)
+    message = _error([*_args(qwen35_dir, prompt_file, used), "--passes", "moe"])
+    assert _has(message, "run 't' (pass moe) already exists and is finished") and _has(message, "--overwrite")
+
+
+def test_the_cli_hands_its_options_to_run_campaign(monkeypatch, tmp_path):
+    seen = {}
+    monkeypatch.setattr(campaign, "run_campaign", lambda config, reporter: seen.setdefault("config", config) and [])
+    result = runner.invoke(app, ["capture", "--db", str(tmp_path / "x.duckdb"), "--name", "n", "--passes",
+                                 "routing,capture", "--quick", "--resume", "--shard", "1/3", "--max-new-tokens", "9",
+                                 "--split", "test", "--device", "cpu", "--dtype", "bfloat16"])
+    assert result.exit_code == 0, result.output
+    assert seen["config"] == CaptureConfig(db=tmp_path / "x.duckdb", name="n", passes=("capture", "routing"),
+                                           quick=True, resume=True, shard=(1, 3), max_new_tokens=9, split="test",
+                                           dtype="bfloat16")
