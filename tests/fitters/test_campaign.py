@@ -26,7 +26,7 @@ def _write(path, n_rounds=2500, seed=0):
     conf, ent, _, a_d = rounds(n_rounds, seed=seed)
     with Store(path) as store:
         run = store.start_run(_spec("capture"))
-        for p in range(25):  # 25 prompts × 100 rounds
+        for p in range(n_rounds // 100):  # prompts of 100 rounds each
             sl = range(p * 100, (p + 1) * 100)
             rows = {"prompts": [dict(run_id=run, prompt_id=f"p{p}", category="c", split="calib", prompt_tokens=9)],
                     "rounds": [], "draft_positions": []}
