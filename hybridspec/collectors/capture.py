@@ -36,8 +36,10 @@ def round_rows(run_id: str, prompt_id: str, rounds) -> tuple[list[dict], list[di
     return round_out, position_out
 
 
-class CapturePass:
-    name = "capture"
+class FullVerificationPass:
+    """A pass over the prompts with every draft token verified (policy `full`), one unit a prompt."""
+
+    record_routing = False
 
     def params(self, ctx: PassContext) -> dict:
         return {**ctx.base_params(), "policy": "full", "max_new_tokens": ctx.config.new_tokens,
@@ -50,7 +52,11 @@ class CapturePass:
         self.policy = make_policy("full", ctx.draft_len)
         warm = ctx.prompts[0]  # one short generation: first-call costs stay out of the rows
         ctx.session.engine.generate(list(warm.ids), policy=self.policy, max_new_tokens=min(8, ctx.config.new_tokens),
-                                    eos_ids=ctx.session.eos_ids)
+                                    eos_ids=ctx.session.eos_ids, record_routing=self.record_routing)
+
+
+class CapturePass(FullVerificationPass):
+    name = "capture"
 
     def collect(self, ctx: PassContext, prompt: PromptIds) -> dict[str, list[dict]]:
         run_id = ctx.run_id

@@ -6,8 +6,8 @@ n0 = new Layer-0 experts of d_i, n>0 = new (layer, expert) pairs of d_i in MoE l
 
 from __future__ import annotations
 
-from ..runtime.policies import make_policy
-from .common import PassContext, PromptIds, Unit, generate_fully_verified, new_experts_per_token, prompt_row
+from .capture import FullVerificationPass
+from .common import PassContext, PromptIds, generate_fully_verified, new_experts_per_token, prompt_row
 
 
 def routing_rows(run_id: str, prompt_id: str, rounds) -> list[dict]:
@@ -20,21 +20,9 @@ def routing_rows(run_id: str, prompt_id: str, rounds) -> list[dict]:
     return rows
 
 
-class RoutingPass:
+class RoutingPass(FullVerificationPass):
     name = "routing"
-
-    def params(self, ctx: PassContext) -> dict:
-        return {**ctx.base_params(), "policy": "full", "max_new_tokens": ctx.config.new_tokens,
-                "draft_len": ctx.draft_len, "warmup_generations": 1}
-
-    def units(self, ctx: PassContext) -> list[Unit]:
-        return [Unit(f"prompt:{p.id}", p) for p in ctx.prompts]
-
-    def prepare(self, ctx: PassContext) -> None:
-        self.policy = make_policy("full", ctx.draft_len)
-        ctx.session.engine.generate(list(ctx.prompts[0].ids), policy=self.policy,
-                                    max_new_tokens=min(8, ctx.config.new_tokens), eos_ids=ctx.session.eos_ids,
-                                    record_routing=True)
+    record_routing = True
 
     def collect(self, ctx: PassContext, prompt: PromptIds) -> dict[str, list[dict]]:
         rounds = generate_fully_verified(ctx, prompt, self.policy, record_routing=True)
