@@ -11,6 +11,7 @@ Batch size one, as the paper. Every round leaves a `RoundRecord` for the collect
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -87,6 +88,21 @@ class Engine:
     def generate(self, prompt_ids: list[int], *, policy: Policy, max_new_tokens: int,
                  sampling: SamplingParams = SamplingParams(), eos_ids: tuple[int, ...] = (),
                  record_routing: bool = False) -> GenerationResult:
+        steps = self.stream(prompt_ids, policy=policy, max_new_tokens=max_new_tokens, sampling=sampling,
+                            eos_ids=eos_ids, record_routing=record_routing)
+        start = self.clock.now()
+        tokens = next(steps)[0]  # the prefill-produced anchor
+        decode_start = self.clock.now()
+        rounds: list[RoundRecord] = []
+        for new, record in steps:
+            tokens.extend(new)
+            rounds.append(record)
+        end = self.clock.now()
+        reason = "eos" if tokens[-1] in set(eos_ids) else "length"
+        return GenerationResult(tokens, reason, rounds, decode_start - start, end - decode_start)
+
+    def check(self, prompt_ids: list[int], *, policy: Policy, max_new_tokens: int) -> None:
+        """Raise ValueError when the request cannot run (empty prompt, context, missing drafter)."""
         if not prompt_ids:
             raise ValueError("prompt is empty")
         if max_new_tokens < 1:
@@ -96,32 +112,34 @@ class Engine:
                              f"of {self.max_context} tokens")
         if policy.speculative and self.drafter is None:
             raise ValueError(f"policy {policy.name!r} is speculative and needs a drafter")
+
+    def stream(self, prompt_ids: list[int], *, policy: Policy, max_new_tokens: int,
+               sampling: SamplingParams = SamplingParams(), eos_ids: tuple[int, ...] = (),
+               record_routing: bool = False) -> Iterator[tuple[list[int], RoundRecord | None]]:
+        """Decode round by round: yields ([anchor], None) after the prefill, then (emitted ids, record)
+        per round. Closing the generator early stops decoding (the next request resets the cache)."""
+        self.check(prompt_ids, policy=policy, max_new_tokens=max_new_tokens)
         generator = torch.Generator().manual_seed(sampling.seed)
         self.cache.reset()
-        start = self.clock.now()
         prompt = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
         out = self.target.prefill(prompt, self.cache)
         if policy.speculative:
             self.drafter.reset(self.cache.max_len)
             self.drafter.extend(out.features)
-        tokens = [choose(out.logits[0, -1], sampling, generator)]
-        decode_start = self.clock.now()
-        rounds: list[RoundRecord] = []
+        last, produced = choose(out.logits[0, -1], sampling, generator), 1
+        yield [last], None
         eos = set(eos_ids)
-        while tokens[-1] not in eos and len(tokens) < max_new_tokens:
-            remaining = max_new_tokens - len(tokens)
+        while last not in eos and produced < max_new_tokens:
+            remaining = max_new_tokens - produced
             if policy.speculative:
-                new, record = self._speculative_round(tokens[-1], policy, remaining, sampling, generator, record_routing)
+                new, record = self._speculative_round(last, policy, remaining, sampling, generator, record_routing)
             else:
-                new, record = self._autoregressive_step(tokens[-1], sampling, generator)
+                new, record = self._autoregressive_step(last, sampling, generator)
             new, cut = _truncate(new, remaining, eos)
             record.truncated = record.truncated or cut or new[-1] in eos
             record.emitted = len(new)
-            tokens.extend(new)
-            rounds.append(record)
-        end = self.clock.now()
-        reason = "eos" if tokens[-1] in eos else "length"
-        return GenerationResult(tokens, reason, rounds, decode_start - start, end - decode_start)
+            last, produced = new[-1], produced + len(new)
+            yield new, record
 
     # ---------------------------------------------------------------- steps
     def _autoregressive_step(self, anchor: int, sampling, generator) -> tuple[list[int], RoundRecord]:
