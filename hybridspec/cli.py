@@ -82,26 +82,53 @@ def demo(
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1)] = 48,
 ) -> None:
     """Decode one prompt of the embedded default with the policies that need no calibration."""
-    from .runtime.generation import GenerateRequest, demo_prompt, run_generate
+    from .runtime.generation import run_demo
 
-    prompt, prompt_ids = demo_prompt()
+    prompt, summaries = run_demo(("ar", "full", "static:4", "static:8"), max_new_tokens)
     table = Table("policy", "tokens", "rounds", "AL", "mean w", "decode s", "tok/s", "equals ar", title="demo")
-    reference = None
-    for policy in ("ar", "full", "static:4", "static:8"):
-        summary = run_generate(GenerateRequest(prompt=prompt, prompt_ids=prompt_ids, policy=policy,
-                                               max_new_tokens=max_new_tokens))
-        reference = reference or summary["token_ids"]
-        table.add_row(policy, str(len(summary["token_ids"])), str(summary["rounds"]),
+    for summary in summaries:
+        table.add_row(summary["policy"], str(len(summary["token_ids"])), str(summary["rounds"]),
                       f"{summary['acceptance_length']:.2f}", f"{summary['mean_verification_length']:.2f}",
                       f"{summary['decode_seconds']:.3f}", f"{summary['decode_tokens_per_second']:.0f}",
-                      "yes" if summary["token_ids"] == reference else "NO")
-    console.print(f"[bold]model[/] {summary['model']}")
-    if summary["random_weights"]:
+                      "yes" if summary["token_ids"] == summaries[0]["token_ids"] else "NO")
+    console.print(f"[bold]model[/] {summaries[0]['model']}")
+    if summaries[0]["random_weights"]:
         console.print("[yellow]random weights (the embedded pair is not installed): tokens are meaningless[/]")
     if prompt:
         console.print(f"[bold]prompt[/] (last lines)\n{prompt[-300:]}")
-        console.print(f"[bold]continuation[/]\n{summary['text']}")
+        console.print(f"[bold]continuation[/]\n{summaries[0]['text']}")
     console.print(table)
+
+
+@app.command()
+def serve(
+    artifact: ArtifactOpt = None,
+    model: ModelOpt = None,
+    drafter: DrafterOpt = None,
+    host: Annotated[str, typer.Option("--host", help="Interface to bind (0.0.0.0 exposes the server).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=0, max=65535)] = 30000,
+    policy: Annotated[str, typer.Option("--policy", help="Default policy; ar, full and static:N need no --artifact.")] = "hybridspec",
+    api_key: Annotated[Optional[str], typer.Option("--api-key", help="Require `Authorization: Bearer KEY` on /v1/*.")] = None,
+    served_model_name: Annotated[Optional[str], typer.Option("--served-model-name", help="The `model` clients send (default: --model, or hybridspec-embedded).")] = None,
+    device: DeviceOpt = "cpu",
+    dtype: DtypeOpt = "float32",
+    backend: BackendOpt = "auto",
+    max_context: Annotated[int, typer.Option("--max-context", min=2, help="Prompt + generated tokens per request.")] = 4096,
+    force: Annotated[bool, typer.Option("--force", help="Use an artifact fitted for another model/drafter.")] = False,
+) -> None:
+    """Serve the model over an OpenAI-compatible HTTP API (completions, chat, models, health, metrics)."""
+    import uvicorn
+
+    from .runtime.server import create_app, open_service
+
+    try:
+        service = open_service(artifact=artifact, model=model, drafter=drafter, policy=policy, device=device,
+                               dtype=dtype, backend=backend, max_context=max_context, force=force,
+                               model_name=served_model_name)
+    except ValueError as exc:  # ConfigError, PolicyError, ArtifactError
+        _fail(str(exc))
+    console.print(f"serving [bold]{service.model_name}[/] (policy {policy}) on http://{host}:{port}/v1")
+    uvicorn.run(create_app(service, api_key=api_key), host=host, port=port, log_level="warning")
 
 
 @app.command("train-embedded")

@@ -1,0 +1,205 @@
+"""The OpenAI-compatible server on a live loopback socket, with the official `openai` client."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+openai = pytest.importorskip("openai")
+uvicorn = pytest.importorskip("uvicorn")
+
+from hybridspec.artifacts.artifact import save_artifact  # noqa: E402
+from hybridspec.runtime.generation import GenerateRequest, run_generate  # noqa: E402
+from hybridspec.runtime.server import create_app, open_service  # noqa: E402
+from hybridspec.runtime.session import default_model, model_identity  # noqa: E402
+
+from .helpers import policy_parameters  # noqa: E402
+
+KEY = "test-key"
+PROMPT = "def add(a, b):\n    return"
+MODEL = "hybridspec-embedded"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory):
+    model, drafter = default_model()
+    model_id, drafter_id = model_identity(model, drafter)
+    path = tmp_path_factory.mktemp("serve") / "policy.safetensors"
+    save_artifact(path, policy_parameters(), model_id=model_id, drafter_id=drafter_id, device="cpu",
+                  store_digest="none", diagnostics={})
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(artifact):
+    service = open_service(artifact=artifact, policy="hybridspec", max_context=512)
+    port = _free_port()
+    config = uvicorn.Config(create_app(service, api_key=KEY), host="127.0.0.1", port=port, log_level="warning")
+    srv = uvicorn.Server(config)
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not srv.started:
+        assert time.monotonic() < deadline, "server did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    srv.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0, timeout=60)
+
+
+def _metrics(server: str) -> dict[str, float]:
+    """Sample name (with labels) → value, from the Prometheus text of /metrics."""
+    text = httpx.get(f"{server}/metrics").text
+    return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(hybridspec_\S+) (\S+)$", text, re.M)}
+
+
+def test_completion_greedy_equals_generate(client, artifact):
+    for policy in ("hybridspec", "ar"):
+        out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0,
+                                        extra_body={"policy": policy})
+        ref = run_generate(GenerateRequest(prompt=PROMPT, policy=policy, artifact=artifact, max_new_tokens=12))
+        assert out.choices[0].text == ref["text"].replace("<|endoftext|>", "")
+        assert out.choices[0].finish_reason == ("stop" if ref["finish_reason"] == "eos" else "length")
+        assert out.usage.completion_tokens == len(ref["token_ids"])
+        assert out.usage.prompt_tokens > 0 and out.choices[0].text
+
+
+def test_completion_stream_matches_non_stream(client):
+    kw = dict(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0)
+    whole = client.completions.create(**kw).choices[0].text
+    chunks = list(client.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens >= 1
+
+
+def test_chat_stream_and_not(client):
+    messages = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "add two numbers"}]
+    whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=0)
+    assert whole.choices[0].message.role == "assistant" and whole.usage.total_tokens > 0
+    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=0,
+                                                 stream=True))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+
+
+def test_stop_sequence_cuts_text(client):
+    full = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=16, temperature=0).choices[0].text
+    stop = full.strip()[:2]
+    assert stop, full
+    out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=16, temperature=0, stop=[stop])
+    assert out.choices[0].finish_reason == "stop"
+    assert out.choices[0].text == full[: full.find(stop)]
+    streamed = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=16, temperature=0, stop=stop,
+                                         stream=True)
+    assert "".join(c.choices[0].text for c in streamed) == out.choices[0].text
+
+
+def test_models_health_and_auth(server, client):
+    assert [m.id for m in client.models.list()] == [MODEL]
+    assert httpx.get(f"{server}/health").status_code == 200
+    assert httpx.get(f"{server}/v1/models").status_code == 401
+    bad = httpx.post(f"{server}/v1/completions", headers={"Authorization": "Bearer nope"},
+                     json={"prompt": "x", "max_tokens": 2})
+    assert bad.status_code == 401
+
+
+@pytest.mark.parametrize("body, param", [
+    ("{not json", "body"),
+    ({"prompt": PROMPT, "max_tokens": -1}, "max_tokens"),
+    ({"prompt": PROMPT, "temperature": -0.5}, "temperature"),
+    ({"prompt": PROMPT, "policy": "bogus"}, "policy"),
+    ({"prompt": PROMPT, "n": 2}, "n"),
+    ({"prompt": "x " * 600, "max_tokens": 2}, "prompt"),
+    ({"prompt": PROMPT, "max_tokens": 600}, "max_tokens"),
+    ({"prompt": PROMPT, "model": "other"}, "model"),
+])
+def test_bad_request_names_field_and_server_keeps_serving(server, client, body, param):
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    content = body if isinstance(body, str) else json.dumps(body)
+    response = httpx.post(f"{server}/v1/completions", headers=headers, content=content)
+    assert 400 <= response.status_code < 500
+    assert response.json()["error"]["param"] == param
+    assert client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, temperature=0).choices[0].text is not None
+
+
+def test_disconnect_mid_stream_cancels(server, client):
+    before = _metrics(server)
+    headers = {"Authorization": f"Bearer {KEY}"}
+    body = {"prompt": PROMPT, "max_tokens": 400, "temperature": 0, "policy": "ar", "stream": True}
+    with httpx.stream("POST", f"{server}/v1/completions", headers=headers, json=body, timeout=30) as response:
+        lines = response.iter_lines()
+        assert next(line for line in lines if line.startswith("data:"))
+    deadline = time.monotonic() + 20
+    while _metrics(server)["hybridspec_requests_cancelled_total"] == before["hybridspec_requests_cancelled_total"]:
+        assert time.monotonic() < deadline, "the disconnected request was not cancelled"
+        time.sleep(0.05)
+    after = _metrics(server)
+    assert after["hybridspec_generation_tokens_total"] - before["hybridspec_generation_tokens_total"] < 400
+    assert httpx.get(f"{server}/health").status_code == 200
+    assert client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3).usage.completion_tokens >= 1
+
+
+def test_load_all_succeed_and_metrics_equal_usage(server, client):
+    before = _metrics(server)
+    policies = ("ar", "full", "hybridspec", "static:4")
+
+    def worker(c: int) -> list:
+        out = []
+        for r in range(10):
+            kw = dict(model=MODEL, max_tokens=4, temperature=0.7, seed=c * 10 + r, extra_body={"policy": policies[c % 4]})
+            if r % 2:
+                out.append(client.completions.create(prompt=f"{PROMPT} {r}", **kw).usage)
+            else:
+                out.append(client.chat.completions.create(messages=[{"role": "user", "content": f"hi {r}"}],
+                                                          **kw).usage)
+        return out
+
+    with ThreadPoolExecutor(8) as pool:
+        usages = [u for us in pool.map(worker, range(8)) for u in us]
+    assert len(usages) == 80
+    after = _metrics(server)
+    diff = {k: after[k] - before[k] for k in ("hybridspec_requests_total", "hybridspec_prompt_tokens_total",
+                                              "hybridspec_generation_tokens_total")}
+    assert diff == {"hybridspec_requests_total": 80,
+                    "hybridspec_prompt_tokens_total": sum(u.prompt_tokens for u in usages),
+                    "hybridspec_generation_tokens_total": sum(u.completion_tokens for u in usages)}
+    assert after["hybridspec_queue_depth"] == 0
+    assert after['hybridspec_verification_length_bucket{le="+Inf"}'] == after["hybridspec_rounds_total"]
+
+
+def test_start_up_refuses_a_foreign_artifact(tmp_path):
+    path = tmp_path / "foreign.safetensors"
+    save_artifact(path, policy_parameters(), model_id="sha256:other-model", drafter_id="sha256:other-drafter",
+                  device="cpu", store_digest="none", diagnostics={})
+    with pytest.raises(ValueError, match="other-model") as info:
+        open_service(artifact=path, max_context=64)
+    assert "is sha256:" in str(info.value) or "loaded model is" in str(info.value)
+    assert open_service(artifact=path, max_context=64, force=True).model_name == MODEL
+
+
+def test_serve_command_needs_an_artifact_for_calibrated_policies():
+    from typer.testing import CliRunner
+
+    from hybridspec.cli import app
+
+    result = CliRunner().invoke(app, ["serve", "--policy", "hybridspec"])
+    assert result.exit_code == 2 and "needs --artifact" in result.output
