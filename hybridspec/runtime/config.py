@@ -241,20 +241,3 @@ def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> l
         return [num_target_layers // 2]
     start, end = 1, num_target_layers - 3
     return [round(start + i * (end - start) / (num_draft_layers - 1)) for i in range(num_draft_layers)]
-
-
-@dataclass(frozen=True, slots=True)
-class RuntimeOptions:
-    """Where and how the runtime runs."""
-
-    device: str = "cpu"
-    dtype: str = "float32"
-    backend: str = "torch"
-    max_context: int = 4096
-    prefill_chunk: int = 64
-
-    def __post_init__(self) -> None:
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ConfigError(f"dtype {self.dtype!r} is not float32, bfloat16 or float16")
-        if self.backend not in ("torch", "triton"):
-            raise ConfigError(f"backend {self.backend!r} is not torch or triton")
