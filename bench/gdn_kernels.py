@@ -679,9 +679,26 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--replays", type=int, default=10, help="graph replays per sample")
     parser.add_argument("--quick", action="store_true", help="smoke run: w in {2, 16}, m = w, few samples")
     parser.add_argument("--impls", default=",".join(IMPLS), help="comma-separated subset of " + ",".join(IMPLS))
+    parser.add_argument("--tuning", type=Path, help="gdn_tuning.json of bench/gdn_tuning.py: launch ours with its choice")
     parser.add_argument("--no-sglang-pdl", action="store_true",
                         help="launch SGLang's kernels without programmatic dependent launch (SGLang uses it on SM90+)")
     return parser.parse_args(argv)
+
+
+def apply_tuning(chosen: dict) -> None:
+    """Launch ours with the per-length choice of bench/gdn_tuning.py."""
+    from hybridspec.kernels.gdn import triton as gdn
+
+    import dataclasses
+
+    def build(cls, row: dict):
+        return cls(**{f.name: row[f.name] for f in dataclasses.fields(cls) if f.name in row})
+
+    for T, t in chosen["verify"].items():
+        gdn.VERIFY_TUNING[int(T)] = build(gdn.VerifyTuning, t)
+    if chosen.get("commit"):
+        gdn.COMMIT_TUNING = build(gdn.CommitTuning, chosen["commit"])
+    print(f"tuning: verify {gdn.VERIFY_TUNING}, commit {gdn.COMMIT_TUNING}", flush=True)
 
 
 def configurations(quick: bool) -> list[tuple[int, int]]:
@@ -707,6 +724,8 @@ def main(argv=None) -> int:
     if unknown or "hybridspec" not in impls:
         sys.exit(f"--impls must include hybridspec and name only {list(IMPLS)}; got {impls}")
     prepare_baselines(torch.cuda.get_device_capability(), pdl=not args.no_sglang_pdl)
+    if args.tuning:
+        apply_tuning(json.loads(args.tuning.read_text())["chosen"])
     samples, replays = (5, 3) if args.quick else (args.samples, args.replays)
     configs = configurations(args.quick)
 
@@ -726,6 +745,7 @@ def main(argv=None) -> int:
         command=" ".join([Path(sys.executable).name, *sys.argv]), versions=versions(),
         copy_bandwidth_GBps=bandwidth / 1e9, memory_bytes=verification_memory(QWEN36), rows=rows,
         correctness=correctness,
+        tuning=json.loads(args.tuning.read_text())["chosen"] if args.tuning else "defaults of hybridspec/kernels/gdn/triton.py",
     )
     write_report(args.out, result)
     print("\n" + timing_table(rows))

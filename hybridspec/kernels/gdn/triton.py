@@ -8,8 +8,11 @@ Same signatures, layouts and semantics as `reference.py` (read its docstring for
 `gdn_verify` is one launch per layer over a grid (B * HV, dv / BV). A program owns one value head
 and a block of BV rows of S_0: K S_0^T, Q S_0^T, Z and O restricted to those value rows need only
 those rows of S_0, so the small T x T matrices (K K^T, Q K^T, decays, the inverse of H) are simply
-recomputed by each of the dv / BV programs of a head. Tokens are padded to BT = 16 (the smallest
-`tl.dot` tile) and T is a compile-time constant, so each length gets its own specialised kernel.
+recomputed by each of the dv / BV programs of a head. The dk-long products are accumulated over
+dk chunks of BKC in a software-pipelined loop (its loads are what the kernel waits on: 1 stage
+→ 4 stages took the 30-layer verify from 380 us to 226 us on the H200). Tokens are padded to
+BT = 16 (the smallest `tl.dot` tile) and T is a compile-time constant, so each length gets its own
+specialised kernel; `VERIFY_TUNING` holds the measured launch parameters per length.
 
 Eq. 3 is solved exactly with 16 x 16 matrix products only. H = I + A with A strictly lower
 triangular; split A = D + E into its 4 x 4 diagonal blocks D and the part E below them. Then
@@ -24,14 +27,18 @@ at T = 16 in fp32, where the blocked form (no power above the third) stays near 
 triangular solve.
 
 `gdn_commit` is one launch for all L layers over a grid (L * B * HV, dv / BV): each program reads
-m = accepted[b] on the device and rewrites BV rows of one state in place by the rank-m update
-S_m = e^{g_m} S_0 + (Z_{1:m} * e^{g_m - g_j})^T K_{1:m}.
+m = accepted[b] on the device and rewrites BV rows of one state in place by m rank-1 updates
+S_m = e^{g_m} S_0 + sum_{j <= m} e^{g_m - g_j} z_j k_j^T (no work for the rejected tokens).
 
-Numerics: every product is an fp32 `tl.dot(..., input_precision="ieee")` (TF32 would miss 1e-5),
-inputs (bf16 or fp32) are widened to fp32 on load, and decay exponents g_i - g_j are masked to
--inf before `exp` wherever j > i, so a positive difference is never exponentiated.
+Numerics: the four dk-long products (K S_0^T, Q S_0^T, K K^T, Q K^T) use `input_precision="tf32x3"`
+by default (three TF32 tensor-core passes, about fp32 accuracy: 2.5e-7 relative error on the H200
+against float64), the 16 x 16 products of the solve `ieee` fp32; inputs (bf16 or fp32) are widened
+to fp32 on load, and decay exponents g_i - g_j are masked to -inf before `exp` wherever j > i, so a
+positive difference is never exponentiated.
 Only explicit pointer arithmetic is used (triton >= 3.9 removed block pointers; the GPU has 3.6).
 """
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -47,7 +54,6 @@ from hybridspec.kernels.gdn.reference import (
 MAX_TOKENS = 16  # the verification window W; longer prefill chunks use the reference
 MAX_KEY_DIM = 256  # one [BT, BK] key tile per program
 BLOCK_T = 16  # tokens padded to the smallest tl.dot tile
-BLOCK_V = 32  # value rows of the state per program
 INPUT_DTYPES = (torch.bfloat16, torch.float32)
 
 # ---------------------------------------------------------------------------------------------
@@ -82,6 +88,23 @@ def _inverse_unit_lower(b_a, T: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
+def _key_products(p_q, p_k, p_s, i_k, m_t, m_v, scale, b_ks, b_qs, b_kk, b_qk,
+                  DK: tl.constexpr, BKC: tl.constexpr, KEY_DOT: tl.constexpr):
+    """Add the dk chunk [i_k, i_k + BKC) to K S_0^T, Q S_0^T [BT, BV] and K K^T, Q K^T [BT, BT]."""
+    o_k = i_k + tl.arange(0, BKC)
+    m_k = o_k < DK
+    m_tk = m_t[:, None] & m_k[None, :]
+    b_q = tl.load(p_q + o_k[None, :], mask=m_tk, other=0).to(tl.float32) * scale  # [BT, BKC]
+    b_k = tl.load(p_k + o_k[None, :], mask=m_tk, other=0).to(tl.float32)  # [BT, BKC]
+    b_s = tl.load(p_s + o_k[None, :], mask=m_v[:, None] & m_k[None, :], other=0)  # rows of S_0 [BV, BKC]
+    b_ks += tl.dot(b_k, tl.trans(b_s), input_precision=KEY_DOT)
+    b_qs += tl.dot(b_q, tl.trans(b_s), input_precision=KEY_DOT)
+    b_kk += tl.dot(b_k, tl.trans(b_k), input_precision=KEY_DOT)
+    b_qk += tl.dot(b_q, tl.trans(b_k), input_precision=KEY_DOT)
+    return b_ks, b_qs, b_kk, b_qk
+
+
+@triton.jit
 def _gdn_verify_kernel(
     q, k, v, g, beta, state, o, z, g_cum, scale,
     stride_q_b, stride_q_t, stride_q_h,
@@ -95,15 +118,15 @@ def _gdn_verify_kernel(
     stride_gc_b, stride_gc_t,
     T: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, DK: tl.constexpr,
     DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    BKC: tl.constexpr, KEY_DOT: tl.constexpr, UNROLL: tl.constexpr,
 ):
     i_bh, i_v = tl.program_id(0), tl.program_id(1)
     i_b, i_h = (i_bh // HV).to(tl.int64), i_bh % HV
     i_hk = i_h // GROUP  # key head of this value head
     o_t = tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
-    m_t, m_k, m_v = o_t < T, o_k < DK, o_v < DV
-    m_tk, m_tv = m_t[:, None] & m_k[None, :], m_t[:, None] & m_v[None, :]
+    m_t, m_v = o_t < T, o_v < DV
+    m_tv = m_t[:, None] & m_v[None, :]
 
     # gates [BT]; padded tokens get g = beta = 0 so that every row of theirs below is zero
     b_g = tl.load(g + i_b * stride_g_b + o_t * stride_g_t + i_h, mask=m_t, other=0).to(tl.float32)
@@ -111,17 +134,23 @@ def _gdn_verify_kernel(
                      other=0).to(tl.float32)
     b_gc = tl.cumsum(b_g, axis=0)  # g_i, cumulative log decay [BT]
 
-    p_q = q + i_b * stride_q_b + o_t[:, None] * stride_q_t + i_hk * stride_q_h + o_k[None, :]
-    p_k = k + i_b * stride_k_b + o_t[:, None] * stride_k_t + i_hk * stride_k_h + o_k[None, :]
-    p_s = state + i_b * stride_s_b + i_h * stride_s_h + o_v[:, None] * stride_s_v + o_k[None, :]
-    b_q = tl.load(p_q, mask=m_tk, other=0).to(tl.float32) * scale  # [BT, BK]
-    b_k = tl.load(p_k, mask=m_tk, other=0).to(tl.float32)  # [BT, BK]
-    b_s = tl.load(p_s, mask=m_v[:, None] & m_k[None, :], other=0)  # rows of S_0 [BV, BK]
-
-    b_ks = tl.dot(b_k, tl.trans(b_s), input_precision="ieee")  # K S_0^T [BT, BV]
-    b_qs = tl.dot(b_q, tl.trans(b_s), input_precision="ieee")  # Q S_0^T [BT, BV]
-    b_kk = tl.dot(b_k, tl.trans(b_k), input_precision="ieee")  # k_i^T k_j [BT, BT]
-    b_qk = tl.dot(b_q, tl.trans(b_k), input_precision="ieee")  # q_i^T k_j [BT, BT]
+    # K S_0^T, Q S_0^T [BT, BV] and k_i^T k_j, q_i^T k_j [BT, BT], accumulated over dk in BKC chunks
+    # (UNROLL: a static loop, every chunk's loads in flight at once; else a pipelined loop)
+    p_q = q + i_b * stride_q_b + o_t[:, None] * stride_q_t + i_hk * stride_q_h
+    p_k = k + i_b * stride_k_b + o_t[:, None] * stride_k_t + i_hk * stride_k_h
+    p_s = state + i_b * stride_s_b + i_h * stride_s_h + o_v[:, None] * stride_s_v
+    b_ks = tl.zeros([BT, BV], dtype=tl.float32)
+    b_qs = tl.zeros([BT, BV], dtype=tl.float32)
+    b_kk = tl.zeros([BT, BT], dtype=tl.float32)
+    b_qk = tl.zeros([BT, BT], dtype=tl.float32)
+    if UNROLL:
+        for i_k in tl.static_range(0, BK, BKC):
+            b_ks, b_qs, b_kk, b_qk = _key_products(p_q, p_k, p_s, i_k, m_t, m_v, scale, b_ks, b_qs, b_kk,
+                                                   b_qk, DK, BKC, KEY_DOT)
+    else:
+        for i_k in range(0, BK, BKC):
+            b_ks, b_qs, b_kk, b_qk = _key_products(p_q, p_k, p_s, i_k, m_t, m_v, scale, b_ks, b_qs, b_kk,
+                                                   b_qk, DK, BKC, KEY_DOT)
 
     # decays e^{g_i - g_j}: the exponent is masked to -inf before exp where j > i (or j = i)
     b_diff = b_gc[:, None] - b_gc[None, :]  # [BT, BT]
@@ -155,38 +184,44 @@ def _gdn_commit_kernel(
     stride_z_l, stride_z_b, stride_z_t, stride_z_h,
     stride_k_l, stride_k_b, stride_k_t, stride_k_h,
     stride_gc_l, stride_gc_b, stride_gc_t,
-    T: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, DK: tl.constexpr,
-    DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    T: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, UNROLL: tl.constexpr,
 ):
     i_lbh, i_v = tl.program_id(0), tl.program_id(1)
     i_l, i_b, i_h = (i_lbh // (batch * HV)).to(tl.int64), (i_lbh // HV % batch).to(tl.int64), i_lbh % HV
     i_hk = i_h // GROUP
-    o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_k, m_v = o_k < DK, o_v < DV
 
-    b_m = tl.load(accepted + i_b)  # m, committed tokens of this sequence (1 <= m <= T)
-    m_kept = (o_t < b_m) & (o_t < T)  # tokens 1..m [BT]
-    p_gc = g_cum + i_l * stride_gc_l + i_b * stride_gc_b + o_t * stride_gc_t + i_h
-    b_gc = tl.load(p_gc, mask=m_kept, other=0)  # g_j [BT]
-    b_gm = tl.sum(tl.where(o_t == b_m - 1, b_gc, 0.0), axis=0)  # g_m
-    b_w = tl.exp(tl.where(m_kept, b_gm - b_gc, float("-inf")))  # e^{g_m - g_j}, 0 beyond m [BT]
-
-    p_z = (z + i_l * stride_z_l + i_b * stride_z_b + o_t[:, None] * stride_z_t + i_h * stride_z_h
-           + o_v[None, :])
-    p_k = (k + i_l * stride_k_l + i_b * stride_k_b + o_t[:, None] * stride_k_t
-           + i_hk * stride_k_h + o_k[None, :])
-    b_z = tl.load(p_z, mask=m_kept[:, None] & m_v[None, :], other=0).to(tl.float32)  # [BT, BV]
-    b_k = tl.load(p_k, mask=m_kept[:, None] & m_k[None, :], other=0).to(tl.float32)  # [BT, BK]
-    b_update = tl.dot(tl.trans(b_z * b_w[:, None]), b_k, input_precision="ieee")  # [BV, BK]
-
-    # Eq. 7: S_m = e^{g_m} S_0 + sum_{j<=m} e^{g_m - g_j} z_j k_j^T, rows o_v, in place
     p_s = (states + i_l * stride_s_l + i_b * stride_s_b + i_h * stride_s_h
            + o_v[:, None] * stride_s_v + o_k[None, :])
     m_s = m_v[:, None] & m_k[None, :]
     b_s = tl.load(p_s, mask=m_s, other=0)  # S_0 rows [BV, BK]
-    tl.store(p_s, tl.exp(b_gm) * b_s + b_update, mask=m_s)
+
+    b_m = tl.load(accepted + i_b).to(tl.int32)  # m, committed tokens of this sequence (1 <= m <= T)
+    p_gc = g_cum + i_l * stride_gc_l + i_b * stride_gc_b + i_h
+    p_z = z + i_l * stride_z_l + i_b * stride_z_b + i_h * stride_z_h + o_v
+    p_k = k + i_l * stride_k_l + i_b * stride_k_b + i_hk * stride_k_h + o_k
+    b_gm = tl.load(p_gc + (b_m - 1) * stride_gc_t)  # g_m
+
+    # Eq. 7: S_m = e^{g_m} S_0 + sum_{j<=m} e^{g_m - g_j} z_j k_j^T (rank-1 updates, only the m
+    # committed tokens: g_m - g_j <= 0 for j <= m, so no exponent is positive); rows o_v, in place
+    b_s = tl.exp(b_gm) * b_s
+    if UNROLL:  # every token's loads in flight at once; tokens beyond m are masked to zero
+        for j in tl.static_range(T):
+            i_j = tl.minimum(j, b_m - 1)  # tokens beyond m re-read token m (cached) with weight 0
+            b_w = tl.where(j < b_m, tl.exp(b_gm - tl.load(p_gc + i_j * stride_gc_t)), 0.0)  # e^{g_m - g_j}
+            b_wz = tl.load(p_z + i_j * stride_z_t, mask=m_v, other=0).to(tl.float32) * b_w  # [BV]
+            b_kj = tl.load(p_k + i_j * stride_k_t, mask=m_k, other=0).to(tl.float32)  # k_j [BK]
+            b_s += b_wz[:, None] * b_kj[None, :]
+    else:
+        for j in range(0, b_m):
+            b_wz = tl.load(p_z + j * stride_z_t, mask=m_v, other=0).to(tl.float32) * tl.exp(
+                b_gm - tl.load(p_gc + j * stride_gc_t))  # e^{g_m - g_j} z_j [BV]
+            b_kj = tl.load(p_k + j * stride_k_t, mask=m_k, other=0).to(tl.float32)  # k_j [BK]
+            b_s += b_wz[:, None] * b_kj[None, :]
+    tl.store(p_s, b_s, mask=m_s)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -223,8 +258,69 @@ def _check_sizes(fn: str, T: int, dk: int) -> None:
         raise ValueError(f"{fn}: dk={dk}, the Triton kernels take at most {MAX_KEY_DIM}")
 
 
-def _blocks(dk: int) -> dict[str, int]:
-    return dict(BT=BLOCK_T, BK=max(16, triton.next_power_of_2(dk)), BV=BLOCK_V)
+@dataclass(frozen=True, slots=True)
+class VerifyTuning:
+    """Launch parameters of `_gdn_verify_kernel` (bench/gdn_tuning.py sweeps them on the GPU)."""
+
+    block_v: int = 16  # value rows of S_0 per program: grid (B * HV, dv / block_v)
+    block_k: int = 16  # dk chunk of the key products (bounds the registers of the FMA products)
+    num_warps: int = 2
+    key_dot: str = "ieee"  # precision of the dk-long products: "ieee" (fp32 FMA) or "tf32x3"
+    unroll: bool = False  # a static loop over the dk chunks instead of a (software-pipelined) loop
+    num_stages: int = 3
+
+    def __post_init__(self):
+        if self.key_dot not in ("ieee", "tf32x3", "tf32"):
+            raise ValueError(f"VerifyTuning: key_dot={self.key_dot!r}, expected ieee, tf32x3 or tf32")
+        for name in ("block_v", "block_k", "num_warps"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"VerifyTuning: {name}={value} is not a power of two")
+
+
+@dataclass(frozen=True, slots=True)
+class CommitTuning:
+    block_v: int = 32  # value rows per program: grid (L * B * HV, dv / block_v)
+    num_warps: int = 4
+    unroll: bool = False  # a static loop over the T tokens (masked beyond m) instead of a loop over m
+
+
+# Per verification length T (1..16), the fastest passing variant of bench/gdn_tuning.py on the H200
+# (bench/results/gdn_tuning.md, 2026-12-01): short windows do best with more, smaller programs and
+# deep load pipelining; lengths between the measured ones take the next measured length's choice.
+_SHORT = VerifyTuning(block_v=16, block_k=16, num_warps=2, key_dot="tf32x3", num_stages=4)  # T <= 4
+_LONG = VerifyTuning(block_v=32, block_k=32, num_warps=4, key_dot="tf32x3", num_stages=3)  # T = 5..16
+VERIFY_TUNING: dict[int, VerifyTuning] = {T: _SHORT if T <= 4 else _LONG for T in range(1, MAX_TOKENS + 1)}
+COMMIT_TUNING = CommitTuning(block_v=16, num_warps=1)
+
+
+def _key_block(dk: int) -> int:
+    return max(16, triton.next_power_of_2(dk))
+
+
+def _launch_verify(q, k, v, g, beta, state, scale, o, z, g_cum, tuning: VerifyTuning) -> None:
+    B, T, HK, _ = q.shape
+    HV, dv, dk = v.shape[2], v.shape[3], q.shape[3]
+    grid = (B * HV, triton.cdiv(dv, tuning.block_v))
+    _gdn_verify_kernel[grid](
+        q, k, v, g, beta, state, o, z, g_cum, float(scale),
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *g.stride()[:2], *beta.stride()[:2],
+        *state.stride()[:3], *o.stride()[:3], *z.stride()[:3], *g_cum.stride()[:2],
+        T=T, HV=HV, GROUP=HV // HK, DK=dk, DV=dv, BT=BLOCK_T, BK=_key_block(dk),
+        BV=tuning.block_v, BKC=min(tuning.block_k, _key_block(dk)), KEY_DOT=tuning.key_dot,
+        UNROLL=tuning.unroll, num_warps=tuning.num_warps, num_stages=tuning.num_stages,
+    )
+
+
+def _launch_commit(states, z, k, g_cum, accepted, tuning: CommitTuning) -> None:
+    L, B, HV, dv, dk = states.shape
+    grid = (L * B * HV, triton.cdiv(dv, tuning.block_v))
+    _gdn_commit_kernel[grid](
+        states, z, k, g_cum, accepted, B,
+        *states.stride()[:4], *z.stride()[:4], *k.stride()[:4], *g_cum.stride()[:3],
+        T=z.shape[2], HV=HV, GROUP=HV // k.shape[3], DK=dk, DV=dv, BK=_key_block(dk), BV=tuning.block_v,
+        UNROLL=tuning.unroll, num_warps=tuning.num_warps,
+    )
 
 
 def gdn_verify(q, k, v, g, beta, state, scale, *, z_out=None, g_out=None) -> tuple[Tensor, Tensor, Tensor]:
@@ -247,14 +343,7 @@ def gdn_verify(q, k, v, g, beta, state, scale, *, z_out=None, g_out=None) -> tup
     g_cum = g_out if g_out is not None else torch.empty(B, T, HV, device=v.device)
     _check_layout(fn, dict(q=q, k=k, v=v, g=g, beta=beta, state=state, z_out=z, g_out=g_cum))
 
-    blocks = _blocks(dk)
-    grid = (B * HV, triton.cdiv(dv, blocks["BV"]))
-    _gdn_verify_kernel[grid](
-        q, k, v, g, beta, state, o, z, g_cum, float(scale),
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *g.stride()[:2], *beta.stride()[:2],
-        *state.stride()[:3], *o.stride()[:3], *z.stride()[:3], *g_cum.stride()[:2],
-        T=T, HV=HV, GROUP=HV // HK, DK=dk, DV=dv, **blocks, num_warps=4,
-    )
+    _launch_verify(q, k, v, g, beta, state, scale, o, z, g_cum, VERIFY_TUNING.get(T, VerifyTuning()))
     return o, z, g_cum
 
 
@@ -269,18 +358,11 @@ def gdn_commit(states, z, k, g_cum, accepted) -> None:
     """
     fn = "gdn_commit"
     _check_commit_inputs(states, z, k, g_cum, accepted)
-    L, B, HV, dv, dk = states.shape
-    T, HK = z.shape[2], k.shape[3]
+    T, dk = z.shape[2], states.shape[4]
     _check_sizes(fn, T, dk)
     _check_dtype(fn, "z", z, INPUT_DTYPES)
     _check_dtype(fn, "k", k, INPUT_DTYPES)
     _check_dtype(fn, "g_cum", g_cum, (torch.float32,))
     _check_layout(fn, dict(states=states, z=z, k=k, g_cum=g_cum, accepted=accepted))
 
-    blocks = _blocks(dk)
-    grid = (L * B * HV, triton.cdiv(dv, blocks["BV"]))
-    _gdn_commit_kernel[grid](
-        states, z, k, g_cum, accepted, B,
-        *states.stride()[:4], *z.stride()[:4], *k.stride()[:4], *g_cum.stride()[:3],
-        T=T, HV=HV, GROUP=HV // HK, DK=dk, DV=dv, **blocks, num_warps=4,
-    )
+    _launch_commit(states, z, k, g_cum, accepted, COMMIT_TUNING)

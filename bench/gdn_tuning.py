@@ -1,0 +1,246 @@
+"""Launch-parameter sweep of HybridSpec's GDN verify and commit kernels on one GPU.
+
+    python bench/gdn_tuning.py --out DIR [--samples 15] [--replays 10] [--jobs 12]
+
+Setting as bench/gdn_kernels.py (30 GDN layers of Qwen3.6-35B-A3B, bf16 inputs, fp32 states).
+Verify-only and commit-only are timed separately, each as one CUDA graph of ROTATIONS rounds on
+their own inputs and state pools (median of --samples samples of --replays replays):
+  verify   30 x `_launch_verify` at T in SWEEP_LENGTHS, for every VerifyTuning of `verify_variants`
+  commit   1 x `_launch_commit` of all 30 layers at T = 16 with m in {1, 8, 16}, per CommitTuning
+  launch   30 x an empty Triton kernel (the graph's per-launch floor)
+Every variant is first checked against float64 Eq. 1 with fp32 inputs (relative Frobenius error
+below 1e-5, outputs and committed states); a variant that fails is reported and never chosen.
+Kernels are compiled ahead of timing by --jobs worker processes (Triton's cache is shared).
+
+Writes DIR/gdn_tuning.json (every row + the chosen tuning per length) and DIR/gdn_tuning.md;
+`bench/gdn_kernels.py --tuning DIR/gdn_tuning.json` runs the side-by-side benchmark with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as futures
+import dataclasses
+import json
+import multiprocessing
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import gdn_kernels as gk  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from hybridspec.kernels.gdn import triton as gdn  # noqa: E402
+
+SWEEP_LENGTHS = (2, 3, 4, 6, 8, 12, 16)
+COMMIT_M = (1, 8, 16)
+L = gk.QWEN36.layers
+
+
+def verify_variants() -> list[gdn.VerifyTuning]:
+    V = gdn.VerifyTuning
+    out = [V(16, 16, 2, "tf32x3", False, stages) for stages in (1, 2, 3, 4)]
+    out += [V(32, 32, 4, "tf32x3", False, 3), V(16, 16, 4, "ieee", False, 3), V(32, 32, 2, "ieee", False, 3)]
+    out += [V(bv, bk, w, dot, True, 1) for bv, bk, w, dot in (
+        (16, 16, 2, "tf32x3"), (16, 32, 2, "tf32x3"), (8, 32, 2, "tf32x3"), (32, 32, 4, "tf32x3"),
+        (16, 64, 8, "tf32x3"), (16, 16, 4, "ieee"), (16, 64, 4, "ieee"), (16, 128, 8, "ieee"),
+        (16, 128, 4, "ieee"), (8, 128, 4, "ieee"), (8, 64, 2, "ieee"))]
+    return out
+
+
+def commit_variants() -> list[gdn.CommitTuning]:
+    C = gdn.CommitTuning
+    return ([C(bv, w, False) for bv in (16, 32) for w in (1, 2, 4)]
+            + [C(8, 4, True), C(16, 8, True), C(8, 2, True), C(16, 4, True)])
+
+
+@triton.jit
+def _empty_kernel(x, N: tl.constexpr):
+    if tl.program_id(0) == N:
+        tl.store(x, 1.0)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Buffers:
+    """One rotation: inputs of all layers, a state pool, round buffers."""
+
+    p: gk.Problem
+    states: torch.Tensor  # [L, 1, HV, dv, dk]
+    o: torch.Tensor  # [L, 1, T, HV, dv]
+    z: torch.Tensor  # [L, 1, 16, HV, dv]
+    g_cum: torch.Tensor  # [L, 1, 16, HV]
+
+
+def buffers(T: int, dtype: torch.dtype, seed: int) -> Buffers:
+    p = gk.make_problem(gk.QWEN36, T, dtype, seed, "cuda")
+    _, _, _, HV, dv = p.v.shape
+    return Buffers(p, p.state.clone(), torch.empty(L, 1, T, HV, dv, dtype=dtype, device="cuda"),
+                   torch.zeros(L, 1, 16, HV, dv, device="cuda"), torch.zeros(L, 1, 16, HV, device="cuda"))
+
+
+def verify_all(b: Buffers, T: int, tuning: gdn.VerifyTuning) -> None:
+    p = b.p
+    for layer in range(L):
+        gdn._launch_verify(p.q[layer], p.k[layer], p.v[layer], p.g[layer], p.beta[layer], b.states[layer],
+                           p.scale, b.o[layer], b.z[layer, :, :T], b.g_cum[layer, :, :T], tuning)
+
+
+def commit_all(b: Buffers, T: int, accepted: torch.Tensor, tuning: gdn.CommitTuning) -> None:
+    gdn._launch_commit(b.states, b.z[:, :, :T], b.p.k, b.g_cum[:, :, :T], accepted, tuning)
+
+
+def check(T: int, verify: gdn.VerifyTuning, commit: gdn.CommitTuning, m: int) -> tuple[float, float]:
+    """Relative errors (outputs, committed state) against float64 Eq. 1, fp32 inputs."""
+    b = buffers(T, torch.float32, seed=7)
+    o_ref, s_ref = gk.oracle(b.p, m)
+    verify_all(b, T, verify)
+    commit_all(b, T, torch.full((1,), m, dtype=torch.long, device="cuda"), commit)
+    torch.cuda.synchronize()
+    return gk.relative_error(b.o[:, 0], o_ref), gk.relative_error(b.states[:, 0], s_ref)
+
+
+def time_graph(rounds, samples: int, replays: int) -> float:
+    graph = gk.capture(rounds)
+    result = gk.median_us(graph, len(rounds), samples, replays)
+    del graph
+    return result
+
+
+def _compile_worker(jobs: list[tuple[str, int, dict]]) -> int:
+    """Run each variant once (compiling it into Triton's shared cache)."""
+    for kind, T, fields in jobs:
+        if kind == "verify":
+            b = buffers(T, torch.bfloat16, seed=1)
+            verify_all(b, T, gdn.VerifyTuning(**fields))
+            b32 = buffers(T, torch.float32, seed=1)
+            verify_all(b32, T, gdn.VerifyTuning(**fields))
+        else:
+            for dtype in (torch.bfloat16, torch.float32):
+                b = buffers(T, dtype, seed=1)
+                commit_all(b, T, torch.ones(1, dtype=torch.long, device="cuda"), gdn.CommitTuning(**fields))
+    torch.cuda.synchronize()
+    return len(jobs)
+
+
+def precompile(verify: list, commit: list, jobs: int) -> None:
+    work = [("verify", T, dataclasses.asdict(v)) for T in SWEEP_LENGTHS for v in verify]
+    work += [("commit", T, dataclasses.asdict(c)) for T in (2, 16) for c in commit]
+    chunks = [work[i::jobs] for i in range(jobs)]
+    ctx = multiprocessing.get_context("spawn")
+    with futures.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        done = sum(pool.map(_compile_worker, chunks))
+    print(f"compiled {done} variants with {jobs} processes", flush=True)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--samples", type=int, default=15)
+    parser.add_argument("--replays", type=int, default=10)
+    parser.add_argument("--jobs", type=int, default=12)
+    args = parser.parse_args(argv)
+    gk.require_gpu()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    verify, commit = verify_variants(), commit_variants()
+    precompile(verify, commit, args.jobs)
+    rows: list[dict] = []
+
+    # launch floor: 30 empty kernels (128 programs each) in one graph
+    x = torch.zeros(1, device="cuda")
+    launch = time_graph([lambda: [_empty_kernel[(128,)](x, N=1 << 20) for _ in range(L)]] * gk.ROTATIONS,
+                        args.samples, args.replays)
+    rows.append(dict(kind="launch", T=None, tuning=None, median_us=round(launch, 2)))
+    print(f"30 empty launches: {launch:.1f} us", flush=True)
+
+    for T in SWEEP_LENGTHS:
+        rot = [buffers(T, torch.bfloat16, seed=100 + r) for r in range(gk.ROTATIONS)]
+        for v in verify:
+            row = dict(kind="verify", T=T, tuning=dataclasses.asdict(v), median_us=None)
+            try:
+                row["error_o"], row["error_s"] = check(T, v, gdn.CommitTuning(), m=T)
+                row["passed"] = max(row["error_o"], row["error_s"]) < gk.TOLERANCE[torch.float32]
+                row["median_us"] = round(time_graph([lambda b=b: verify_all(b, T, v) for b in rot],
+                                                    args.samples, args.replays), 2)
+            except Exception as error:  # a variant that does not compile or run is a row, not a crash
+                row["error"] = gk.describe(error)
+            rows.append(row)
+            print(f"verify T={T:2d} {v}  {row.get('median_us')}  err={row.get('error_o', row.get('error'))}",
+                  flush=True)
+        del rot
+
+    for T, ms in ((16, COMMIT_M), (2, (1, 2))):
+        rot = [buffers(T, torch.bfloat16, seed=200 + r) for r in range(gk.ROTATIONS)]
+        for r in rot:
+            verify_all(r, T, gdn.VerifyTuning())
+        for c in commit:
+            for m in ms:
+                accepted = torch.full((1,), m, dtype=torch.long, device="cuda")
+                row = dict(kind="commit", T=T, m=m, tuning=dataclasses.asdict(c), median_us=None)
+                try:
+                    row["error_o"], row["error_s"] = check(T, gdn.VerifyTuning(), c, m=m)
+                    row["passed"] = row["error_s"] < gk.TOLERANCE[torch.float32]
+                    row["median_us"] = round(time_graph([lambda b=b: commit_all(b, T, accepted, c) for b in rot],
+                                                        args.samples, args.replays), 2)
+                except Exception as error:
+                    row["error"] = gk.describe(error)
+                rows.append(row)
+                print(f"commit T={T:2d} m={m:2d} {c}  {row.get('median_us')}  err={row.get('error_s', row.get('error'))}",
+                      flush=True)
+        del rot
+
+    chosen = choose(rows)
+    result = dict(device=torch.cuda.get_device_name(), versions=gk.versions(), command=" ".join(sys.argv),
+                  launch_floor_us=launch, chosen=chosen, rows=rows)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "gdn_tuning.json").write_text(json.dumps(result, indent=2))
+    (args.out / "gdn_tuning.md").write_text(summary(result))
+    print("\n" + summary(result))
+    return 0
+
+
+def choose(rows: list[dict]) -> dict:
+    """Fastest passing verify variant per T; fastest passing commit variant by total over its m."""
+    out: dict = {"verify": {}, "commit": None}
+    for T in SWEEP_LENGTHS:
+        ok = [r for r in rows if r["kind"] == "verify" and r["T"] == T and r.get("passed") and r["median_us"]]
+        if ok:
+            best = min(ok, key=lambda r: r["median_us"])
+            out["verify"][str(T)] = dict(best["tuning"], median_us=best["median_us"])
+    totals: dict[str, list[float]] = {}
+    for r in rows:
+        if r["kind"] == "commit" and r.get("passed") and r["median_us"] and r["T"] == 16:
+            totals.setdefault(json.dumps(r["tuning"], sort_keys=True), []).append(r["median_us"])
+    full = {k: v for k, v in totals.items() if len(v) == len(COMMIT_M)}
+    if full:
+        key = min(full, key=lambda k: sum(full[k]))
+        out["commit"] = dict(json.loads(key), median_us_by_m=dict(zip(map(str, COMMIT_M), full[key])))
+    return out
+
+
+def summary(result: dict) -> str:
+    lines = [f"# GDN kernel tuning on {result['device']}", "", f"30 empty launches in a graph: "
+             f"{result['launch_floor_us']:.1f} us", "", "| T | block_v | block_k | warps | key_dot | verify 30 layers (us) |",
+             "|---|---|---|---|---|---|"]
+    for T, t in result["chosen"]["verify"].items():
+        lines.append(f"| {T} | {t['block_v']} | {t['block_k']} | {t['num_warps']} | {t['key_dot']} | {t['median_us']} |")
+    c = result["chosen"]["commit"]
+    if c:
+        lines += ["", f"commit (all 30 layers, T = 16): block_v {c['block_v']}, warps {c['num_warps']}: "
+                  + ", ".join(f"m={m}: {us} us" for m, us in c["median_us_by_m"].items())]
+    failed = [r for r in result["rows"] if r["kind"] != "launch" and not r.get("passed")]
+    lines += ["", f"variants failing or erroring: {len(failed)}"]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
