@@ -43,8 +43,15 @@ def is_held_out(relative_path: str, fraction: float) -> bool:
 
 def build_corpus(*, held_out_fraction: float = 0.1, max_files: int | None = None,
                  root: Path | None = None) -> Corpus:
-    """Every `*.py` under the standard library (not site-packages), sorted by path."""
+    """Every `*.py` under the standard library (not site-packages), sorted by path. `root` is another
+    interpreter's standard library (e.g. a copy carried to a machine whose own is stripped); its
+    Python version is then read from the folder name (`python3.11`)."""
+    version = platform.python_version()
+    if root is not None and Path(root).name.startswith("python"):
+        version = Path(root).name.removeprefix("python")
     root = Path(root or sysconfig.get_paths()["stdlib"])
+    if not root.is_dir():
+        raise FileNotFoundError(f"standard library folder {root} does not exist")
     paths = sorted(p for p in root.rglob("*.py") if "site-packages" not in p.parts and "dist-packages" not in p.parts)
     files = []
     if max_files:  # an even spread over the tree, not its first files
@@ -56,4 +63,4 @@ def build_corpus(*, held_out_fraction: float = 0.1, max_files: int | None = None
             continue  # a few test files are deliberately not UTF-8
         rel = path.relative_to(root).as_posix()
         files.append(SourceFile(rel, text, is_held_out(rel, held_out_fraction)))
-    return Corpus(str(root), platform.python_version(), tuple(files))
+    return Corpus(str(root), version, tuple(files))

@@ -41,7 +41,9 @@ class Recipe:
 
 
 RECIPES = {
-    "full": Recipe(drafter_train=DrafterSettings(steps=30000, time_limit_s=330.0)),
+    "full": Recipe(drafter_train=DrafterSettings(
+        steps=30000, time_limit_s=330.0, distill_sequences=4096, distill_prefix=128, distill_new_tokens=128,
+        distill_batch=1024, distill_mix=0.5)),
     # a CPU smoke configuration: same code path, tiny shapes, a few steps
     "tiny": Recipe(
         vocab_size=400, held_out_fraction=0.3, max_files=60,
@@ -51,7 +53,7 @@ RECIPES = {
         target_train=TrainSettings(steps=6, batch_size=4, seq_len=64, warmup=2, time_limit_s=60),
         drafter=DrafterShape(num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=32),
         drafter_train=DrafterSettings(steps=4, batch_size=4, seq_len=64, blocks_per_seq=2, warmup=2, time_limit_s=60,
-                                      distill_sequences=6, distill_prefix=16, distill_batch=4),
+                                      distill_sequences=6, distill_prefix=16, distill_batch=4, distill_mix=0.5),
         prompts_per_category=4, prompt_context_chars=300,
     ),
 }
@@ -71,13 +73,16 @@ def _save_target(model, directory: Path) -> None:
     model.float()
 
 
-def train_embedded(out: Path, recipe: Recipe, device: str, log=print, *, target_dir: Path | None = None) -> dict:
+def train_embedded(out: Path, recipe: Recipe, device: str, log=print, *, target_dir: Path | None = None,
+                   stdlib: Path | None = None, drafter_init: Path | None = None) -> dict:
     """Train the whole pair into `out`; with `target_dir`, reuse that trained target (and its
-    tokenizer) and train only the drafter and the prompt set."""
+    tokenizer) and train only the drafter and the prompt set. `stdlib`: the standard-library
+    folder to read instead of the running interpreter's; `drafter_init`: a drafter directory of this
+    target to continue training instead of a fresh one."""
     out = Path(out)
     (out / "target").mkdir(parents=True, exist_ok=True)
     started = time.time()
-    corpus = build_corpus(held_out_fraction=recipe.held_out_fraction, max_files=recipe.max_files)
+    corpus = build_corpus(held_out_fraction=recipe.held_out_fraction, max_files=recipe.max_files, root=stdlib)
     log(f"corpus: {corpus.summary()}")
     if target_dir is None:
         tokenizer = train_tokenizer(corpus.texts(held_out=False), recipe.vocab_size)
@@ -107,8 +112,15 @@ def train_embedded(out: Path, recipe: Recipe, device: str, log=print, *, target_
     dcfg = drafter_config(recipe.drafter, hidden_size=shape.hidden_size, target_layers=shape.num_hidden_layers,
                           vocab_size=shape.vocab_size, mask_token_id=mask_id)
     torch.manual_seed(recipe.seed)
-    drafter = DFlashDrafter(dcfg, target.get_input_embeddings(), target.get_output_embeddings()).to(device)
-    _init_drafter(drafter)
+    if drafter_init is not None:  # continue training a drafter of this target (same shape)
+        from ..runtime.drafter import load_drafter
+
+        drafter = load_drafter(drafter_init, target.get_input_embeddings(), target.get_output_embeddings())
+        drafter = drafter.to(device=device, dtype=torch.float32)
+        log(f"drafter: continuing from {drafter_init}")
+    else:
+        drafter = DFlashDrafter(dcfg, target.get_input_embeddings(), target.get_output_embeddings()).to(device)
+        _init_drafter(drafter)
     drafter_record = train_drafter(drafter, target, recipe.drafter_train, train, held, device, log)
     save_drafter(drafter, out / "drafter", num_target_layers=shape.num_hidden_layers, dtype=torch.bfloat16)
 
@@ -119,6 +131,7 @@ def train_embedded(out: Path, recipe: Recipe, device: str, log=print, *, target_
     record = {"corpus": corpus.summary(), "tokenizer": {"vocab_size": tokenizer.get_vocab_size(), "eos_id": eos_id,
               "mask_id": mask_id, "train_tokens": len(train), "held_out_tokens": len(held)},
               "recipe": asdict(recipe), "target": target_record, "drafter": drafter_record,
+              "drafter_init": None if drafter_init is None else str(drafter_init),
               "prompts": len(prompts), "device": _device_name(device), "torch": torch.__version__,
               "python": platform.python_version(), "seconds": round(time.time() - started, 1)}
     (out / "training.json").write_text(json.dumps(record, indent=1) + "\n")
@@ -148,6 +161,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--drafter-minutes", type=float, help="cap on drafter training time")
     parser.add_argument("--target-dir", type=Path, help="reuse this trained target; train the drafter only")
     parser.add_argument("--prompts-only", action="store_true", help="with --target-dir: only write prompts.jsonl")
+    parser.add_argument("--stdlib", type=Path, help="standard-library folder to read (default: this interpreter's)")
+    parser.add_argument("--drafter-init", type=Path, help="with --target-dir: continue training this drafter")
     args = parser.parse_args(argv)
     recipe = RECIPES[args.recipe]
     if args.target_minutes:
@@ -157,17 +172,25 @@ def main(argv: list[str] | None = None) -> None:
     if args.prompts_only:
         if args.target_dir is None:
             parser.error("--prompts-only needs --target-dir (its tokenizer.json)")
-        write_prompts(args.out, args.target_dir, recipe)
+        write_prompts(args.out, args.target_dir, recipe, stdlib=args.stdlib)
         return
-    train_embedded(args.out, recipe, args.device, log=lambda m: print(m, flush=True), target_dir=args.target_dir)
+    if args.drafter_init:
+        if args.target_dir is None:
+            parser.error("--drafter-init needs --target-dir (the target it was trained against)")
+        # a second stage: fresh greedy data (another seed), twice the sequences, half the peak lr
+        d = recipe.drafter_train
+        recipe = replace(recipe, drafter_train=replace(d, seed=d.seed + 1, lr=d.lr / 2,
+                                                       distill_sequences=2 * d.distill_sequences))
+    train_embedded(args.out, recipe, args.device, log=lambda m: print(m, flush=True), target_dir=args.target_dir,
+                   stdlib=args.stdlib, drafter_init=args.drafter_init)
 
 
-def write_prompts(out: Path, target_dir: Path, recipe: Recipe) -> int:
+def write_prompts(out: Path, target_dir: Path, recipe: Recipe, *, stdlib: Path | None = None) -> int:
     """The prompt set alone, from this interpreter's corpus and the target's tokenizer."""
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(Path(target_dir) / "tokenizer.json"))
-    corpus = build_corpus(held_out_fraction=recipe.held_out_fraction, max_files=recipe.max_files)
+    corpus = build_corpus(held_out_fraction=recipe.held_out_fraction, max_files=recipe.max_files, root=stdlib)
     prompts = build_prompt_set(corpus, lambda t: tokenizer.encode(t, add_special_tokens=False).ids,
                                per_category=recipe.prompts_per_category,
                                context_chars=recipe.prompt_context_chars, seed=recipe.seed)
