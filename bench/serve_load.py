@@ -33,7 +33,21 @@ from hybridspec.runtime.server import create_app, open_service  # noqa: E402
 from hybridspec.runtime.session import default_model, model_identity  # noqa: E402
 from tests.runtime.helpers import policy_parameters  # noqa: E402
 
-PROMPTS = ["def add(a, b):\n    return", "import os\n\n\ndef main():\n", "class Stack:\n    def __init__(self):\n"]
+def test_prompts(per_category: int = 2) -> list[str]:
+    """The first test prompts of each category of the embedded set (stdlib source, ≤ 512 tokens)."""
+    from hybridspec.runtime.session import EMBEDDED
+    from hybridspec.workbench.prompts import load_prompts
+
+    seen: dict[str, int] = {}
+    out = []
+    for p in load_prompts(EMBEDDED / "prompts.jsonl", split="test"):
+        if seen.get(p.category, 0) < per_category:
+            seen[p.category] = seen.get(p.category, 0) + 1
+            out.append(p.text)
+    return out
+
+
+PROMPTS = test_prompts()
 
 
 def metrics(base: str) -> dict[str, float]:

@@ -79,25 +79,16 @@ def _print_summary(summary: dict) -> None:
 
 @app.command()
 def demo(
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1)] = 48,
+    out: Annotated[Path, typer.Option("--out", help="Folder for the store, the artifact, the server log and the report.")] = Path("demo"),
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1, help="Of the one served request.")] = 48,
 ) -> None:
-    """Decode one prompt of the embedded default with the policies that need no calibration."""
-    from .runtime.generation import run_demo
+    """The whole workflow on the embedded default: capture (quick) → fit → eval → serve + one request → report."""
+    from .workflow import DemoConfig, run_demo_workflow
 
-    prompt, summaries = run_demo(("ar", "full", "static:4", "static:8"), max_new_tokens)
-    table = Table("policy", "tokens", "rounds", "AL", "mean w", "decode s", "tok/s", "equals ar", title="demo")
-    for summary in summaries:
-        table.add_row(summary["policy"], str(len(summary["token_ids"])), str(summary["rounds"]),
-                      f"{summary['acceptance_length']:.2f}", f"{summary['mean_verification_length']:.2f}",
-                      f"{summary['decode_seconds']:.3f}", f"{summary['decode_tokens_per_second']:.0f}",
-                      "yes" if summary["token_ids"] == summaries[0]["token_ids"] else "NO")
-    console.print(f"[bold]model[/] {summaries[0]['model']}")
-    if summaries[0]["random_weights"]:
-        console.print("[yellow]random weights (the embedded pair is not installed): tokens are meaningless[/]")
-    if prompt:
-        console.print(f"[bold]prompt[/] (last lines)\n{prompt[-300:]}")
-        console.print(f"[bold]continuation[/]\n{summaries[0]['text']}")
-    console.print(table)
+    try:
+        run_demo_workflow(DemoConfig(out=out, max_new_tokens=max_new_tokens), console)
+    except (ValueError, RuntimeError) as exc:  # config, store, fit, artifact and server errors name what failed
+        _fail(str(exc))
 
 
 @app.command()
@@ -137,12 +128,18 @@ def train_embedded(
     recipe: Annotated[str, typer.Option("--recipe", help="full (GPU) or tiny (CPU smoke).")] = "full",
     device: Annotated[Optional[str], typer.Option("--device")] = None,
     target_dir: Annotated[Optional[Path], typer.Option("--target-dir", help="Reuse a trained target.")] = None,
+    drafter_init: Annotated[Optional[Path], typer.Option("--drafter-init", help="With --target-dir: continue training this drafter.")] = None,
+    stdlib: Annotated[Optional[Path], typer.Option("--stdlib", help="Standard-library folder to read (default: this interpreter's).")] = None,
+    target_minutes: Annotated[Optional[float], typer.Option("--target-minutes", help="Cap on target training time.")] = None,
+    drafter_minutes: Annotated[Optional[float], typer.Option("--drafter-minutes", help="Cap on drafter training time.")] = None,
 ) -> None:
-    """Train the embedded default pair from this interpreter's standard library."""
+    """Train the embedded default pair from a Python standard library (this interpreter's by default)."""
     from .training.embedded import main as train_main
 
-    args = ["--out", str(out), "--recipe", recipe] + (["--device", device] if device else [])
-    train_main(args + (["--target-dir", str(target_dir)] if target_dir else []))
+    options = {"--device": device, "--target-dir": target_dir, "--drafter-init": drafter_init, "--stdlib": stdlib,
+               "--target-minutes": target_minutes, "--drafter-minutes": drafter_minutes}
+    train_main(["--out", str(out), "--recipe", recipe]
+               + [str(x) for flag, value in options.items() if value is not None for x in (flag, value)])
 
 
 @app.command()
@@ -205,48 +202,72 @@ def fit(
     run: Annotated[str, typer.Option("--run", help="Campaign name (capture's --name).")] = "default",
 ) -> None:
     """Fit the acceptance model, C_tgt, s, η, the routing tables and ρ; write the frozen artifact."""
-    from .artifacts.artifact import save_artifact
-    from .fitters.campaign import FitError, fit_campaign
+    from .fitters.campaign import FitError
     from .workbench.store import StoreError
+    from .workflow import fit_artifact, print_fit
 
     if not db.is_file():
         _fail(f"--db {db}: no such store")
     try:
-        result = fit_campaign(db, run)
+        result, meta = fit_artifact(db, run, out)
     except (FitError, StoreError) as exc:
         _fail(str(exc))
-    meta = save_artifact(out, _parameters(result), model_id=result.model_id, drafter_id=result.drafter_id or "",
-                         device=result.device, store_digest=result.store_digest, diagnostics=result.diagnostics())
-    _print_fit(result, out, meta)
+    print_fit(console, result, out, meta)
 
 
-def _parameters(result):
-    """A campaign fit as the runtime's policy parameters."""
-    from .artifacts.params import AcceptanceModel, PolicyParameters
+@app.command("eval")
+def eval_(
+    model: ModelOpt = None,
+    drafter: DrafterOpt = None,
+    artifact: ArtifactOpt = None,
+    prompts: Annotated[Optional[Path], typer.Option("--prompts", help="Prompt set (JSONL); default: the embedded set.")] = None,
+    split: Annotated[str, typer.Option("--split", help="calib or test.")] = "test",
+    policies: Annotated[Optional[str], typer.Option("--policies", help="Comma-separated (default ar,full,static:7 and, with --artifact, ratio,ratio4,nominal,hybridspec); ar always runs.")] = None,
+    db: Annotated[Path, typer.Option("--db", help="The campaign's DuckDB file (created or extended).")] = Path("capture.duckdb"),
+    name: Annotated[str, typer.Option("--name", help="Campaign name (capture's --name: its capture run gives the offline estimates).")] = "default",
+    max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", help="Per prompt (default 128; 32 with --quick).")] = None,
+    temperature: Annotated[float, typer.Option("--temperature", min=0.0, help="0: greedy, outputs compared with ar.")] = 0.0,
+    device: DeviceOpt = "cpu",
+    dtype: DtypeOpt = "float32",
+    backend: BackendOpt = "auto",
+    quick: Annotated[bool, typer.Option("--quick", help="2 prompts per category, 32 new tokens.")] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue an eval run of this name, skipping finished units.")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an eval run of this name.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Use an artifact fitted for another model/drafter.")] = False,
+) -> None:
+    """Decode a prompt split with each policy, record every request and round, print Table 1 (TPS, SR, AL, w)."""
+    from .collectors.eval_output import print_eval
+    from .collectors.evaluate import EvalConfig, parse_policies, run_eval
+    from .collectors.progress import RichReporter
 
-    acc = result.acceptance
-    model = AcceptanceModel(iso_x=tuple(tuple(map(float, x)) for x in acc.iso_x_),
-                            iso_y=tuple(tuple(map(float, y)) for y in acc.iso_y_), coef=tuple(map(float, acc.coef_)))
-    return PolicyParameters(
-        draft_len=result.draft_len, lengths=result.lengths, cost=tuple(map(float, result.cost.table(result.draft_len + 1))),
-        fixed_cost=result.cost.fixed_cost_, rho=result.rho, s=result.stage0.slope_, eta=result.moe.slope_,
-        nbar_all=tuple(map(float, result.routing.nbar_all_)),
-        nbar_cond=tuple(tuple(map(float, row)) for row in result.routing.nbar_cond_), acceptance=model)
+    try:
+        config = EvalConfig(model=model, drafter=drafter, artifact=artifact, prompts=prompts, split=split,
+                            policies=parse_policies(policies), db=db, name=name, max_new_tokens=max_new_tokens,
+                            temperature=temperature, device=device, dtype=dtype, backend=backend, quick=quick,
+                            resume=resume, overwrite=overwrite, force=force)
+        with RichReporter(console) as reporter:
+            result = run_eval(config, reporter)
+    except ValueError as exc:  # EvalConfigError, PolicyError, ArtifactError, StoreError, PromptFileError, ConfigError
+        _fail(str(exc))
+    print_eval(console, result)
 
 
-def _print_fit(result, out: Path, meta: dict) -> None:
-    console.print(f"[bold]artifact[/] {out}  ({meta['content_sha256'][:19]}…)")
-    console.print(f"ρ = {result.rho:.2f} tokens/s   s = {result.stage0.slope_ * 1e6:.2f} µs/token   "
-                  f"η = {result.moe.slope_ * 1e6:.2f} µs/expert (r = {result.moe.correlation_:.3f})   "
-                  f"fixed = {result.cost.fixed_cost_ * 1e3:.2f} ms   Dinkelbach iterations {len(result.iterations)}")
-    table = result.cost.table(result.draft_len + 1)
-    console.print("C_tgt(w) ms: " + "  ".join(f"{w}:{table[w] * 1e3:.2f}" for w in result.lengths))
-    metrics = Table("estimate", "log-loss", "Brier", "ECE", "rows", title="acceptance, held-out rounds")
-    for name, m in result.metrics.items():
-        metrics.add_row(name, f"{m['log_loss']:.4f}", f"{m['brier']:.4f}", f"{m['ece']:.4f}", str(m["rows"]))
-    console.print(metrics)
-    for warning in result.warnings:
-        console.print(f"[yellow]warning:[/] {warning}")
+@app.command()
+def report(
+    db: Annotated[Path, typer.Option("--db", help="The campaign's DuckDB file.")] = Path("capture.duckdb"),
+    out: Annotated[Path, typer.Option("--out", help="Folder for index.html (self-contained).")] = Path("report"),
+    artifact: ArtifactOpt = None,
+    name: Annotated[Optional[str], typer.Option("--name", help="Campaign (capture's --name); default: the newest.")] = None,
+) -> None:
+    """Diagnostics of a calibration (and its evals) as one HTML page with plots, plus a terminal summary."""
+    from .report import build_report, summary
+
+    try:
+        result = build_report(db, out, artifact=artifact, campaign=name)
+    except ValueError as exc:  # ReportError, ArtifactError
+        _fail(str(exc))
+    console.print(summary(result))
+    console.print(f"[bold green]report:[/] {result.path.resolve()}")
 
 
 @app.command()

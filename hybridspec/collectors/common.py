@@ -54,6 +54,18 @@ def parse_shard(text: str) -> tuple[int, int]:
     return index, count
 
 
+def check_run_options(config, error: type[ValueError]) -> None:
+    """The options `capture` and `eval` share: --resume/--overwrite, --name, --max-new-tokens, --split."""
+    if config.resume and config.overwrite:
+        raise error("--resume and --overwrite exclude each other")
+    if not config.name or any(c in config.name for c in "\0\n"):
+        raise error(f"--name {config.name!r}: must be a non-empty single line")
+    if config.max_new_tokens is not None and config.max_new_tokens < 2:
+        raise error(f"--max-new-tokens {config.max_new_tokens}: must be ≥ 2")
+    if config.split not in ("calib", "test"):
+        raise error(f"--split {config.split!r}: calib or test")
+
+
 @dataclass(frozen=True)
 class CaptureConfig:
     """One `hybridspec capture` invocation (CLI values; validated on construction)."""
@@ -76,14 +88,7 @@ class CaptureConfig:
     seed: int = 0
 
     def __post_init__(self):
-        if self.resume and self.overwrite:
-            raise CaptureConfigError("--resume and --overwrite exclude each other")
-        if not self.name or any(c in self.name for c in "\0\n"):
-            raise CaptureConfigError(f"--name {self.name!r}: must be a non-empty single line")
-        if self.max_new_tokens is not None and self.max_new_tokens < 2:
-            raise CaptureConfigError(f"--max-new-tokens {self.max_new_tokens}: must be ≥ 2")
-        if self.split not in ("calib", "test"):
-            raise CaptureConfigError(f"--split {self.split!r}: calib or test")
+        check_run_options(self, CaptureConfigError)
         bad = [p for p in self.passes if p not in ALL_PASSES]
         if bad or not self.passes:
             raise CaptureConfigError(f"passes {self.passes}: choose from {', '.join(ALL_PASSES)}")

@@ -1,5 +1,7 @@
 """The fixed-length pass (DESIGN A.9, cost curve): each verification length w of the supported set
 (2…W; --quick: a few) held fixed (`static:w`) over the calibration prompts; one latency per round.
+Also w = 1: plain `ar` steps (no drafter pass), the reference the offline estimates divide by; the
+cost fit uses w ≥ 2 only.
 
 A unit is one (w, prompt). The first unit of each w in a process is preceded by an unrecorded
 warm-up generation at that w (first-call costs; kernel compilation on a GPU).
@@ -12,6 +14,7 @@ from .common import PassContext, PromptIds, Unit, microseconds, prompt_row
 
 QUICK_LENGTHS = (2, 4, 6, 8, 10, 12, 14, 16)
 QUICK_PROMPTS_PER_CATEGORY = 1
+AR_LENGTH = 1  # the `ar` rows: one target token per step, no draft
 
 
 def supported_lengths(max_length: int, quick: bool) -> list[int]:
@@ -40,18 +43,19 @@ class FixedPass:
 
     def params(self, ctx: PassContext) -> dict:
         return {**ctx.base_params(), "lengths": supported_lengths(ctx.max_length, ctx.config.quick),
+                "ar_steps": True,
                 "fixed_prompt_ids": [p.id for p in self._prompts(ctx)], "max_new_tokens": ctx.config.new_tokens,
                 "draft_len": ctx.draft_len, "warmup_generations_per_w": 1}
 
     def units(self, ctx: PassContext) -> list[Unit]:
-        return [Unit(f"w={w}:prompt:{p.id}", (w, p)) for w in supported_lengths(ctx.max_length, ctx.config.quick)
-                for p in self._prompts(ctx)]
+        lengths = [AR_LENGTH, *supported_lengths(ctx.max_length, ctx.config.quick)]
+        return [Unit(f"w={w}:prompt:{p.id}", (w, p)) for w in lengths for p in self._prompts(ctx)]
 
     def prepare(self, ctx: PassContext) -> None:
         self.warmed: set[int] = set()
 
     def _generate(self, ctx: PassContext, w: int, prompt: PromptIds, new_tokens: int):
-        policy = make_policy(f"static:{w}", ctx.draft_len)
+        policy = make_policy("ar" if w == AR_LENGTH else f"static:{w}", ctx.draft_len)
         return ctx.session.engine.generate(list(prompt.ids), policy=policy, max_new_tokens=new_tokens,
                                            eos_ids=ctx.session.eos_ids)
 

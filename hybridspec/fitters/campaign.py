@@ -97,7 +97,7 @@ def fit_campaign(db: Path, name: str) -> CampaignFit:
         capture = _run(store, name, "capture")
         arrays = _capture_arrays(store, capture["run_id"])
         fixed = np.array(store.query("SELECT executed_w, latency_us FROM fixed_length_timings WHERE run_id = ? "
-                                     "AND NOT truncated",
+                                     "AND NOT truncated AND w >= 2",  # w = 1: ar steps, not C_tgt
                                      [_run(store, name, "fixed")["run_id"]]), dtype=float)
         stage0 = np.array(store.query("SELECT u, latency_us FROM stage0_timings WHERE run_id = ?",
                                       [_run(store, name, "stage0")["run_id"]]), dtype=float)
@@ -118,7 +118,13 @@ def fit_campaign(db: Path, name: str) -> CampaignFit:
     lengths = tuple(range(2, D + 2))
     cost_table = cost.table(D + 1)
     prefix = acceptance.predict_prefix(arrays["conf"], arrays["ent"])
-    rho, iterations = dinkelbach(prefix, cost_table, cost.fixed_cost_, lengths)
+    try:
+        rho, iterations = dinkelbach(prefix, cost_table, cost.fixed_cost_, lengths)
+    except RuntimeError as exc:  # a cost curve too noisy to rank lengths (e.g. stalled CPU timings)
+        table = ", ".join(f"{w}: {cost_table[w] * 1e3:.2f}" for w in lengths)
+        raise FitError(f"campaign {name!r}: ρ did not converge ({exc}); the fitted C_tgt(w) in ms is "
+                       f"{table}, fixed {cost.fixed_cost_ * 1e3:.2f} ms. Re-run the fixed pass on a quiet "
+                       "machine (on a CPU, one thread: OMP_NUM_THREADS=1) with --overwrite") from exc
     return CampaignFit(draft_len=D, lengths=lengths, acceptance=acceptance, cost=cost, stage0=s, moe=eta,
                        routing=tables, rho=rho, iterations=iterations, model_id=capture["model_id"],
                        drafter_id=capture["drafter_id"], device=capture["device"], store_digest=store_digest(db),

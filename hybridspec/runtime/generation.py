@@ -59,22 +59,6 @@ def demo_prompt() -> tuple[str | None, str | None]:
     return next(p.text for p in prompts if p.category == "test"), None
 
 
-def run_demo(policies: tuple[str, ...], max_new_tokens: int) -> tuple[str | None, list[dict]]:
-    """The demo prompt decoded by each policy on one warmed-up session: (prompt text, summaries)."""
-    text, ids = demo_prompt()
-    session = open_session(need_drafter=True)
-    prompt = _prompt(GenerateRequest(prompt=text, prompt_ids=ids), session)
-    draft_len = session.drafter.draft_len
-    # a short warm-up, so that one-time costs land on no policy's decode time
-    session.engine.generate(prompt, policy=make_policy("full", draft_len), max_new_tokens=8, eos_ids=session.eos_ids)
-    summaries = []
-    for name in policies:
-        result = session.engine.generate(prompt, policy=make_policy(name, draft_len), max_new_tokens=max_new_tokens,
-                                         eos_ids=session.eos_ids)
-        summaries.append(summarize(result, session, name))
-    return text, summaries
-
-
 def run_generate(request: GenerateRequest) -> dict:
     """Load, decode, and summarise as the JSON object `generate --json` prints."""
     if request.policy in NEEDS_PARAMETERS and request.artifact is None:

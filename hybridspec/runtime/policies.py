@@ -117,14 +117,21 @@ class HybridSpecPolicy(NominalPolicy):
 
     def correct(self, w0: int, p_hat: Tensor, layer0_experts: Tensor, w_rem: int, num_experts: int) -> int:
         """Eq. 6: keep w0 or add the token d_{w0} after seeing its Layer-0 experts.  layer0_experts [u, k]."""
-        W, prm = self.max_length, self.params
-        if w0 >= W or w_rem <= w0:
+        if w0 >= self.max_length or w_rem <= w0:
             return w0
         n_new = new_experts_added(layer0_experts, w0, num_experts)
+        return w0 + 1 if self.expands(w0, p_hat, n_new) else w0
+
+    def expands(self, w0: int, p_hat: Tensor, n_new: int) -> bool:
+        """Eq. 6's test p̂_{w0} > ρ ΔL_c, for a token d_{w0} that adds `n_new` new Layer-0 experts."""
+        return float(p_hat[w0 - 1]) > self.params.rho * self.added_latency(w0, n_new)
+
+    def added_latency(self, w0: int, n_new: int) -> float:
+        """ΔL_c of Eq. 6 (seconds): what verifying d_{w0} adds once Stage 0 has run it."""
+        prm = self.params
         table = prm.nbar_cond[w0]
         extra = prm.eta * (table[min(n_new, len(table) - 1)] - prm.nbar_all[w0])
-        delta = prm.cost[w0 + 1] - prm.cost[w0] - prm.s + extra  # ΔL_c
-        return w0 + 1 if float(p_hat[w0 - 1]) > prm.rho * delta else w0
+        return prm.cost[w0 + 1] - prm.cost[w0] - prm.s + extra
 
 
 def make_policy(name: str, draft_len: int, params: PolicyParameters | None = None, device="cpu") -> Policy:

@@ -7,12 +7,13 @@ the unit's rows. Lengths `w`, `u` count the anchor; `position` is the draft posi
 token d_i, index i of the target input (x0, d1, …, dD)). Latencies are microseconds.
 
 A migration is a list of SQL statements taking the schema from version v − 1 to v; `MIGRATIONS[v]`
-is applied in one transaction and recorded in `schema_version`.
+is applied in one transaction and recorded in `schema_version`. Version 2 adds the tables of
+`hybridspec eval` (measured requests and rounds per policy) and the offline estimates.
 """
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # table → its natural key (the PRIMARY KEY); merge and resume rely on these
 KEYS: dict[str, tuple[str, ...]] = {
@@ -26,10 +27,15 @@ KEYS: dict[str, tuple[str, ...]] = {
     "stage0_timings": ("run_id", "u", "sample_idx"),
     "moe_bench": ("run_id", "layer", "n_distinct_experts", "sample_idx"),
     "routing_positions": ("run_id", "prompt_id", "round_idx", "position"),
+    "eval_requests": ("run_id", "policy", "prompt_id"),
+    "eval_rounds": ("run_id", "policy", "prompt_id", "round_idx"),
+    "offline_estimates": ("run_id", "policy", "category"),
 }
 
 # tables whose rows belong to units (everything but the run metadata)
 DATA_TABLES = tuple(t for t in KEYS if t not in ("runs", "run_shards"))
+# the tables of `hybridspec eval` runs (the calibration passes write the others)
+EVAL_TABLES = ("eval_requests", "eval_rounds", "offline_estimates")
 
 _V1 = [
     """CREATE TABLE runs (
@@ -110,5 +116,36 @@ _V1 = [
     )""",
 ]
 
-MIGRATIONS: dict[int, list[str]] = {1: _V1}
+# eval runs (pass 'eval'): one unit per (policy, prompt); the offline estimates are one more unit
+_V2 = [
+    """CREATE TABLE eval_requests (
+        run_id VARCHAR NOT NULL, policy VARCHAR NOT NULL, prompt_id VARCHAR NOT NULL, category VARCHAR NOT NULL,
+        prompt_tokens INTEGER NOT NULL,
+        emitted_tokens INTEGER NOT NULL,   -- after the prefill-produced anchor (DESIGN A.10)
+        rounds INTEGER NOT NULL,           -- verification rounds (ar: target passes)
+        decode_seconds DOUBLE NOT NULL,    -- wall clock after the anchor
+        mean_w DOUBLE NOT NULL,            -- mean executed verification length (ar: 1)
+        mismatch_position INTEGER,         -- first index where the output differs from ar's; NULL: equal, or sampled
+        finish_reason VARCHAR NOT NULL,    -- eos or length
+        token_ids VARCHAR NOT NULL,        -- the generated ids as a JSON list, anchor first
+        PRIMARY KEY (run_id, policy, prompt_id)
+    )""",
+    """CREATE TABLE eval_rounds (
+        run_id VARCHAR NOT NULL, policy VARCHAR NOT NULL, prompt_id VARCHAR NOT NULL, round_idx INTEGER NOT NULL,
+        w0 INTEGER, u INTEGER NOT NULL, w INTEGER NOT NULL, accepted INTEGER NOT NULL, emitted INTEGER NOT NULL,
+        truncated BOOLEAN NOT NULL, latency_us DOUBLE NOT NULL,
+        PRIMARY KEY (run_id, policy, prompt_id, round_idx)
+    )""",
+    """CREATE TABLE offline_estimates (
+        run_id VARCHAR NOT NULL,           -- the eval run they are printed beside
+        capture_run_id VARCHAR NOT NULL,   -- the capture rounds they replay
+        policy VARCHAR NOT NULL,
+        category VARCHAR NOT NULL,         -- 'all': sums of rounds/emitted/seconds, means over categories of the rest
+        rounds INTEGER NOT NULL, emitted INTEGER NOT NULL, al DOUBLE NOT NULL, mean_w DOUBLE NOT NULL,
+        est_seconds DOUBLE NOT NULL, tps DOUBLE NOT NULL, sr DOUBLE NOT NULL,
+        PRIMARY KEY (run_id, policy, category)
+    )""",
+]
+
+MIGRATIONS: dict[int, list[str]] = {1: _V1, 2: _V2}
 assert sorted(MIGRATIONS) == list(range(1, SCHEMA_VERSION + 1))

@@ -130,10 +130,15 @@ def test_fixed_pass_rows(target, prompts):
     prompt, sequence = prompts[1]
     ctx = _context(target, prompt, sequence, 1, quick=True)
     collector = FixedPass()
-    assert [u.key for u in collector.units(ctx)][:2] == ["w=2:prompt:p1", "w=4:prompt:p1"]
+    assert [u.key for u in collector.units(ctx)][:3] == ["w=1:prompt:p1", "w=2:prompt:p1", "w=4:prompt:p1"]
     rows = _collect(collector, ctx, (4, prompt))["fixed_length_timings"]
     assert {r["w"] for r in rows} == {4} and all(r["executed_w"] <= 4 and r["latency_us"] > 0 for r in rows)
     assert sum(r["emitted"] for r in rows) == NEW_TOKENS - 1
+    # w = 1: plain ar steps, one token each, no draft
+    collector.prepare(ctx)
+    steps = _collect(collector, ctx, (1, prompt))["fixed_length_timings"]
+    assert {(r["w"], r["executed_w"], r["accepted"], r["emitted"]) for r in steps} == {(1, 1, 0, 1)}
+    assert len(steps) == NEW_TOKENS - 1 and all(r["latency_us"] > 0 for r in steps)
 
 
 def test_stage0_pass_times_every_length_without_touching_the_context(target, prompts):

@@ -44,6 +44,9 @@ def _write(path, n_rounds=2500, seed=0):
         rows = [dict(run_id=run, w=w, prompt_id="p0", round_idx=j, executed_w=w, accepted=0, emitted=1, truncated=False,
                      latency_us=1e6 * (COST[0] + COST[1] * w + COST[2] * w * w + rng.normal(0, 1e-4)))
                 for w in range(2, 17) for j in range(20)]
+        # ar steps (w = 1) far off the quadratic: the cost fit must leave them out
+        rows += [dict(run_id=run, w=1, prompt_id="p0", round_idx=j, executed_w=1, accepted=0, emitted=1,
+                      truncated=False, latency_us=1e6 * 10 * COST[0]) for j in range(20)]
         store.commit_unit(run, "fixed", {"fixed_length_timings": rows})
         run = store.start_run(_spec("stage0"))
         rows = [dict(run_id=run, u=u, sample_idx=j, context_tokens=50, latency_us=1e6 * (2e-4 + S * u + rng.normal(0, 1e-6)))
@@ -85,4 +88,18 @@ def test_missing_pass_is_named(tmp_path):
     with Store(db) as store:
         store.start_run(_spec("capture"))
     with pytest.raises(FitError, match="no complete|no fixed run"):
+        fit_campaign(db, "synth")
+
+
+def test_a_cost_curve_dinkelbach_cannot_rank_is_a_fit_error(tmp_path, monkeypatch):
+    import hybridspec.fitters.campaign as campaign
+
+    db = tmp_path / "synth.duckdb"
+    _write(db)
+
+    def diverges(*args, **kwargs):
+        raise RuntimeError("Dinkelbach did not converge in 100 iterations (last ρ 1.0)")
+
+    monkeypatch.setattr(campaign, "dinkelbach", diverges)
+    with pytest.raises(FitError, match=r"'synth': ρ did not converge .* C_tgt\(w\) in ms is 2: .*OMP_NUM_THREADS=1"):
         fit_campaign(db, "synth")

@@ -33,6 +33,28 @@ def test_new_store_has_every_table_and_the_current_version(tmp_path):
         assert again.query("SELECT count(*) FROM schema_version") == [(schema.SCHEMA_VERSION,)]
 
 
+def test_a_version_1_store_is_upgraded_in_place(tmp_path):
+    import duckdb
+
+    path = tmp_path / "v1.duckdb"
+    con = duckdb.connect(str(path))  # a store as hybridspec with schema version 1 wrote it
+    con.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY, applied_at TIMESTAMP)")
+    for statement in schema.MIGRATIONS[1]:
+        con.execute(statement)
+    con.execute("INSERT INTO schema_version VALUES (1, now())")
+    con.execute("INSERT INTO stage0_timings VALUES ('r', 3, 0, 12.5, 8)")
+    con.close()
+    with Store(path, read_only=True) as old:  # reading does not migrate
+        assert old.version == 1
+    with Store(path) as store:
+        assert store.version == 2 == schema.SCHEMA_VERSION
+        assert [v for (v,) in store.query("SELECT version FROM schema_version ORDER BY 1")] == [1, 2]
+        tables = {t for (t,) in store.query("SELECT table_name FROM information_schema.tables")}
+        assert {"eval_requests", "eval_rounds", "offline_estimates"} <= tables and set(schema.KEYS) <= tables
+        assert store.query("SELECT * FROM stage0_timings") == [("r", 3, 0, 12.5, 8)]
+        assert store.counts()["eval_requests"] == 0
+
+
 def test_a_newer_schema_is_refused_naming_both_versions(tmp_path):
     path = tmp_path / "s.duckdb"
     with Store(path) as store:

@@ -1,0 +1,277 @@
+"""`hybridspec eval` (DESIGN A.10): the prompts of a split decoded by each length policy through the
+real runtime, every request and round recorded in the store (pass `eval`); the paper's Table 1
+(pooled TPS, SR, AL, mean w per category) computed from those rows, beside the offline estimates
+(`offline.py`) of the same campaign's capture run when the store has one.
+
+One unit per (policy, prompt): prompts in file order and, within a prompt, `ar` first, so a prompt's
+`ar` output is committed before any other policy's and every greedy output is compared with it
+(the first differing position is stored, never hidden), also across `--resume`. `ar` is always run:
+SR and the exactness check are relative to it. Interleaving the policies per prompt spreads slow
+drift of the machine over every policy alike; each policy gets one unrecorded warm-up generation
+per process (first-call costs).
+
+Order of checks, all before a model is loaded: options → artifact (validated) → model identities →
+policies (names, lengths, artifact needed) and the artifact's identity → store path → schema → run
+name free (or --resume / --overwrite) → prompt file.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+import torch
+
+from ..artifacts.artifact import ArtifactError, check_identity, load_artifact
+from ..artifacts.params import PolicyParameters
+from ..runtime.config import drafter_config_from_dict, read_config_json
+from ..runtime.policies import NEEDS_PARAMETERS, PolicyError, make_policy
+from ..runtime.sampling import SamplingParams
+from ..runtime.session import EMBEDDED, open_session
+from ..runtime.tokenizer import load_codec
+from ..workbench.prompts import load_prompts
+from ..workbench.runinfo import software_versions
+from ..workbench.store import RunSpec, Store, StoreError, check_writable, run_id_for
+from .campaign import (MAX_BLOCK, NullReporter, PassSummary, Reporter, _file_digest, prompt_ids, read_vocab_size,
+                       resolve_models, run_pass)
+from .common import CaptureConfigError, PassContext, PromptIds, Unit, check_run_options, microseconds
+from .fixed import subset_per_category
+from .offline import OfflineError, compare_with_measured, estimate_from_store, in_policy_order, pooled_table
+
+PASS = "eval"
+DEFAULT_STATIC = 7  # the paper's static-length ablation (A.10); the artifact holds no static-length sweep
+DEFAULT_NEW_TOKENS, QUICK_NEW_TOKENS, QUICK_PROMPTS_PER_CATEGORY = 128, 32, 2
+RANDOM_DRAFT_LEN = 15  # runtime.loading.random_drafter's block of 16
+ESTIMATES_UNIT = "offline-estimates"
+WARMUP_TOKENS = 8
+
+
+class EvalConfigError(CaptureConfigError):
+    """An eval option that cannot be used; the message names the option."""
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """One `hybridspec eval` invocation. Fields named as in `CaptureConfig` mean the same, so the
+    capture driver (`PassContext`, `resolve_models`, `run_pass`) runs the eval pass unchanged."""
+
+    model: str | None = None  # None: the embedded default pair
+    drafter: str | None = None
+    artifact: Path | None = None
+    prompts: Path | None = None  # None: the embedded prompt set
+    split: str = "test"
+    policies: tuple[str, ...] | None = None  # None: ar, full, static:7 and, with an artifact, the calibrated ones
+    db: Path = Path("capture.duckdb")
+    name: str = "default"  # the campaign: capture, fit and eval of one name line up
+    max_new_tokens: int | None = None  # None: 128, or 32 with quick
+    temperature: float = 0.0
+    device: str = "cpu"
+    dtype: str = "float32"
+    backend: str = "auto"
+    quick: bool = False
+    resume: bool = False
+    overwrite: bool = False
+    force: bool = False  # use an artifact fitted for another model/drafter
+    seed: int = 0
+
+    def __post_init__(self):
+        check_run_options(self, EvalConfigError)
+        if not self.temperature >= 0:
+            raise EvalConfigError(f"--temperature {self.temperature}: must be ≥ 0")
+        if self.policies is not None and not self.policies:
+            raise EvalConfigError("--policies is empty")
+
+    @property
+    def new_tokens(self) -> int:
+        if self.max_new_tokens is not None:
+            return self.max_new_tokens
+        return QUICK_NEW_TOKENS if self.quick else DEFAULT_NEW_TOKENS
+
+
+def parse_policies(text: str | None) -> tuple[str, ...] | None:
+    """`ar,full,static:4` → names in the given order, duplicates dropped (None stays None)."""
+    if text is None:
+        return None
+    return tuple(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
+
+
+def resolve_policies(requested: tuple[str, ...] | None, draft_len: int, params: PolicyParameters | None
+                     ) -> tuple[str, ...]:
+    """The policies to run, `ar` first; every name checked by the runtime's own `make_policy`."""
+    if requested is None:
+        requested = ("full", f"static:{min(DEFAULT_STATIC, draft_len + 1)}", *(NEEDS_PARAMETERS if params else ()))
+    calibrated = [p for p in requested if p in NEEDS_PARAMETERS]
+    if calibrated and params is None:
+        raise EvalConfigError(f"--policies {', '.join(calibrated)} need --artifact (policy parameters from "
+                              "`hybridspec fit`); without one: ar, full, static:N")
+    for name in requested:
+        try:
+            make_policy(name, draft_len, params)
+        except PolicyError as exc:
+            raise EvalConfigError(f"--policies: {exc}") from None
+    return ("ar", *(p for p in requested if p != "ar"))
+
+
+def draft_length(drafter: str | None) -> int:
+    """D of a drafter directory from its config.json (no weights read), or of a random drafter."""
+    if drafter in (None, "random"):
+        return RANDOM_DRAFT_LEN
+    return drafter_config_from_dict(read_config_json(Path(drafter)), str(drafter)).draft_len
+
+
+def first_mismatch(tokens: list[int], reference: list[int]) -> int | None:
+    """First index where the outputs differ (a shorter output differs where it ends); None if equal."""
+    for i, (a, b) in enumerate(zip(tokens, reference)):
+        if a != b:
+            return i
+    return None if len(tokens) == len(reference) else min(len(tokens), len(reference))
+
+
+class EvalPass:
+    """The eval pass for `run_pass`: one unit per (policy, prompt), `ar` first within each prompt."""
+
+    name = PASS
+
+    def __init__(self, store: Store, policies: tuple[str, ...], params: PolicyParameters | None, meta: dict | None,
+                 sampling: SamplingParams, draft_len: int):
+        self.store, self.names, self.parameters, self.meta = store, policies, params, meta
+        self.sampling, self.draft_len = sampling, draft_len
+
+    def params(self, ctx: PassContext) -> dict:
+        return {**ctx.base_params(), "policies": list(self.names), "max_new_tokens": ctx.config.new_tokens,
+                "artifact": self.meta["content_sha256"] if self.meta else None,
+                "temperature": self.sampling.temperature, "sampling_seed": self.sampling.seed,
+                "draft_len": self.draft_len, "warmup_generations_per_policy": 1}
+
+    def units(self, ctx: PassContext) -> list[Unit]:
+        return [Unit(f"policy={name}:prompt:{p.id}", (name, p)) for p in ctx.prompts for name in self.names]
+
+    def prepare(self, ctx: PassContext) -> None:
+        self.policies = {n: make_policy(n, self.draft_len, self.parameters, device=ctx.config.device)
+                         for n in self.names}
+        self.reference = {p: json.loads(ids) for p, ids in self.store.query(  # ar outputs of earlier processes
+            "SELECT prompt_id, token_ids FROM eval_requests WHERE run_id = ? AND policy = 'ar'", [ctx.run_id])}
+        for policy in self.policies.values():
+            self._generate(ctx, policy, ctx.prompts[0], min(WARMUP_TOKENS, ctx.config.new_tokens))
+
+    def _generate(self, ctx: PassContext, policy, prompt: PromptIds, new_tokens: int):
+        return ctx.session.engine.generate(list(prompt.ids), policy=policy, max_new_tokens=new_tokens,
+                                           sampling=self.sampling, eos_ids=ctx.session.eos_ids)
+
+    def collect(self, ctx: PassContext, item: tuple[str, PromptIds]) -> dict[str, list[dict]]:
+        name, prompt = item
+        result = self._generate(ctx, self.policies[name], prompt, ctx.config.new_tokens)
+        if name == "ar":
+            self.reference[prompt.id] = result.token_ids
+        compare = self.sampling.greedy and name != "ar"
+        key = {"run_id": ctx.run_id, "policy": name, "prompt_id": prompt.id}
+        request = {**key, "category": prompt.category, "prompt_tokens": len(prompt.ids),
+                   "emitted_tokens": result.decode_tokens, "rounds": len(result.rounds),
+                   "decode_seconds": result.decode_seconds, "mean_w": result.mean_verification_length,
+                   "mismatch_position": (first_mismatch(result.token_ids, self.reference[prompt.id]) if compare
+                                         else None),
+                   "finish_reason": result.finish_reason, "token_ids": json.dumps(result.token_ids)}
+        rounds = [{**key, "round_idx": i, "w0": r.w0, "u": r.u, "w": r.w, "accepted": r.accepted,
+                   "emitted": r.emitted, "truncated": r.truncated, "latency_us": microseconds(r.seconds["total"])}
+                  for i, r in enumerate(result.rounds)]
+        return {"eval_requests": [request], "eval_rounds": rounds}
+
+
+@dataclass
+class EvalResult:
+    run_id: str
+    summary: PassSummary
+    policies: tuple[str, ...]
+    greedy: bool  # outputs were compared with ar
+    prompts: int  # decoded prompts (requests per policy)
+    measured: pl.DataFrame  # offline.ESTIMATE_COLUMNS, from eval_requests (`est_seconds`: measured seconds)
+    mismatches: pl.DataFrame  # policy, prompt_id, mismatch_position of every output that differs from ar's
+    estimates: pl.DataFrame | None = None  # from offline_estimates, the eval's policies
+    comparison: pl.DataFrame | None = None  # offline.compare_with_measured
+    notes: list[str] = field(default_factory=list)
+
+
+def measured_from_store(store: Store, run_id: str, policies: list[str]) -> pl.DataFrame:
+    """Table 1 of an eval run (offline.ESTIMATE_COLUMNS): pooled over each category's requests, SR
+    against `ar` on the same prompts; `est_seconds` holds the measured decode seconds."""
+    sums = store.frame(
+        "SELECT e.policy, e.category, sum(e.rounds) AS rounds, sum(e.emitted_tokens) AS emitted, "
+        "sum(e.mean_w * e.rounds) AS w_sum, sum(e.decode_seconds) AS seconds, "
+        "sum(a.emitted_tokens) AS ref_emitted, sum(a.decode_seconds) AS ref_seconds "
+        "FROM eval_requests e JOIN eval_requests a ON a.run_id = e.run_id AND a.prompt_id = e.prompt_id "
+        "AND a.policy = 'ar' WHERE e.run_id = ? GROUP BY e.policy, e.category", [run_id])
+    return pooled_table(sums, policies)
+
+
+def measured_table(db: Path, run_name: str) -> pl.DataFrame:
+    """Table 1 (offline.ESTIMATE_COLUMNS) of the eval run `run_name` (eval's --name) in the store."""
+    with Store(db, read_only=True) as store:
+        run = store.run_row(run_id_for(run_name, PASS))
+        if run is None:
+            raise StoreError(f"{db}: no eval run named {run_name!r}")
+        return measured_from_store(store, run["run_id"], json.loads(run["params"])["policies"])
+
+
+def run_eval(config: EvalConfig, reporter: Reporter | None = None) -> EvalResult:
+    """Decode, record and summarise (module docstring)."""
+    params, meta = load_artifact(config.artifact) if config.artifact is not None else (None, None)
+    models = resolve_models(config)
+    draft_len = params.draft_len if params is not None else draft_length(models.drafter)
+    policies = resolve_policies(config.policies, draft_len, params)
+    if meta is not None and any(p in NEEDS_PARAMETERS for p in policies):
+        check_identity(meta, model_id=models.model_id, drafter_id=models.drafter_id or "", force=config.force,
+                       source=str(config.artifact))
+    check_writable(config.db)
+    prompt_file = Path(config.prompts) if config.prompts is not None else EMBEDDED / "prompts.jsonl"
+    backend = config.backend
+    if backend == "auto":  # stored with the run: resolved as `open_session` resolves it
+        backend = "triton" if config.device.startswith("cuda") else "torch"
+    with Store(config.db) as store:
+        store.check_name_free(config.name, PASS, 0, resume=config.resume, overwrite=config.overwrite)
+        prompts = load_prompts(prompt_file, split=config.split)
+        if not prompts:
+            raise EvalConfigError(f"{prompt_file}: no prompts of split {config.split!r}")
+        if config.quick:
+            prompts = subset_per_category(prompts, QUICK_PROMPTS_PER_CATEGORY)
+        codec = load_codec(Path(models.model)) if Path(models.model).is_dir() else None
+        ids = prompt_ids(prompts, codec, read_vocab_size(models.model), prompt_file)
+        session = open_session(models.model, models.drafter, need_drafter=len(policies) > 1, device=config.device,
+                               dtype=config.dtype, backend=backend, seed=config.seed,
+                               max_context=max(len(p.ids) for p in ids) + config.new_tokens + 2 * MAX_BLOCK)
+        ctx = PassContext(config, session, ids, _file_digest(prompt_file))
+        collector = EvalPass(store, policies, params, meta, SamplingParams(config.temperature, seed=config.seed),
+                             draft_len)
+        spec = RunSpec(name=config.name, pass_name=PASS, model_id=models.model_id, drafter_id=models.drafter_id,
+                       device=config.device, dtype=config.dtype, backend=backend, params=collector.params(ctx),
+                       versions=software_versions(), model=models.model, drafter=models.drafter)
+        with torch.no_grad():
+            summary = run_pass(store, ctx, collector, spec, 0, reporter or NullReporter())
+        result = EvalResult(summary.run_id, summary, policies, config.temperature == 0, len(ids),
+                            measured_from_store(store, summary.run_id, list(policies)),
+                            store.frame("SELECT policy, prompt_id, mismatch_position FROM eval_requests WHERE "
+                                        "run_id = ? AND mismatch_position IS NOT NULL ORDER BY policy, prompt_id",
+                                        [summary.run_id]))
+        _attach_estimates(store, result, params, meta, config)
+    return result
+
+
+def _attach_estimates(store: Store, result: EvalResult, params, meta, config: EvalConfig) -> None:
+    """Offline estimates of the campaign's capture run, committed once as a unit of the eval run."""
+    if params is None:
+        result.notes.append("no --artifact: no offline estimates")
+        return
+    if ESTIMATES_UNIT not in store.done_units(result.run_id):
+        try:
+            estimates = estimate_from_store(store, params, meta, campaign=config.name, source=str(config.artifact))
+        except (OfflineError, ArtifactError) as exc:
+            result.notes.append(f"no offline estimates: {exc}")
+            return
+        capture = run_id_for(config.name, "capture")
+        rows = [{"run_id": result.run_id, "capture_run_id": capture, **row} for row in estimates.iter_rows(named=True)]
+        store.commit_unit(result.run_id, ESTIMATES_UNIT, {"offline_estimates": rows})
+    stored = store.frame("SELECT policy, category, rounds, emitted, al, mean_w, est_seconds, tps, sr "
+                         "FROM offline_estimates WHERE run_id = ?", [result.run_id])
+    result.estimates = in_policy_order(stored.filter(pl.col("policy").is_in(list(result.policies))), result.policies)
+    result.comparison = compare_with_measured(result.estimates, result.measured)

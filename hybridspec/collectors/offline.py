@@ -1,0 +1,219 @@
+"""Offline policy evaluation (DESIGN A.2, A.9, A.10): every length policy replayed over the rounds of
+a capture run, with the artifact's cost model in place of a clock. No model is loaded.
+
+The capture run verifies all D draft tokens of every round, so each round's A_D, conf_i, h_i and
+new Layer-0 experts per draft position are known. A policy that chooses w on the round (M = w − 1
+draft tokens) accepts min(A_D, M) and emits min(A_D, M) + 1 tokens. The lengths come from the
+runtime's own rules (`runtime.policies`), applied round by round; the estimated latency of a round is
+
+    full, static:N, ratio, ratio4, nominal   C_tgt(w) + fixed
+    hybridspec                               C_tgt(w0) + fixed + s         (Stage 0 also ran d_{w0}; w0 < W)
+                                             + ΔL_c of Eq. 6 when the correction adds d_{w0}
+                                             (= C_tgt(w0+1) + fixed + η (n̄_all(w0|n) − n̄_all(w0)))
+    ar                                       the mean measured ar step of the campaign's fixed pass
+                                             (its w = 1 rows), one token per round
+
+A store whose fixed pass has no w = 1 rows (written before they existed) falls back to
+fixed + C_tgt(1), C_tgt(1) the quadratic through C_tgt(2…4) extrapolated (3 C(2) − 3 C(3) + C(4),
+floored at 0). That estimate is slow: the fixed cost was fitted on speculative rounds and includes
+the drafter's pass, which an ar step does not run, so every estimated SR is then biased upward.
+
+Truncation: rounds cut short by EOS or the output limit (`rounds.truncated`) are left out, as in the
+acceptance fit and ρ (A.9) — what they emit depends on where the cut fell, not on the length alone.
+The estimates describe untruncated rounds; measured runs also contain each request's last, shortened
+rounds, which weigh more the shorter the outputs. Every kept round counts once for every policy: the
+estimate is the pooled ratio Σ emitted / Σ latency over the same round states (A.2), not a
+simulation of the longer sequence of rounds a more cautious policy would run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import torch
+
+from ..artifacts.artifact import check_identity, load_artifact
+from ..artifacts.params import PolicyParameters
+from ..runtime.policies import NEEDS_PARAMETERS, Policy, make_policy
+from ..workbench.store import Store, run_id_for
+
+ESTIMATE_COLUMNS = ("policy", "category", "rounds", "emitted", "al", "mean_w", "est_seconds", "tps", "sr")
+AVERAGE = "all"  # the category of each policy's average row
+METRICS = ("al", "mean_w", "tps", "sr")
+
+
+class OfflineError(ValueError):
+    """A store or artifact the offline estimate cannot use; the message names the run."""
+
+
+@dataclass(frozen=True)
+class CapturedRounds:
+    """The untruncated rounds of a capture run: N rounds, draft position i in column i − 1."""
+
+    run_id: str
+    category: np.ndarray  # [N] str
+    accepted_full: np.ndarray  # [N] A_D
+    confidence: np.ndarray  # [N, D]
+    entropy: np.ndarray  # [N, D]
+    new_l0_experts: np.ndarray  # [N, D] new Layer-0 experts of d_i (−1: not recorded)
+
+
+def default_policies(draft_len: int) -> list[str]:
+    """ar, full, static:2 … static:W, then the calibrated policies."""
+    return ["ar", "full", *(f"static:{w}" for w in range(2, draft_len + 2)), *NEEDS_PARAMETERS]
+
+
+def find_capture_run(store: Store, campaign: str | None) -> dict:
+    """The `runs` row of campaign's capture run (None: the store's only capture run)."""
+    if campaign is None:
+        names = [n for (n,) in store.query("SELECT name FROM runs WHERE pass = 'capture' ORDER BY name")]
+        if len(names) != 1:
+            raise OfflineError(f"{store.path}: {len(names)} capture runs ({', '.join(names) or 'none'}); "
+                               "name the campaign")
+        campaign = names[0]
+    row = store.run_row(run_id_for(campaign, "capture"))
+    if row is None:
+        raise OfflineError(f"{store.path}: campaign {campaign!r} has no capture run")
+    return row
+
+
+def load_capture_rounds(store: Store, run_id: str, draft_len: int) -> CapturedRounds:
+    """Every untruncated, fully verified round of the run with its D draft positions."""
+    kept = "NOT r.truncated AND r.accepted_full IS NOT NULL"
+    rounds = store.query(f"SELECT r.prompt_id, r.round_idx, p.category, r.accepted_full FROM rounds r "
+                         f"JOIN prompts p USING (run_id, prompt_id) WHERE r.run_id = ? AND {kept} "
+                         "ORDER BY r.prompt_id, r.round_idx", [run_id])
+    if not rounds:
+        raise OfflineError(f"capture run {run_id} has no untruncated, fully verified rounds")
+    positions = store.query(f"SELECT d.prompt_id, d.round_idx, d.position, d.confidence, d.entropy, d.new_l0_experts "
+                            f"FROM draft_positions d JOIN rounds r USING (run_id, prompt_id, round_idx) "
+                            f"WHERE d.run_id = ? AND {kept}", [run_id])
+    index = {(prompt, idx): k for k, (prompt, idx, _, _) in enumerate(rounds)}
+    shape = (len(rounds), draft_len)
+    conf, ent, fresh = np.full(shape, np.nan), np.full(shape, np.nan), np.full(shape, -1, dtype=np.int64)
+    for prompt, idx, position, c, h, new in positions:
+        if not 1 <= position <= draft_len:
+            raise OfflineError(f"capture run {run_id}: draft position {position} outside 1…{draft_len} "
+                               "(the artifact's D)")
+        k = index[(prompt, idx)]
+        conf[k, position - 1], ent[k, position - 1] = c, h
+        fresh[k, position - 1] = -1 if new is None else new
+    if np.isnan(conf).any():
+        raise OfflineError(f"capture run {run_id}: some rounds lack draft positions (expected D = {draft_len})")
+    return CapturedRounds(run_id, np.array([r[2] for r in rounds]), np.array([r[3] for r in rounds]), conf, ent,
+                          fresh)
+
+
+def measured_ar_step(store: Store, campaign_run: dict) -> float | None:
+    """Mean latency (s) of the ar steps (w = 1) of the fixed pass of the capture run's campaign."""
+    (mean,), = store.query("SELECT avg(t.latency_us) FROM fixed_length_timings t JOIN runs r ON t.run_id = r.run_id "
+                           "WHERE r.name = ? AND r.pass = 'fixed' AND t.w = 1 AND NOT t.truncated",
+                           [campaign_run["name"]])
+    return None if mean is None else mean * 1e-6
+
+
+def ar_step_seconds(params: PolicyParameters, measured: float | None = None) -> float:
+    """The measured ar step when there is one, else fixed + C_tgt(1) (module docstring)."""
+    if measured is not None:
+        return measured
+    c = params.cost
+    one = 3 * c[2] - 3 * c[3] + c[4] if len(c) > 4 else c[2]
+    return params.fixed_cost + max(0.0, one)
+
+
+def replay(policy: Policy, rounds: CapturedRounds, params: PolicyParameters,
+           ar_step: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Executed length w [N] and estimated latency [N] (seconds) of `policy` on every captured round
+    (`ar_step`: the measured ar step, see `ar_step_seconds`)."""
+    n = len(rounds.accepted_full)
+    if not policy.speculative:
+        return np.ones(n, dtype=np.int64), np.full(n, ar_step_seconds(params, ar_step))
+    cost, fixed, W = params.cost, params.fixed_cost, policy.max_length
+    w, seconds = np.empty(n, dtype=np.int64), np.empty(n)
+    for r in range(n):
+        conf = torch.tensor(rounds.confidence[r], dtype=torch.float32)  # the drafter's dtype: stored exactly
+        w0, p_hat = policy.select(conf, torch.tensor(rounds.entropy[r], dtype=torch.float32))
+        w[r], seconds[r] = w0, cost[w0] + fixed
+        if policy.corrects_routing and w0 < W:  # u = w0 + 1: no kept round is cut, so w_rem = W
+            n_new = int(rounds.new_l0_experts[r, w0 - 1])  # n_new = U0(w0+1) − U0(w0): the experts d_{w0} adds
+            seconds[r] += params.s
+            if policy.expands(w0, p_hat, n_new):
+                w[r], seconds[r] = w0 + 1, seconds[r] + policy.added_latency(w0, n_new)
+    return w, seconds
+
+
+def pooled_table(sums: pl.DataFrame, policies: Sequence[str]) -> pl.DataFrame:
+    """Per-(policy, category) sums → ESTIMATE_COLUMNS (DESIGN A.10), each policy's AVERAGE row last.
+
+    `sums`: policy, category, rounds, emitted, w_sum, seconds, ref_emitted, ref_seconds (`ar` on the
+    same prompts or rounds). Pooled: TPS = Σ emitted / Σ seconds, SR = TPS / TPS of ar, AL = Σ emitted
+    / Σ rounds, mean w = Σ w / Σ rounds; AVERAGE: arithmetic means over categories (sums for rounds,
+    emitted, seconds)."""
+    tps = pl.col("emitted") / pl.col("seconds")
+    per = sums.select("policy", "category", pl.col("rounds").cast(pl.Int64), pl.col("emitted").cast(pl.Int64),
+                      al=pl.col("emitted") / pl.col("rounds"), mean_w=pl.col("w_sum") / pl.col("rounds"),
+                      est_seconds=pl.col("seconds").cast(pl.Float64), tps=tps,
+                      sr=tps / (pl.col("ref_emitted") / pl.col("ref_seconds")))
+    average = per.group_by("policy").agg(pl.lit(AVERAGE).alias("category"), pl.col("rounds", "emitted").sum(),
+                                         pl.col("al", "mean_w").mean(), pl.col("est_seconds").sum(),
+                                         pl.col("tps", "sr").mean())
+    return in_policy_order(pl.concat([per, average.select(per.columns)]), policies)
+
+
+def in_policy_order(frame: pl.DataFrame, policies: Sequence[str]) -> pl.DataFrame:
+    """Rows by policy in the given order, categories sorted, each policy's AVERAGE row last."""
+    rank = {name: i for i, name in enumerate(policies)}
+    return (frame.with_columns(_p=pl.col("policy").replace_strict(rank, return_dtype=pl.Int64),
+                               _a=pl.col("category") == AVERAGE)
+            .sort("_p", "_a", "category").drop("_p", "_a"))
+
+
+def estimate_from_store(store: Store, params: PolicyParameters, meta: dict, *, campaign: str | None = None,
+                        policies: Sequence[str] | None = None, source: str = "artifact") -> pl.DataFrame:
+    """`estimate_policies` on an open store (see there)."""
+    run = find_capture_run(store, campaign)
+    check_identity(meta, model_id=run["model_id"], drafter_id=run["drafter_id"] or "", source=source)
+    rounds = load_capture_rounds(store, run["run_id"], params.draft_len)
+    names = list(dict.fromkeys(policies)) if policies is not None else default_policies(params.draft_len)
+    measured = measured_ar_step(store, run)
+    step = ar_step_seconds(params, measured)
+    frames = []
+    for name in names:
+        w, seconds = replay(make_policy(name, params.draft_len, params), rounds, params, measured)  # PolicyError
+        emitted = np.minimum(rounds.accepted_full, w - 1) + 1  # R = min(A_D, M) + 1
+        frames.append(pl.DataFrame({"category": rounds.category, "w": w, "seconds": seconds, "emitted": emitted})
+                      .group_by("category").agg(pl.lit(name).alias("policy"), pl.len().alias("rounds"),
+                                                pl.col("emitted").sum(), pl.col("w").sum().alias("w_sum"),
+                                                pl.col("seconds").sum()))
+    sums = pl.concat(frames).with_columns(ref_emitted=pl.col("rounds"), ref_seconds=pl.col("rounds") * step)
+    return pooled_table(sums, names)
+
+
+def estimate_policies(db: Path, artifact_path: Path, *, campaign: str | None = None,
+                      policies: Sequence[str] | None = None) -> pl.DataFrame:
+    """Offline estimates (module docstring) of each policy on the capture run of `campaign` (None: the
+    store's only capture run) with the artifact's parameters. Columns ESTIMATE_COLUMNS: one row per
+    (policy, category) and per policy a category "all" row (sums of rounds, emitted, est_seconds;
+    arithmetic means over categories of al, mean_w, tps, sr). `policies` default: `default_policies`.
+    Raises OfflineError, ArtifactError (artifact invalid or fitted for another model), PolicyError."""
+    params, meta = load_artifact(artifact_path)
+    with Store(db, read_only=True) as store:
+        return estimate_from_store(store, params, meta, campaign=campaign, policies=policies,
+                                   source=str(artifact_path))
+
+
+def compare_with_measured(estimates: pl.DataFrame, measured: pl.DataFrame) -> pl.DataFrame:
+    """For each (policy, category) of both tables, in the measured table's order: `{m}_measured`,
+    `{m}_estimated` and `{m}_diff` (estimated − measured) for m in al, mean_w, tps, sr."""
+    keys = ["policy", "category"]
+    joined = (measured.with_row_index("_order").select("_order", *keys, *METRICS)
+              .join(estimates.select(*keys, *METRICS), on=keys, suffix="_estimated").sort("_order"))
+    columns = [keys[0], keys[1]]
+    for m in METRICS:
+        columns += [pl.col(m).alias(f"{m}_measured"), pl.col(f"{m}_estimated"),
+                    (pl.col(f"{m}_estimated") - pl.col(m)).alias(f"{m}_diff")]
+    return joined.select(columns)

@@ -1,0 +1,45 @@
+"""`hybridspec report`: diagnostics a person looks at (DESIGN B.1, B.3): the store (+ artifact,
++ eval runs) → one self-contained `index.html` with a plot and the numbers behind it per section,
+and a terminal summary.
+
+Every section is always there: one whose data is missing says what is missing and which command
+records it, instead of disappearing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .acceptance import acceptance_section, reliability_section
+from .costs import cost_section, dinkelbach_section, moe_section, routing_section, stage0_section
+from .html import page
+from .inputs import ReportError, open_inputs
+from .result import Figure, ReportResult, Section
+from .runs import lengths_section, metadata_section, policy_section
+from .terminal import summary
+
+STORE_SECTIONS = (reliability_section, acceptance_section, cost_section, stage0_section, moe_section,
+                  routing_section, dinkelbach_section, lengths_section)
+
+__all__ = ["Figure", "ReportError", "ReportResult", "Section", "build_report", "summary"]
+
+
+def build_report(db: Path, out: Path, *, artifact: Path | None = None, campaign: str | None = None) -> ReportResult:
+    """Write `out/index.html` from the store at `db` (read-only) and, when given, the artifact.
+
+    `campaign`: the calibration campaign (capture's `--name`); default: the newest capture
+    campaign. Raises `ReportError` for a missing store or unknown campaign, `ArtifactError` for an
+    invalid artifact (both ValueError)."""
+    artifact = Path(artifact) if artifact is not None else None
+    inputs = open_inputs(Path(db), artifact, campaign)
+    try:
+        sections = [build(inputs) for build in STORE_SECTIONS]
+        metadata = metadata_section(inputs)
+    finally:
+        inputs.store.close()
+    # the offline estimates open the store themselves: after this report's connection is closed
+    sections += [policy_section(inputs.db, artifact, inputs.campaign, inputs.eval_runs), metadata]
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = ReportResult(out / "index.html", inputs.db, inputs.campaign, artifact, sections)
+    result.path.write_text(page(result), encoding="utf-8")
+    return result

@@ -1,0 +1,152 @@
+"""What a report reads: the store (read-only), the campaign's runs by pass, the eval runs and the
+artifact. Every section builder takes one `ReportInputs` and reads through it.
+
+The campaign is the `--name` of `hybridspec capture`: its runs are found by (name, pass), as
+`fitters/campaign.py` finds them. Without a name the campaign of the newest capture run is used."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from ..artifacts.artifact import load_artifact
+from ..artifacts.params import PolicyParameters
+from ..workbench.store import Store, run_id_for
+
+CALIBRATION_PASSES = ("capture", "fixed", "stage0", "moe", "routing")
+HELD_OUT_EVERY = 5  # fit_campaign holds out every fifth calibration prompt (sorted ids), i % 5 == 4
+
+
+class ReportError(ValueError):
+    """A report that cannot be built (no such store, an unknown campaign); the message says which."""
+
+
+@dataclass
+class ReportInputs:
+    db: Path
+    store: Store
+    campaign: str | None
+    campaign_note: str  # how the campaign was chosen
+    runs: dict[str, dict] = field(default_factory=dict)  # pass → runs row of the campaign
+    eval_runs: list[dict] = field(default_factory=list)  # runs rows with pass = 'eval', oldest first
+    artifact_path: Path | None = None
+    params: PolicyParameters | None = None
+    meta: dict | None = None
+    cache: dict = field(default_factory=dict)  # what several sections read (capture_rounds)
+
+    def run_id(self, pass_name: str) -> str | None:
+        row = self.runs.get(pass_name)
+        return row["run_id"] if row else None
+
+    def has_table(self, table: str) -> bool:
+        return bool(self.store.query("SELECT count(*) FROM information_schema.tables WHERE table_name = ?",
+                                     [table])[0][0])
+
+    def frame(self, sql: str, args: list | None = None) -> pl.DataFrame:
+        return self.store.frame(sql, args)
+
+    def missing_pass(self, pass_name: str) -> str:
+        """The note of a section whose pass is absent, with the command that records it."""
+        return (f"no {pass_name} run in campaign {self.campaign!r} of {self.db}: run "
+                f"`hybridspec capture --db {self.db} --name {self.campaign} --passes {pass_name}`")
+
+    def missing_artifact(self, what: str) -> str:
+        return (f"no artifact given: {what} needs one (`hybridspec fit --db {self.db} --run {self.campaign} "
+                "--out A`, then report with --artifact A)")
+
+
+def open_inputs(db: Path, artifact: Path | None, campaign: str | None) -> ReportInputs:
+    """Open the store read-only, resolve the campaign and load (and validate) the artifact."""
+    db = Path(db)
+    if not db.is_file():
+        raise ReportError(f"--db {db}: no such store")
+    store = Store(db, read_only=True)
+    try:
+        campaign, note = _resolve_campaign(store, campaign)
+        runs = {}
+        for pass_name in CALIBRATION_PASSES:
+            row = store.run_row(run_id_for(campaign, pass_name)) if campaign else None
+            if row is not None:
+                runs[pass_name] = row
+        eval_runs = [store.run_row(run_id) for (run_id,) in
+                     store.query("SELECT run_id FROM runs WHERE pass = 'eval' ORDER BY started_at")]
+        params, meta = load_artifact(artifact) if artifact is not None else (None, None)
+    except BaseException:
+        store.close()
+        raise
+    return ReportInputs(db, store, campaign, note, runs, eval_runs, artifact, params, meta)
+
+
+def _resolve_campaign(store: Store, campaign: str | None) -> tuple[str | None, str]:
+    passes = ", ".join(f"'{p}'" for p in CALIBRATION_PASSES)
+    names = [n for (n,) in store.query(f"SELECT name FROM runs WHERE pass IN ({passes}) "
+                                       "GROUP BY name ORDER BY max(pass = 'capture') DESC, max(started_at) DESC")]
+    if campaign is not None:
+        if campaign not in names:
+            known = ", ".join(repr(n) for n in names) or "none"
+            raise ReportError(f"{store.path}: no calibration run named {campaign!r} (campaigns: {known})")
+        return campaign, f"campaign {campaign!r} (as asked)"
+    if not names:
+        return None, "no calibration runs in the store"
+    others = f"; others: {', '.join(repr(n) for n in names[1:])} (choose with --campaign)" if names[1:] else ""
+    return names[0], f"campaign {names[0]!r} (the newest capture campaign{others})"
+
+
+@dataclass
+class CaptureRounds:
+    """The capture rounds every acceptance fit uses: untruncated, fully verified (A_D known)."""
+
+    prompt_id: np.ndarray  # [N]
+    category: np.ndarray  # [N]
+    accepted_full: np.ndarray  # [N] A_D
+    confidence: np.ndarray  # [N, D] conf_i
+    entropy: np.ndarray  # [N, D] h_i
+
+    @property
+    def draft_len(self) -> int:
+        return self.confidence.shape[1]
+
+    def held_out(self) -> tuple[np.ndarray, str]:
+        """(mask [N], description): the fit's held-out rounds, every fifth prompt; all rounds if none."""
+        prompts = sorted(set(self.prompt_id.tolist()))
+        held = {p for i, p in enumerate(prompts) if i % HELD_OUT_EVERY == HELD_OUT_EVERY - 1}
+        mask = np.isin(self.prompt_id, list(held))
+        if mask.any():
+            return mask, (f"held-out rounds: {len(held)} of {len(prompts)} prompts (every fifth by id, "
+                          "as `hybridspec fit` held them out)")
+        return ~mask, f"training rounds: {len(prompts)} prompts are too few for the fit to hold any out"
+
+
+def capture_rounds(inputs: ReportInputs) -> CaptureRounds | None:
+    """The capture run's usable rounds with their draft positions (None without a capture run or
+    without such rounds); read once per report."""
+    if "capture" not in inputs.cache:
+        inputs.cache["capture"] = _read_capture_rounds(inputs)
+    return inputs.cache["capture"]
+
+
+def _read_capture_rounds(inputs: ReportInputs) -> CaptureRounds | None:
+    run_id = inputs.run_id("capture")
+    if run_id is None:
+        return None
+    rounds = inputs.frame(
+        "SELECT r.prompt_id, r.round_idx, r.accepted_full, p.category FROM rounds r JOIN prompts p "
+        "USING (run_id, prompt_id) WHERE r.run_id = ? AND NOT r.truncated AND r.accepted_full IS NOT NULL "
+        "ORDER BY r.prompt_id, r.round_idx", [run_id])
+    positions = inputs.frame(
+        "SELECT d.prompt_id, d.round_idx, d.position, d.confidence, d.entropy FROM draft_positions d "
+        "JOIN rounds r USING (run_id, prompt_id, round_idx) WHERE d.run_id = ? AND NOT r.truncated "
+        "AND r.accepted_full IS NOT NULL ORDER BY d.prompt_id, d.round_idx, d.position", [run_id])
+    if rounds.is_empty():
+        return None
+    D = int(positions["position"].max())
+    index = {key: k for k, key in enumerate(zip(rounds["prompt_id"], rounds["round_idx"]))}
+    rows = np.array([index[key] for key in zip(positions["prompt_id"], positions["round_idx"])])
+    conf, ent = np.zeros((len(rounds), D)), np.zeros((len(rounds), D))
+    conf[rows, positions["position"].to_numpy() - 1] = positions["confidence"].to_numpy()
+    ent[rows, positions["position"].to_numpy() - 1] = positions["entropy"].to_numpy()
+    return CaptureRounds(rounds["prompt_id"].to_numpy(), rounds["category"].to_numpy(),
+                         rounds["accepted_full"].to_numpy(), conf, ent)

@@ -1,0 +1,40 @@
+"""The terminal summary of a report: one row per section, then the policy table when present."""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.table import Table
+
+from .result import MISSING, PARTIAL, ReportResult
+
+STYLE = {MISSING: "red", PARTIAL: "yellow"}
+METRICS = (("al", "AL"), ("mean_w", "mean w"), ("tps", "TPS tok/s"), ("sr", "SR"))
+
+
+def summary(result: ReportResult) -> Group:
+    """Rich renderables: the section table and, when measured or estimated, the policy table."""
+    sections = Table("section", "status", "summary / what is missing", title=f"report → {result.path}",
+                     expand=False)
+    for s in result.sections:
+        style = STYLE.get(s.status, "green")
+        text = s.headline if s.status != MISSING else s.note
+        if s.status == PARTIAL and s.note:
+            text = f"{s.headline} [yellow]({s.note})[/]" if s.headline else s.note
+        sections.add_row(s.title, f"[{style}]{s.status}[/]", text)
+    parts = [sections]
+    policies = result.section("policies").tables.get("policies")
+    if policies is not None:
+        parts.append(_policy_table(policies.filter(policies["category"] == "all")))
+    return Group(*parts)
+
+
+def _policy_table(overall) -> Table:
+    """Category "all": one column per metric, `measured / estimated` when both are known."""
+    table = Table("policy", *(label for _, label in METRICS), title="policies, all categories (measured / estimated)")
+    for row in overall.iter_rows(named=True):
+        cells = []
+        for metric, _ in METRICS:
+            sides = [row[c] for c in (f"{metric}_measured", f"{metric}_estimated") if c in row] or [row[metric]]
+            cells.append(" / ".join(f"{v:.3g}" for v in sides))
+        table.add_row(row["policy"], *cells)
+    return table

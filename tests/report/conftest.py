@@ -1,0 +1,69 @@
+"""A small real campaign on the embedded default pair: every pass of `hybridspec capture --quick`
+(6 calibration prompts of 3 categories, 12 new tokens), `hybridspec fit`, then `eval --quick` of
+three policies (and ar) on 6 test prompts."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from hybridspec.cli import app
+from hybridspec.collectors.campaign import run_campaign
+from hybridspec.collectors.common import CaptureConfig
+from hybridspec.collectors.evaluate import EvalConfig, run_eval
+from hybridspec.runtime.session import EMBEDDED
+from hybridspec.workbench.store import Store, run_id_for
+
+CAMPAIGN = "t"
+CATEGORIES = ("code", "comment", "test")  # --quick keeps 2 prompts of each: the fit holds out the fifth
+POLICIES = ("full", "static:4", "hybridspec")
+
+
+def _prompt_file(path: Path) -> Path:
+    rows = []
+    for line in (EMBEDDED / "prompts.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if row["category"] in CATEGORIES:
+            rows.append(line)
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+@pytest.fixture(scope="session")
+def calibrated(tmp_path_factory) -> tuple[Path, Path]:
+    """(store, artifact) of a quick campaign named `t`, with its eval run."""
+    root = tmp_path_factory.mktemp("calibrated")
+    db, artifact, prompts = root / "store.duckdb", root / "policy.safetensors", _prompt_file(root / "prompts.jsonl")
+    run_campaign(CaptureConfig(prompts=prompts, db=db, name=CAMPAIGN, quick=True, max_new_tokens=12))
+    fitted = CliRunner().invoke(app, ["fit", "--db", str(db), "--run", CAMPAIGN, "--out", str(artifact)])
+    assert fitted.exit_code == 0, fitted.output
+    run_eval(EvalConfig(prompts=prompts, split="test", db=db, name=CAMPAIGN, artifact=artifact, policies=POLICIES,
+                        quick=True, max_new_tokens=12))
+    return db, artifact
+
+
+@pytest.fixture(scope="session")
+def report(calibrated, tmp_path_factory):
+    """`build_report` of the calibrated store with its artifact."""
+    from hybridspec.report import build_report
+
+    db, artifact = calibrated
+    return build_report(db, tmp_path_factory.mktemp("report"), artifact=artifact)
+
+
+@pytest.fixture(scope="session")
+def capture_only(calibrated, tmp_path_factory) -> Path:
+    """A copy of the calibrated store with nothing but its capture run."""
+    db = tmp_path_factory.mktemp("capture_only") / "store.duckdb"
+    shutil.copy(calibrated[0], db)
+    keep = run_id_for(CAMPAIGN, "capture")
+    with Store(db) as store:
+        tables = [t for (t,) in store.query("SELECT table_name FROM information_schema.columns "
+                                            "WHERE column_name = 'run_id' GROUP BY table_name")]
+        for table in tables:
+            store.con.execute(f"DELETE FROM {table} WHERE run_id <> ?", [keep])
+    return db
