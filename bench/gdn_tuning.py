@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as futures
 import dataclasses
+import datetime
 import json
 import multiprocessing
 import sys
@@ -200,7 +201,8 @@ def main(argv=None) -> int:
         del rot
 
     chosen = choose(rows)
-    result = dict(device=torch.cuda.get_device_name(), versions=gk.versions(), command=" ".join(sys.argv),
+    result = dict(device=torch.cuda.get_device_name(), date=datetime.datetime.now().isoformat(timespec="seconds"),
+                  versions=gk.versions(), command=" ".join(sys.argv),
                   launch_floor_us=launch, chosen=chosen, rows=rows)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gdn_tuning.json").write_text(json.dumps(result, indent=2))
@@ -229,7 +231,9 @@ def choose(rows: list[dict]) -> dict:
 
 
 def summary(result: dict) -> str:
-    lines = [f"# GDN kernel tuning on {result['device']}", "", f"30 empty launches in a graph: "
+    lines = [f"# GDN kernel tuning on {result['device']}", "",
+             f"date: {result.get('date')}  \ncommand: `{result['command']}`  \nversions: {json.dumps(result['versions'])}",
+             "", f"30 empty launches in a graph: "
              f"{result['launch_floor_us']:.1f} us", "", "| T | block_v | block_k | warps | key_dot | verify 30 layers (us) |",
              "|---|---|---|---|---|---|"]
     for T, t in result["chosen"]["verify"].items():

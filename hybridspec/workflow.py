@@ -94,10 +94,14 @@ class Server:
     def __init__(self, args: list[str], port: int, log: Path):
         self.port, self.log = port, log
         self.base = f"http://127.0.0.1:{port}"
-        self._log_file = open(log, "w")
         command = [sys.executable, "-m", "hybridspec", "serve", *args, "--port", str(port)]
-        self.proc = subprocess.Popen(command, stdout=self._log_file, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self._log_file = open(log, "w")
+        try:
+            self.proc = subprocess.Popen(command, stdout=self._log_file, stderr=subprocess.STDOUT,
+                                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        except OSError:
+            self._log_file.close()
+            raise
 
     def __enter__(self) -> "Server":
         import httpx
@@ -105,6 +109,7 @@ class Server:
         deadline = time.monotonic() + SERVER_START_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                self.stop()
                 raise RuntimeError(f"hybridspec serve exited with {self.proc.returncode}: "
                                    f"{self.log.read_text()[-2000:]}")
             try:
@@ -176,14 +181,11 @@ def _prompt_subset(path: Path, categories: int | None, out: Path) -> Path | None
         return None
     import json
 
-    lines, keep = path.read_text().splitlines(), []
-    for line in lines:
-        category = json.loads(line)["category"]
-        if category not in keep:
-            keep.append(category)
-    chosen = set(keep[:categories])
+    lines = path.read_text().splitlines()
+    line_categories = [json.loads(line)["category"] for line in lines]
+    chosen = set(list(dict.fromkeys(line_categories))[:categories])
     subset = out / "prompts.jsonl"
-    subset.write_text("".join(line + "\n" for line in lines if json.loads(line)["category"] in chosen))
+    subset.write_text("".join(line + "\n" for line, c in zip(lines, line_categories) if c in chosen))
     return subset
 
 

@@ -45,12 +45,16 @@ def _bins(prob: np.ndarray, label: np.ndarray) -> list[dict]:
              "observed": float(label[edges == b].mean())} for b in range(BINS) if (edges == b).any()]
 
 
+def _no_capture_rounds(inputs: ReportInputs) -> str:
+    return (inputs.missing_pass("capture") if inputs.run_id("capture") is None else
+            "the capture run has no untruncated, fully verified rounds")
+
+
 def reliability_section(inputs: ReportInputs) -> Section:
     section = Section("reliability", "1. Reliability of the acceptance estimates per draft position")
     rounds = capture_rounds(inputs)
     if rounds is None:
-        return section.missing(inputs.missing_pass("capture") if inputs.run_id("capture") is None else
-                               "the capture run has no untruncated, fully verified rounds")
+        return section.missing(_no_capture_rounds(inputs))
     mask, split = rounds.held_out()
     probs = estimates(rounds, inputs.params.acceptance if inputs.params else None)
     at_risk, labels = conditional_rows(rounds.accepted_full, rounds.draft_len)
@@ -90,8 +94,7 @@ def acceptance_section(inputs: ReportInputs) -> Section:
     section = Section("acceptance", "2. Acceptance by draft position and category")
     rounds = capture_rounds(inputs)
     if rounds is None:
-        return section.missing(inputs.missing_pass("capture") if inputs.run_id("capture") is None else
-                               "the capture run has no untruncated, fully verified rounds")
+        return section.missing(_no_capture_rounds(inputs))
     rows = []
     for category in [*sorted(set(rounds.category.tolist())), "all"]:
         a_d = rounds.accepted_full if category == "all" else rounds.accepted_full[rounds.category == category]

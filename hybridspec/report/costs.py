@@ -104,17 +104,28 @@ def _slope_section(section: Section, spec: SlopeSpec, samples: pl.DataFrame, slo
     return section
 
 
+def _timed_pass_section(inputs: ReportInputs, section: Section, pass_name: str, sql: str, spec: SlopeSpec,
+                        slope: float | None, diagnostics: dict) -> Section | None:
+    """The samples of `pass_name`'s run through `_slope_section`; None when the run or its rows are missing
+    (then `section` says so)."""
+    run_id = inputs.run_id(pass_name)
+    if run_id is None:
+        section.missing(inputs.missing_pass(pass_name))
+        return None
+    samples = inputs.frame(sql, [run_id])
+    if samples.is_empty():
+        section.missing(f"the {pass_name} run of campaign {inputs.campaign!r} has no samples")
+        return None
+    return _slope_section(section, spec, samples, slope, diagnostics)
+
+
 def stage0_section(inputs: ReportInputs) -> Section:
     section = Section("stage0", "4. Stage-0 latency against the Stage-0 tokens u (s)")
-    run_id = inputs.run_id("stage0")
-    if run_id is None:
-        return section.missing(inputs.missing_pass("stage0"))
-    samples = inputs.frame("SELECT u, latency_us FROM stage0_timings WHERE run_id = ? ORDER BY u, sample_idx",
-                           [run_id])
-    if samples.is_empty():
-        return section.missing(f"the stage0 run of campaign {inputs.campaign!r} has no samples")
     slope = inputs.params.s if inputs.params else None
-    _slope_section(section, STAGE0, samples, slope, (inputs.meta or {}).get("diagnostics", {}).get("s", {}))
+    diagnostics = (inputs.meta or {}).get("diagnostics", {}).get("s", {})
+    if _timed_pass_section(inputs, section, "stage0", "SELECT u, latency_us FROM stage0_timings WHERE run_id = ? "
+                           "ORDER BY u, sample_idx", STAGE0, slope, diagnostics) is None:
+        return section
     if slope is None:
         return section.partial(inputs.missing_artifact("the fitted slope s"))
     section.headline = f"s = {section.values['slope_us']:.2f} µs/token (R² {section.values['r2']:.3f})"
@@ -123,16 +134,11 @@ def stage0_section(inputs: ReportInputs) -> Section:
 
 def moe_section(inputs: ReportInputs) -> Section:
     section = Section("moe", "5. MoE layer latency against distinct experts (η)")
-    run_id = inputs.run_id("moe")
-    if run_id is None:
-        return section.missing(inputs.missing_pass("moe"))
-    samples = inputs.frame("SELECT n_distinct_experts AS experts, latency_us FROM moe_bench WHERE run_id = ? "
-                           "ORDER BY experts, sample_idx", [run_id])
-    if samples.is_empty():
-        return section.missing(f"the moe run of campaign {inputs.campaign!r} has no samples")
     slope = inputs.params.eta if inputs.params else None
     diagnostics = (inputs.meta or {}).get("diagnostics", {}).get("eta", {})
-    _slope_section(section, MOE, samples, slope, diagnostics)
+    if _timed_pass_section(inputs, section, "moe", "SELECT n_distinct_experts AS experts, latency_us FROM moe_bench "
+                           "WHERE run_id = ? ORDER BY experts, sample_idx", MOE, slope, diagnostics) is None:
+        return section
     section.values["fit_correlation"] = diagnostics.get("correlation")
     if slope is None:
         return section.partial(inputs.missing_artifact("the fitted slope η"))

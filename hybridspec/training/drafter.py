@@ -141,7 +141,6 @@ def train_drafter(drafter: DFlashDrafter, target, settings: DrafterSettings, tra
     With `distill_sequences`, the training data are the target's own greedy continuations of
     corpus prefixes (held-out prefixes for the held-out numbers) and blocks are anchored in them."""
     started = time.time()
-    corpus_train, corpus_held = train, held_out
     greedy_train = greedy_held = None
     if settings.distill_sequences:
         greedy_train = greedy_sequences(target, train, settings, device, settings.seed)
@@ -188,7 +187,7 @@ def train_drafter(drafter: DFlashDrafter, target, settings: DrafterSettings, tra
         if greedy:  # blocks anchored in the continuation: labels are exactly the target's greedy tokens
             loss, _ = loss_on(_batch(greedy_train, settings, gen).to(device), low=settings.distill_prefix - 1)
         else:
-            loss, _ = loss_on(_batch(corpus_train, settings, gen).to(device))
+            loss, _ = loss_on(_batch(train, settings, gen).to(device))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -200,7 +199,7 @@ def train_drafter(drafter: DFlashDrafter, target, settings: DrafterSettings, tra
     drafter.eval()
     held_gen = torch.Generator().manual_seed(99)
     with torch.no_grad():
-        loss, hit = loss_on(_batch(corpus_held, replace(settings, batch_size=16), held_gen).to(device))
+        loss, hit = loss_on(_batch(held_out, replace(settings, batch_size=16), held_gen).to(device))
         greedy_hit = None
         if greedy_held is not None:
             _, greedy_hit = loss_on(_batch(greedy_held, replace(settings, batch_size=16), held_gen).to(device),

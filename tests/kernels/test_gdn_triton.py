@@ -281,3 +281,43 @@ def test_commit_rejects_what_the_kernel_cannot_take(message):
     COMMIT_KERNEL_ERRORS[message](args)
     with pytest.raises(ValueError, match=re.escape(f"gdn_commit: {message}")):
         gdn_triton.gdn_commit(**args)
+
+
+# ---------------------------------------------------------------------------------------------
+# launch variants of bench/gdn_tuning.py: every code path of the kernels, not only the defaults
+# ---------------------------------------------------------------------------------------------
+
+VERIFY_VARIANTS = {
+    "range-ieee": gdn_triton.VerifyTuning(block_v=16, block_k=16, num_warps=2, key_dot="ieee"),
+    "unroll-tf32x3": gdn_triton.VerifyTuning(block_v=8, block_k=32, num_warps=2, key_dot="tf32x3", unroll=True),
+    "unroll-ieee-one-chunk": gdn_triton.VerifyTuning(block_v=32, block_k=128, num_warps=4, key_dot="ieee",
+                                                    unroll=True, num_stages=1),
+}
+
+
+@pytest.mark.parametrize("T", [2, 7, 16])
+@pytest.mark.parametrize("variant", VERIFY_VARIANTS)
+def test_verify_launch_variants_match_reference(variant, T, monkeypatch):
+    monkeypatch.setitem(gdn_triton.VERIFY_TUNING, T, VERIFY_VARIANTS[variant])
+    inputs = mixed_inputs(200 + T, T, **SHAPES["grouped"])
+    o_ref, z_ref, _ = reference.gdn_verify(**inputs)
+
+    o, z, _ = gdn_triton.gdn_verify(**inputs)
+
+    assert_close("o", o_ref, o, FP32_RATIO)
+    assert_close("z", z_ref, z, FP32_RATIO)
+
+
+@pytest.mark.parametrize("unroll", [False, True], ids=["loop-over-m", "unrolled-masked"])
+def test_commit_launch_variants_match_reference(unroll, monkeypatch):
+    T = 6
+    accepted = torch.randperm(T, generator=torch.Generator().manual_seed(5)) + 1  # every m in 1..T
+    monkeypatch.setattr(gdn_triton, "COMMIT_TUNING", gdn_triton.CommitTuning(block_v=8, num_warps=2, unroll=unroll))
+    S0, z, k, g_cum = layer_factors(T, accepted, **SHAPES["grouped"])
+    expected = S0.clone()
+    reference.gdn_commit(expected, z, k, g_cum, accepted)
+
+    states = S0.clone()
+    gdn_triton.gdn_commit(states, z, k, g_cum, accepted)
+
+    assert_close("states", expected, states, FP32_RATIO)
