@@ -40,7 +40,8 @@ class CampaignFit:
 
     def diagnostics(self) -> dict:
         return {"acceptance": self.metrics, "dinkelbach": self.iterations, "warnings": self.warnings,
-                "cost": {"coef": self.cost.coef_.tolist(), "conf_int": self.cost.conf_int_.tolist(), "r2": self.cost.r2_},
+                "cost": {"coef": self.cost.coef_.tolist(), "conf_int": self.cost.conf_int_.tolist(), "r2": self.cost.r2_,
+                         "constrained": self.cost.constrained_},
                 "s": {"slope": self.stage0.slope_, "conf_int": self.stage0.conf_int_, "r2": self.stage0.r2_},
                 "eta": {"slope": self.moe.slope_, "conf_int": self.moe.conf_int_, "r2": self.moe.r2_,
                         "correlation": self.moe.correlation_},

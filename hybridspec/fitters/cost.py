@@ -2,12 +2,16 @@
 and the slopes `s` (Stage-0 latency per token) and `η` (MoE latency per distinct expert).
 
 All by ordinary least squares (statsmodels), with confidence intervals and R²; a fit with
-R² < 0.9 or a slope that is not positive adds a warning."""
+R² < 0.9 or a slope that is not positive adds a warning. Verifying more tokens never takes less
+time, so where the unconstrained quadratic falls anywhere on [2, W] (stalled or noisy timings) the
+fit is redone by bounded least squares (scipy) over curves that are non-decreasing on [2, W] and
+positive at w = 2, with a warning: the selector then still ranks lengths sensibly and ρ converges."""
 
 from __future__ import annotations
 
 import numpy as np
 import statsmodels.api as sm
+from scipy.optimize import lsq_linear
 
 MIN_R2 = 0.9
 
@@ -22,8 +26,15 @@ class QuadraticCost:
             raise ValueError(f"quadratic cost fit needs at least 3 distinct lengths, got {sorted(set(w.tolist()))}")
         result = sm.OLS(latency, np.column_stack((np.ones_like(w), w, w * w))).fit()
         self.coef_, self.conf_int_, self.r2_ = result.params, result.conf_int(0.05), float(result.rsquared)
-        self.fixed_cost_ = float(self.coef_[0])
         self.warnings_ = []
+        self.constrained_ = not _rises(self.coef_, 2.0, float(w.max()))
+        if self.constrained_:
+            falls = np.round(_falling_at(self.coef_, 2.0, float(w.max())), 1)
+            self.coef_ = _monotone_fit(w, latency)
+            self.r2_ = float(1 - np.sum((latency - _curve(self.coef_, w)) ** 2) / np.sum((latency - latency.mean()) ** 2))
+            self.warnings_.append(f"C_tgt fit: the least-squares quadratic falls on w ∈ [{falls[0]}, {falls[1]}]; "
+                                  "refitted as non-decreasing (confidence intervals are the unconstrained fit's)")
+        self.fixed_cost_ = float(self.coef_[0])
         if self.r2_ < MIN_R2:
             self.warnings_.append(f"C_tgt fit: R² = {self.r2_:.3f} < {MIN_R2}")
         shortest, longest = self.cost(np.array([2.0, w.max()]))
@@ -43,6 +54,39 @@ class QuadraticCost:
         out = self.cost(np.arange(max_length + 1))
         out[:2] = 0.0
         return out
+
+
+def _curve(coef, w):
+    return coef[0] + coef[1] * w + coef[2] * w * w
+
+
+def _rises(coef, lo: float, hi: float) -> bool:
+    """a + b·w + c·w² non-decreasing on [lo, hi] (its derivative is linear: check both ends) and > 0."""
+    return coef[1] + 2 * coef[2] * lo >= 0 and coef[1] + 2 * coef[2] * hi >= 0 and _curve(coef, lo) > 0
+
+
+def _falling_at(coef, lo: float, hi: float) -> tuple[float, float]:
+    """The part of [lo, hi] where the derivative b + 2c·w is negative (or all of it)."""
+    if coef[2] == 0 or (coef[1] + 2 * coef[2] * lo < 0 and coef[1] + 2 * coef[2] * hi < 0):
+        return lo, hi
+    turn = -coef[1] / (2 * coef[2])
+    return (turn, hi) if coef[2] < 0 else (lo, turn)
+
+
+def _monotone_fit(w: np.ndarray, latency: np.ndarray) -> np.ndarray:
+    """(a, b, c) minimising the squared error over quadratics with L(lo) ≥ 0, L'(lo) ≥ 0, L'(hi) ≥ 0
+    (lo = 2, hi = max w): written as L(w) = p + u·(w − lo) + (v − u)·(w − lo)² / (2·(hi − lo)), with
+    p = L(lo), u = L'(lo), v = L'(hi) all bounded below by 0, that is a bounded linear least squares."""
+    lo, hi = 2.0, float(w.max())
+    x = w - lo
+    span = 2 * (hi - lo)
+    design = np.column_stack((np.ones_like(x), x - x * x / span, x * x / span))
+    scale = np.abs(design).max(axis=0)
+    p, u, v = lsq_linear(design / scale, latency, bounds=(0, np.inf), method="bvls").x / scale
+    c = (v - u) / span
+    b = u - 2 * c * lo
+    a = p - b * lo - c * lo * lo
+    return np.array([a, b, c])
 
 
 class Slope:

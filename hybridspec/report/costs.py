@@ -44,13 +44,16 @@ def cost_section(inputs: ReportInputs) -> Section:
         section.values = {"fixed_cost_ms": p.fixed_cost * 1e3, "r2": cost.get("r2")}
         if cost.get("coef"):  # latency = a + b·w + c·w² (seconds), 95 % intervals
             low, high = zip(*cost["conf_int"])
+            if cost.get("constrained"):  # the intervals are the unconstrained fit's: not shown beside this one
+                low = high = [float("nan")] * 3
             section.tables["fit"] = pl.DataFrame({"term": ["a (fixed)", "b · w", "c · w²"],
                                                   "coef_ms": [v * 1e3 for v in cost["coef"]],
                                                   "ci_low_ms": [v * 1e3 for v in low],
                                                   "ci_high_ms": [v * 1e3 for v in high]})
         W = p.draft_len + 1
         section.headline = (f"fixed {p.fixed_cost * 1e3:.2f} ms; C_tgt(2) {p.cost[2] * 1e3:.2f} ms → "
-                            f"C_tgt({W}) {p.cost[W] * 1e3:.2f} ms; R² {cost.get('r2', 0):.3f}")
+                            f"C_tgt({W}) {p.cost[W] * 1e3:.2f} ms; R² {cost.get('r2', 0):.3f}"
+                            + ("; refitted as non-decreasing (see the warnings)" if cost.get("constrained") else ""))
     else:
         section.partial(inputs.missing_artifact("the quadratic fit"))
     section.tables = {"per_length": table, **section.tables}

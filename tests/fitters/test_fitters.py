@@ -62,6 +62,47 @@ def test_flat_or_noisy_costs_warn():
     assert any("not positive" in m for m in falling.warnings_)
 
 
+def _sse(coef, w, y):
+    return float(np.sum((y - (coef[0] + coef[1] * w + coef[2] * w * w)) ** 2))
+
+
+def test_stalled_timings_refit_as_non_decreasing_and_rho_converges():
+    """A busy machine's quick fixed pass: rising latency, but stalled rounds at w = 6-8 and fast ones
+    at the long end bend the least-squares quadratic down (the shape that once stopped `fit`)."""
+    rng = np.random.default_rng(6)
+    w = np.repeat(np.array([2, 4, 6, 8, 10, 12, 14, 16.0]), 6)
+    latency = 11e-3 + 6e-4 * w + rng.normal(0, 2e-4, w.size)
+    latency[(w >= 6) & (w <= 8)] += 9e-3  # stalls
+    latency[w >= 14] -= 8e-3
+    unconstrained = np.polyfit(w, latency, 2)[::-1]
+    assert unconstrained[1] + 2 * unconstrained[2] * 16 < 0  # the plain fit does fall
+    cost = QuadraticCost().fit(w, latency)
+    assert cost.constrained_ and any("non-decreasing" in m for m in cost.warnings_)
+    grid = np.linspace(2, 16, 141)
+    assert np.all(np.diff(cost.fixed_cost_ + cost.cost(grid)) >= -1e-12)
+    # oracle: the plain fit is infeasible, so the optimum has L'(2) = 0, L'(16) = 0 or both (a constant);
+    # each is an equality-constrained least squares solved by substitution b = -2c·x
+    candidates = [np.array([latency.mean(), 0.0, 0.0])]
+    for x in (2.0, 16.0):
+        (a, c), *_ = np.linalg.lstsq(np.column_stack((np.ones_like(w), w * w - 2 * x * w)), latency, rcond=None)
+        candidates.append(np.array([a, -2 * x * c, c]))
+    feasible = [z for z in candidates if z[1] + 4 * z[2] >= -1e-12 and z[1] + 32 * z[2] >= -1e-12]
+    assert _sse(cost.coef_, w, latency) == pytest.approx(min(_sse(z, w, latency) for z in feasible), rel=1e-9)
+    # ρ converges on the refitted curve, and to a throughput between the shortest and longest length's
+    prefix = np.clip(rng.uniform(0.2, 1.0, (300, 15)).cumprod(axis=1), 0, 1)
+    rho, _ = dinkelbach(prefix, cost.table(16), cost.fixed_cost_, range(2, 17))
+    gain = expected_tokens(prefix)
+    assert rho >= max(gain[:, w0].sum() / (cost.table(16)[w0] + cost.fixed_cost_) / len(gain) for w0 in (2, 16)) - 1e-9
+
+
+def test_rising_costs_keep_the_least_squares_fit():
+    rng = np.random.default_rng(7)
+    w = np.repeat(np.arange(2, 17.0), 20)
+    latency = 8e-3 + 1e-4 * w - 2e-6 * w**2 + rng.normal(0, 1e-4, w.size)  # concave but rising on [2, 16]
+    cost = QuadraticCost().fit(w, latency)
+    assert not cost.constrained_ and cost.coef_ == pytest.approx(np.polyfit(w, latency, 2)[::-1], rel=1e-6)
+
+
 def test_routing_tables_follow_the_definition():
     rng = np.random.default_rng(5)
     D, k = 15, 2
