@@ -308,6 +308,47 @@ def test_verify_launch_variants_match_reference(variant, T, monkeypatch):
     assert_close("z", z_ref, z, FP32_RATIO)
 
 
+RECURRENT = {"recurrent-8x1": gdn_triton.VerifyTuning(block_v=8, num_warps=1, method="recurrent"),
+             "recurrent-32x4": gdn_triton.VerifyTuning(block_v=32, num_warps=4, method="recurrent")}
+
+
+@pytest.mark.parametrize("T", range(1, 17))
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("variant", RECURRENT)
+def test_recurrent_verify_matches_reference(variant, shape, T, monkeypatch):
+    """The state-space forward substitution gives the blocked kernel's o, z, g_cum at every length."""
+    monkeypatch.setitem(gdn_triton.VERIFY_TUNING, T, RECURRENT[variant])
+    inputs = mixed_inputs(300 + T, T, **SHAPES[shape])
+    state_before = inputs["state"].clone()
+    o_ref, z_ref, g_ref = reference.gdn_verify(**inputs)
+
+    o, z, g_cum = gdn_triton.gdn_verify(**inputs)
+
+    assert_close("o", o_ref, o, FP32_RATIO)
+    assert_close("z", z_ref, z, FP32_RATIO)
+    assert_close("g_cum", g_ref, g_cum, FP32_RATIO)
+    assert torch.equal(inputs["state"], state_before), "gdn_verify modified its state argument"
+
+
+@pytest.mark.parametrize("T", [1, 5, 16])
+def test_recurrent_verify_bf16_inputs_into_buffer_slices(T, monkeypatch):
+    monkeypatch.setitem(gdn_triton.VERIFY_TUNING, T, RECURRENT["recurrent-8x1"])
+    inputs = mixed_inputs(350 + T, T, dtype=torch.bfloat16, **SHAPES["grouped"])
+    inputs.update(g=inputs["g"].bfloat16(), beta=inputs["beta"].bfloat16())
+    widened = dict(inputs, **{name: inputs[name].float() for name in ("q", "k", "v", "g", "beta")})
+    o_ref, z_ref, g_ref = reference.gdn_verify(**widened)
+    B, _, HV, dv = inputs["v"].shape
+    z_buf, g_buf = torch.full((2, B, 16, HV, dv), float("nan")), torch.full((2, B, 16, HV), float("nan"))
+
+    o, z, g_cum = gdn_triton.gdn_verify(**inputs, z_out=z_buf[1, :, :T], g_out=g_buf[1, :, :T])
+
+    assert o.dtype == torch.bfloat16
+    assert_close("o (bf16)", o_ref, o, BF16_ROUNDING)
+    assert_close("z", z_ref, z_buf[1, :, :T], FP32_RATIO)
+    assert_close("g_cum", g_ref, g_buf[1, :, :T], FP32_RATIO)
+    assert z_buf[0].isnan().all() and z_buf[1, :, T:].isnan().all() and g_buf[1, :, T:].isnan().all()
+
+
 @pytest.mark.parametrize("unroll", [False, True], ids=["loop-over-m", "unrolled-masked"])
 def test_commit_launch_variants_match_reference(unroll, monkeypatch):
     T = 6

@@ -26,6 +26,13 @@ like binomial coefficients when keys align (beta ~ 1, decay ~ 1) and cancel: it 
 at T = 16 in fp32, where the blocked form (no power above the third) stays near 1e-7, like a
 triangular solve.
 
+`VerifyTuning(method="recurrent")` launches `_gdn_verify_recurrent_kernel` instead, over the same
+grid: Eq. 3 by forward substitution in state space. A program keeps BV rows of the running state in
+registers and walks the T tokens, two dk-long reductions per token, no T x T algebra and no padding
+to 16 tokens; the running state is never written back (only z, o and g_cum, as above). It is the
+short-window candidate: at T = 2 the blocked kernel spends most of its time in a chain of 16-token
+tiles that the recurrence does not have.
+
 `gdn_commit` is one launch for all L layers over a grid (L * B * HV, dv / BV): each program reads
 m = accepted[b] on the device and rewrites BV rows of one state in place by m rank-1 updates
 S_m = e^{g_m} S_0 + sum_{j <= m} e^{g_m - g_j} z_j k_j^T (no work for the rejected tokens).
@@ -178,6 +185,73 @@ def _gdn_verify_kernel(
 
 
 @triton.jit
+def _gdn_verify_recurrent_kernel(
+    q, k, v, g, beta, state, o, z, g_cum, scale,
+    stride_q_b, stride_q_t, stride_q_h,
+    stride_k_b, stride_k_t, stride_k_h,
+    stride_v_b, stride_v_t, stride_v_h,
+    stride_g_b, stride_g_t,
+    stride_beta_b, stride_beta_t,
+    stride_s_b, stride_s_h, stride_s_v,
+    stride_o_b, stride_o_t, stride_o_h,
+    stride_z_b, stride_z_t, stride_z_h,
+    stride_gc_b, stride_gc_t,
+    T: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, DK: tl.constexpr,
+    DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
+    """Eq. 3 by forward substitution in state space, the same z, o and g_cum as the blocked kernel.
+
+    A program keeps BV rows of the running state S_{i-1} in registers (never written back) and, per
+    token, z_i = beta_i (v_i - e^{gamma_i} S_{i-1} k_i), S_i = e^{gamma_i} S_{i-1} + z_i k_i^T,
+    o_i = S_i q_i: two dk-long reductions per token, no T x T algebra and no padding to 16 tokens.
+    The outputs are gathered into [BV, BT] tiles and stored once after the token loop: with no
+    store inside the loop, every token's loads may be issued before the first token's arithmetic."""
+    i_bh, i_v = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = (i_bh // HV).to(tl.int64), i_bh % HV
+    i_hk = i_h // GROUP
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_t = tl.arange(0, BT)
+    m_k, m_v, m_t = o_k < DK, o_v < DV, o_t < T
+    m_vk = m_v[:, None] & m_k[None, :]
+
+    p_s = state + i_b * stride_s_b + i_h * stride_s_h + o_v[:, None] * stride_s_v + o_k[None, :]
+    b_s = tl.load(p_s, mask=m_vk, other=0)  # rows of S_0 [BV, BK]
+    p_q = q + i_b * stride_q_b + i_hk * stride_q_h + o_k
+    p_k = k + i_b * stride_k_b + i_hk * stride_k_h + o_k
+    p_v = v + i_b * stride_v_b + i_h * stride_v_h + o_v
+    p_g = g + i_b * stride_g_b + i_h
+    p_beta = beta + i_b * stride_beta_b + i_h
+
+    b_o = tl.zeros([BV, BT], dtype=tl.float32)  # column i: o_i restricted to rows o_v
+    b_z = tl.zeros([BV, BT], dtype=tl.float32)
+    b_gc = tl.zeros([BT], dtype=tl.float32)
+    g_i = 0.0
+    for i in tl.static_range(T):
+        b_k = tl.load(p_k + i * stride_k_t, mask=m_k, other=0).to(tl.float32)  # k_i [BK]
+        b_q = tl.load(p_q + i * stride_q_t, mask=m_k, other=0).to(tl.float32) * scale
+        b_vi = tl.load(p_v + i * stride_v_t, mask=m_v, other=0).to(tl.float32)  # v_i [BV]
+        gamma = tl.load(p_g + i * stride_g_t).to(tl.float32)
+        b_beta = tl.load(p_beta + i * stride_beta_t).to(tl.float32)
+        g_i += gamma
+        b_s = b_s * tl.exp(gamma)
+        b_zi = b_beta * (b_vi - tl.sum(b_s * b_k[None, :], axis=1))  # [BV]
+        b_s += b_zi[:, None] * b_k[None, :]
+        b_oi = tl.sum(b_s * b_q[None, :], axis=1)  # [BV]
+        b_z = tl.where(o_t[None, :] == i, b_zi[:, None], b_z)
+        b_o = tl.where(o_t[None, :] == i, b_oi[:, None], b_o)
+        b_gc = tl.where(o_t == i, g_i, b_gc)
+
+    m_vt = m_v[:, None] & m_t[None, :]
+    p_o = o + i_b * stride_o_b + o_t[None, :] * stride_o_t + i_h * stride_o_h + o_v[:, None]
+    p_z = z + i_b * stride_z_b + o_t[None, :] * stride_z_t + i_h * stride_z_h + o_v[:, None]
+    tl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=m_vt)
+    tl.store(p_z, b_z, mask=m_vt)
+    if i_v == 0:
+        tl.store(g_cum + i_b * stride_gc_b + o_t * stride_gc_t + i_h, b_gc, mask=m_t)
+
+
+@triton.jit
 def _gdn_commit_kernel(
     states, z, k, g_cum, accepted, batch,
     stride_s_l, stride_s_b, stride_s_h, stride_s_v,
@@ -268,10 +342,15 @@ class VerifyTuning:
     key_dot: str = "ieee"  # precision of the dk-long products: "ieee" (fp32 FMA) or "tf32x3"
     unroll: bool = False  # a static loop over the dk chunks instead of a (software-pipelined) loop
     num_stages: int = 3
+    # "blocked": Eq. 3 by the short-solve identities over tokens padded to 16 (tensor-core products);
+    # "recurrent": forward substitution in state space per token (block_k, key_dot, unroll unused)
+    method: str = "blocked"
 
     def __post_init__(self):
         if self.key_dot not in ("ieee", "tf32x3", "tf32"):
             raise ValueError(f"VerifyTuning: key_dot={self.key_dot!r}, expected ieee, tf32x3 or tf32")
+        if self.method not in ("blocked", "recurrent"):
+            raise ValueError(f"VerifyTuning: method={self.method!r}, expected blocked or recurrent")
         for name in ("block_v", "block_k", "num_warps"):
             value = getattr(self, name)
             if value < 1 or value & (value - 1):
@@ -302,6 +381,15 @@ def _launch_verify(q, k, v, g, beta, state, scale, o, z, g_cum, tuning: VerifyTu
     B, T, HK, _ = q.shape
     HV, dv, dk = v.shape[2], v.shape[3], q.shape[3]
     grid = (B * HV, triton.cdiv(dv, tuning.block_v))
+    if tuning.method == "recurrent":
+        _gdn_verify_recurrent_kernel[grid](
+            q, k, v, g, beta, state, o, z, g_cum, float(scale),
+            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *g.stride()[:2], *beta.stride()[:2],
+            *state.stride()[:3], *o.stride()[:3], *z.stride()[:3], *g_cum.stride()[:2],
+            T=T, HV=HV, GROUP=HV // HK, DK=dk, DV=dv, BT=triton.next_power_of_2(T), BK=_key_block(dk),
+            BV=tuning.block_v, num_warps=tuning.num_warps, num_stages=tuning.num_stages,
+        )
+        return
     _gdn_verify_kernel[grid](
         q, k, v, g, beta, state, o, z, g_cum, float(scale),
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *g.stride()[:2], *beta.stride()[:2],
