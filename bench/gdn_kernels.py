@@ -9,7 +9,7 @@ as the model does) + commit the accepted state of every layer.
 
 Implementations, each with its native state layout (all four keep S as [HV, dv, dk] with dk
 contiguous, so no conversion is needed anywhere):
-  hybridspec            30 x `gdn_verify` (compact factors into round buffers) + 1 `gdn_commit`
+  hybridspec            30 x `gdn_verify_gated` (compact factors into round buffers) + 1 `gdn_commit`
   sglang_default        30 x `fused_sigmoid_gating_delta_rule_update` writing the per-token state
                         buffer (`intermediate_states_buffer`, cache_steps = w), then SGLang's
                         `fused_mamba_state_scatter_with_mask` copying step m-1 into the pool
@@ -22,9 +22,11 @@ contiguous, so no conversion is needed anywhere):
   fla_chunk             30 x fla `chunk_gated_delta_rule` over w tokens, then 30 x over the first
                         m tokens with output_final_state=True, copied into the state pool
   floor                 bytes that must move / device-to-device copy bandwidth of this run
-SGLang's kernels form g and beta from the raw gate inputs (a, b, A_log, dt_bias) and L2-normalise
-q and k themselves (use_qk_l2norm_in_kernel=True, as SGLang calls them); hybridspec and fla take
-normalised q, k and precomputed fp32 g, beta (their gating is outside the timed region).
+SGLang's kernels and ours form g and beta from the raw gate inputs (a, b, A_log, dt_bias) and
+L2-normalise q and k themselves inside the timed region (SGLang: use_qk_l2norm_in_kernel=True, as
+SGLang calls them; ours: `gdn_verify_gated`, as the runtime calls it). fla takes normalised q, k
+and precomputed fp32 g, beta (its gating is outside the timed region). Before 2026-12-01's third
+session ours also took precomputed gates (results up to then: gdn_verify, gating untimed).
 
 Timing: per (impl, w, m) ONE CUDA graph holding ROTATIONS = 4 rounds, each on its own input set
 and its own state pool (so consecutive rounds touch different memory: the 30 layers' states are
@@ -180,7 +182,9 @@ def oracle(p: Problem, m: int) -> tuple[Tensor, Tensor]:
 
 
 class HybridSpec:
-    """30 x gdn_verify writing z, g_cum into round buffers [L, B, T_max, ...], then one gdn_commit."""
+    """30 x gdn_verify_gated (norms and gates from the raw a, b inside the kernel, as SGLang's
+    kernel does) writing z, g_cum, normalised k into round buffers [L, B, T_max, ...], then one
+    gdn_commit."""
 
     def __init__(self, p: Problem, w: int, m: int):
         from hybridspec.kernels.gdn import triton as gdn
@@ -190,15 +194,17 @@ class HybridSpec:
         self.states = p.state.clone()  # [L, 1, HV, dv, dk]
         self.z = torch.empty(L, 1, T_MAX, HV, dv, device=p.v.device)  # [L, B, T_max, HV, dv]
         self.g_cum = torch.empty(L, 1, T_MAX, HV, device=p.v.device)  # [L, B, T_max, HV]
+        self.k = torch.empty(L, 1, T_MAX, *p.k.shape[3:], device=p.v.device)  # [L, B, T_max, HK, dk]
         self.accepted = torch.full((1,), m, dtype=torch.long, device=p.v.device)  # [B]
         self.o: list[Tensor] = []
 
     def round(self) -> None:
         p, w = self.p, self.w
-        self.o = [self.gdn.gdn_verify(p.q[l], p.k[l], p.v[l], p.g[l], p.beta[l], self.states[l],
-                                      p.scale, z_out=self.z[l, :, :w], g_out=self.g_cum[l, :, :w])[0]
+        self.o = [self.gdn.gdn_verify_gated(p.q[l], p.k[l], p.v[l], p.a[l, None], p.b[l, None], p.A_log[l],
+                                            p.dt_bias[l], self.states[l], p.scale, z_out=self.z[l, :, :w],
+                                            g_out=self.g_cum[l, :, :w], k_out=self.k[l, :, :w])[0]
                   for l in range(len(self.states))]
-        self.gdn.gdn_commit(self.states, self.z[:, :, :w], p.k, self.g_cum[:, :, :w], self.accepted)
+        self.gdn.gdn_commit(self.states, self.z[:, :, :w], self.k[:, :, :w], self.g_cum[:, :, :w], self.accepted)
 
     def outputs(self) -> Tensor:  # [L, w, HV, dv]
         return torch.stack(self.o)[:, 0]

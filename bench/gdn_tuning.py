@@ -5,7 +5,8 @@
 Setting as bench/gdn_kernels.py (30 GDN layers of Qwen3.6-35B-A3B, bf16 inputs, fp32 states).
 Verify-only and commit-only are timed separately, each as one CUDA graph of ROTATIONS rounds on
 their own inputs and state pools (median of --samples samples of --replays replays):
-  verify   30 x `_launch_verify` at T in SWEEP_LENGTHS, for every VerifyTuning of `verify_variants`
+  verify   30 x `_launch_verify` at T in SWEEP_LENGTHS, for every VerifyTuning of `verify_variants`,
+           gated as the runtime calls it (raw q, k, a, b; norms and gates inside the kernel)
   commit   1 x `_launch_commit` of all 30 layers at T = 16 with m in {1, 8, 16}, per CommitTuning
   launch   30 x an empty Triton kernel (the graph's per-launch floor)
 Every variant is first checked against float64 Eq. 1 with fp32 inputs (relative Frobenius error
@@ -81,24 +82,28 @@ class Buffers:
     o: torch.Tensor  # [L, 1, T, HV, dv]
     z: torch.Tensor  # [L, 1, 16, HV, dv]
     g_cum: torch.Tensor  # [L, 1, 16, HV]
+    k: torch.Tensor  # [L, 1, 16, HK, dk] normalised k written by the gated verify
 
 
 def buffers(T: int, dtype: torch.dtype, seed: int) -> Buffers:
     p = gk.make_problem(gk.QWEN36, T, dtype, seed, "cuda")
     _, _, _, HV, dv = p.v.shape
     return Buffers(p, p.state.clone(), torch.empty(L, 1, T, HV, dv, dtype=dtype, device="cuda"),
-                   torch.zeros(L, 1, 16, HV, dv, device="cuda"), torch.zeros(L, 1, 16, HV, device="cuda"))
+                   torch.zeros(L, 1, 16, HV, dv, device="cuda"), torch.zeros(L, 1, 16, HV, device="cuda"),
+                   torch.zeros(L, 1, 16, *p.k.shape[3:], device="cuda"))
 
 
 def verify_all(b: Buffers, T: int, tuning: gdn.VerifyTuning) -> None:
+    """The runtime's call: raw a, b and q, k in, norms and gates in the kernel (gdn_verify_gated)."""
     p = b.p
     for layer in range(L):
-        gdn._launch_verify(p.q[layer], p.k[layer], p.v[layer], p.g[layer], p.beta[layer], b.states[layer],
-                           p.scale, b.o[layer], b.z[layer, :, :T], b.g_cum[layer, :, :T], tuning)
+        gdn._launch_verify(p.q[layer], p.k[layer], p.v[layer], p.a[layer, None], p.b[layer, None], b.states[layer],
+                           p.scale, b.o[layer], b.z[layer, :, :T], b.g_cum[layer, :, :T], tuning,
+                           gates=(p.A_log[layer], p.dt_bias[layer]), k_out=b.k[layer, :, :T])
 
 
 def commit_all(b: Buffers, T: int, accepted: torch.Tensor, tuning: gdn.CommitTuning) -> None:
-    gdn._launch_commit(b.states, b.z[:, :, :T], b.p.k, b.g_cum[:, :, :T], accepted, tuning)
+    gdn._launch_commit(b.states, b.z[:, :, :T], b.k[:, :, :T], b.g_cum[:, :, :T], accepted, tuning)
 
 
 def check(T: int, verify: gdn.VerifyTuning, commit: gdn.CommitTuning, m: int) -> tuple[float, float]:

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
-from hybridspec.kernels.gdn import gdn_commit, gdn_recurrent, gdn_verify
+from hybridspec.kernels.gdn import gdn_commit, gdn_recurrent, gdn_verify, gdn_verify_gated
 from tests.tolerance import assert_close
 
 # awkward sizes: grouped value heads (HV = 2 HK) and plain multi-head (HV = HK)
@@ -46,6 +46,44 @@ def make_inputs(seed, B, T, HK, HV, dk, dv, regime="ordinary", dtype=torch.float
     state = torch.randn(B, HV, dv, dk, generator=gen)  # [B, HV, dv, dk]
     return dict(q=q.to(dtype), k=k.to(dtype), v=v.to(dtype), g=g, beta=beta, state=state,
                 scale=dk**-0.5)
+
+
+def raw_inputs(seed, B, T, HK, HV, dk, dv, dtype=torch.float32, a_range=(-6.0, 3.0)) -> dict:
+    """Arguments of gdn_verify_gated as a model layer has them: q, k of norms 0.3..5 (not
+    normalised), a uniform over a_range, b over -6..6, A_log and dt_bias per value head.
+    a_range=(-30, 30) mixes decays of ~1 and ~0 within a sequence and crosses softplus's
+    threshold of 20: there Eq. 10 in fp32 loses ~1e-5 against the recurrence (a property of the
+    block-parallel form, not of the gates), so that range is used to check the gates alone."""
+    gen = torch.Generator().manual_seed(seed)
+    norms = lambda: 0.3 + 4.7 * torch.rand(B, T, HK, 1, generator=gen)  # noqa: E731
+    q = F.normalize(torch.randn(B, T, HK, dk, generator=gen), dim=-1) * norms()
+    k = F.normalize(torch.randn(B, T, HK, dk, generator=gen), dim=-1) * norms()
+    v = torch.randn(B, T, HV, dv, generator=gen)
+    a = a_range[0] + (a_range[1] - a_range[0]) * torch.rand(B, T, HV, generator=gen)
+    b = -6.0 + 12.0 * torch.rand(B, T, HV, generator=gen)
+    A_log = (1 + 15 * torch.rand(HV, generator=gen)).log()
+    dt_bias = torch.expm1(1e-3 + 0.1 * torch.rand(HV, generator=gen)).log()
+    state = torch.randn(B, HV, dv, dk, generator=gen)
+    return dict(q=q.to(dtype), k=k.to(dtype), v=v.to(dtype), a=a.to(dtype), b=b.to(dtype), A_log=A_log,
+                dt_bias=dt_bias, state=state, scale=dk**-0.5)
+
+
+def gated_oracle(inputs: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(o, z, g_cum, k_hat) of gdn_verify_gated, all in float64: norms, gates, Eq. 1 step by step."""
+    q, k = (inputs[n].double() for n in "qk")
+    q_hat, k_hat = (x / (x * x).sum(-1, keepdim=True).add(1e-6).sqrt() for x in (q, k))
+    x = inputs["a"].double() + inputs["dt_bias"].double()
+    g = -inputs["A_log"].double().exp() * torch.where(x > 20, x, torch.log1p(torch.exp(x)))
+    beta = torch.sigmoid(inputs["b"].double())
+    group = inputs["v"].shape[2] // q.shape[2]
+    q_v, k_v = (x.repeat_interleave(group, dim=2) for x in (q_hat * inputs["scale"], k_hat))  # [B, T, HV, dk]
+    S, v, outputs, zs = inputs["state"].double(), inputs["v"].double(), [], []
+    for i in range(q.shape[1]):
+        S = g[:, i, :, None, None].exp() * S
+        zs.append(beta[:, i, :, None] * (v[:, i] - torch.einsum("bhvd,bhd->bhv", S, k_v[:, i])))
+        S = S + zs[-1][..., None] * k_v[:, i, :, None, :]
+        outputs.append(torch.einsum("bhvd,bhd->bhv", S, q_v[:, i]))
+    return torch.stack(outputs, 1), torch.stack(zs, 1), g.cumsum(1), k_hat
 
 
 def recurrent_prefix(inputs: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -211,6 +249,36 @@ def _largest_allocation(fn) -> int:
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
     return max((e.self_cpu_memory_usage for e in prof.events()), default=0)
+
+
+@pytest.mark.parametrize("T", [1, 5, 16])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_gated_verify_forms_norms_and_gates_like_the_model(shape, T):
+    inputs = raw_inputs(_seed(7, T), T=T, **SHAPES[shape])
+    o_ref, z_ref, g_ref, k_ref = gated_oracle(inputs)
+    k_out = torch.full(inputs["k"].shape, float("nan"))
+
+    o, z, g_cum = gdn_verify_gated(**inputs, k_out=k_out)
+
+    assert_close("o", o_ref, o, FP32_RATIO)
+    assert_close("z", z_ref, z, FP32_RATIO)
+    assert_close("g_cum", g_ref, g_cum, FP32_RATIO)
+    assert_close("k_out", k_ref, k_out, FP32_RATIO)
+
+
+def test_gates_across_decay_extremes_and_the_softplus_threshold():
+    """With T = 1, g_cum is the gate itself: each entry to fp32 accuracy, from a + dt_bias = -30
+    (decay ~ 1, softplus ~ 1e-13) through the threshold of 20 to 30 (decay ~ 0)."""
+    inputs = raw_inputs(_seed(8), B=64, T=1, HK=2, HV=8, dk=8, dv=8, a_range=(-30.0, 30.0))
+    _, _, g_ref, _ = gated_oracle(inputs)
+
+    _, _, g_cum = gdn_verify_gated(**inputs)
+
+    relative = ((g_cum.double() - g_ref) / g_ref).abs().max().item()
+    # a + dt_bias rounds to fp32 first: near |x| = 30 one ulp is 2e-6, and softplus ~ e^x inherits it
+    assert relative < FP32_RATIO, f"worst relative error of g: {relative:.2e}"
+    x = inputs["a"] + inputs["dt_bias"]
+    assert (x > 20).any() and (x < -20).any() and ((x > 19) & (x < 21)).any()
 
 
 def test_no_per_token_state_buffer():

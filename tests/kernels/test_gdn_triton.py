@@ -19,7 +19,9 @@ from tests.kernels.test_gdn_reference import (  # noqa: E402
     COMMIT_ERRORS,
     REGIMES,
     STEP_ERRORS,
+    gated_oracle,
     make_inputs,
+    raw_inputs,
     recurrent_prefix,
 )
 from tests.tolerance import assert_close  # noqa: E402
@@ -81,7 +83,7 @@ def layer_factors(T: int, accepted: torch.Tensor, dtype=torch.float32, **shape) 
 
 
 def test_signatures_match_reference():
-    for name in ("gdn_verify", "gdn_commit"):
+    for name in ("gdn_verify", "gdn_verify_gated", "gdn_commit"):
         assert (inspect.signature(getattr(gdn_triton, name))
                 == inspect.signature(getattr(reference, name))), f"{name} signatures differ"
 
@@ -347,6 +349,82 @@ def test_recurrent_verify_bf16_inputs_into_buffer_slices(T, monkeypatch):
     assert_close("z", z_ref, z_buf[1, :, :T], FP32_RATIO)
     assert_close("g_cum", g_ref, g_buf[1, :, :T], FP32_RATIO)
     assert z_buf[0].isnan().all() and z_buf[1, :, T:].isnan().all() and g_buf[1, :, T:].isnan().all()
+
+
+# ---------------------------------------------------------------------------------------------
+# verification from raw projections: norms and gates inside the kernels
+# ---------------------------------------------------------------------------------------------
+
+METHODS = {"blocked": None, **RECURRENT}  # None: the default VERIFY_TUNING (blocked kernels)
+
+
+def _with_method(monkeypatch, variant: str, T: int) -> None:
+    if METHODS[variant] is not None:
+        monkeypatch.setitem(gdn_triton.VERIFY_TUNING, T, METHODS[variant])
+
+
+@pytest.mark.parametrize("T", range(1, 17))
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("variant", ["blocked", "recurrent-8x1"])
+def test_gated_verify_matches_oracle(variant, shape, T, monkeypatch):
+    _with_method(monkeypatch, variant, T)
+    inputs = raw_inputs(400 + T, B=2, T=T, **SHAPES[shape])
+    o_ref, z_ref, g_ref, k_ref = gated_oracle(inputs)
+    k_out = torch.full(inputs["k"].shape, float("nan"))
+
+    o, z, g_cum = gdn_triton.gdn_verify_gated(**inputs, k_out=k_out)
+
+    assert_close("o", o_ref, o, FP32_RATIO)
+    assert_close("z", z_ref, z, FP32_RATIO)
+    assert_close("g_cum", g_ref, g_cum, FP32_RATIO)
+    assert_close("k_out", k_ref, k_out, FP32_RATIO)
+
+
+@pytest.mark.parametrize("variant", ["blocked", "recurrent-32x4"])
+def test_gated_verify_bf16_projections_into_round_buffers(variant, monkeypatch):
+    """bf16 q, k, v, a, b as the model has them; z, g_cum and the normalised k (bf16 cache) land
+    in slices of larger buffers, nothing outside them is touched."""
+    T = 6
+    _with_method(monkeypatch, variant, T)
+    inputs = raw_inputs(450, B=2, T=T, dtype=torch.bfloat16, **SHAPES["grouped"])
+    o_ref, z_ref, g_ref, k_ref = gated_oracle(inputs)  # from the same bf16 values, in float64
+    B, _, HK, dk = inputs["k"].shape
+    HV, dv = inputs["v"].shape[2:]
+    z_buf, g_buf = torch.full((2, B, 16, HV, dv), float("nan")), torch.full((2, B, 16, HV), float("nan"))
+    k_buf = torch.full((2, B, 16, HK, dk), float("nan"), dtype=torch.bfloat16)
+
+    o, _, _ = gdn_triton.gdn_verify_gated(**inputs, z_out=z_buf[1, :, :T], g_out=g_buf[1, :, :T],
+                                          k_out=k_buf[1, :, :T])
+
+    assert o.dtype == torch.bfloat16
+    assert_close("o (bf16)", o_ref, o, BF16_ROUNDING)
+    assert_close("z", z_ref, z_buf[1, :, :T], FP32_RATIO)
+    assert_close("g_cum", g_ref, g_buf[1, :, :T], FP32_RATIO)
+    assert_close("k_out (bf16)", k_ref, k_buf[1, :, :T], BF16_ROUNDING)
+    for buf in (z_buf, g_buf, k_buf):
+        assert buf[0].isnan().all() and buf[1, :, T:].isnan().all()
+
+
+@pytest.mark.parametrize("variant", ["blocked", "recurrent-8x1"])
+def test_gated_verify_gates_across_decay_extremes(variant, monkeypatch):
+    """T = 1: g_cum is the gate itself, to fp32 accuracy from a + dt_bias = -30 to 30."""
+    _with_method(monkeypatch, variant, 1)
+    inputs = raw_inputs(460, B=32, T=1, HK=2, HV=8, dk=8, dv=8, a_range=(-30.0, 30.0))
+    _, _, g_ref, _ = gated_oracle(inputs)
+
+    _, _, g_cum = gdn_triton.gdn_verify_gated(**inputs)
+
+    assert ((g_cum.double() - g_ref) / g_ref).abs().max().item() < FP32_RATIO
+
+
+def test_gated_verify_names_a_bad_gate_argument():
+    inputs = raw_inputs(470, B=1, T=3, **SHAPES["grouped"])
+    with pytest.raises(ValueError, match=re.escape("gdn_verify_gated: a has shape")):
+        gdn_triton.gdn_verify_gated(**dict(inputs, a=inputs["a"][:, :2]))
+    with pytest.raises(ValueError, match=re.escape("gdn_verify_gated: dt_bias has shape")):
+        gdn_triton.gdn_verify_gated(**dict(inputs, dt_bias=inputs["dt_bias"][:-1]))
+    with pytest.raises(ValueError, match=re.escape("gdn_verify_gated: k_out has shape")):
+        gdn_triton.gdn_verify_gated(**inputs, k_out=torch.empty(1, 3, 1, 1))
 
 
 @pytest.mark.parametrize("unroll", [False, True], ids=["loop-over-m", "unrolled-masked"])

@@ -66,8 +66,9 @@ def _check_heads(fn: str, hv: int, hk: int) -> None:
         raise ValueError(f"{fn}: HV={hv} value heads is not a multiple of HK={hk} key heads")
 
 
-def _check_step_inputs(fn, q, k, v, g, beta, state) -> tuple[int, int, int, int, int, int]:
-    """Validate the inputs of `gdn_recurrent` / `gdn_verify`; return (B, T, HK, HV, dk, dv)."""
+def _check_step_inputs(fn, q, k, v, g, beta, state, gate_names=("g", "beta")) -> tuple[int, int, int, int, int, int]:
+    """Validate the inputs of `gdn_recurrent` / `gdn_verify` (of `gdn_verify_gated` with its raw
+    gates a, b in place of g, beta); return (B, T, HK, HV, dk, dv)."""
     _check_ndim(fn, "q", q, "B, T, HK, dk")
     _check_ndim(fn, "k", k, "B, T, HK, dk")
     _check_ndim(fn, "v", v, "B, T, HV, dv")
@@ -78,8 +79,8 @@ def _check_step_inputs(fn, q, k, v, g, beta, state) -> tuple[int, int, int, int,
     _check_shape(fn, "k", k, "B, T, HK, dk", (B, T, HK, dk))
     _check_shape(fn, "v", v, "B, T, HV, dv", (B, T, HV, dv))
     _check_heads(fn, HV, HK)
-    _check_shape(fn, "g", g, "B, T, HV", (B, T, HV))
-    _check_shape(fn, "beta", beta, "B, T, HV", (B, T, HV))
+    _check_shape(fn, gate_names[0], g, "B, T, HV", (B, T, HV))
+    _check_shape(fn, gate_names[1], beta, "B, T, HV", (B, T, HV))
     _check_shape(fn, "state", state, "B, HV, dv, dk", (B, HV, dv, dk))
     _check_float32(fn, "state", state)
     return B, T, HK, HV, dk, dv
@@ -201,6 +202,52 @@ def gdn_verify(q, k, v, g, beta, state, scale, *, z_out=None, g_out=None) -> tup
     if g_out is not None:
         g_cum = g_out.copy_(g_cum)
     return _token_major(O).to(v.dtype), Z, g_cum
+
+
+# ---------------------------------------------------------------------------------------------
+# Verification from the raw projections: L2 norms and gates fused in (as the model calls it)
+# ---------------------------------------------------------------------------------------------
+
+L2_EPS = 1e-6  # q / sqrt(|q|^2 + eps), as transformers' Qwen3.5 GDN normalises q and k
+SOFTPLUS_THRESHOLD = 20.0  # softplus(x) = x above it (torch's and SGLang's default)
+
+
+def l2_normalize(x: Tensor, eps: float = L2_EPS) -> Tensor:
+    """x / sqrt(sum x^2 + eps) over the last dim, fp32."""
+    x = x.float()
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def gdn_gates(a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor) -> tuple[Tensor, Tensor]:
+    """(g, beta) fp32 [B, T, HV] from the raw gate inputs a, b [B, T, HV] and A_log, dt_bias [HV]:
+    g = -exp(A_log) softplus(a + dt_bias) (the log decay), beta = sigmoid(b)."""
+    x = a.float() + dt_bias.float()
+    g = -A_log.float().exp() * torch.nn.functional.softplus(x, threshold=SOFTPLUS_THRESHOLD)
+    return g, torch.sigmoid(b.float())
+
+
+def _check_gated_inputs(fn, q, k, v, a, b, A_log, dt_bias, state, k_out) -> tuple[int, ...]:
+    B, T, HK, HV, dk, dv = _check_step_inputs(fn, q, k, v, a, b, state, gate_names=("a", "b"))
+    _check_ndim(fn, "A_log", A_log, "HV")
+    _check_shape(fn, "A_log", A_log, "HV", (HV,))
+    _check_shape(fn, "dt_bias", dt_bias, "HV", (HV,))
+    if k_out is not None:
+        _check_shape(fn, "k_out", k_out, "B, T, HK, dk", (B, T, HK, dk))
+    return B, T, HK, HV, dk, dv
+
+
+def gdn_verify_gated(q, k, v, a, b, A_log, dt_bias, state, scale, *, z_out=None, g_out=None,
+                     k_out=None) -> tuple[Tensor, Tensor, Tensor]:
+    """`gdn_verify` from the layer's raw projections: q, k [B, T, HK, dk] are L2-normalised here
+    (`l2_normalize`) and g, beta formed from a, b [B, T, HV] and A_log, dt_bias [HV] (`gdn_gates`).
+    Returns (o, z, g_cum) as `gdn_verify`; k_out [B, T, HK, dk] (any float dtype), when given,
+    receives the normalised k, the commit's key factor."""
+    _check_gated_inputs("gdn_verify_gated", q, k, v, a, b, A_log, dt_bias, state, k_out)
+    k_hat = l2_normalize(k)
+    g, beta = gdn_gates(a, b, A_log, dt_bias)
+    if k_out is not None:
+        k_out.copy_(k_hat)
+    return gdn_verify(l2_normalize(q), k_hat, v, g, beta, state, scale, z_out=z_out, g_out=g_out)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -53,8 +53,10 @@ import triton.language as tl
 from torch import Tensor
 
 from hybridspec.kernels.gdn.reference import (
+    L2_EPS,
     _check_commit_inputs,
     _check_factor_outputs,
+    _check_gated_inputs,
     _check_step_inputs,
 )
 
@@ -95,9 +97,25 @@ def _inverse_unit_lower(b_a, T: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
-def _key_products(p_q, p_k, p_s, i_k, m_t, m_v, scale, b_ks, b_qs, b_kk, b_qk,
-                  DK: tl.constexpr, BKC: tl.constexpr, KEY_DOT: tl.constexpr):
-    """Add the dk chunk [i_k, i_k + BKC) to K S_0^T, Q S_0^T [BT, BV] and K K^T, Q K^T [BT, BT]."""
+def _log1p(y):
+    """log(1 + y), accurate for small y (the rounding of 1 + y cancels in log(u) y / (u - 1))."""
+    u = 1.0 + y
+    d = u - 1.0
+    return tl.where(d == 0.0, y, tl.log(u) * (y / tl.where(d == 0.0, 1.0, d)))
+
+
+@triton.jit
+def _log_decay(a, A_log, dt_bias):
+    """g = -exp(A_log) softplus(a + dt_bias), softplus(x) = x above SOFTPLUS_THRESHOLD (= 20)."""
+    x = a + dt_bias
+    return -tl.exp(A_log) * tl.where(x > 20.0, x, _log1p(tl.exp(tl.minimum(x, 20.0))))
+
+
+@triton.jit
+def _key_products(p_q, p_k, p_s, i_k, m_t, m_v, scale, b_ks, b_qs, b_kk, b_qk, b_q2, b_k2,
+                  DK: tl.constexpr, BKC: tl.constexpr, KEY_DOT: tl.constexpr, GATED: tl.constexpr):
+    """Add the dk chunk [i_k, i_k + BKC) to K S_0^T, Q S_0^T [BT, BV] and K K^T, Q K^T [BT, BT]
+    (GATED: also to the squared norms |q_i|^2, |k_i|^2 [BT] of the raw rows)."""
     o_k = i_k + tl.arange(0, BKC)
     m_k = o_k < DK
     m_tk = m_t[:, None] & m_k[None, :]
@@ -108,12 +126,15 @@ def _key_products(p_q, p_k, p_s, i_k, m_t, m_v, scale, b_ks, b_qs, b_kk, b_qk,
     b_qs += tl.dot(b_q, tl.trans(b_s), input_precision=KEY_DOT)
     b_kk += tl.dot(b_k, tl.trans(b_k), input_precision=KEY_DOT)
     b_qk += tl.dot(b_q, tl.trans(b_k), input_precision=KEY_DOT)
-    return b_ks, b_qs, b_kk, b_qk
+    if GATED:
+        b_q2 += tl.sum(b_q * b_q, axis=1)
+        b_k2 += tl.sum(b_k * b_k, axis=1)
+    return b_ks, b_qs, b_kk, b_qk, b_q2, b_k2
 
 
 @triton.jit
 def _gdn_verify_kernel(
-    q, k, v, g, beta, state, o, z, g_cum, scale,
+    q, k, v, g, beta, state, o, z, g_cum, scale, A_log, dt_bias, k_out,
     stride_q_b, stride_q_t, stride_q_h,
     stride_k_b, stride_k_t, stride_k_h,
     stride_v_b, stride_v_t, stride_v_h,
@@ -123,10 +144,15 @@ def _gdn_verify_kernel(
     stride_o_b, stride_o_t, stride_o_h,
     stride_z_b, stride_z_t, stride_z_h,
     stride_gc_b, stride_gc_t,
+    stride_ko_b, stride_ko_t, stride_ko_h,
     T: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, DK: tl.constexpr,
     DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     BKC: tl.constexpr, KEY_DOT: tl.constexpr, UNROLL: tl.constexpr,
+    GATED: tl.constexpr, WRITE_K: tl.constexpr, EPS: tl.constexpr,
 ):
+    """GATED: q, k are raw (normalised here through their row norms, which scale the products),
+    g and beta hold the raw a and b (gates formed here from A_log, dt_bias); WRITE_K: the normalised
+    k goes to k_out (by the dv block 0 program of the first value head of each key head)."""
     i_bh, i_v = tl.program_id(0), tl.program_id(1)
     i_b, i_h = (i_bh // HV).to(tl.int64), i_bh % HV
     i_hk = i_h // GROUP  # key head of this value head
@@ -139,6 +165,10 @@ def _gdn_verify_kernel(
     b_g = tl.load(g + i_b * stride_g_b + o_t * stride_g_t + i_h, mask=m_t, other=0).to(tl.float32)
     b_beta = tl.load(beta + i_b * stride_beta_b + o_t * stride_beta_t + i_h, mask=m_t,
                      other=0).to(tl.float32)
+    if GATED:  # raw a, b -> g, beta
+        b_g = tl.where(m_t, _log_decay(b_g, tl.load(A_log + i_h).to(tl.float32),
+                                       tl.load(dt_bias + i_h).to(tl.float32)), 0.0)
+        b_beta = tl.where(m_t, tl.sigmoid(b_beta), 0.0)
     b_gc = tl.cumsum(b_g, axis=0)  # g_i, cumulative log decay [BT]
 
     # K S_0^T, Q S_0^T [BT, BV] and k_i^T k_j, q_i^T k_j [BT, BT], accumulated over dk in BKC chunks
@@ -150,14 +180,32 @@ def _gdn_verify_kernel(
     b_qs = tl.zeros([BT, BV], dtype=tl.float32)
     b_kk = tl.zeros([BT, BT], dtype=tl.float32)
     b_qk = tl.zeros([BT, BT], dtype=tl.float32)
+    b_q2 = tl.zeros([BT], dtype=tl.float32)
+    b_k2 = tl.zeros([BT], dtype=tl.float32)
+    q_scale = 1.0 if GATED else scale  # GATED: scale goes in with the norm below
     if UNROLL:
         for i_k in tl.static_range(0, BK, BKC):
-            b_ks, b_qs, b_kk, b_qk = _key_products(p_q, p_k, p_s, i_k, m_t, m_v, scale, b_ks, b_qs, b_kk,
-                                                   b_qk, DK, BKC, KEY_DOT)
+            b_ks, b_qs, b_kk, b_qk, b_q2, b_k2 = _key_products(
+                p_q, p_k, p_s, i_k, m_t, m_v, q_scale, b_ks, b_qs, b_kk, b_qk, b_q2, b_k2, DK, BKC, KEY_DOT, GATED)
     else:
         for i_k in range(0, BK, BKC):
-            b_ks, b_qs, b_kk, b_qk = _key_products(p_q, p_k, p_s, i_k, m_t, m_v, scale, b_ks, b_qs, b_kk,
-                                                   b_qk, DK, BKC, KEY_DOT)
+            b_ks, b_qs, b_kk, b_qk, b_q2, b_k2 = _key_products(
+                p_q, p_k, p_s, i_k, m_t, m_v, q_scale, b_ks, b_qs, b_kk, b_qk, b_q2, b_k2, DK, BKC, KEY_DOT, GATED)
+    if GATED:  # q_i -> scale q_i / |q_i|, k_i -> k_i / |k_i|: rows and columns of the products
+        r_q = scale * tl.rsqrt(b_q2 + EPS)  # [BT]
+        r_k = tl.rsqrt(b_k2 + EPS)
+        b_ks = b_ks * r_k[:, None]
+        b_qs = b_qs * r_q[:, None]
+        b_kk = b_kk * (r_k[:, None] * r_k[None, :])
+        b_qk = b_qk * (r_q[:, None] * r_k[None, :])
+        if WRITE_K:
+            if (i_v == 0) & (i_h % GROUP == 0):
+                p_ko = k_out + i_b * stride_ko_b + o_t[:, None] * stride_ko_t + i_hk * stride_ko_h
+                for i_k in range(0, BK, BKC):
+                    o_k = i_k + tl.arange(0, BKC)
+                    m_tk = m_t[:, None] & (o_k < DK)[None, :]
+                    b_k = tl.load(p_k + o_k[None, :], mask=m_tk, other=0).to(tl.float32) * r_k[:, None]
+                    tl.store(p_ko + o_k[None, :], b_k.to(p_ko.dtype.element_ty), mask=m_tk)
 
     # decays e^{g_i - g_j}: the exponent is masked to -inf before exp where j > i (or j = i)
     b_diff = b_gc[:, None] - b_gc[None, :]  # [BT, BT]
@@ -186,7 +234,7 @@ def _gdn_verify_kernel(
 
 @triton.jit
 def _gdn_verify_recurrent_kernel(
-    q, k, v, g, beta, state, o, z, g_cum, scale,
+    q, k, v, g, beta, state, o, z, g_cum, scale, A_log, dt_bias, k_out,
     stride_q_b, stride_q_t, stride_q_h,
     stride_k_b, stride_k_t, stride_k_h,
     stride_v_b, stride_v_t, stride_v_h,
@@ -196,8 +244,10 @@ def _gdn_verify_recurrent_kernel(
     stride_o_b, stride_o_t, stride_o_h,
     stride_z_b, stride_z_t, stride_z_h,
     stride_gc_b, stride_gc_t,
+    stride_ko_b, stride_ko_t, stride_ko_h,
     T: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, DK: tl.constexpr,
     DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    GATED: tl.constexpr, WRITE_K: tl.constexpr, EPS: tl.constexpr,
 ):
     """Eq. 3 by forward substitution in state space, the same z, o and g_cum as the blocked kernel.
 
@@ -205,7 +255,8 @@ def _gdn_verify_recurrent_kernel(
     token, z_i = beta_i (v_i - e^{gamma_i} S_{i-1} k_i), S_i = e^{gamma_i} S_{i-1} + z_i k_i^T,
     o_i = S_i q_i: two dk-long reductions per token, no T x T algebra and no padding to 16 tokens.
     The outputs are gathered into [BV, BT] tiles and stored once after the token loop: with no
-    store inside the loop, every token's loads may be issued before the first token's arithmetic."""
+    store inside the loop, every token's loads may be issued before the first token's arithmetic.
+    GATED and WRITE_K as in `_gdn_verify_kernel`."""
     i_bh, i_v = tl.program_id(0), tl.program_id(1)
     i_b, i_h = (i_bh // HV).to(tl.int64), i_bh % HV
     i_hk = i_h // GROUP
@@ -227,12 +278,21 @@ def _gdn_verify_recurrent_kernel(
     b_z = tl.zeros([BV, BT], dtype=tl.float32)
     b_gc = tl.zeros([BT], dtype=tl.float32)
     g_i = 0.0
+    if GATED:
+        a_log, dt = tl.load(A_log + i_h).to(tl.float32), tl.load(dt_bias + i_h).to(tl.float32)
     for i in tl.static_range(T):
         b_k = tl.load(p_k + i * stride_k_t, mask=m_k, other=0).to(tl.float32)  # k_i [BK]
-        b_q = tl.load(p_q + i * stride_q_t, mask=m_k, other=0).to(tl.float32) * scale
+        b_q = tl.load(p_q + i * stride_q_t, mask=m_k, other=0).to(tl.float32)
         b_vi = tl.load(p_v + i * stride_v_t, mask=m_v, other=0).to(tl.float32)  # v_i [BV]
         gamma = tl.load(p_g + i * stride_g_t).to(tl.float32)
         b_beta = tl.load(p_beta + i * stride_beta_t).to(tl.float32)
+        if GATED:  # raw rows and gates
+            b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k, axis=0) + EPS)
+            b_q = b_q * (scale * tl.rsqrt(tl.sum(b_q * b_q, axis=0) + EPS))
+            gamma = _log_decay(gamma, a_log, dt)
+            b_beta = tl.sigmoid(b_beta)
+        else:
+            b_q = b_q * scale
         g_i += gamma
         b_s = b_s * tl.exp(gamma)
         b_zi = b_beta * (b_vi - tl.sum(b_s * b_k[None, :], axis=1))  # [BV]
@@ -249,6 +309,13 @@ def _gdn_verify_recurrent_kernel(
     tl.store(p_z, b_z, mask=m_vt)
     if i_v == 0:
         tl.store(g_cum + i_b * stride_gc_b + o_t * stride_gc_t + i_h, b_gc, mask=m_t)
+    if WRITE_K:
+        if (i_v == 0) & (i_h % GROUP == 0):
+            p_ko = k_out + i_b * stride_ko_b + i_hk * stride_ko_h + o_k
+            for i in tl.static_range(T):
+                b_k = tl.load(p_k + i * stride_k_t, mask=m_k, other=0).to(tl.float32)
+                b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k, axis=0) + EPS)
+                tl.store(p_ko + i * stride_ko_t, b_k.to(p_ko.dtype.element_ty), mask=m_k)
 
 
 @triton.jit
@@ -377,27 +444,26 @@ def _key_block(dk: int) -> int:
     return max(16, triton.next_power_of_2(dk))
 
 
-def _launch_verify(q, k, v, g, beta, state, scale, o, z, g_cum, tuning: VerifyTuning) -> None:
+def _launch_verify(q, k, v, g, beta, state, scale, o, z, g_cum, tuning: VerifyTuning, *, gates=None,
+                   k_out=None) -> None:
+    """gates = (A_log, dt_bias): q, k are raw and g, beta hold the raw a, b (`gdn_verify_gated`)."""
     B, T, HK, _ = q.shape
     HV, dv, dk = v.shape[2], v.shape[3], q.shape[3]
     grid = (B * HV, triton.cdiv(dv, tuning.block_v))
-    if tuning.method == "recurrent":
-        _gdn_verify_recurrent_kernel[grid](
-            q, k, v, g, beta, state, o, z, g_cum, float(scale),
+    A_log, dt_bias = gates if gates is not None else (g, g)  # unused pointers when not gated
+    k_store = k_out if k_out is not None else k
+    args = (q, k, v, g, beta, state, o, z, g_cum, float(scale), A_log, dt_bias, k_store,
             *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *g.stride()[:2], *beta.stride()[:2],
-            *state.stride()[:3], *o.stride()[:3], *z.stride()[:3], *g_cum.stride()[:2],
-            T=T, HV=HV, GROUP=HV // HK, DK=dk, DV=dv, BT=triton.next_power_of_2(T), BK=_key_block(dk),
-            BV=tuning.block_v, num_warps=tuning.num_warps, num_stages=tuning.num_stages,
-        )
+            *state.stride()[:3], *o.stride()[:3], *z.stride()[:3], *g_cum.stride()[:2], *k_store.stride()[:3])
+    shape = dict(T=T, HV=HV, GROUP=HV // HK, DK=dk, DV=dv, BK=_key_block(dk), BV=tuning.block_v,
+                 GATED=gates is not None, WRITE_K=k_out is not None, EPS=L2_EPS)
+    if tuning.method == "recurrent":
+        _gdn_verify_recurrent_kernel[grid](*args, **shape, BT=triton.next_power_of_2(T),
+                                           num_warps=tuning.num_warps, num_stages=tuning.num_stages)
         return
-    _gdn_verify_kernel[grid](
-        q, k, v, g, beta, state, o, z, g_cum, float(scale),
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *g.stride()[:2], *beta.stride()[:2],
-        *state.stride()[:3], *o.stride()[:3], *z.stride()[:3], *g_cum.stride()[:2],
-        T=T, HV=HV, GROUP=HV // HK, DK=dk, DV=dv, BT=BLOCK_T, BK=_key_block(dk),
-        BV=tuning.block_v, BKC=min(tuning.block_k, _key_block(dk)), KEY_DOT=tuning.key_dot,
-        UNROLL=tuning.unroll, num_warps=tuning.num_warps, num_stages=tuning.num_stages,
-    )
+    _gdn_verify_kernel[grid](*args, **shape, BT=BLOCK_T, BKC=min(tuning.block_k, _key_block(dk)),
+                             KEY_DOT=tuning.key_dot, UNROLL=tuning.unroll, num_warps=tuning.num_warps,
+                             num_stages=tuning.num_stages)
 
 
 def _launch_commit(states, z, k, g_cum, accepted, tuning: CommitTuning) -> None:
@@ -432,6 +498,30 @@ def gdn_verify(q, k, v, g, beta, state, scale, *, z_out=None, g_out=None) -> tup
     _check_layout(fn, dict(q=q, k=k, v=v, g=g, beta=beta, state=state, z_out=z, g_out=g_cum))
 
     _launch_verify(q, k, v, g, beta, state, scale, o, z, g_cum, VERIFY_TUNING.get(T, VerifyTuning()))
+    return o, z, g_cum
+
+
+def gdn_verify_gated(q, k, v, a, b, A_log, dt_bias, state, scale, *, z_out=None, g_out=None,
+                     k_out=None) -> tuple[Tensor, Tensor, Tensor]:
+    """Triton `reference.gdn_verify_gated`: `gdn_verify` from the raw projections in the same launch,
+    the L2 norms of q and k and the gates g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b)
+    formed inside the kernel. q, k [B, T, HK, dk] raw, v [B, T, HV, dv], a, b [B, T, HV] in bf16 or
+    fp32; A_log, dt_bias [HV] any float dtype; k_out [B, T, HK, dk] (when given) receives the
+    normalised k; the rest as `gdn_verify`."""
+    fn = "gdn_verify_gated"
+    B, T, HK, HV, dk, dv = _check_gated_inputs(fn, q, k, v, a, b, A_log, dt_bias, state, k_out)
+    _check_factor_outputs(fn, z_out, g_out, (B, T, HV, dv))
+    _check_sizes(fn, T, dk)
+    for name, x in dict(q=q, k=k, v=v, a=a, b=b).items():
+        _check_dtype(fn, name, x, INPUT_DTYPES)
+    o = torch.empty(B, T, HV, dv, dtype=v.dtype, device=v.device)
+    z = z_out if z_out is not None else torch.empty(B, T, HV, dv, device=v.device)
+    g_cum = g_out if g_out is not None else torch.empty(B, T, HV, device=v.device)
+    tensors = dict(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state=state, z_out=z, g_out=g_cum)
+    _check_layout(fn, tensors if k_out is None else dict(tensors, k_out=k_out))
+
+    _launch_verify(q, k, v, a, b, state, scale, o, z, g_cum, VERIFY_TUNING.get(T, VerifyTuning()),
+                   gates=(A_log, dt_bias), k_out=k_out)
     return o, z, g_cum
 
 

@@ -47,10 +47,11 @@ class PassOutput:
 
 
 def gdn_ops(backend: str) -> tuple[Callable, Callable]:
-    """(verify, commit) implementations of the GDN kernels for a backend. The Triton kernels are
-    specialised for verification lengths ≤ 16; longer prefill chunks use the reference."""
+    """(verify, commit) implementations of the GDN kernels for a backend: verify is
+    `gdn_verify_gated` (raw q, k, a, b in; norms and gates inside the kernel). The Triton kernels
+    are specialised for verification lengths ≤ 16; longer prefill chunks use the reference."""
     if backend == "torch":
-        return gdn_reference.gdn_verify, gdn_reference.gdn_commit
+        return gdn_reference.gdn_verify_gated, gdn_reference.gdn_commit
     if backend != "triton":
         raise ConfigError(f"unknown backend {backend!r} (torch or triton)")
     try:
@@ -58,9 +59,10 @@ def gdn_ops(backend: str) -> tuple[Callable, Callable]:
     except ImportError as exc:
         raise ConfigError(f"the triton backend needs triton ({exc})") from exc
 
-    def verify(q, k, v, g, beta, state, scale, *, z_out=None, g_out=None):
-        impl = gdn_triton.gdn_verify if q.shape[1] <= gdn_triton.MAX_TOKENS else gdn_reference.gdn_verify
-        return impl(q, k, v, g, beta, state, scale, z_out=z_out, g_out=g_out)
+    def verify(q, k, v, a, b, A_log, dt_bias, state, scale, *, z_out=None, g_out=None, k_out=None):
+        short = q.shape[1] <= gdn_triton.MAX_TOKENS
+        impl = gdn_triton.gdn_verify_gated if short else gdn_reference.gdn_verify_gated
+        return impl(q, k, v, a, b, A_log, dt_bias, state, scale, z_out=z_out, g_out=g_out, k_out=k_out)
 
     def commit(states, z, k, g_cum, accepted):
         impl = gdn_triton.gdn_commit if z.shape[2] <= gdn_triton.MAX_TOKENS else gdn_reference.gdn_commit
