@@ -29,6 +29,15 @@ class DrafterShape:
     intermediate_size: int = 512
     block_size: int = 16
 
+    def __post_init__(self):
+        if min(self.num_hidden_layers, self.num_attention_heads, self.num_key_value_heads,
+               self.intermediate_size) < 1 or self.block_size < 2:
+            raise ValueError(f"drafter shape: layers, heads and intermediate size must be >= 1 and "
+                             f"block_size >= 2 ({self})")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"drafter shape: {self.num_attention_heads} attention heads are not a multiple of "
+                             f"{self.num_key_value_heads} key-value heads")
+
 
 @dataclass(frozen=True)
 class DrafterSettings:
@@ -49,6 +58,17 @@ class DrafterSettings:
     distill_new_tokens: int = 0  # length of each greedy continuation; 0 → seq_len − distill_prefix
     distill_batch: int = 512
     distill_mix: float = 1.0  # share of training batches drawn from the greedy sequences (rest: corpus)
+
+    def __post_init__(self):
+        problems = [name for name, ok in (
+            ("steps >= 1", self.steps >= 1), ("batch_size >= 1", self.batch_size >= 1),
+            ("lr > 0", self.lr > 0), ("0 < position_decay <= 1", 0 < self.position_decay <= 1),
+            ("time_limit_s > 0", self.time_limit_s > 0), ("0 <= distill_mix <= 1", 0 <= self.distill_mix <= 1),
+            ("labels is 'target' or 'corpus'", self.labels in ("target", "corpus")),
+            ("distill_sequences >= 0", self.distill_sequences >= 0),
+            ("distill_prefix < seq_len", self.distill_prefix < self.seq_len)) if not ok]
+        if problems:
+            raise ValueError(f"drafter settings: need {', '.join(problems)}")
 
 
 def drafter_config(shape: DrafterShape, *, hidden_size: int, target_layers: int, vocab_size: int,
@@ -107,15 +127,19 @@ def target_features(target, ids: Tensor, layer_ids: tuple[int, ...]) -> tuple[Te
     return torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1), out.logits.argmax(-1)
 
 
-def greedy_sequences(target, stream: Tensor, settings: DrafterSettings, device: str, seed: int) -> Tensor:
+def greedy_sequences(target, stream: Tensor, settings: DrafterSettings, device: str, seed: int,
+                     stop_at: float | None = None) -> Tensor:
     """[N, seq_len] sequences: a corpus prefix of `distill_prefix` tokens, then the target's greedy
-    continuation. Blocks anchored in the continuation have exactly the target's greedy tokens as labels."""
+    continuation. Blocks anchored in the continuation have exactly the target's greedy tokens as labels.
+    After `stop_at` (a `time.time()` value) no further batch is started: N may be fewer."""
     from .target import windows
 
     gen = torch.Generator().manual_seed(seed)
     rows = []
     new_tokens = settings.distill_new_tokens or settings.seq_len - settings.distill_prefix
     for start in range(0, settings.distill_sequences, settings.distill_batch):
+        if rows and stop_at is not None and time.time() > stop_at:
+            break
         n = min(settings.distill_batch, settings.distill_sequences - start)
         prefix = windows(stream, n, settings.distill_prefix, gen).to(device)
         with torch.no_grad(), _autocast(device):
@@ -135,15 +159,19 @@ def _batch(data: Tensor, settings: DrafterSettings, gen: torch.Generator) -> Ten
 
 
 def train_drafter(drafter: DFlashDrafter, target, settings: DrafterSettings, train: Tensor, held_out: Tensor,
-                  device: str, log=print) -> dict:
+                  device: str, log=print, *, deadline: float | None = None) -> dict:
     """Trains `drafter` in place against the frozen HF `target`; returns the training record.
 
     With `distill_sequences`, the training data are the target's own greedy continuations of
-    corpus prefixes (held-out prefixes for the held-out numbers) and blocks are anchored in them."""
+    corpus prefixes (held-out prefixes for the held-out numbers) and blocks are anchored in them.
+    `deadline` (a `time.time()` value) shortens the time limit so the loop ends by then (the lr
+    schedule follows the shortened limit, so it still decays fully), and stops generating greedy
+    sequences once half the time to it has gone."""
     started = time.time()
     greedy_train = greedy_held = None
     if settings.distill_sequences:
-        greedy_train = greedy_sequences(target, train, settings, device, settings.seed)
+        stop_at = None if deadline is None else started + (deadline - started) / 2
+        greedy_train = greedy_sequences(target, train, settings, device, settings.seed, stop_at)
         greedy_held = greedy_sequences(target, held_out, replace(settings, distill_sequences=min(
             64, settings.distill_sequences)), device, settings.seed + 7)
         log(f"distillation data: {tuple(greedy_train.shape)} greedy sequences ({time.time() - started:.0f}s)")
@@ -157,6 +185,7 @@ def train_drafter(drafter: DFlashDrafter, target, settings: DrafterSettings, tra
     layer_ids = drafter.cfg.target_layer_ids
     drafter.train()
     start, step, history = time.time(), 0, []
+    time_limit = settings.time_limit_s if deadline is None else max(1.0, min(settings.time_limit_s, deadline - start))
 
     def loss_on(ids: Tensor, low: int = 1) -> tuple[Tensor, Tensor]:
         """Weighted block loss and top-1 agreement per position; blocks anchored at >= low."""
@@ -178,9 +207,9 @@ def train_drafter(drafter: DFlashDrafter, target, settings: DrafterSettings, tra
 
     while step < settings.steps:
         elapsed = time.time() - start
-        if elapsed > settings.time_limit_s:
+        if elapsed > time_limit:
             break
-        progress = max(step / settings.steps, elapsed / settings.time_limit_s)
+        progress = max(step / settings.steps, elapsed / time_limit)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, settings, progress)
         greedy = greedy_train is not None and torch.rand((), generator=gen).item() < settings.distill_mix
@@ -205,8 +234,11 @@ def train_drafter(drafter: DFlashDrafter, target, settings: DrafterSettings, tra
             _, greedy_hit = loss_on(_batch(greedy_held, replace(settings, batch_size=16), held_gen).to(device),
                                     low=settings.distill_prefix - 1)
     record = {"settings": asdict(settings), "steps_done": step, "seconds": round(time.time() - started, 1),
+              "time_limit_s": round(time_limit, 1),
+              "distill_sequences_done": 0 if greedy_train is None else greedy_train.shape[0],
               "held_out_loss": float(loss), "held_out_top1_by_position": [round(float(h), 4) for h in hit],
-              "held_out_greedy_top1_by_position": None if greedy_hit is None else [round(float(h), 4) for h in greedy_hit],
+              "held_out_greedy_top1_by_position": None if greedy_hit is None else [
+                  round(float(h), 4) for h in greedy_hit],
               "history": history, "parameters": sum(p.numel() for p in params)}
     log(f"drafter: {step} steps, held-out weighted loss {float(loss):.3f}, top-1 at positions 1..3 "
         f"{[round(float(h), 3) for h in hit[:3]]}")

@@ -6,6 +6,13 @@
 DIR gets `target/` (config.json, model.safetensors, tokenizer.json), `drafter/` (DFlash
 config.json, model.safetensors), `prompts.jsonl` and `training.json` (corpus, settings, losses).
 Run as `python -m hybridspec.training.embedded --out DIR [--recipe full|tiny] [--device cuda]`.
+
+    --target-dir T [--drafter-init D]   train only a drafter against the frozen target T (from D)
+    --drafter-set KEY=VALUE             override a DrafterSettings field (repeatable; applied last)
+    --drafter-shape KEY=VALUE           override a DrafterShape field of a fresh drafter (repeatable)
+    --wall-minutes M                    stop drafter training so the command ends within M minutes
+    --target-dir T --prompts-only       rebuild only DIR/prompts.jsonl (T's tokenizer, --stdlib's
+                                        held-out files): byte-identical to the training run's file
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ import argparse
 import json
 import platform
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import torch
@@ -59,6 +66,9 @@ RECIPES = {
 }
 
 
+WALL_RESERVE_S = 20.0  # of --wall-minutes, kept for what follows the drafter's training loop
+
+
 def token_stream(tokenizer, texts: list[str], eos_id: int) -> torch.Tensor:
     ids = []
     for encoding in tokenizer.encode_batch(texts, add_special_tokens=False):
@@ -73,12 +83,44 @@ def _save_target(model, directory: Path) -> None:
     model.float()
 
 
+def override(settings, assignments: list[str], option: str):
+    """`settings` (a frozen dataclass) with KEY=VALUE assignments applied, each value parsed as the
+    type of the field's default; an unknown key or a bad value names the option and the field."""
+    defaults = {f.name: type(f.default) for f in fields(settings)}
+    changes = {}
+    for assignment in assignments:
+        key, sep, text = assignment.partition("=")
+        if not sep:
+            raise ValueError(f"{option} {assignment!r}: expected KEY=VALUE")
+        if key not in defaults:
+            raise ValueError(f"{option} {assignment!r}: {type(settings).__name__} has no field {key!r} "
+                             f"(fields: {', '.join(defaults)})")
+        try:
+            changes[key] = _parse_value(text, defaults[key])
+        except ValueError:
+            raise ValueError(f"{option} {assignment!r}: {key} takes {defaults[key].__name__} values") from None
+    try:
+        return replace(settings, **changes)  # the dataclass validates the result
+    except ValueError as exc:
+        raise ValueError(f"{option}: {exc}") from None
+
+
+def _parse_value(text: str, kind: type):
+    if kind is bool:
+        if text.lower() not in ("true", "false"):
+            raise ValueError(text)
+        return text.lower() == "true"
+    return kind(text)
+
+
 def train_embedded(out: Path, recipe: Recipe, device: str, log=print, *, target_dir: Path | None = None,
-                   stdlib: Path | None = None, drafter_init: Path | None = None) -> dict:
+                   stdlib: Path | None = None, drafter_init: Path | None = None,
+                   deadline: float | None = None) -> dict:
     """Train the whole pair into `out`; with `target_dir`, reuse that trained target (and its
     tokenizer) and train only the drafter and the prompt set. `stdlib`: the standard-library
     folder to read instead of the running interpreter's; `drafter_init`: a drafter directory of this
-    target to continue training instead of a fresh one."""
+    target to continue training instead of a fresh one; `deadline` (a `time.time()` value): the
+    drafter's training loop ends by then, whatever its time limit."""
     out = Path(out)
     (out / "target").mkdir(parents=True, exist_ok=True)
     started = time.time()
@@ -104,6 +146,8 @@ def train_embedded(out: Path, recipe: Recipe, device: str, log=print, *, target_
 
         target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).to(device).eval()
         target_record = {"reused": str(target_dir)}
+        shape = replace(shape, hidden_size=target.config.hidden_size,  # the reused target's, not the recipe's
+                        num_hidden_layers=target.config.num_hidden_layers)
     for p in target.parameters():
         p.requires_grad_(False)
 
@@ -121,7 +165,7 @@ def train_embedded(out: Path, recipe: Recipe, device: str, log=print, *, target_
     else:
         drafter = DFlashDrafter(dcfg, target.get_input_embeddings(), target.get_output_embeddings()).to(device)
         _init_drafter(drafter)
-    drafter_record = train_drafter(drafter, target, recipe.drafter_train, train, held, device, log)
+    drafter_record = train_drafter(drafter, target, recipe.drafter_train, train, held, device, log, deadline=deadline)
     save_drafter(drafter, out / "drafter", num_target_layers=shape.num_hidden_layers, dtype=torch.bfloat16)
 
     prompts = build_prompt_set(corpus, lambda t: tokenizer.encode(t, add_special_tokens=False).ids,
@@ -163,7 +207,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompts-only", action="store_true", help="with --target-dir: only write prompts.jsonl")
     parser.add_argument("--stdlib", type=Path, help="standard-library folder to read (default: this interpreter's)")
     parser.add_argument("--drafter-init", type=Path, help="with --target-dir: continue training this drafter")
+    parser.add_argument("--drafter-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a DrafterSettings field, e.g. distill_mix=1.0 (repeatable; applied last)")
+    parser.add_argument("--drafter-shape", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a DrafterShape field of a fresh drafter, e.g. num_hidden_layers=4 (repeatable)")
+    parser.add_argument("--wall-minutes", type=float,
+                        help="stop drafter training so that this command ends within this many minutes")
     args = parser.parse_args(argv)
+    started = time.time()
     recipe = RECIPES[args.recipe]
     if args.target_minutes:
         recipe = replace(recipe, target_train=replace(recipe.target_train, time_limit_s=60 * args.target_minutes))
@@ -181,12 +232,22 @@ def main(argv: list[str] | None = None) -> None:
         d = recipe.drafter_train
         recipe = replace(recipe, drafter_train=replace(d, seed=d.seed + 1, lr=d.lr / 2,
                                                        distill_sequences=2 * d.distill_sequences))
+        if args.drafter_shape:
+            parser.error("--drafter-shape cannot reshape a drafter continued from --drafter-init")
+    try:
+        recipe = replace(recipe, drafter=override(recipe.drafter, args.drafter_shape, "--drafter-shape"),
+                         drafter_train=override(recipe.drafter_train, args.drafter_set, "--drafter-set"))
+    except ValueError as exc:
+        parser.error(str(exc))
+    # the final held-out evaluation, saving and the prompt set take well under WALL_RESERVE_S
+    deadline = started + 60 * args.wall_minutes - WALL_RESERVE_S if args.wall_minutes else None
     train_embedded(args.out, recipe, args.device, log=lambda m: print(m, flush=True), target_dir=args.target_dir,
-                   stdlib=args.stdlib, drafter_init=args.drafter_init)
+                   stdlib=args.stdlib, drafter_init=args.drafter_init, deadline=deadline)
 
 
 def write_prompts(out: Path, target_dir: Path, recipe: Recipe, *, stdlib: Path | None = None) -> int:
-    """The prompt set alone, from this interpreter's corpus and the target's tokenizer."""
+    """The prompt set alone, as `train_embedded` writes it: the held-out files of `stdlib` (default:
+    this interpreter's standard library), the target's tokenizer, the recipe's counts and seed."""
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(Path(target_dir) / "tokenizer.json"))

@@ -14,6 +14,7 @@ from hybridspec.runtime.session import open_session
 from hybridspec.training.corpus import build_corpus, is_held_out
 from hybridspec.training.drafter import block_logits
 from hybridspec.training.embedded import RECIPES, train_embedded
+from hybridspec.training.prompts import CATEGORIES
 from hybridspec.workbench.prompts import load_prompts
 from tests.tolerance import assert_close
 
@@ -42,9 +43,9 @@ def test_tiny_recipe_prompt_set_validates(tiny_pair):
     out, _ = tiny_pair
     prompts = load_prompts(out / "prompts.jsonl")
     per = RECIPES["tiny"].prompts_per_category
-    assert len(prompts) == 5 * per
+    assert len(prompts) == len(CATEGORIES) * per
     assert {p.split for p in prompts} == {"calib", "test"}
-    assert len(load_prompts(out / "prompts.jsonl", split="calib")) == 5 * (per // 2)
+    assert len(load_prompts(out / "prompts.jsonl", split="calib")) == len(CATEGORIES) * (per // 2)
 
 
 def test_held_out_split_is_by_file_and_deterministic():
