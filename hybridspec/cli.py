@@ -81,10 +81,21 @@ def _print_summary(summary: dict) -> None:
 def demo(
     out: Annotated[Path, typer.Option("--out", help="Folder for the store, the artifact, the server log and the report.")] = Path("demo"),
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1, help="Of the one served request.")] = 48,
+    threads: Annotated[Optional[int], typer.Option("--threads", min=1, help="CPU threads of torch in every step and the server (default: OMP_NUM_THREADS, else 1).")] = None,
 ) -> None:
     """The whole workflow on the embedded default: capture (quick) → fit → eval → serve + one request → report."""
+    import os
+
+    import torch
+
     from .workflow import DemoConfig, run_demo_workflow
 
+    # one thread unless told otherwise: on small CPUs a thread team that waits for a descheduled
+    # member stalls rounds of the fixed pass, and calibration and eval must share the thread count
+    count = threads or int(os.environ.get("OMP_NUM_THREADS") or 1)
+    os.environ["OMP_NUM_THREADS"] = str(count)  # the server process inherits it
+    torch.set_num_threads(count)
+    console.print(f"torch CPU threads: {count} (--threads or OMP_NUM_THREADS to change)")
     try:
         run_demo_workflow(DemoConfig(out=out, max_new_tokens=max_new_tokens), console)
     except (ValueError, RuntimeError) as exc:  # config, store, fit, artifact and server errors name what failed

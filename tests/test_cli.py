@@ -84,3 +84,24 @@ def test_default_model_is_the_embedded_pair_with_text():
     assert out["random_weights"] is False and out["model"].endswith("embedded/target")
     ar = _json(["--prompt", "def add(a, b):\n    return", "--policy", "ar", "--max-new-tokens", "12"])
     assert out["token_ids"] == ar["token_ids"] and out["text"] == ar["text"] and out["text"]
+
+
+@pytest.mark.parametrize(("env", "flag", "expected"), [(None, [], 1), ("3", [], 3), ("3", ["--threads", "2"], 2)])
+def test_demo_sets_one_thread_count_for_every_step_and_the_server(monkeypatch, tmp_path, env, flag, expected):
+    import os
+
+    import torch
+
+    import hybridspec.workflow as workflow
+
+    monkeypatch.setenv("OMP_NUM_THREADS", env or "")  # records the variable's state for the undo
+    if env is None:
+        monkeypatch.delenv("OMP_NUM_THREADS")
+    seen = {}
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: seen.setdefault("torch", n))
+    monkeypatch.setattr(workflow, "run_demo_workflow",
+                        lambda config, console: seen.update(env=os.environ["OMP_NUM_THREADS"], out=config.out))
+    result = runner.invoke(app, ["demo", "--out", str(tmp_path / "d"), *flag])
+    assert result.exit_code == 0, result.output
+    assert seen == {"torch": expected, "env": str(expected), "out": tmp_path / "d"}
+    assert f"torch CPU threads: {expected}" in result.output
