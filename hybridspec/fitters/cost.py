@@ -27,12 +27,12 @@ class QuadraticCost:
         result = sm.OLS(latency, np.column_stack((np.ones_like(w), w, w * w))).fit()
         self.coef_, self.conf_int_, self.r2_ = result.params, result.conf_int(0.05), float(result.rsquared)
         self.warnings_ = []
-        self.constrained_ = not _rises(self.coef_, 2.0, float(w.max()))
+        defect = _defect(self.coef_, 2.0, float(w.max()))
+        self.constrained_ = defect is not None
         if self.constrained_:
-            falls = np.round(_falling_at(self.coef_, 2.0, float(w.max())), 1)
             self.coef_ = _monotone_fit(w, latency)
             self.r2_ = float(1 - np.sum((latency - _curve(self.coef_, w)) ** 2) / np.sum((latency - latency.mean()) ** 2))
-            self.warnings_.append(f"C_tgt fit: the least-squares quadratic falls on w ∈ [{falls[0]}, {falls[1]}]; "
+            self.warnings_.append(f"C_tgt fit: the least-squares quadratic {defect}; "
                                   "refitted as non-decreasing (confidence intervals are the unconstrained fit's)")
         self.fixed_cost_ = float(self.coef_[0])
         if self.r2_ < MIN_R2:
@@ -60,17 +60,15 @@ def _curve(coef, w):
     return coef[0] + coef[1] * w + coef[2] * w * w
 
 
-def _rises(coef, lo: float, hi: float) -> bool:
-    """a + b·w + c·w² non-decreasing on [lo, hi] (its derivative is linear: check both ends) and > 0."""
-    return coef[1] + 2 * coef[2] * lo >= 0 and coef[1] + 2 * coef[2] * hi >= 0 and _curve(coef, lo) > 0
-
-
-def _falling_at(coef, lo: float, hi: float) -> tuple[float, float]:
-    """The part of [lo, hi] where the derivative b + 2c·w is negative (or all of it)."""
-    if coef[2] == 0 or (coef[1] + 2 * coef[2] * lo < 0 and coef[1] + 2 * coef[2] * hi < 0):
-        return lo, hi
-    turn = -coef[1] / (2 * coef[2])
-    return (turn, hi) if coef[2] < 0 else (lo, turn)
+def _defect(coef, lo: float, hi: float) -> str | None:
+    """How a + b·w + c·w² fails to be non-decreasing on [lo, hi] and positive at lo, or None.
+    The derivative b + 2c·w is linear, so its sign at both ends decides where it is negative."""
+    d_lo, d_hi = coef[1] + 2 * coef[2] * lo, coef[1] + 2 * coef[2] * hi
+    if d_lo >= 0 and d_hi >= 0:
+        return None if _curve(coef, lo) > 0 else f"is not positive at w = {lo:g}"
+    turn = -coef[1] / (2 * coef[2]) if d_lo * d_hi < 0 else None  # where the derivative changes sign
+    start, end = (lo, hi) if turn is None else ((turn, hi) if d_hi < 0 else (lo, turn))
+    return f"falls on w ∈ [{start:.1f}, {end:.1f}]"
 
 
 def _monotone_fit(w: np.ndarray, latency: np.ndarray) -> np.ndarray:

@@ -228,7 +228,6 @@ def gdn_gates(a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor) -> tuple[Ten
 
 def _check_gated_inputs(fn, q, k, v, a, b, A_log, dt_bias, state, k_out) -> tuple[int, ...]:
     B, T, HK, HV, dk, dv = _check_step_inputs(fn, q, k, v, a, b, state, gate_names=("a", "b"))
-    _check_ndim(fn, "A_log", A_log, "HV")
     _check_shape(fn, "A_log", A_log, "HV", (HV,))
     _check_shape(fn, "dt_bias", dt_bias, "HV", (HV,))
     if k_out is not None:
