@@ -52,7 +52,7 @@ def prompts_by_category(path: Path, per_category: int,
     """The first `per_category` test prompts of each category (or of the listed ones), in file order."""
     by_cat = defaultdict(list)
     for p in load_prompts(path, split="test"):
-        if len(by_cat[p.category]) < per_category and (categories is None or p.category in categories):
+        if (categories is None or p.category in categories) and len(by_cat[p.category]) < per_category:
             by_cat[p.category].append(p)
     missing = set(categories or ()) - set(by_cat)
     if missing:

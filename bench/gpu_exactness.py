@@ -44,7 +44,8 @@ def main() -> int:
     tri = open_session(device="cuda", backend="triton")
     ref = open_session(device="cuda", backend="torch")
     prompts_file = Path(__file__).resolve().parent.parent / "hybridspec/assets/embedded/prompts.jsonl"
-    prompts = [tri.codec.encode(p.text) for p in load_prompts(prompts_file, split="test")][:: 400 // args.prompts][: args.prompts]
+    test = load_prompts(prompts_file, split="test")
+    prompts = [tri.codec.encode(p.text) for p in test[:: max(1, len(test) // args.prompts)][: args.prompts]]
     # 1. logits of one verification pass after a prefill, both backends
     worst = 0.0
     for ids in prompts[:4]:

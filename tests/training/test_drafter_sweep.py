@@ -5,10 +5,12 @@ measured with the shipped drafter, and the best is copied out."""
 from __future__ import annotations
 
 import json
+import tarfile
 
 import pytest
 
 from bench import drafter_sweep as sweep
+from bench import embedded_metrics
 from hybridspec.runtime.session import EMBEDDED
 
 pytestmark = pytest.mark.skipif(not (EMBEDDED / "drafter" / "config.json").is_file(), reason="embedded pair absent")
@@ -40,8 +42,11 @@ def test_smoke_sweep_trains_measures_and_names_the_best(tmp_path, capsys):
     assert "| recipe |" in (tmp_path / "sweep.md").read_text()
     # what a device call brings back: at most 8 files, at most 2 folders down
     files = sorted(p.relative_to(export).as_posix() for p in export.rglob("*") if p.is_file())
-    assert files == ["drafter/config.json", "drafter/model.safetensors", "logs.tar.gz", "sweep.json", "sweep.md",
-                     "training.json"]
+    assert files == ["drafter/config.json", "drafter/model.safetensors", "drafters.tar", "logs.tar.gz", "sweep.json",
+                     "sweep.md", "training.json"]
+    with tarfile.open(export / "drafters.tar") as tar:
+        assert {n for n in tar.getnames() if n.endswith("model.safetensors")} == {
+            f"runs/{name}/drafter/model.safetensors" for name in ("low-decay", "wide")}
     printed = capsys.readouterr().out.strip().splitlines()
     assert printed[-5].startswith("recipe") and printed[-1].startswith(f"best: {best['recipe']}")
 
@@ -49,3 +54,13 @@ def test_smoke_sweep_trains_measures_and_names_the_best(tmp_path, capsys):
 def test_unknown_recipe_is_refused(tmp_path):
     with pytest.raises(SystemExit):
         sweep.main(["--out", str(tmp_path), "--recipes", "more-data,bogus"])
+
+
+def test_measuring_some_categories_takes_those_only():
+    """The sweep measures groups of categories in separate processes; each must get its own."""
+    prompts = EMBEDDED / "prompts.jsonl"
+    everything = embedded_metrics.prompts_by_category(prompts, 3)
+    some = sorted(everything)[1:3]
+    chosen = embedded_metrics.prompts_by_category(prompts, 3, some)
+    assert sorted(chosen) == some
+    assert all(chosen[c] == everything[c] and len(chosen[c]) == 3 for c in some)

@@ -184,13 +184,13 @@ def _gdn_verify_kernel(
     b_k2 = tl.zeros([BT], dtype=tl.float32)
     q_scale = 1.0 if GATED else scale  # GATED: scale goes in with the norm below
     if UNROLL:
-        for i_k in tl.static_range(0, BK, BKC):
+        for i_ku in tl.static_range(0, BK, BKC):  # loop names differ: triton 3.6 types them per scope
             b_ks, b_qs, b_kk, b_qk, b_q2, b_k2 = _key_products(
-                p_q, p_k, p_s, i_k, m_t, m_v, q_scale, b_ks, b_qs, b_kk, b_qk, b_q2, b_k2, DK, BKC, KEY_DOT, GATED)
+                p_q, p_k, p_s, i_ku, m_t, m_v, q_scale, b_ks, b_qs, b_kk, b_qk, b_q2, b_k2, DK, BKC, KEY_DOT, GATED)
     else:
-        for i_k in range(0, BK, BKC):
+        for i_kc in range(0, BK, BKC):
             b_ks, b_qs, b_kk, b_qk, b_q2, b_k2 = _key_products(
-                p_q, p_k, p_s, i_k, m_t, m_v, q_scale, b_ks, b_qs, b_kk, b_qk, b_q2, b_k2, DK, BKC, KEY_DOT, GATED)
+                p_q, p_k, p_s, i_kc, m_t, m_v, q_scale, b_ks, b_qs, b_kk, b_qk, b_q2, b_k2, DK, BKC, KEY_DOT, GATED)
     if GATED:  # q_i -> scale q_i / |q_i|, k_i -> k_i / |k_i|: rows and columns of the products
         r_q = scale * tl.rsqrt(b_q2 + EPS)  # [BT]
         r_k = tl.rsqrt(b_k2 + EPS)
@@ -201,8 +201,8 @@ def _gdn_verify_kernel(
         if WRITE_K:
             if (i_v == 0) & (i_h % GROUP == 0):
                 p_ko = k_out + i_b * stride_ko_b + o_t[:, None] * stride_ko_t + i_hk * stride_ko_h
-                for i_k in range(0, BK, BKC):
-                    o_k = i_k + tl.arange(0, BKC)
+                for i_kw in range(0, BK, BKC):
+                    o_k = i_kw + tl.arange(0, BKC)
                     m_tk = m_t[:, None] & (o_k < DK)[None, :]
                     b_k = tl.load(p_k + o_k[None, :], mask=m_tk, other=0).to(tl.float32) * r_k[:, None]
                     tl.store(p_ko + o_k[None, :], b_k.to(p_ko.dtype.element_ty), mask=m_tk)
@@ -357,10 +357,10 @@ def _gdn_commit_kernel(
             b_kj = tl.load(p_k + i_j * stride_k_t, mask=m_k, other=0).to(tl.float32)  # k_j [BK]
             b_s += b_wz[:, None] * b_kj[None, :]
     else:
-        for j in range(0, b_m):
-            b_wz = tl.load(p_z + j * stride_z_t, mask=m_v, other=0).to(tl.float32) * tl.exp(
-                b_gm - tl.load(p_gc + j * stride_gc_t))  # e^{g_m - g_j} z_j [BV]
-            b_kj = tl.load(p_k + j * stride_k_t, mask=m_k, other=0).to(tl.float32)  # k_j [BK]
+        for jr in range(0, b_m):  # not j: the static loop's j is a constexpr (triton 3.6)
+            b_wz = tl.load(p_z + jr * stride_z_t, mask=m_v, other=0).to(tl.float32) * tl.exp(
+                b_gm - tl.load(p_gc + jr * stride_gc_t))  # e^{g_m - g_j} z_j [BV]
+            b_kj = tl.load(p_k + jr * stride_k_t, mask=m_k, other=0).to(tl.float32)  # k_j [BK]
             b_s += b_wz[:, None] * b_kj[None, :]
     tl.store(p_s, b_s, mask=m_s)
 
