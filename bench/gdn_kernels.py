@@ -685,6 +685,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--replays", type=int, default=10, help="graph replays per sample")
     parser.add_argument("--quick", action="store_true", help="smoke run: w in {2, 16}, m = w, few samples")
     parser.add_argument("--impls", default=",".join(IMPLS), help="comma-separated subset of " + ",".join(IMPLS))
+    parser.add_argument("--widths", help="comma-separated subset of w (default: " + ",".join(map(str, WIDTHS)) + ")")
     parser.add_argument("--tuning", type=Path, help="gdn_tuning.json of bench/gdn_tuning.py: launch ours with its choice")
     parser.add_argument("--no-sglang-pdl", action="store_true",
                         help="launch SGLang's kernels without programmatic dependent launch (SGLang uses it on SM90+)")
@@ -707,10 +708,13 @@ def apply_tuning(chosen: dict) -> None:
     print(f"tuning: verify {gdn.VERIFY_TUNING}, commit {gdn.COMMIT_TUNING}", flush=True)
 
 
-def configurations(quick: bool) -> list[tuple[int, int]]:
+def configurations(quick: bool, widths: str | None = None) -> list[tuple[int, int]]:
     if quick:
         return [(2, 2), (16, 16)]
-    return [(w, m) for w in WIDTHS for m in dict.fromkeys((w, math.ceil(w / 2)))]
+    chosen = WIDTHS if widths is None else tuple(int(w) for w in widths.split(","))
+    if unknown := sorted(set(chosen) - set(WIDTHS)):
+        sys.exit(f"--widths: {unknown} not among {list(WIDTHS)}")
+    return [(w, m) for w in chosen for m in dict.fromkeys((w, math.ceil(w / 2)))]
 
 
 def require_gpu() -> None:
@@ -733,7 +737,7 @@ def main(argv=None) -> int:
     if args.tuning:
         apply_tuning(json.loads(args.tuning.read_text())["chosen"])
     samples, replays = (5, 3) if args.quick else (args.samples, args.replays)
-    configs = configurations(args.quick)
+    configs = configurations(args.quick, args.widths)
 
     print("Phase 1: correctness against float64 Eq. 1 (all 30 layers)", flush=True)
     correctness = check_correctness(QWEN36, configs, impls, "cuda")

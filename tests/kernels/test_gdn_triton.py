@@ -42,6 +42,15 @@ FP32_RATIO = 1e-5
 BF16_ROUNDING = 2**-7
 
 
+@pytest.fixture(autouse=True)
+def blocked_kernel_unless_told(monkeypatch):
+    """The shipped VERIFY_TUNING takes the recurrent kernel for short windows; here the default is
+    the blocked kernel at every length, so the tests without a variant cover it at every T (the
+    recurrent kernel has its own every-T tests below; the shipped choice runs end to end in
+    tests/runtime/test_triton_backend.py)."""
+    monkeypatch.setattr(gdn_triton, "VERIFY_TUNING", {T: gdn_triton.VerifyTuning() for T in range(1, 17)})
+
+
 
 def aligned_inputs(seed: int, T: int, dtype=torch.float32, **shape) -> dict:
     """Nearly parallel keys, beta ~ 0.9..0.99 and decay ~ 1: H - I has entries near 1 (Eq. 3).
@@ -311,13 +320,20 @@ def test_verify_launch_variants_match_reference(variant, T, monkeypatch):
 
 
 RECURRENT = {"recurrent-8x1": gdn_triton.VerifyTuning(block_v=8, num_warps=1, method="recurrent"),
-             "recurrent-32x4": gdn_triton.VerifyTuning(block_v=32, num_warps=4, method="recurrent")}
+             "recurrent-32x4": gdn_triton.VerifyTuning(block_v=32, num_warps=4, method="recurrent"),
+             "recurrent-4x1": gdn_triton.VerifyTuning(block_v=4, num_warps=1, num_stages=1, method="recurrent"),
+             "recurrent-32x4-prefetch": gdn_triton.VerifyTuning(block_v=32, num_warps=4, method="recurrent",
+                                                                prefetch=True)}
 
 
 # every T on both shapes with 32-row blocks (dv = 40: a full and a masked block; the interpreter's
 # cost is per program, so fewer programs keep CI short); 8-row blocks at a few T
 RECURRENT_CASES = [("recurrent-32x4", shape, T) for shape in SHAPES for T in range(1, 17)]
 RECURRENT_CASES += [("recurrent-8x1", "grouped", T) for T in (1, 7, 16)]
+RECURRENT_CASES += [("recurrent-4x1", "ungrouped", T) for T in (2, 6)]  # the shipped choice for short windows
+# prefetching (a tuning variant, not shipped yet): lengths around each power of two; its gated path
+# at more lengths below
+RECURRENT_CASES += [("recurrent-32x4-prefetch", "grouped", T) for T in (1, 3, 8, 9, 16)]
 
 
 @pytest.mark.parametrize(("variant", "shape", "T"), RECURRENT_CASES)
@@ -359,7 +375,7 @@ def test_recurrent_verify_bf16_inputs_into_buffer_slices(T, monkeypatch):
 # verification from raw projections: norms and gates inside the kernels
 # ---------------------------------------------------------------------------------------------
 
-METHODS = {"blocked": None, **RECURRENT}  # None: the default VERIFY_TUNING (blocked kernels)
+METHODS = {"blocked": None, **RECURRENT}  # None: this file's default, the blocked kernel
 
 
 def _with_method(monkeypatch, variant: str, T: int) -> None:
@@ -369,6 +385,7 @@ def _with_method(monkeypatch, variant: str, T: int) -> None:
 
 GATED_CASES = [(variant, shape, T) for variant in ("blocked", "recurrent-32x4") for shape, lengths in
                (("grouped", range(1, 17)), ("ungrouped", (1, 5, 16))) for T in lengths]
+GATED_CASES += [("recurrent-32x4-prefetch", shape, T) for shape in SHAPES for T in (2, 5, 12, 16)]
 
 
 @pytest.mark.parametrize(("variant", "shape", "T"), GATED_CASES)
@@ -386,7 +403,7 @@ def test_gated_verify_matches_oracle(variant, shape, T, monkeypatch):
     assert_close("k_out", k_ref, k_out, FP32_RATIO)
 
 
-@pytest.mark.parametrize("variant", ["blocked", "recurrent-8x1"])
+@pytest.mark.parametrize("variant", ["blocked", "recurrent-8x1", "recurrent-32x4-prefetch"])
 def test_gated_verify_bf16_projections_into_round_buffers(variant, monkeypatch):
     """bf16 q, k, v, a, b as the model has them; z, g_cum and the normalised k (bf16 cache) land
     in slices of larger buffers, nothing outside them is touched."""
@@ -411,7 +428,7 @@ def test_gated_verify_bf16_projections_into_round_buffers(variant, monkeypatch):
         assert buf[0].isnan().all() and buf[1, :, T:].isnan().all()
 
 
-@pytest.mark.parametrize("variant", ["blocked", "recurrent-8x1"])
+@pytest.mark.parametrize("variant", ["blocked", "recurrent-8x1", "recurrent-32x4-prefetch"])
 def test_gated_verify_gates_across_decay_extremes(variant, monkeypatch):
     """T = 1: g_cum is the gate itself, to fp32 accuracy from a + dt_bias = -30 to 30."""
     _with_method(monkeypatch, variant, 1)

@@ -45,6 +45,7 @@ positive difference is never exponentiated.
 Only explicit pointer arithmetic is used (triton >= 3.9 removed block pointers; the GPU has 3.6).
 """
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -247,7 +248,7 @@ def _gdn_verify_recurrent_kernel(
     stride_ko_b, stride_ko_t, stride_ko_h,
     T: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, DK: tl.constexpr,
     DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    GATED: tl.constexpr, WRITE_K: tl.constexpr, EPS: tl.constexpr,
+    GATED: tl.constexpr, WRITE_K: tl.constexpr, EPS: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """Eq. 3 by forward substitution in state space, the same z, o and g_cum as the blocked kernel.
 
@@ -256,7 +257,10 @@ def _gdn_verify_recurrent_kernel(
     o_i = S_i q_i: two dk-long reductions per token, no T x T algebra and no padding to 16 tokens.
     The outputs are gathered into [BV, BT] tiles and stored once after the token loop: with no
     store inside the loop, every token's loads may be issued before the first token's arithmetic.
-    GATED and WRITE_K as in `_gdn_verify_kernel`."""
+    PREFETCH: load every token's q, k, v and gates as [BT, .] tiles before the token loop and form
+    the norms and gates of all tokens at once, so the loop's chain is the state arithmetic alone
+    (without it each token's loads are issued in the loop, in order). GATED and WRITE_K as in
+    `_gdn_verify_kernel`."""
     i_bh, i_v = tl.program_id(0), tl.program_id(1)
     i_b, i_h = (i_bh // HV).to(tl.int64), i_bh % HV
     i_hk = i_h // GROUP
@@ -280,19 +284,41 @@ def _gdn_verify_recurrent_kernel(
     g_i = 0.0
     if GATED:
         a_log, dt = tl.load(A_log + i_h).to(tl.float32), tl.load(dt_bias + i_h).to(tl.float32)
-    for i in tl.static_range(T):
-        b_k = tl.load(p_k + i * stride_k_t, mask=m_k, other=0).to(tl.float32)  # k_i [BK]
-        b_q = tl.load(p_q + i * stride_q_t, mask=m_k, other=0).to(tl.float32)
-        b_vi = tl.load(p_v + i * stride_v_t, mask=m_v, other=0).to(tl.float32)  # v_i [BV]
-        gamma = tl.load(p_g + i * stride_g_t).to(tl.float32)
-        b_beta = tl.load(p_beta + i * stride_beta_t).to(tl.float32)
-        if GATED:  # raw rows and gates
-            b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k, axis=0) + EPS)
-            b_q = b_q * (scale * tl.rsqrt(tl.sum(b_q * b_q, axis=0) + EPS))
-            gamma = _log_decay(gamma, a_log, dt)
-            b_beta = tl.sigmoid(b_beta)
+    m_tk = m_t[:, None] & m_k[None, :]
+    if PREFETCH:  # every token's inputs at once: [BT, BK] rows of q, k; [BV, BT] of v; [BT] gates
+        b_K = tl.load(p_k + o_t[:, None] * stride_k_t, mask=m_tk, other=0).to(tl.float32)
+        b_Q = tl.load(p_q + o_t[:, None] * stride_q_t, mask=m_tk, other=0).to(tl.float32)
+        b_V = tl.load(p_v[:, None] + o_t[None, :] * stride_v_t, mask=m_v[:, None] & m_t[None, :],
+                      other=0).to(tl.float32)
+        b_G = tl.load(p_g + o_t * stride_g_t, mask=m_t, other=0).to(tl.float32)
+        b_B = tl.load(p_beta + o_t * stride_beta_t, mask=m_t, other=0).to(tl.float32)
+        if GATED:
+            b_K = b_K * tl.rsqrt(tl.sum(b_K * b_K, axis=1) + EPS)[:, None]
+            b_Q = b_Q * (scale * tl.rsqrt(tl.sum(b_Q * b_Q, axis=1) + EPS))[:, None]
+            b_G = _log_decay(b_G, a_log, dt)
+            b_B = tl.sigmoid(b_B)
         else:
-            b_q = b_q * scale
+            b_Q = b_Q * scale
+    for i in tl.static_range(T):
+        if PREFETCH:  # row i of the tiles (sums of one value and zeros: exact)
+            b_k = tl.sum(tl.where(o_t[:, None] == i, b_K, 0.0), axis=0)  # k_i [BK]
+            b_q = tl.sum(tl.where(o_t[:, None] == i, b_Q, 0.0), axis=0)
+            b_vi = tl.sum(tl.where(o_t[None, :] == i, b_V, 0.0), axis=1)  # v_i [BV]
+            gamma = tl.sum(tl.where(o_t == i, b_G, 0.0), axis=0)
+            b_beta = tl.sum(tl.where(o_t == i, b_B, 0.0), axis=0)
+        else:
+            b_k = tl.load(p_k + i * stride_k_t, mask=m_k, other=0).to(tl.float32)  # k_i [BK]
+            b_q = tl.load(p_q + i * stride_q_t, mask=m_k, other=0).to(tl.float32)
+            b_vi = tl.load(p_v + i * stride_v_t, mask=m_v, other=0).to(tl.float32)  # v_i [BV]
+            gamma = tl.load(p_g + i * stride_g_t).to(tl.float32)
+            b_beta = tl.load(p_beta + i * stride_beta_t).to(tl.float32)
+            if GATED:  # raw rows and gates
+                b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k, axis=0) + EPS)
+                b_q = b_q * (scale * tl.rsqrt(tl.sum(b_q * b_q, axis=0) + EPS))
+                gamma = _log_decay(gamma, a_log, dt)
+                b_beta = tl.sigmoid(b_beta)
+            else:
+                b_q = b_q * scale
         g_i += gamma
         b_s = b_s * tl.exp(gamma)
         b_zi = b_beta * (b_vi - tl.sum(b_s * b_k[None, :], axis=1))  # [BV]
@@ -312,10 +338,19 @@ def _gdn_verify_recurrent_kernel(
     if WRITE_K:
         if (i_v == 0) & (i_h % GROUP == 0):
             p_ko = k_out + i_b * stride_ko_b + i_hk * stride_ko_h + o_k
-            for i in tl.static_range(T):
-                b_k = tl.load(p_k + i * stride_k_t, mask=m_k, other=0).to(tl.float32)
-                b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k, axis=0) + EPS)
-                tl.store(p_ko + i * stride_ko_t, b_k.to(p_ko.dtype.element_ty), mask=m_k)
+            if PREFETCH:
+                tl.store(p_ko + o_t[:, None] * stride_ko_t, b_K.to(p_ko.dtype.element_ty), mask=m_tk)
+            else:
+                _store_normalised_rows(p_k, p_ko, stride_k_t, stride_ko_t, m_k, T, EPS)
+
+
+@triton.jit
+def _store_normalised_rows(p_k, p_ko, stride_k_t, stride_ko_t, m_k, T: tl.constexpr, EPS: tl.constexpr):
+    """k_out rows i < T: k_i / |k_i| (the recurrent kernel without PREFETCH)."""
+    for i in tl.static_range(T):
+        b_k = tl.load(p_k + i * stride_k_t, mask=m_k, other=0).to(tl.float32)
+        b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k, axis=0) + EPS)
+        tl.store(p_ko + i * stride_ko_t, b_k.to(p_ko.dtype.element_ty), mask=m_k)
 
 
 @triton.jit
@@ -412,6 +447,8 @@ class VerifyTuning:
     # "blocked": Eq. 3 by the short-solve identities over tokens padded to 16 (tensor-core products);
     # "recurrent": forward substitution in state space per token (block_k, key_dot, unroll unused)
     method: str = "blocked"
+    # recurrent only: every token's inputs loaded before the token loop (PREFETCH of the kernel)
+    prefetch: bool = False
 
     def __post_init__(self):
         if self.key_dot not in ("ieee", "tf32x3", "tf32"):
@@ -432,11 +469,17 @@ class CommitTuning:
 
 
 # Per verification length T (1..16), the fastest passing variant of bench/gdn_tuning.py on the H200
-# (bench/results/gdn_tuning.md, 2026-12-01): short windows do best with more, smaller programs and
-# deep load pipelining; lengths between the measured ones take the next measured length's choice.
-_SHORT = VerifyTuning(block_v=16, block_k=16, num_warps=2, key_dot="tf32x3", num_stages=4)  # T <= 4
-_LONG = VerifyTuning(block_v=32, block_k=32, num_warps=4, key_dot="tf32x3", num_stages=3)  # T = 5..16
-VERIFY_TUNING: dict[int, VerifyTuning] = {T: _SHORT if T <= 4 else _LONG for T in range(1, MAX_TOKENS + 1)}
+# (bench/results/gdn_tuning.md, 2026-12-01, second sweep): forward substitution in state space with
+# 4-8 value rows per one-warp program up to T = 6 (112.7 us for 30 layers at T = 2, the blocked
+# kernel 231.9), the blocked kernel from T = 8 on (270.4 us at T = 8, recurrent 326.3); a length
+# between the measured ones takes the next measured length's choice.
+_RECURRENT_4 = VerifyTuning(block_v=4, num_warps=1, num_stages=1, method="recurrent")
+_RECURRENT_8 = VerifyTuning(block_v=8, num_warps=1, num_stages=1, method="recurrent")
+_BLOCKED = VerifyTuning(block_v=16, block_k=16, num_warps=2, key_dot="tf32x3", num_stages=4)
+_MEASURED = {2: _RECURRENT_4, 3: _RECURRENT_4, 4: _RECURRENT_8, 6: _RECURRENT_4, 8: _BLOCKED,
+             12: dataclasses.replace(_BLOCKED, num_stages=5), 16: _BLOCKED}
+VERIFY_TUNING: dict[int, VerifyTuning] = {
+    T: _MEASURED[min(t for t in _MEASURED if t >= T)] for T in range(1, MAX_TOKENS + 1)}
 COMMIT_TUNING = CommitTuning(block_v=16, num_warps=1)
 
 
@@ -458,7 +501,7 @@ def _launch_verify(q, k, v, g, beta, state, scale, o, z, g_cum, tuning: VerifyTu
     shape = dict(T=T, HV=HV, GROUP=HV // HK, DK=dk, DV=dv, BK=_key_block(dk), BV=tuning.block_v,
                  GATED=gates is not None, WRITE_K=k_out is not None, EPS=L2_EPS)
     if tuning.method == "recurrent":
-        _gdn_verify_recurrent_kernel[grid](*args, **shape, BT=triton.next_power_of_2(T),
+        _gdn_verify_recurrent_kernel[grid](*args, **shape, BT=triton.next_power_of_2(T), PREFETCH=tuning.prefetch,
                                            num_warps=tuning.num_warps, num_stages=tuning.num_stages)
         return
     _gdn_verify_kernel[grid](*args, **shape, BT=BLOCK_T, BKC=min(tuning.block_k, _key_block(dk)),
