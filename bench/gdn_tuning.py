@@ -42,7 +42,6 @@ from hybridspec.kernels.gdn import triton as gdn  # noqa: E402
 
 SWEEP_LENGTHS = (2, 3, 4, 6, 8, 12, 16)
 COMMIT_M = (1, 8, 16)
-METHODS = ("blocked", "recurrent")
 L = gk.QWEN36.layers
 
 
@@ -58,13 +57,16 @@ def verify_variants() -> list[gdn.VerifyTuning]:
     # one warp, up to T = 16 with two or more)
     out += [V(bv, 16, w, "ieee", False, 1, "recurrent", True) for bv, w in ((4, 1), (8, 1), (4, 2), (8, 2), (16, 2),
                                                                             (32, 4))]
+    # programmatic dependent launch (as SGLang launches its kernels on SM90+): each verify's launch
+    # and ramp overlap the previous layer's body
+    out += [dataclasses.replace(v, pdl=True) for v in (out[0], out[5], out[6], out[7], out[8], out[10])]
     return out
 
 
 def commit_variants() -> list[gdn.CommitTuning]:
     C = gdn.CommitTuning
-    return ([C(bv, w, False) for bv in (16, 32) for w in (1, 2, 4)]
-            + [C(8, 4, True), C(16, 8, True), C(8, 2, True), C(16, 4, True)])
+    return ([C(bv, w, False) for bv in (16, 32) for w in (1, 2)] + [C(8, 2, True), C(16, 4, True)]
+            + [C(16, 1, False, pdl=True), C(32, 1, False, pdl=True), C(8, 2, True, pdl=True)])
 
 
 @triton.jit
@@ -245,27 +247,38 @@ def choose(rows: list[dict]) -> dict:
     return out
 
 
+def variant_kind(tuning: dict) -> str:
+    """blocked, recurrent, recurrent+prefetch, each +pdl: the columns of the summary."""
+    kind = tuning.get("method", "blocked") + ("+prefetch" if tuning.get("prefetch") else "")
+    return kind + ("+pdl" if tuning.get("pdl") else "")
+
+
 def summary(result: dict) -> str:
     lines = [f"# GDN kernel tuning on {result['device']}", "",
              f"date: {result.get('date')}  \ncommand: `{result['command']}`  \nversions: {json.dumps(result['versions'])}",
              "", f"30 empty launches in a graph: "
-             f"{result['launch_floor_us']:.1f} us", "", "| T | method | block_v | block_k | warps | key_dot | stages | verify 30 layers (us) |",
-             "|---|---|---|---|---|---|---|---|"]
+             f"{result['launch_floor_us']:.1f} us", "",
+             "| T | method | block_v | block_k | warps | key_dot | stages | prefetch | pdl | verify 30 layers (us) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for T, t in result["chosen"]["verify"].items():
         lines.append(f"| {T} | {t.get('method', 'blocked')} | {t['block_v']} | {t['block_k']} | {t['num_warps']} | "
-                     f"{t['key_dot']} | {t['num_stages']} | {t['median_us']} |")
-    lines += ["", "Fastest passing variant of each method (verify, 30 layers, us):", "",
-              "| T | " + " | ".join(METHODS) + " |", "|---|" + "---|" * len(METHODS)]
+                     f"{t['key_dot']} | {t['num_stages']} | {t.get('prefetch', False)} | {t.get('pdl', False)} | "
+                     f"{t['median_us']} |")
+    verify_rows = [r for r in result["rows"] if r["kind"] == "verify"]
+    kinds = list(dict.fromkeys(variant_kind(r["tuning"]) for r in verify_rows))
+    lines += ["", "Fastest passing variant of each kind (verify, 30 layers, us):", "",
+              "| T | " + " | ".join(kinds) + " |", "|---|" + "---|" * len(kinds)]
     for T in SWEEP_LENGTHS:
         cells = []
-        for method in METHODS:
-            times = [r["median_us"] for r in result["rows"] if r["kind"] == "verify" and r["T"] == T
-                     and r.get("passed") and r["median_us"] and r["tuning"].get("method", "blocked") == method]
+        for kind in kinds:
+            times = [r["median_us"] for r in verify_rows if r["T"] == T and r.get("passed") and r["median_us"]
+                     and variant_kind(r["tuning"]) == kind]
             cells.append(f"{min(times):.1f}" if times else "-")
         lines.append(f"| {T} | " + " | ".join(cells) + " |")
     c = result["chosen"]["commit"]
     if c:
-        lines += ["", f"commit (all 30 layers, T = 16): block_v {c['block_v']}, warps {c['num_warps']}: "
+        lines += ["", f"commit (all 30 layers, T = 16): block_v {c['block_v']}, warps {c['num_warps']}, "
+                  f"unroll {c['unroll']}, pdl {c.get('pdl', False)}: "
                   + ", ".join(f"m={m}: {us} us" for m, us in c["median_us_by_m"].items())]
     failed = [r for r in result["rows"] if r["kind"] != "launch" and not r.get("passed")]
     lines += ["", f"variants failing or erroring: {len(failed)}"]

@@ -4,6 +4,7 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: kernels are interpreted
 
+import dataclasses
 import inspect
 import re
 
@@ -462,4 +463,32 @@ def test_commit_launch_variants_match_reference(unroll, monkeypatch):
     states = S0.clone()
     gdn_triton.gdn_commit(states, z, k, g_cum, accepted)
 
+    assert_close("states", expected, states, FP32_RATIO)
+
+
+def test_programmatic_dependent_launch_only_where_it_can_run():
+    """pdl=True asks for griddepcontrol (inline PTX): only compiled, on CUDA of SM90+; under the
+    interpreter, and on CPU tensors, the same tunings launch plainly and give the same numbers."""
+    cpu = torch.zeros(1)
+    assert gdn_triton._launch_options(True, cpu) == {"USE_GDC": False}
+    assert gdn_triton._launch_options(False, cpu) == {"USE_GDC": False}
+
+
+@pytest.mark.parametrize("variant", ["blocked", "recurrent"])
+def test_pdl_tunings_match_reference_where_pdl_is_off(variant, monkeypatch):
+    T = 5
+    tuning = gdn_triton.VerifyTuning(pdl=True) if variant == "blocked" else dataclasses.replace(
+        RECURRENT["recurrent-32x4-prefetch"], pdl=True)
+    monkeypatch.setitem(gdn_triton.VERIFY_TUNING, T, tuning)
+    monkeypatch.setattr(gdn_triton, "COMMIT_TUNING", gdn_triton.CommitTuning(pdl=True))
+    inputs = mixed_inputs(480, T, **SHAPES["grouped"])
+    o_ref, z_ref, g_ref = reference.gdn_verify(**inputs)
+
+    o, z, g_cum = gdn_triton.gdn_verify(**inputs)
+    accepted = torch.tensor([3, 5, 1, 2])  # one m per batch element (B = 4)
+    expected, states = inputs["state"][None].clone(), inputs["state"][None].clone()
+    reference.gdn_commit(expected, z_ref[None], inputs["k"][None], g_ref[None], accepted)
+    gdn_triton.gdn_commit(states, z[None], inputs["k"][None], g_cum[None], accepted)
+
+    assert_close("o", o_ref, o, FP32_RATIO)
     assert_close("states", expected, states, FP32_RATIO)

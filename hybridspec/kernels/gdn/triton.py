@@ -98,6 +98,15 @@ def _inverse_unit_lower(b_a, T: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
+def _grid_dependency():
+    """Programmatic dependent launch: wait until the previous kernel of the stream has finished and
+    its writes are visible, before any load, then let the next kernel launch at once (its launch
+    and prologue overlap this kernel's body; its own wait still fences on this one's end)."""
+    tl.extra.cuda.gdc_wait()
+    tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
 def _log1p(y):
     """log(1 + y), accurate for small y (the rounding of 1 + y cancels in log(u) y / (u - 1))."""
     u = 1.0 + y
@@ -149,11 +158,14 @@ def _gdn_verify_kernel(
     T: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, DK: tl.constexpr,
     DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     BKC: tl.constexpr, KEY_DOT: tl.constexpr, UNROLL: tl.constexpr,
-    GATED: tl.constexpr, WRITE_K: tl.constexpr, EPS: tl.constexpr,
+    GATED: tl.constexpr, WRITE_K: tl.constexpr, EPS: tl.constexpr, USE_GDC: tl.constexpr,
 ):
     """GATED: q, k are raw (normalised here through their row norms, which scale the products),
     g and beta hold the raw a and b (gates formed here from A_log, dt_bias); WRITE_K: the normalised
-    k goes to k_out (by the dv block 0 program of the first value head of each key head)."""
+    k goes to k_out (by the dv block 0 program of the first value head of each key head).
+    USE_GDC: launched with programmatic dependent launch (`_launch_options`)."""
+    if USE_GDC:
+        _grid_dependency()
     i_bh, i_v = tl.program_id(0), tl.program_id(1)
     i_b, i_h = (i_bh // HV).to(tl.int64), i_bh % HV
     i_hk = i_h // GROUP  # key head of this value head
@@ -249,6 +261,7 @@ def _gdn_verify_recurrent_kernel(
     T: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, DK: tl.constexpr,
     DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     GATED: tl.constexpr, WRITE_K: tl.constexpr, EPS: tl.constexpr, PREFETCH: tl.constexpr,
+    USE_GDC: tl.constexpr,
 ):
     """Eq. 3 by forward substitution in state space, the same z, o and g_cum as the blocked kernel.
 
@@ -261,6 +274,8 @@ def _gdn_verify_recurrent_kernel(
     the norms and gates of all tokens at once, so the loop's chain is the state arithmetic alone
     (without it each token's loads are issued in the loop, in order). GATED and WRITE_K as in
     `_gdn_verify_kernel`."""
+    if USE_GDC:
+        _grid_dependency()
     i_bh, i_v = tl.program_id(0), tl.program_id(1)
     i_b, i_h = (i_bh // HV).to(tl.int64), i_bh % HV
     i_hk = i_h // GROUP
@@ -361,8 +376,10 @@ def _gdn_commit_kernel(
     stride_k_l, stride_k_b, stride_k_t, stride_k_h,
     stride_gc_l, stride_gc_b, stride_gc_t,
     T: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, UNROLL: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, UNROLL: tl.constexpr, USE_GDC: tl.constexpr,
 ):
+    if USE_GDC:
+        _grid_dependency()
     i_lbh, i_v = tl.program_id(0), tl.program_id(1)
     i_l, i_b, i_h = (i_lbh // (batch * HV)).to(tl.int64), (i_lbh // HV % batch).to(tl.int64), i_lbh % HV
     i_hk = i_h // GROUP
@@ -405,6 +422,11 @@ def _gdn_commit_kernel(
 # ---------------------------------------------------------------------------------------------
 
 
+def _interpreted() -> bool:
+    """The kernels run under TRITON_INTERPRET=1 (set before this module was imported)."""
+    return type(_gdn_verify_kernel).__name__ == "InterpretedFunction"
+
+
 def _check_dtype(fn: str, name: str, x: Tensor, allowed: tuple[torch.dtype, ...]) -> None:
     if x.dtype not in allowed:
         raise ValueError(f"{fn}: {name} has dtype {x.dtype}, expected one of {list(allowed)}")
@@ -420,8 +442,7 @@ def _check_layout(fn: str, tensors: dict[str, Tensor]) -> None:
         if x.shape[-1] > 1 and x.stride(-1) != 1:
             raise ValueError(f"{fn}: {name} has strides {tuple(x.stride())}, "
                              "expected a contiguous last dimension (stride 1)")
-    interpreted = type(_gdn_verify_kernel).__name__ == "InterpretedFunction"
-    if device.type != "cuda" and not interpreted:
+    if device.type != "cuda" and not _interpreted():
         raise ValueError(f"{fn}: tensors are on {device}; the Triton kernels need CUDA tensors "
                          "(CPU tensors only with TRITON_INTERPRET=1 set before import)")
 
@@ -449,6 +470,8 @@ class VerifyTuning:
     method: str = "blocked"
     # recurrent only: every token's inputs loaded before the token loop (PREFETCH of the kernel)
     prefetch: bool = False
+    # programmatic dependent launch on SM90+ (`_launch_options`); ignored elsewhere
+    pdl: bool = False
 
     def __post_init__(self):
         if self.key_dot not in ("ieee", "tf32x3", "tf32"):
@@ -466,6 +489,7 @@ class CommitTuning:
     block_v: int = 32  # value rows per program: grid (L * B * HV, dv / block_v)
     num_warps: int = 4
     unroll: bool = False  # a static loop over the T tokens (masked beyond m) instead of a loop over m
+    pdl: bool = False  # programmatic dependent launch on SM90+ (`_launch_options`); ignored elsewhere
 
 
 # Per verification length T (1..16), the fastest passing variant of bench/gdn_tuning.py on the H200
@@ -481,6 +505,14 @@ _MEASURED = {2: _RECURRENT_4, 3: _RECURRENT_4, 4: _RECURRENT_8, 6: _RECURRENT_4,
 VERIFY_TUNING: dict[int, VerifyTuning] = {
     T: _MEASURED[min(t for t in _MEASURED if t >= T)] for T in range(1, MAX_TOKENS + 1)}
 COMMIT_TUNING = CommitTuning(block_v=16, num_warps=1)
+
+
+def _launch_options(pdl: bool, x: Tensor) -> dict:
+    """Launch with programmatic dependent launch where asked for and possible: a CUDA device of
+    compute capability 9 or higher, compiled (the interpreter cannot run the kernels' inline PTX)."""
+    if pdl and x.is_cuda and not _interpreted() and torch.cuda.get_device_capability(x.device)[0] >= 9:
+        return dict(USE_GDC=True, launch_pdl=True)
+    return dict(USE_GDC=False)
 
 
 def _key_block(dk: int) -> int:
@@ -502,11 +534,12 @@ def _launch_verify(q, k, v, g, beta, state, scale, o, z, g_cum, tuning: VerifyTu
                  GATED=gates is not None, WRITE_K=k_out is not None, EPS=L2_EPS)
     if tuning.method == "recurrent":
         _gdn_verify_recurrent_kernel[grid](*args, **shape, BT=triton.next_power_of_2(T), PREFETCH=tuning.prefetch,
-                                           num_warps=tuning.num_warps, num_stages=tuning.num_stages)
+                                           num_warps=tuning.num_warps, num_stages=tuning.num_stages,
+                                           **_launch_options(tuning.pdl, state))
         return
     _gdn_verify_kernel[grid](*args, **shape, BT=BLOCK_T, BKC=min(tuning.block_k, _key_block(dk)),
                              KEY_DOT=tuning.key_dot, UNROLL=tuning.unroll, num_warps=tuning.num_warps,
-                             num_stages=tuning.num_stages)
+                             num_stages=tuning.num_stages, **_launch_options(tuning.pdl, state))
 
 
 def _launch_commit(states, z, k, g_cum, accepted, tuning: CommitTuning) -> None:
@@ -516,7 +549,7 @@ def _launch_commit(states, z, k, g_cum, accepted, tuning: CommitTuning) -> None:
         states, z, k, g_cum, accepted, B,
         *states.stride()[:4], *z.stride()[:4], *k.stride()[:4], *g_cum.stride()[:3],
         T=z.shape[2], HV=HV, GROUP=HV // k.shape[3], DK=dk, DV=dv, BK=_key_block(dk), BV=tuning.block_v,
-        UNROLL=tuning.unroll, num_warps=tuning.num_warps,
+        UNROLL=tuning.unroll, num_warps=tuning.num_warps, **_launch_options(tuning.pdl, states),
     )
 
 
