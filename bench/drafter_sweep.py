@@ -19,8 +19,8 @@ DIR gets runs/NAME/ (drafter/, training.json, train.log, metrics-*.json), sweep.
 number), sweep.md (the table) and best/drafter: the trained drafter with the highest mean
 acceptance length, ready to copy into hybridspec/assets/embedded/drafter. `--export DEST` copies
 the few files a device call brings back ($OUT takes at most 8 files, 2 folders deep): sweep.json,
-sweep.md, logs.tar.gz (every run's logs, training.json and metrics) and, if there is a best,
-drafter/ and training.json."""
+sweep.md, logs.tar.gz (every run's logs, training.json and metrics), drafters.tar (every trained
+drafter) and, if there is a best, drafter/ and training.json."""
 
 from __future__ import annotations
 
