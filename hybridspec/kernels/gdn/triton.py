@@ -46,6 +46,7 @@ Only explicit pointer arithmetic is used (triton >= 3.9 removed block pointers; 
 """
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -268,11 +269,11 @@ def _gdn_verify_recurrent_kernel(
     A program keeps BV rows of the running state S_{i-1} in registers (never written back) and, per
     token, z_i = beta_i (v_i - e^{gamma_i} S_{i-1} k_i), S_i = e^{gamma_i} S_{i-1} + z_i k_i^T,
     o_i = S_i q_i: two dk-long reductions per token, no T x T algebra and no padding to 16 tokens.
-    The outputs are gathered into [BV, BT] tiles and stored once after the token loop: with no
-    store inside the loop, every token's loads may be issued before the first token's arithmetic.
+    The outputs are gathered into [BV, BT] tiles and stored once after the token loop.
     PREFETCH: load every token's q, k, v and gates as [BT, .] tiles before the token loop and form
-    the norms and gates of all tokens at once, so the loop's chain is the state arithmetic alone
-    (without it each token's loads are issued in the loop, in order). GATED and WRITE_K as in
+    the norms and gates of all tokens at once, so the loop's chain is the state arithmetic alone.
+    Without it each token's loads are issued inside the loop, and on the H200 the loop waits about
+    one load latency per token (bench/results/gdn_kernels_notes.md). GATED and WRITE_K as in
     `_gdn_verify_kernel`."""
     if USE_GDC:
         _grid_dependency()
@@ -507,10 +508,16 @@ VERIFY_TUNING: dict[int, VerifyTuning] = {
 COMMIT_TUNING = CommitTuning(block_v=16, num_warps=1)
 
 
+@functools.cache
+def _pdl_capable(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
 def _launch_options(pdl: bool, x: Tensor) -> dict:
     """Launch with programmatic dependent launch where asked for and possible: a CUDA device of
-    compute capability 9 or higher, compiled (the interpreter cannot run the kernels' inline PTX)."""
-    if pdl and x.is_cuda and not _interpreted() and torch.cuda.get_device_capability(x.device)[0] >= 9:
+    compute capability 9 or higher, compiled (the interpreter cannot run the kernels' inline PTX).
+    The capability is looked up once per device, not at every launch of the decoding round."""
+    if pdl and x.is_cuda and not _interpreted() and _pdl_capable(x.device.index):
         return dict(USE_GDC=True, launch_pdl=True)
     return dict(USE_GDC=False)
 
