@@ -67,8 +67,12 @@ def verify_variants() -> list[gdn.VerifyTuning]:
 
 def commit_variants() -> list[gdn.CommitTuning]:
     C = gdn.CommitTuning
-    return ([C(bv, w, False) for bv in (16, 32) for w in (1, 2)] + [C(8, 2, True), C(16, 4, True)]
-            + [C(16, 1, False, pdl=True), C(32, 1, False, pdl=True), C(8, 2, True, pdl=True)])
+    loop = [C(bv, w, False) for bv in (16, 32) for w in (1, 2)] + [C(8, 2, True), C(16, 4, True)]
+    # one product of all tokens' factors, every load issued at once (the loop above waits about one
+    # load latency per committed token: 35 us at m = 1, 67 us at m = 16 in the second sweep)
+    # (tf32x3 tensor cores; the ieee FMA product, and block_v 64, spill offline on sm_90a)
+    dot = [C(bv, w, method="dot") for bv, w in ((16, 1), (16, 2), (16, 4), (32, 4), (32, 8))]
+    return loop + dot + [C(16, 1, False, pdl=True), C(32, 1, False, pdl=True), C(16, 4, method="dot", pdl=True)]
 
 
 @triton.jit
@@ -279,8 +283,8 @@ def summary(result: dict) -> str:
         lines.append(f"| {T} | " + " | ".join(cells) + " |")
     c = result["chosen"]["commit"]
     if c:
-        lines += ["", f"commit (all 30 layers, T = 16): block_v {c['block_v']}, warps {c['num_warps']}, "
-                  f"unroll {c['unroll']}, pdl {c.get('pdl', False)}: "
+        lines += ["", f"commit (all 30 layers, T = 16): {c.get('method', 'loop')}, block_v {c['block_v']}, "
+                  f"warps {c['num_warps']}, unroll {c['unroll']}, key_dot {c.get('key_dot', '-')}, pdl {c.get('pdl', False)}: "
                   + ", ".join(f"m={m}: {us} us" for m, us in c["median_us_by_m"].items())]
     failed = [r for r in result["rows"] if r["kind"] != "launch" and not r.get("passed")]
     lines += ["", f"variants failing or erroring: {len(failed)}"]

@@ -451,11 +451,19 @@ def test_gated_verify_names_a_bad_gate_argument():
         gdn_triton.gdn_verify_gated(**inputs, k_out=torch.empty(1, 3, 1, 1))
 
 
-@pytest.mark.parametrize("unroll", [False, True], ids=["loop-over-m", "unrolled-masked"])
-def test_commit_launch_variants_match_reference(unroll, monkeypatch):
-    T = 6
+COMMIT_VARIANTS = {
+    "loop-over-m": gdn_triton.CommitTuning(block_v=8, num_warps=2),
+    "unrolled-masked": gdn_triton.CommitTuning(block_v=8, num_warps=2, unroll=True),
+    "dot-tf32x3": gdn_triton.CommitTuning(block_v=16, num_warps=4, method="dot"),
+    "dot-ieee": gdn_triton.CommitTuning(block_v=32, num_warps=1, method="dot", key_dot="ieee"),
+}
+
+
+@pytest.mark.parametrize("T", [6, 16])
+@pytest.mark.parametrize("variant", list(COMMIT_VARIANTS))
+def test_commit_launch_variants_match_reference(variant, T, monkeypatch):
     accepted = torch.randperm(T, generator=torch.Generator().manual_seed(5)) + 1  # every m in 1..T
-    monkeypatch.setattr(gdn_triton, "COMMIT_TUNING", gdn_triton.CommitTuning(block_v=8, num_warps=2, unroll=unroll))
+    monkeypatch.setattr(gdn_triton, "COMMIT_TUNING", COMMIT_VARIANTS[variant])
     S0, z, k, g_cum = layer_factors(T, accepted, **SHAPES["grouped"])
     expected = S0.clone()
     reference.gdn_commit(expected, z, k, g_cum, accepted)
@@ -492,3 +500,12 @@ def test_pdl_tunings_match_reference_where_pdl_is_off(variant, monkeypatch):
 
     assert_close("o", o_ref, o, FP32_RATIO)
     assert_close("states", expected, states, FP32_RATIO)
+
+
+def test_commit_tuning_names_a_bad_field():
+    with pytest.raises(ValueError, match="CommitTuning: method='fold', expected loop or dot"):
+        gdn_triton.CommitTuning(method="fold")
+    with pytest.raises(ValueError, match="CommitTuning: block_v=8 with method dot, expected at least 16"):
+        gdn_triton.CommitTuning(block_v=8, method="dot")
+    with pytest.raises(ValueError, match="CommitTuning: num_warps=3 is not a power of two"):
+        gdn_triton.CommitTuning(num_warps=3)

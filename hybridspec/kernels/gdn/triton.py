@@ -378,7 +378,11 @@ def _gdn_commit_kernel(
     stride_gc_l, stride_gc_b, stride_gc_t,
     T: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, UNROLL: tl.constexpr, USE_GDC: tl.constexpr,
+    DOT: tl.constexpr, BT: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
+    """DOT: the m rank-1 updates as one [BV, BT] x [BT, BK] product of the weighted z columns and
+    the k rows, every token's loads issued at once (tokens >= m masked to zero); else UNROLL (a
+    static loop over the T tokens, masked beyond m) or a loop over the m tokens."""
     if USE_GDC:
         _grid_dependency()
     i_lbh, i_v = tl.program_id(0), tl.program_id(1)
@@ -402,7 +406,16 @@ def _gdn_commit_kernel(
     # Eq. 7: S_m = e^{g_m} S_0 + sum_{j<=m} e^{g_m - g_j} z_j k_j^T (rank-1 updates, only the m
     # committed tokens: g_m - g_j <= 0 for j <= m, so no exponent is positive); rows o_v, in place
     b_s = tl.exp(b_gm) * b_s
-    if UNROLL:  # every token's loads in flight at once; tokens beyond m are masked to zero
+    if DOT:
+        o_t = tl.arange(0, BT)
+        m_j = o_t < b_m  # committed tokens j < m
+        b_w = tl.where(m_j, tl.exp(b_gm - tl.load(p_gc + o_t * stride_gc_t, mask=m_j, other=0)), 0.0)  # [BT]
+        b_wz = tl.load(p_z[:, None] + o_t[None, :] * stride_z_t, mask=m_v[:, None] & m_j[None, :],
+                       other=0).to(tl.float32) * b_w[None, :]  # e^{g_m - g_j} z_j as columns [BV, BT]
+        b_kt = tl.load(p_k[None, :] + o_t[:, None] * stride_k_t, mask=m_j[:, None] & m_k[None, :],
+                       other=0).to(tl.float32)  # k_j as rows [BT, BK]
+        b_s = tl.dot(b_wz, b_kt, acc=b_s, input_precision=DOT_PRECISION)
+    elif UNROLL:  # every token's loads in flight at once; tokens beyond m are masked to zero
         for j in tl.static_range(T):
             i_j = tl.minimum(j, b_m - 1)  # tokens beyond m re-read token m (cached) with weight 0
             b_w = tl.where(j < b_m, tl.exp(b_gm - tl.load(p_gc + i_j * stride_gc_t)), 0.0)  # e^{g_m - g_j}
@@ -491,6 +504,22 @@ class CommitTuning:
     num_warps: int = 4
     unroll: bool = False  # a static loop over the T tokens (masked beyond m) instead of a loop over m
     pdl: bool = False  # programmatic dependent launch on SM90+ (`_launch_options`); ignored elsewhere
+    # "loop": m rank-1 updates (unroll as above); "dot": one [block_v, 16] x [16, dk] product of all
+    # tokens' factors, loaded at once (block_v >= 16, the smallest tl.dot tile)
+    method: str = "loop"
+    key_dot: str = "tf32x3"  # dot only: "ieee" (fp32 FMA), "tf32x3" (tensor cores, about fp32)
+
+    def __post_init__(self):
+        if self.method not in ("loop", "dot"):
+            raise ValueError(f"CommitTuning: method={self.method!r}, expected loop or dot")
+        if self.key_dot not in ("ieee", "tf32x3"):
+            raise ValueError(f"CommitTuning: key_dot={self.key_dot!r}, expected ieee or tf32x3")
+        for name in ("block_v", "num_warps"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"CommitTuning: {name}={value} is not a power of two")
+        if self.method == "dot" and self.block_v < 16:
+            raise ValueError(f"CommitTuning: block_v={self.block_v} with method dot, expected at least 16")
 
 
 # Per verification length T (1..16), the fastest passing variant of bench/gdn_tuning.py on the H200
@@ -557,6 +586,7 @@ def _launch_commit(states, z, k, g_cum, accepted, tuning: CommitTuning) -> None:
         *states.stride()[:4], *z.stride()[:4], *k.stride()[:4], *g_cum.stride()[:3],
         T=z.shape[2], HV=HV, GROUP=HV // k.shape[3], DK=dk, DV=dv, BK=_key_block(dk), BV=tuning.block_v,
         UNROLL=tuning.unroll, num_warps=tuning.num_warps, **_launch_options(tuning.pdl, states),
+        DOT=tuning.method == "dot", BT=max(BLOCK_T, triton.next_power_of_2(z.shape[2])), DOT_PRECISION=tuning.key_dot,
     )
 
 
