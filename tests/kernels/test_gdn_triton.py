@@ -304,6 +304,8 @@ VERIFY_VARIANTS = {
     "unroll-tf32x3": gdn_triton.VerifyTuning(block_v=8, block_k=32, num_warps=2, key_dot="tf32x3", unroll=True),
     "unroll-ieee-one-chunk": gdn_triton.VerifyTuning(block_v=32, block_k=128, num_warps=4, key_dot="ieee",
                                                     unroll=True, num_stages=1),
+    "solve-tf32x3": gdn_triton.VerifyTuning(block_v=16, block_k=16, num_warps=2, key_dot="tf32x3", num_stages=4,
+                                            solve_dot="tf32x3"),
 }
 
 
@@ -324,17 +326,23 @@ RECURRENT = {"recurrent-8x1": gdn_triton.VerifyTuning(block_v=8, num_warps=1, me
              "recurrent-32x4": gdn_triton.VerifyTuning(block_v=32, num_warps=4, method="recurrent"),
              "recurrent-4x1": gdn_triton.VerifyTuning(block_v=4, num_warps=1, num_stages=1, method="recurrent"),
              "recurrent-32x4-prefetch": gdn_triton.VerifyTuning(block_v=32, num_warps=4, method="recurrent",
-                                                                prefetch=True)}
+                                                                prefetch=True),
+             "recurrent-4x1-prefetch": gdn_triton.VerifyTuning(block_v=4, num_warps=1, num_stages=1,
+                                                               method="recurrent", prefetch=True),
+             "recurrent-8x1-prefetch": gdn_triton.VerifyTuning(block_v=8, num_warps=1, num_stages=1,
+                                                               method="recurrent", prefetch=True)}
 
 
 # every T on both shapes with 32-row blocks (dv = 40: a full and a masked block; the interpreter's
 # cost is per program, so fewer programs keep CI short); 8-row blocks at a few T
 RECURRENT_CASES = [("recurrent-32x4", shape, T) for shape in SHAPES for T in range(1, 17)]
 RECURRENT_CASES += [("recurrent-8x1", "grouped", T) for T in (1, 7, 16)]
-RECURRENT_CASES += [("recurrent-4x1", "ungrouped", T) for T in (2, 6)]  # the shipped choice for short windows
-# prefetching (a tuning variant, not shipped yet): lengths around each power of two; its gated path
-# at more lengths below
+RECURRENT_CASES += [("recurrent-4x1", "ungrouped", T) for T in (2, 6)]
+# prefetching: lengths around each power of two; its gated path at more lengths below; the shipped
+# one-warp choices (VERIFY_TUNING) at a few lengths
 RECURRENT_CASES += [("recurrent-32x4-prefetch", "grouped", T) for T in (1, 3, 8, 9, 16)]
+RECURRENT_CASES += [("recurrent-4x1-prefetch", "ungrouped", T) for T in (2, 5)]
+RECURRENT_CASES += [("recurrent-8x1-prefetch", "grouped", T) for T in (3, 12)]
 
 
 @pytest.mark.parametrize(("variant", "shape", "T"), RECURRENT_CASES)

@@ -39,7 +39,7 @@ S_m = e^{g_m} S_0 + sum_{j <= m} e^{g_m - g_j} z_j k_j^T (no work for the reject
 
 Numerics: the four dk-long products (K S_0^T, Q S_0^T, K K^T, Q K^T) use `input_precision="tf32x3"`
 by default (three TF32 tensor-core passes, about fp32 accuracy: 2.5e-7 relative error on the H200
-against float64), the 16 x 16 products of the solve `ieee` fp32; inputs (bf16 or fp32) are widened
+against float64), the 16 x 16 products of the solve `ieee` fp32 (or tf32x3, `VerifyTuning.solve_dot`); inputs (bf16 or fp32) are widened
 to fp32 on load, and decay exponents g_i - g_j are masked to -inf before `exp` wherever j > i, so a
 positive difference is never exponentiated.
 Only explicit pointer arithmetic is used (triton >= 3.9 removed block pointers; the GPU has 3.6).
@@ -73,7 +73,7 @@ INPUT_DTYPES = (torch.bfloat16, torch.float32)
 
 
 @triton.jit
-def _inverse_unit_lower(b_a, T: tl.constexpr, BT: tl.constexpr):
+def _inverse_unit_lower(b_a, T: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr):
     """(I + A)^-1 for strictly lower triangular A [BT, BT] (rows >= T zero), by products only.
 
     A = D + E with D its 4 x 4 diagonal blocks: D^4 = 0, so (I + D)^-1 = (I - D)(I + D^2);
@@ -86,15 +86,15 @@ def _inverse_unit_lower(b_a, T: tl.constexpr, BT: tl.constexpr):
     b_d = tl.where(m_block, b_a, 0.0)  # D [BT, BT]
     b_inv = b_eye - b_d  # exact while D^2 = 0 (T <= 2)
     if T > 2:
-        b_inv = tl.dot(b_inv, b_eye + tl.dot(b_d, b_d, input_precision="ieee"),
-                       input_precision="ieee")  # (I + D)^-1
+        b_inv = tl.dot(b_inv, b_eye + tl.dot(b_d, b_d, input_precision=PREC),
+                       input_precision=PREC)  # (I + D)^-1
     if T > 4:
-        b_m = tl.dot(b_inv, tl.where(m_block, 0.0, b_a), input_precision="ieee")  # M
+        b_m = tl.dot(b_inv, tl.where(m_block, 0.0, b_a), input_precision=PREC)  # M
         b_inv_m = b_eye - b_m  # exact while M^2 = 0 (T <= 8: two blocks)
         if T > 8:
-            b_inv_m = tl.dot(b_inv_m, b_eye + tl.dot(b_m, b_m, input_precision="ieee"),
-                             input_precision="ieee")  # (I + M)^-1
-        b_inv = tl.dot(b_inv_m, b_inv, input_precision="ieee")
+            b_inv_m = tl.dot(b_inv_m, b_eye + tl.dot(b_m, b_m, input_precision=PREC),
+                             input_precision=PREC)  # (I + M)^-1
+        b_inv = tl.dot(b_inv_m, b_inv, input_precision=PREC)
     return b_inv
 
 
@@ -160,6 +160,7 @@ def _gdn_verify_kernel(
     DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     BKC: tl.constexpr, KEY_DOT: tl.constexpr, UNROLL: tl.constexpr,
     GATED: tl.constexpr, WRITE_K: tl.constexpr, EPS: tl.constexpr, USE_GDC: tl.constexpr,
+    SOLVE_DOT: tl.constexpr,
 ):
     """GATED: q, k are raw (normalised here through their row norms, which scale the products),
     g and beta hold the raw a and b (gates formed here from A_log, dt_bias); WRITE_K: the normalised
@@ -233,10 +234,10 @@ def _gdn_verify_kernel(
     p_v = v + i_b * stride_v_b + o_t[:, None] * stride_v_t + i_h * stride_v_h + o_v[None, :]
     b_v = tl.load(p_v, mask=m_tv, other=0).to(tl.float32)  # [BT, BV]
     b_rhs = b_beta[:, None] * (b_v - b_decay0 * b_ks)
-    b_z = tl.dot(_inverse_unit_lower(b_a, T, BT), b_rhs, input_precision="ieee")  # [BT, BV]
+    b_z = tl.dot(_inverse_unit_lower(b_a, T, BT, SOLVE_DOT), b_rhs, input_precision=SOLVE_DOT)  # [BT, BV]
 
     # Eq. 10: O = diag(e^g) Q S_0^T + (Gamma . Q K^T) Z   (q already scaled)
-    b_o = b_decay0 * b_qs + tl.dot(b_gamma * b_qk, b_z, input_precision="ieee")  # [BT, BV]
+    b_o = b_decay0 * b_qs + tl.dot(b_gamma * b_qk, b_z, input_precision=SOLVE_DOT)  # [BT, BV]
 
     p_o = o + i_b * stride_o_b + o_t[:, None] * stride_o_t + i_h * stride_o_h + o_v[None, :]
     p_z = z + i_b * stride_z_b + o_t[:, None] * stride_z_t + i_h * stride_z_h + o_v[None, :]
@@ -486,10 +487,14 @@ class VerifyTuning:
     prefetch: bool = False
     # programmatic dependent launch on SM90+ (`_launch_options`); ignored elsewhere
     pdl: bool = False
+    # blocked only: precision of the 16 x 16 products of the solve and the outputs (ieee or tf32x3)
+    solve_dot: str = "ieee"
 
     def __post_init__(self):
         if self.key_dot not in ("ieee", "tf32x3", "tf32"):
             raise ValueError(f"VerifyTuning: key_dot={self.key_dot!r}, expected ieee, tf32x3 or tf32")
+        if self.solve_dot not in ("ieee", "tf32x3"):
+            raise ValueError(f"VerifyTuning: solve_dot={self.solve_dot!r}, expected ieee or tf32x3")
         if self.method not in ("blocked", "recurrent"):
             raise ValueError(f"VerifyTuning: method={self.method!r}, expected blocked or recurrent")
         for name in ("block_v", "block_k", "num_warps"):
@@ -534,7 +539,7 @@ _MEASURED = {2: _RECURRENT_4, 3: _RECURRENT_4, 4: _RECURRENT_8, 6: _RECURRENT_4,
              12: dataclasses.replace(_BLOCKED, num_stages=5), 16: _BLOCKED}
 VERIFY_TUNING: dict[int, VerifyTuning] = {
     T: _MEASURED[min(t for t in _MEASURED if t >= T)] for T in range(1, MAX_TOKENS + 1)}
-COMMIT_TUNING = CommitTuning(block_v=16, num_warps=1)
+COMMIT_TUNING = CommitTuning(block_v=16, num_warps=4, method="dot")
 
 
 @functools.cache
@@ -574,7 +579,8 @@ def _launch_verify(q, k, v, g, beta, state, scale, o, z, g_cum, tuning: VerifyTu
                                            **_launch_options(tuning.pdl, state))
         return
     _gdn_verify_kernel[grid](*args, **shape, BT=BLOCK_T, BKC=min(tuning.block_k, _key_block(dk)),
-                             KEY_DOT=tuning.key_dot, UNROLL=tuning.unroll, num_warps=tuning.num_warps,
+                             KEY_DOT=tuning.key_dot, UNROLL=tuning.unroll, SOLVE_DOT=tuning.solve_dot,
+                             num_warps=tuning.num_warps,
                              num_stages=tuning.num_stages, **_launch_options(tuning.pdl, state))
 
 
