@@ -704,7 +704,7 @@ def apply_tuning(chosen: dict) -> None:
     for T, t in chosen["verify"].items():
         gdn.VERIFY_TUNING[int(T)] = build(gdn.VerifyTuning, t)
     if chosen.get("commit"):
-        gdn.COMMIT_TUNING = build(gdn.CommitTuning, chosen["commit"])
+        gdn.COMMIT_TUNING.update({T: build(gdn.CommitTuning, chosen["commit"]) for T in gdn.COMMIT_TUNING})
     print(f"tuning: verify {gdn.VERIFY_TUNING}, commit {gdn.COMMIT_TUNING}", flush=True)
 
 

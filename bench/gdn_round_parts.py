@@ -9,7 +9,7 @@ bf16 inputs, fp32 states, m = w). Per w, each row is one CUDA graph of the ROTAT
   verify-evolved   the same after 200 replays of the full round (states committed again and again)
   commit           the commit alone
   round-no-pdl     the round with programmatic dependent launch off in both kernels
-  round-loop       the round with the commit's rank-1 loop (CommitTuning(16, 1)) instead of its tuning
+  round-loop       the round with the commit's rank-1 loop (CommitTuning(16, 1)) at every length
 The sum verify + commit against round says whether the two kernels slow each other down.
 """
 
@@ -69,17 +69,17 @@ def measure(w: int, samples: int, replays: int) -> dict[str, float]:
     torch.cuda.synchronize()
     del graph
     row["verify-evolved"] = timed(parts, "verify", samples, replays)
-    saved = dict(gdn.VERIFY_TUNING), gdn.COMMIT_TUNING
+    saved = dict(gdn.VERIFY_TUNING), dict(gdn.COMMIT_TUNING)
     try:
         gdn.VERIFY_TUNING.update({T: dataclasses.replace(t, pdl=False) for T, t in gdn.VERIFY_TUNING.items()})
-        gdn.COMMIT_TUNING = dataclasses.replace(gdn.COMMIT_TUNING, pdl=False)
+        gdn.COMMIT_TUNING.update({T: dataclasses.replace(t, pdl=False) for T, t in gdn.COMMIT_TUNING.items()})
         row["round-no-pdl"] = timed([Parts(p, w, w) for p in problems], "round", samples, replays)
         gdn.VERIFY_TUNING.update(saved[0])
-        gdn.COMMIT_TUNING = gdn.CommitTuning(16, 1)
+        gdn.COMMIT_TUNING.update({T: gdn.CommitTuning(16, 1) for T in gdn.COMMIT_TUNING})
         row["round-loop"] = timed([Parts(p, w, w) for p in problems], "round", samples, replays)
     finally:
         gdn.VERIFY_TUNING.update(saved[0])
-        gdn.COMMIT_TUNING = saved[1]
+        gdn.COMMIT_TUNING.update(saved[1])
     row["verify + commit"] = row["verify"] + row["commit"]
     return {k: round(v, 2) for k, v in row.items()}
 

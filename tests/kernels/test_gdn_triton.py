@@ -471,7 +471,7 @@ COMMIT_VARIANTS = {
 @pytest.mark.parametrize("variant", list(COMMIT_VARIANTS))
 def test_commit_launch_variants_match_reference(variant, T, monkeypatch):
     accepted = torch.randperm(T, generator=torch.Generator().manual_seed(5)) + 1  # every m in 1..T
-    monkeypatch.setattr(gdn_triton, "COMMIT_TUNING", COMMIT_VARIANTS[variant])
+    monkeypatch.setitem(gdn_triton.COMMIT_TUNING, T, COMMIT_VARIANTS[variant])
     S0, z, k, g_cum = layer_factors(T, accepted, **SHAPES["grouped"])
     expected = S0.clone()
     reference.gdn_commit(expected, z, k, g_cum, accepted)
@@ -496,7 +496,7 @@ def test_pdl_tunings_match_reference_where_pdl_is_off(variant, monkeypatch):
     tuning = gdn_triton.VerifyTuning(pdl=True) if variant == "blocked" else dataclasses.replace(
         RECURRENT["recurrent-32x4-prefetch"], pdl=True)
     monkeypatch.setitem(gdn_triton.VERIFY_TUNING, T, tuning)
-    monkeypatch.setattr(gdn_triton, "COMMIT_TUNING", gdn_triton.CommitTuning(pdl=True))
+    monkeypatch.setitem(gdn_triton.COMMIT_TUNING, T, gdn_triton.CommitTuning(pdl=True))
     inputs = mixed_inputs(480, T, **SHAPES["grouped"])
     o_ref, z_ref, g_ref = reference.gdn_verify(**inputs)
 

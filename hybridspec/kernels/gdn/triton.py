@@ -34,8 +34,11 @@ short-window candidate: at T = 2 the blocked kernel spends most of its time in a
 tiles that the recurrence does not have.
 
 `gdn_commit` is one launch for all L layers over a grid (L * B * HV, dv / BV): each program reads
-m = accepted[b] on the device and rewrites BV rows of one state in place by m rank-1 updates
-S_m = e^{g_m} S_0 + sum_{j <= m} e^{g_m - g_j} z_j k_j^T (no work for the rejected tokens).
+m = accepted[b] on the device and rewrites BV rows of one state in place,
+S_m = e^{g_m} S_0 + sum_{j <= m} e^{g_m - g_j} z_j k_j^T, either by m rank-1 updates (no work for
+the rejected tokens, one load latency per token) or, for longer windows, as one [BV, 16] x [16, dk]
+tensor-core product of all tokens' factors with the rejected ones masked to zero
+(`COMMIT_TUNING` per window length).
 
 Numerics: the four dk-long products (K S_0^T, Q S_0^T, K K^T, Q K^T) use `input_precision="tf32x3"`
 by default (three TF32 tensor-core passes, about fp32 accuracy: 2.5e-7 relative error on the H200
@@ -528,18 +531,26 @@ class CommitTuning:
 
 
 # Per verification length T (1..16), the fastest passing variant of bench/gdn_tuning.py on the H200
-# (bench/results/gdn_tuning.md, 2026-12-01, second sweep): forward substitution in state space with
-# 4-8 value rows per one-warp program up to T = 6 (112.7 us for 30 layers at T = 2, the blocked
-# kernel 231.9), the blocked kernel from T = 8 on (270.4 us at T = 8, recurrent 326.3); a length
-# between the measured ones takes the next measured length's choice.
-_RECURRENT_4 = VerifyTuning(block_v=4, num_warps=1, num_stages=1, method="recurrent")
-_RECURRENT_8 = VerifyTuning(block_v=8, num_warps=1, num_stages=1, method="recurrent")
-_BLOCKED = VerifyTuning(block_v=16, block_k=16, num_warps=2, key_dot="tf32x3", num_stages=4)
-_MEASURED = {2: _RECURRENT_4, 3: _RECURRENT_4, 4: _RECURRENT_8, 6: _RECURRENT_4, 8: _BLOCKED,
-             12: dataclasses.replace(_BLOCKED, num_stages=5), 16: _BLOCKED}
+# (bench/results/gdn_tuning.md, 2026-12-01, fourth sweep): forward substitution in state space with
+# every token's inputs loaded first, one warp per program and programmatic dependent launch up to
+# T = 12 (83.2 us for 30 layers at T = 2, 187.4 at T = 8, 269.0 at T = 12), the blocked kernel with
+# PDL at T = 16 (274.1 us; the recurrent kernel 335.6); a length between the measured ones takes the
+# next measured length's choice.
+_PREFETCH = VerifyTuning(num_warps=1, num_stages=1, method="recurrent", prefetch=True, pdl=True)
+_BLOCKED = VerifyTuning(block_v=16, block_k=16, num_warps=2, key_dot="tf32x3", num_stages=4, pdl=True)
+_MEASURED = {2: dataclasses.replace(_PREFETCH, block_v=4), 3: dataclasses.replace(_PREFETCH, block_v=8),
+             4: dataclasses.replace(_PREFETCH, block_v=8), 6: dataclasses.replace(_PREFETCH, block_v=8),
+             8: dataclasses.replace(_PREFETCH, block_v=2), 12: dataclasses.replace(_PREFETCH, block_v=8),
+             16: _BLOCKED}
 VERIFY_TUNING: dict[int, VerifyTuning] = {
     T: _MEASURED[min(t for t in _MEASURED if t >= T)] for T in range(1, MAX_TOKENS + 1)}
-COMMIT_TUNING = CommitTuning(block_v=16, num_warps=4, method="dot")
+# Per window length T (the round buffers' length; m is read on the device): one tensor-core product
+# of all tokens' factors (40.3 us for 30 layers at m = 16, the rank-1 loop 67.1), the loop up to
+# T = 4, where whole rounds measured it 1-4 us faster (bench/gdn_round_parts.py). Neither with PDL:
+# behind the PDL verify launches a PDL commit cost the round 77 us at w = 16.
+COMMIT_TUNING: dict[int, CommitTuning] = {
+    T: CommitTuning(block_v=16, num_warps=1) if T <= 4 else CommitTuning(block_v=16, num_warps=4, method="dot")
+    for T in range(1, MAX_TOKENS + 1)}
 
 
 @functools.cache
@@ -662,4 +673,4 @@ def gdn_commit(states, z, k, g_cum, accepted) -> None:
     _check_dtype(fn, "g_cum", g_cum, (torch.float32,))
     _check_layout(fn, dict(states=states, z=z, k=k, g_cum=g_cum, accepted=accepted))
 
-    _launch_commit(states, z, k, g_cum, accepted, COMMIT_TUNING)
+    _launch_commit(states, z, k, g_cum, accepted, COMMIT_TUNING[T])
