@@ -693,7 +693,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def apply_tuning(chosen: dict) -> None:
-    """Launch ours with the per-length choice of bench/gdn_tuning.py."""
+    """Launch ours with the per-length verify choice of bench/gdn_tuning.py and its one commit choice
+    (at every window length: the sweep times the commit alone, while the shipped COMMIT_TUNING keeps
+    the rank-1 loop for short windows, where whole rounds measured it faster)."""
     from hybridspec.kernels.gdn import triton as gdn
 
     import dataclasses
