@@ -199,11 +199,18 @@ class HybridSpec:
         self.o: list[Tensor] = []
 
     def round(self) -> None:
+        self.verify()
+        self.commit()
+
+    def verify(self) -> None:  # the 30 layers' verify launches (bench/gdn_round_parts.py times them alone)
         p, w = self.p, self.w
         self.o = [self.gdn.gdn_verify_gated(p.q[l], p.k[l], p.v[l], p.a[l, None], p.b[l, None], p.A_log[l],
                                             p.dt_bias[l], self.states[l], p.scale, z_out=self.z[l, :, :w],
                                             g_out=self.g_cum[l, :, :w], k_out=self.k[l, :, :w])[0]
                   for l in range(len(self.states))]
+
+    def commit(self) -> None:
+        w = self.w
         self.gdn.gdn_commit(self.states, self.z[:, :, :w], self.k[:, :, :w], self.g_cum[:, :, :w], self.accepted)
 
     def outputs(self) -> Tensor:  # [L, w, HV, dv]

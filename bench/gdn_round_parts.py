@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import json
 import sys
 from pathlib import Path
@@ -32,21 +33,7 @@ import gdn_kernels as gk  # noqa: E402
 from hybridspec.kernels.gdn import triton as gdn  # noqa: E402
 
 
-class Parts(gk.HybridSpec):
-    def verify(self) -> None:
-        p, w = self.p, self.w
-        for layer in range(len(self.states)):
-            self.gdn.gdn_verify_gated(p.q[layer], p.k[layer], p.v[layer], p.a[layer, None], p.b[layer, None],
-                                      p.A_log[layer], p.dt_bias[layer], self.states[layer], p.scale,
-                                      z_out=self.z[layer, :, :w], g_out=self.g_cum[layer, :, :w],
-                                      k_out=self.k[layer, :, :w])
-
-    def commit(self) -> None:
-        w = self.w
-        self.gdn.gdn_commit(self.states, self.z[:, :, :w], self.k[:, :, :w], self.g_cum[:, :, :w], self.accepted)
-
-
-def timed(parts: list[Parts], method: str, samples: int, replays: int) -> float:
+def timed(parts: list[gk.HybridSpec], method: str, samples: int, replays: int) -> float:
     graph = gk.capture([getattr(x, method) for x in parts])
     result = gk.median_us(graph, len(parts), samples, replays)
     del graph
@@ -56,12 +43,12 @@ def timed(parts: list[Parts], method: str, samples: int, replays: int) -> float:
 def measure(w: int, samples: int, replays: int) -> dict[str, float]:
     problems = [gk.make_problem(gk.QWEN36, w, torch.bfloat16, 1000 + r, "cuda") for r in range(gk.ROTATIONS)]
     row: dict[str, float] = {}
-    parts = [Parts(p, w, w) for p in problems]
+    parts = [gk.HybridSpec(p, w, w) for p in problems]
     for x in parts:
         x.verify()  # round buffers filled for the commit-only graph
     row["verify"] = timed(parts, "verify", samples, replays)
     row["commit"] = timed(parts, "commit", samples, replays)
-    parts = [Parts(p, w, w) for p in problems]
+    parts = [gk.HybridSpec(p, w, w) for p in problems]
     row["round"] = timed(parts, "round", samples, replays)
     graph = gk.capture([x.round for x in parts])
     for _ in range(200):
@@ -73,10 +60,10 @@ def measure(w: int, samples: int, replays: int) -> dict[str, float]:
     try:
         gdn.VERIFY_TUNING.update({T: dataclasses.replace(t, pdl=False) for T, t in gdn.VERIFY_TUNING.items()})
         gdn.COMMIT_TUNING.update({T: dataclasses.replace(t, pdl=False) for T, t in gdn.COMMIT_TUNING.items()})
-        row["round-no-pdl"] = timed([Parts(p, w, w) for p in problems], "round", samples, replays)
+        row["round-no-pdl"] = timed([gk.HybridSpec(p, w, w) for p in problems], "round", samples, replays)
         gdn.VERIFY_TUNING.update(saved[0])
         gdn.COMMIT_TUNING.update({T: gdn.CommitTuning(16, 1) for T in gdn.COMMIT_TUNING})
-        row["round-loop"] = timed([Parts(p, w, w) for p in problems], "round", samples, replays)
+        row["round-loop"] = timed([gk.HybridSpec(p, w, w) for p in problems], "round", samples, replays)
     finally:
         gdn.VERIFY_TUNING.update(saved[0])
         gdn.COMMIT_TUNING.update(saved[1])
@@ -105,7 +92,9 @@ def main(argv=None) -> int:
     print("\n".join(table))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "gdn_round_parts.json").write_text(json.dumps(dict(versions=gk.versions(), rows=rows), indent=2))
+        result = dict(device=torch.cuda.get_device_name(), date=datetime.datetime.now().isoformat(timespec="seconds"),
+                      command=" ".join(sys.argv), versions=gk.versions(), rows=rows)
+        (args.out / "gdn_round_parts.json").write_text(json.dumps(result, indent=2))
     return 0
 
 

@@ -42,9 +42,9 @@ tensor-core product of all tokens' factors with the rejected ones masked to zero
 
 Numerics: the four dk-long products (K S_0^T, Q S_0^T, K K^T, Q K^T) use `input_precision="tf32x3"`
 by default (three TF32 tensor-core passes, about fp32 accuracy: 2.5e-7 relative error on the H200
-against float64), the 16 x 16 products of the solve `ieee` fp32 (or tf32x3, `VerifyTuning.solve_dot`); inputs (bf16 or fp32) are widened
-to fp32 on load, and decay exponents g_i - g_j are masked to -inf before `exp` wherever j > i, so a
-positive difference is never exponentiated.
+against float64), the 16 x 16 products of the solve `ieee` fp32 (or tf32x3: `VerifyTuning.solve_dot`);
+inputs (bf16 or fp32) are widened to fp32 on load, and decay exponents g_i - g_j are masked to -inf
+before `exp` wherever j > i, so a positive difference is never exponentiated.
 Only explicit pointer arithmetic is used (triton >= 3.9 removed block pointers; the GPU has 3.6).
 """
 
