@@ -61,6 +61,20 @@ def verify_variants() -> list[gdn.VerifyTuning]:
     # programmatic dependent launch (as SGLang launches its kernels on SM90+): each verify's launch
     # and ramp overlap the previous layer's body
     out += [dataclasses.replace(v, pdl=True) for v in out]
+    # split: the blocked form ordered for latency with bf16 tensor-core products of the split state
+    # (sixth session; PDL throughout, which helped every kind in the fourth sweep). The 16 x 16
+    # products of the solve in tf32split and 8-warp programs lost to these in its first two sweeps.
+    out += [V(bv, 16, w, method="split", split=sp, prefetch=pf, pdl=True, num_stages=1)
+            for bv, w in ((16, 1), (16, 2), (32, 4), (64, 4)) for sp in (2, 3) for pf in (False, True)]
+    out += [V(bv, 16, w, method="split", split=sp, fence=True, pdl=True, num_stages=1)
+            for bv, w in ((16, 1), (16, 2), (32, 4), (64, 4)) for sp in (2, 3)]
+    out += [V(bv, 16, 1, "ieee", False, 1, "recurrent", True, pdl=True, fence=True) for bv in (2, 4, 8)]
+    out += [V(bv, 16, w, method="split", split=sp, solve_dot="bf16x6", pdl=True, num_stages=1)
+            for bv, w in ((16, 2), (32, 4)) for sp in (2, 3)]
+    # blocked with the split's bf16 products, its loads pipelined over dk chunks (cp.async)
+    out += [V(bv, bk, w, "bf16split", False, st, split=sp, pdl=True)
+            for bv, bk, w, st in ((16, 16, 2, 4), (16, 32, 2, 3), (32, 32, 4, 3), (32, 64, 4, 2), (32, 64, 4, 3))
+            for sp in (2, 3)]
     return out
 
 
@@ -117,9 +131,11 @@ def commit_all(b: Buffers, T: int, accepted: torch.Tensor, tuning: gdn.CommitTun
     gdn._launch_commit(b.states, b.z[:, :, :T], b.k[:, :, :T], b.g_cum[:, :, :T], accepted, tuning)
 
 
-def check(T: int, verify: gdn.VerifyTuning, commit: gdn.CommitTuning, m: int) -> tuple[float, float]:
-    """Relative errors (outputs, committed state) against float64 Eq. 1, fp32 inputs."""
-    b = buffers(T, torch.float32, seed=7)
+def check(T: int, verify: gdn.VerifyTuning, commit: gdn.CommitTuning, m: int,
+          dtype: torch.dtype = torch.float32) -> tuple[float, float]:
+    """Relative errors (outputs, committed state) against float64 Eq. 1 from the same inputs
+    (fp32, or bf16 as the model has them)."""
+    b = buffers(T, dtype, seed=7)
     o_ref, s_ref = gk.oracle(b.p, m)
     verify_all(b, T, verify)
     commit_all(b, T, torch.full((1,), m, dtype=torch.long, device="cuda"), commit)
@@ -168,15 +184,24 @@ def precompile(verify: list, commit: list, jobs: int) -> None:
 
 
 def main(argv=None) -> int:
+    global SWEEP_LENGTHS
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--samples", type=int, default=15)
     parser.add_argument("--replays", type=int, default=10)
     parser.add_argument("--jobs", type=int, default=12)
+    parser.add_argument("--lengths", type=lambda s: tuple(int(t) for t in s.split(",")), default=SWEEP_LENGTHS,
+                        help="verify lengths T, comma-separated (default: all of SWEEP_LENGTHS)")
+    parser.add_argument("--kinds", type=lambda s: set(s.split(",")), default=None,
+                        help="only these verify kinds (variant_kind: e.g. split+pdl,blocked+pdl)")
+    parser.add_argument("--no-commit", action="store_true", help="leave the commit variants out")
     args = parser.parse_args(argv)
     gk.require_gpu()
     torch.backends.cuda.matmul.allow_tf32 = False
-    verify, commit = verify_variants(), commit_variants()
+    SWEEP_LENGTHS = args.lengths
+    verify, commit = verify_variants(), ([] if args.no_commit else commit_variants())
+    if args.kinds:
+        verify = [v for v in verify if variant_kind(dataclasses.asdict(v)) in args.kinds]
     precompile(verify, commit, args.jobs)
     rows: list[dict] = []
 
@@ -193,7 +218,9 @@ def main(argv=None) -> int:
             row = dict(kind="verify", T=T, tuning=dataclasses.asdict(v), median_us=None)
             try:
                 row["error_o"], row["error_s"] = check(T, v, gdn.CommitTuning(), m=T)
-                row["passed"] = max(row["error_o"], row["error_s"]) < gk.TOLERANCE[torch.float32]
+                row["error_o_bf16"], row["error_s_bf16"] = check(T, v, gdn.CommitTuning(), m=T, dtype=torch.bfloat16)
+                row["passed"] = (max(row["error_o"], row["error_s"]) < gk.TOLERANCE[torch.float32]
+                                 and max(row["error_o_bf16"], row["error_s_bf16"]) < gk.TOLERANCE[torch.bfloat16])
                 row["median_us"] = round(time_graph([lambda b=b: verify_all(b, T, v) for b in rot],
                                                     args.samples, args.replays), 2)
             except Exception as error:  # a variant that does not compile or run is a row, not a crash
@@ -254,9 +281,9 @@ def choose(rows: list[dict]) -> dict:
 
 
 def variant_kind(tuning: dict) -> str:
-    """blocked, recurrent, recurrent+prefetch, each +pdl: the columns of the summary."""
+    """blocked, recurrent, recurrent+prefetch, split, each +pdl, +fence: the columns of the summary."""
     kind = tuning.get("method", "blocked") + ("+prefetch" if tuning.get("prefetch") else "")
-    return kind + ("+pdl" if tuning.get("pdl") else "")
+    return kind + ("+pdl" if tuning.get("pdl") else "") + ("+fence" if tuning.get("fence") else "")
 
 
 def summary(result: dict) -> str:
@@ -264,11 +291,13 @@ def summary(result: dict) -> str:
              f"date: {result.get('date')}  \ncommand: `{result['command']}`  \nversions: {json.dumps(result['versions'])}",
              "", f"30 empty launches in a graph: "
              f"{result['launch_floor_us']:.1f} us", "",
-             "| T | method | block_v | block_k | warps | key_dot | stages | prefetch | pdl | verify 30 layers (us) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| T | method | block_v | block_k | warps | key_dot | stages | prefetch | pdl | solve_dot | split "
+             "| verify 30 layers (us) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for T, t in result["chosen"]["verify"].items():
         lines.append(f"| {T} | {t.get('method', 'blocked')} | {t['block_v']} | {t['block_k']} | {t['num_warps']} | "
                      f"{t['key_dot']} | {t['num_stages']} | {t.get('prefetch', False)} | {t.get('pdl', False)} | "
+                     f"{t.get('solve_dot', 'ieee')} | {t.get('split', '-') if t.get('method') == 'split' else '-'} | "
                      f"{t['median_us']} |")
     verify_rows = [r for r in result["rows"] if r["kind"] == "verify"]
     kinds = list(dict.fromkeys(variant_kind(r["tuning"]) for r in verify_rows))

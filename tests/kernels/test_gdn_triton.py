@@ -517,3 +517,102 @@ def test_commit_tuning_names_a_bad_field():
         gdn_triton.CommitTuning(block_v=8, method="dot")
     with pytest.raises(ValueError, match="CommitTuning: num_warps=3 is not a power of two"):
         gdn_triton.CommitTuning(num_warps=3)
+
+
+# ---------------------------------------------------------------------------------------------
+# the split kernel: blocked form ordered for latency, bf16 products of a split state
+# ---------------------------------------------------------------------------------------------
+
+SPLIT = {"split-32x4": gdn_triton._SPLIT,  # the shipped choice from five tokens on (two pieces, fence, PDL)
+         "split-16x2-3": gdn_triton.VerifyTuning(block_v=16, num_warps=2, num_stages=1, method="split", split=3)}
+# S_0 in two bf16 pieces carries 2^-16 of it relative under the interpreter, which truncates when it
+# narrows to bf16 (2^-18 on a GPU, which rounds to nearest); three pieces carry 2^-24
+SPLIT_RATIO = {2: 2**-15, 3: FP32_RATIO}
+
+
+@pytest.mark.parametrize(("shape", "T"), [("grouped", T) for T in range(1, 17)] + [("ungrouped", T) for T in (1, 5, 16)])
+def test_split_verify_matches_reference(shape, T, monkeypatch):
+    """fp32 inputs take the split kernel's tf32x3 products; fence and PDL are compiled-only options."""
+    monkeypatch.setitem(gdn_triton.VERIFY_TUNING, T, SPLIT["split-32x4"])
+    inputs = mixed_inputs(600 + T, T, **SHAPES[shape])
+    state_before = inputs["state"].clone()
+    o_ref, z_ref, g_ref = reference.gdn_verify(**inputs)
+
+    o, z, g_cum = gdn_triton.gdn_verify(**inputs)
+
+    assert_close("o", o_ref, o, FP32_RATIO)
+    assert_close("z", z_ref, z, FP32_RATIO)
+    assert_close("g_cum", g_ref, g_cum, FP32_RATIO)
+    assert torch.equal(inputs["state"], state_before), "gdn_verify modified its state argument"
+
+
+@pytest.mark.parametrize("T", [1, 6, 9, 16])
+@pytest.mark.parametrize("variant", list(SPLIT))
+def test_split_verify_bf16_inputs_state_in_pieces(variant, T, monkeypatch):
+    """bf16 q, k: their products are exact, and S_0 enters in bf16 pieces, so z agrees with the fp32
+    reference on the widened values to the pieces' precision (o in bf16 to its rounding)."""
+    tuning = SPLIT[variant]
+    monkeypatch.setitem(gdn_triton.VERIFY_TUNING, T, tuning)
+    inputs = mixed_inputs(650 + T, T, dtype=torch.bfloat16, **SHAPES["grouped"])
+    inputs.update(g=inputs["g"].bfloat16(), beta=inputs["beta"].bfloat16())
+    widened = dict(inputs, **{name: inputs[name].float() for name in ("q", "k", "v", "g", "beta")})
+    o_ref, z_ref, g_ref = reference.gdn_verify(**widened)
+
+    o, z, g_cum = gdn_triton.gdn_verify(**inputs)
+
+    assert o.dtype == torch.bfloat16
+    assert_close("o (bf16)", o_ref, o, BF16_ROUNDING)
+    assert_close("z", z_ref, z, SPLIT_RATIO[tuning.split])
+    assert_close("g_cum", g_ref, g_cum, FP32_RATIO)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("T", [2, 7, 16])
+def test_split_gated_verify_matches_oracle(T, dtype, monkeypatch):
+    """Raw projections: the norms (|k_i|^2 from the diagonal of K K^T) and gates inside the kernel,
+    the normalised k written out, every output in slices of the round buffers."""
+    tuning = SPLIT["split-32x4"]
+    monkeypatch.setitem(gdn_triton.VERIFY_TUNING, T, tuning)
+    inputs = raw_inputs(700 + T, B=2, T=T, dtype=dtype, **SHAPES["grouped"])
+    o_ref, z_ref, g_ref, k_ref = gated_oracle(inputs)
+    B, _, HK, dk = inputs["k"].shape
+    HV, dv = inputs["v"].shape[2:]
+    z_buf, g_buf = torch.full((2, B, 16, HV, dv), float("nan")), torch.full((2, B, 16, HV), float("nan"))
+    k_buf = torch.full((2, B, 16, HK, dk), float("nan"), dtype=dtype)
+
+    o, _, _ = gdn_triton.gdn_verify_gated(**inputs, z_out=z_buf[1, :, :T], g_out=g_buf[1, :, :T],
+                                          k_out=k_buf[1, :, :T])
+
+    rounding = FP32_RATIO if dtype == torch.float32 else BF16_ROUNDING
+    assert_close("o", o_ref, o, rounding)
+    assert_close("z", z_ref, z_buf[1, :, :T], FP32_RATIO if dtype == torch.float32 else SPLIT_RATIO[2])
+    assert_close("g_cum", g_ref, g_buf[1, :, :T], FP32_RATIO)
+    assert_close("k_out", k_ref, k_buf[1, :, :T], rounding)
+    for buf in (z_buf, g_buf, k_buf):
+        assert buf[0].isnan().all() and buf[1, :, T:].isnan().all()
+
+
+@pytest.mark.parametrize("T", [3, 16])
+def test_blocked_bf16split_key_products_match_reference(T, monkeypatch):
+    """The blocked kernel's pipelined dk chunks with the split kernel's bf16 products (bf16 inputs)."""
+    monkeypatch.setitem(gdn_triton.VERIFY_TUNING, T, gdn_triton.VerifyTuning(
+        block_v=16, block_k=16, num_warps=2, key_dot="bf16split", num_stages=4, split=3))
+    inputs = mixed_inputs(750 + T, T, dtype=torch.bfloat16, **SHAPES["grouped"])
+    widened = dict(inputs, **{name: inputs[name].float() for name in ("q", "k", "v")})
+    o_ref, z_ref, _ = reference.gdn_verify(**widened)
+
+    o, z, _ = gdn_triton.gdn_verify(**inputs)
+
+    assert_close("o (bf16)", o_ref, o, BF16_ROUNDING)
+    assert_close("z", z_ref, z, FP32_RATIO)
+
+
+def test_verify_tuning_names_a_bad_field():
+    with pytest.raises(ValueError, match="VerifyTuning: method='chunked', expected blocked, recurrent or split"):
+        gdn_triton.VerifyTuning(method="chunked")
+    with pytest.raises(ValueError, match="VerifyTuning: split=4, expected 2 or 3 bf16 pieces"):
+        gdn_triton.VerifyTuning(method="split", split=4)
+    with pytest.raises(ValueError, match=re.escape("VerifyTuning: solve_dot='bf16', expected one of")):
+        gdn_triton.VerifyTuning(solve_dot="bf16")
+    with pytest.raises(ValueError, match="VerifyTuning: key_dot='fp16', expected ieee, tf32x3, tf32 or bf16split"):
+        gdn_triton.VerifyTuning(key_dot="fp16")
