@@ -221,6 +221,18 @@ def _key_products(p_q, p_k, p_s, i_k, m_t, m_v, scale, b_ks, b_qs, b_kk, b_qk, b
 
 
 @triton.jit
+def _store_outputs(p_o, p_z, p_gc, b_o, b_z, b_gc, o_t, o_v, m_t, m_tv, first_block,
+                   stride_o_t, stride_z_t, stride_gc_t):
+    """o [BT, BV] (in o's dtype) and z [BT, BV] (fp32) at token rows o_t, value columns o_v of one
+    head; g_cum [BT] by the program of the first value block only."""
+    p_o = p_o + o_t[:, None] * stride_o_t + o_v[None, :]
+    tl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=m_tv)
+    tl.store(p_z + o_t[:, None] * stride_z_t + o_v[None, :], b_z, mask=m_tv)
+    if first_block:
+        tl.store(p_gc + o_t * stride_gc_t, b_gc, mask=m_t)
+
+
+@triton.jit
 def _gdn_verify_kernel(
     q, k, v, g, beta, state, o, z, g_cum, scale, A_log, dt_bias, k_out,
     stride_q_b, stride_q_t, stride_q_h,
@@ -321,12 +333,9 @@ def _gdn_verify_kernel(
     # Eq. 10: O = diag(e^g) Q S_0^T + (Gamma . Q K^T) Z   (q already scaled)
     b_o = b_decay0 * b_qs + _mm(b_gamma * b_qk, b_z, SOLVE_DOT)  # [BT, BV]
 
-    p_o = o + i_b * stride_o_b + o_t[:, None] * stride_o_t + i_h * stride_o_h + o_v[None, :]
-    p_z = z + i_b * stride_z_b + o_t[:, None] * stride_z_t + i_h * stride_z_h + o_v[None, :]
-    tl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=m_tv)
-    tl.store(p_z, b_z, mask=m_tv)
-    if i_v == 0:
-        tl.store(g_cum + i_b * stride_gc_b + o_t * stride_gc_t + i_h, b_gc, mask=m_t)
+    _store_outputs(o + i_b * stride_o_b + i_h * stride_o_h, z + i_b * stride_z_b + i_h * stride_z_h,
+                   g_cum + i_b * stride_gc_b + i_h, b_o, b_z, b_gc, o_t, o_v, m_t, m_tv, i_v == 0,
+                   stride_o_t, stride_z_t, stride_gc_t)
 
 
 @triton.jit
@@ -486,12 +495,9 @@ def _gdn_verify_split_kernel(
     b_z = _mm(b_inv, b_beta[:, None] * (b_v - b_decay0 * b_ks), SOLVE_DOT)
     b_o = b_decay0 * b_qs + _mm(b_gqk, b_z, SOLVE_DOT)
 
-    p_o = o + i_b * stride_o_b + o_t[:, None] * stride_o_t + i_h * stride_o_h + o_v[None, :]
-    p_z = z + i_b * stride_z_b + o_t[:, None] * stride_z_t + i_h * stride_z_h + o_v[None, :]
-    tl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=m_tv)
-    tl.store(p_z, b_z, mask=m_tv)
-    if i_v == 0:
-        tl.store(g_cum + i_b * stride_gc_b + o_t * stride_gc_t + i_h, b_gc, mask=m_t)
+    _store_outputs(o + i_b * stride_o_b + i_h * stride_o_h, z + i_b * stride_z_b + i_h * stride_z_h,
+                   g_cum + i_b * stride_gc_b + i_h, b_o, b_z, b_gc, o_t, o_v, m_t, m_tv, i_v == 0,
+                   stride_o_t, stride_z_t, stride_gc_t)
 
 
 @triton.jit
