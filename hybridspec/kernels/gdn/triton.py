@@ -35,10 +35,11 @@ tiles that the recurrence does not have.
 
 `VerifyTuning(method="split")` launches `_gdn_verify_split_kernel`, the shipped choice from five
 tokens on: the same blocked algebra ordered for latency. S_0's rows, q, k, v and the gates are all
-loaded at the top and (`fence`) held in flight together: each tile's first use waits, through an
-opaque register move, for the last load, since Triton otherwise converts each tile's layout
-(through shared memory and a barrier) before issuing the next load, one round trip to memory per
-tile (five or six on the H200; 182 -> 147 us for 30 layers at T = 16). The state-independent part
+loaded at the top and (`fence`) held in flight together: each tile's first use goes through an
+opaque register move that also takes the last-loaded value (`_after`), so it follows the last load,
+since Triton otherwise converts each tile's layout (through shared memory and a barrier) before
+issuing the next load, one round trip to memory per tile (five or six on the H200; 182 -> 147 us
+for 30 layers at T = 16). The state-independent part
 (K K^T, Q K^T, gates, the inverse of H) comes before K S_0^T and Q S_0^T, and every dk-long
 product is one tl.dot over the whole key dimension. With bf16 q and k (the model's projections)
 those products are bf16 tensor-core products: q and k are exact in bf16, and S_0 enters split into
@@ -156,9 +157,11 @@ def _prefetch_l2(p_line):
 
 @triton.jit
 def _after(b_x, dep, BF16: tl.constexpr):
-    """b_x unchanged, but only once dep (a value loaded last) is there: placed after all of a kernel's
-    loads, it keeps each tile's layout conversion from waiting for its load before the next load is
-    issued (one round trip to memory instead of one per tile)."""
+    """b_x unchanged, through an opaque register move that also takes dep (the value loaded last) as
+    an operand, so that it and everything using its result come after the last load in program
+    order: each tile's layout conversion (shared memory and a barrier, which no later load is moved
+    above) then waits for its own load with every load already in flight, one round trip to memory
+    instead of one per tile."""
     if BF16:  # two bf16 in one 32-bit register; the fp32 dep then comes as two registers
         b_out = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r,r,r", [b_x, dep], dtype=tl.bfloat16,
                                           is_pure=False, pack=2)
@@ -436,7 +439,7 @@ def _gdn_verify_split_kernel(
     b_beta = tl.load(beta + i_b * stride_beta_b + o_t * stride_beta_t + i_h, mask=m_t, other=0)
     if GATED:  # raw a, b -> g, beta; padded tokens keep g = beta = 0
         a_log, dt = tl.load(A_log + i_h).to(tl.float32), tl.load(dt_bias + i_h).to(tl.float32)
-    if FENCE:  # every tile waits for the last load, so that all loads are in flight at once
+    if FENCE:  # every tile's first use after the last load, so that all loads are in flight at once
         dep = tl.load(beta + i_b * stride_beta_b + i_h).to(tl.float32)
         b_s = _after(b_s, dep, False)
         b_v = _after(b_v, dep, b_v.dtype == tl.bfloat16)
@@ -561,7 +564,7 @@ def _gdn_verify_recurrent_kernel(
         b_V = tl.load(p_v[:, None] + o_t[None, :] * stride_v_t, mask=m_v[:, None] & m_t[None, :], other=0)
         b_G = tl.load(p_g + o_t * stride_g_t, mask=m_t, other=0)
         b_B = tl.load(p_beta + o_t * stride_beta_t, mask=m_t, other=0)
-        if FENCE:  # as in the split kernel: every tile waits for the last load (`_after`)
+        if FENCE:  # as in the split kernel: every tile's first use after the last load (`_after`)
             dep = tl.load(p_beta).to(tl.float32)
             b_s = _after(b_s, dep, False)
             b_K = _after(b_K, dep, b_K.dtype == tl.bfloat16)
@@ -758,8 +761,8 @@ class VerifyTuning:
     # tf32x3, or tf32split: three TF32 products of operands split by bit masks, `_mm`)
     solve_dot: str = "ieee"
     split: int = 3  # split (and key_dot bf16split): bf16 pieces of S_0 (2: 2^-18 relative, 3: 2^-27)
-    # split, and recurrent with prefetch: every tile's first use waits for the last load (`_after`),
-    # so that all loads are in flight at once (compiled kernels only)
+    # split, and recurrent with prefetch: every tile's first use after the last load (`_after`), so
+    # that all loads are in flight at once (compiled kernels only)
     fence: bool = False
 
     def __post_init__(self):
