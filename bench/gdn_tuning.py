@@ -1,6 +1,7 @@
 """Launch-parameter sweep of HybridSpec's GDN verify and commit kernels on one GPU.
 
     python bench/gdn_tuning.py --out DIR [--samples 15] [--replays 10] [--jobs 12]
+                               [--lengths 8,16] [--kinds split+pdl+fence,...] [--no-commit]
 
 Setting as bench/gdn_kernels.py (30 GDN layers of Qwen3.6-35B-A3B, bf16 inputs, fp32 states).
 Verify-only and commit-only are timed separately, each as one CUDA graph of ROTATIONS rounds on
@@ -46,35 +47,22 @@ L = gk.QWEN36.layers
 
 
 def verify_variants() -> list[gdn.VerifyTuning]:
+    """The contenders of the sixth session's sweeps (bench/results/gdn_tuning_split.md; what lost and
+    by how much: gdn_kernels_notes.md). Every kind with programmatic dependent launch, which helped
+    every kind in the fourth sweep. Left out as losers: the recurrent kernel without prefetch; the
+    split kernel without its fence, with an L2 prefetch, with bf16x6 or tf32split solves, or with
+    8 warps; the blocked kernel's other launch parameters and its bf16split key products (any of
+    them can be passed to `gdn.VerifyTuning` by hand)."""
     V = gdn.VerifyTuning
-    # blocked: the third sweep's best (bench/results/gdn_tuning.md) and near misses; the 16 x 16
-    # products of the solve in tf32x3 as well as in ieee fp32 (each variant's error is checked below)
-    blocked = V(16, 16, 2, "tf32x3", False, 4)
-    out = [blocked, V(16, 16, 2, "tf32x3", False, 8)]
-    out += [dataclasses.replace(v, solve_dot="tf32x3") for v in (blocked, V(16, 32, 4, "tf32x3", False, 3))]
-    # recurrent, loads in the token loop (the second sweep's winners)
-    recurrent = [V(bv, 16, 1, "ieee", False, 1, "recurrent") for bv in (4, 8)]
-    # recurrent with every token's inputs loaded first; one warp (two or more lost by 1.3-6x in
-    # the third sweep: the cross-warp reductions); BV = 2 for shorter in-thread reductions
-    prefetch = [V(bv, 16, 1, "ieee", False, 1, "recurrent", True) for bv in (2, 4, 8)]
-    out += recurrent + prefetch
-    # programmatic dependent launch (as SGLang launches its kernels on SM90+): each verify's launch
-    # and ramp overlap the previous layer's body
-    out += [dataclasses.replace(v, pdl=True) for v in out]
-    # split: the blocked form ordered for latency with bf16 tensor-core products of the split state
-    # (sixth session; PDL throughout, which helped every kind in the fourth sweep). The 16 x 16
-    # products of the solve in tf32split and 8-warp programs lost to these in its first two sweeps.
-    out += [V(bv, 16, w, method="split", split=sp, prefetch=pf, pdl=True, num_stages=1)
-            for bv, w in ((16, 1), (16, 2), (32, 4), (64, 4)) for sp in (2, 3) for pf in (False, True)]
+    # blocked (the fourth sweep's best, shipped at T = 16 before the split kernel)
+    out = [V(16, 16, 2, "tf32x3", False, 4, pdl=True)]
+    # recurrent with every token's inputs loaded first, one warp; BV = 2 for shorter reductions
+    out += [V(bv, 16, 1, "ieee", False, 1, "recurrent", True, pdl=True) for bv in (2, 4, 8)]
+    # split: the blocked form ordered for latency, bf16 tensor-core products of the split state,
+    # all loads in flight at once; without the fence once, as the reference for it
     out += [V(bv, 16, w, method="split", split=sp, fence=True, pdl=True, num_stages=1)
-            for bv, w in ((16, 1), (16, 2), (32, 4), (64, 4)) for sp in (2, 3)]
-    out += [V(bv, 16, 1, "ieee", False, 1, "recurrent", True, pdl=True, fence=True) for bv in (2, 4, 8)]
-    out += [V(bv, 16, w, method="split", split=sp, solve_dot="bf16x6", pdl=True, num_stages=1)
-            for bv, w in ((16, 2), (32, 4)) for sp in (2, 3)]
-    # blocked with the split's bf16 products, its loads pipelined over dk chunks (cp.async)
-    out += [V(bv, bk, w, "bf16split", False, st, split=sp, pdl=True)
-            for bv, bk, w, st in ((16, 16, 2, 4), (16, 32, 2, 3), (32, 32, 4, 3), (32, 64, 4, 2), (32, 64, 4, 3))
-            for sp in (2, 3)]
+            for bv, w in ((16, 2), (32, 4), (64, 4)) for sp in (2, 3)]
+    out += [V(32, 16, 4, method="split", split=2, pdl=True, num_stages=1)]
     return out
 
 
