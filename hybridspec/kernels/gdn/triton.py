@@ -82,35 +82,10 @@ MAX_TOKENS = 16  # the verification window W; longer prefill chunks use the refe
 MAX_KEY_DIM = 256  # one [BT, BK] key tile per program
 BLOCK_T = 16  # tokens padded to the smallest tl.dot tile
 INPUT_DTYPES = (torch.bfloat16, torch.float32)
-# precisions of the solve's 16 x 16 products (`_mm`): tl.dot's ieee, tf32x3 and bf16x6 (fp32 operands
-# split into three bf16 pieces, six tensor-core products), or tf32split
-SOLVE_PRECISIONS = ("ieee", "tf32x3", "bf16x6", "tf32split")
 
 # ---------------------------------------------------------------------------------------------
 # Kernels
 # ---------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _tf32_hi(b_x):
-    """b_x with the 13 low mantissa bits cleared: exact in TF32, and b_x - _tf32_hi(b_x) exact in fp32."""
-    return (b_x.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _mm(b_a, b_b, PREC: tl.constexpr):
-    """A B in fp32 for the solve's 16 x 16 products. PREC "ieee" or "tf32x3" as tl.dot takes them;
-    "tf32split": A = A_h + A_l, B = B_h + B_l split by clearing low mantissa bits (finite operands:
-    no NaN or inf handling, unlike tl.dot's tf32x3) and A_h B_h + A_h B_l + A_l B_h as three TF32
-    tensor-core products, about 2^-21 relative."""
-    if PREC == "tf32split":
-        a_h, b_h = _tf32_hi(b_a), _tf32_hi(b_b)
-        b_out = tl.dot(a_h, b_b - b_h, input_precision="tf32")
-        b_out = tl.dot(b_a - a_h, b_h, acc=b_out, input_precision="tf32")
-        b_out = tl.dot(a_h, b_h, acc=b_out, input_precision="tf32")
-    else:
-        b_out = tl.dot(b_a, b_b, input_precision=PREC)
-    return b_out
 
 
 @triton.jit
@@ -127,13 +102,15 @@ def _inverse_unit_lower(b_a, T: tl.constexpr, BT: tl.constexpr, PREC: tl.constex
     b_d = tl.where(m_block, b_a, 0.0)  # D [BT, BT]
     b_inv = b_eye - b_d  # exact while D^2 = 0 (T <= 2)
     if T > 2:
-        b_inv = _mm(b_inv, b_eye + _mm(b_d, b_d, PREC), PREC)  # (I + D)^-1
+        b_inv = tl.dot(b_inv, b_eye + tl.dot(b_d, b_d, input_precision=PREC),
+                       input_precision=PREC)  # (I + D)^-1
     if T > 4:
-        b_m = _mm(b_inv, tl.where(m_block, 0.0, b_a), PREC)  # M
+        b_m = tl.dot(b_inv, tl.where(m_block, 0.0, b_a), input_precision=PREC)  # M
         b_inv_m = b_eye - b_m  # exact while M^2 = 0 (T <= 8: two blocks)
         if T > 8:
-            b_inv_m = _mm(b_inv_m, b_eye + _mm(b_m, b_m, PREC), PREC)  # (I + M)^-1
-        b_inv = _mm(b_inv_m, b_inv, PREC)
+            b_inv_m = tl.dot(b_inv_m, b_eye + tl.dot(b_m, b_m, input_precision=PREC),
+                             input_precision=PREC)  # (I + M)^-1
+        b_inv = tl.dot(b_inv_m, b_inv, input_precision=PREC)
     return b_inv
 
 
@@ -144,15 +121,6 @@ def _grid_dependency():
     and prologue overlap this kernel's body; its own wait still fences on this one's end)."""
     tl.extra.cuda.gdc_wait()
     tl.extra.cuda.gdc_launch_dependents()
-
-
-@triton.jit
-def _prefetch_l2(p_line):
-    """prefetch.global.L2 of the 128-byte lines at the pointers p_line (one pointer per line): the
-    loads that follow hit L2 instead of each waiting for DRAM in turn (a kernel's loads are issued
-    one after another when each tile's layout conversion waits for its load before the next)."""
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1];", "=r,l", [p_line], dtype=tl.int32,
-                              is_pure=False, pack=1)
 
 
 @triton.jit
@@ -188,39 +156,34 @@ def _log_decay(a, A_log, dt_bias):
 
 @triton.jit
 def _key_products(p_q, p_k, p_s, i_k, m_t, m_v, scale, b_ks, b_qs, b_kk, b_qk, b_q2, b_k2,
-                  DK: tl.constexpr, BKC: tl.constexpr, KEY_DOT: tl.constexpr, GATED: tl.constexpr,
-                  SPLIT: tl.constexpr, WIDEN: tl.constexpr):
+                  DK: tl.constexpr, BKC: tl.constexpr, KEY_DOT: tl.constexpr, GATED: tl.constexpr):
     """Add the dk chunk [i_k, i_k + BKC) to K S_0^T, Q S_0^T [BT, BV] and K K^T, Q K^T [BT, BT]
-    (GATED: also to the squared norms |q_i|^2, |k_i|^2 [BT] of the raw rows). SPLIT: q and k stay
-    bf16 (scale is then applied by the caller) and the S_0 chunk is split into SPLIT bf16 pieces
-    (`_split_bf16`, `_split_dot`); else every product in fp32 at KEY_DOT precision."""
+    (GATED: also to the squared norms |q_i|^2, |k_i|^2 [BT] of the raw rows)."""
     o_k = i_k + tl.arange(0, BKC)
     m_k = o_k < DK
     m_tk = m_t[:, None] & m_k[None, :]
+    b_q = tl.load(p_q + o_k[None, :], mask=m_tk, other=0).to(tl.float32) * scale  # [BT, BKC]
+    b_k = tl.load(p_k + o_k[None, :], mask=m_tk, other=0).to(tl.float32)  # [BT, BKC]
     b_s = tl.load(p_s + o_k[None, :], mask=m_v[:, None] & m_k[None, :], other=0)  # rows of S_0 [BV, BKC]
-    if SPLIT:
-        b_q = tl.load(p_q + o_k[None, :], mask=m_tk, other=0)  # [BT, BKC] bf16
-        b_k = tl.load(p_k + o_k[None, :], mask=m_tk, other=0)
-        b_s1, b_s2, b_s3 = _split_bf16(b_s, SPLIT)
-        b_ks += _split_dot(b_k, b_s1, b_s2, b_s3, SPLIT, WIDEN)
-        b_qs += _split_dot(b_q, b_s1, b_s2, b_s3, SPLIT, WIDEN)
-        b_kk += _dot_bt(b_k, b_k, WIDEN)
-        b_qk += _dot_bt(b_q, b_k, WIDEN)
-        if GATED:
-            b_qf, b_kf = b_q.to(tl.float32), b_k.to(tl.float32)
-            b_q2 += tl.sum(b_qf * b_qf, axis=1)
-            b_k2 += tl.sum(b_kf * b_kf, axis=1)
-    else:
-        b_q = tl.load(p_q + o_k[None, :], mask=m_tk, other=0).to(tl.float32) * scale  # [BT, BKC]
-        b_k = tl.load(p_k + o_k[None, :], mask=m_tk, other=0).to(tl.float32)  # [BT, BKC]
-        b_ks += tl.dot(b_k, tl.trans(b_s), input_precision=KEY_DOT)
-        b_qs += tl.dot(b_q, tl.trans(b_s), input_precision=KEY_DOT)
-        b_kk += tl.dot(b_k, tl.trans(b_k), input_precision=KEY_DOT)
-        b_qk += tl.dot(b_q, tl.trans(b_k), input_precision=KEY_DOT)
-        if GATED:
-            b_q2 += tl.sum(b_q * b_q, axis=1)
-            b_k2 += tl.sum(b_k * b_k, axis=1)
+    b_ks += tl.dot(b_k, tl.trans(b_s), input_precision=KEY_DOT)
+    b_qs += tl.dot(b_q, tl.trans(b_s), input_precision=KEY_DOT)
+    b_kk += tl.dot(b_k, tl.trans(b_k), input_precision=KEY_DOT)
+    b_qk += tl.dot(b_q, tl.trans(b_k), input_precision=KEY_DOT)
+    if GATED:
+        b_q2 += tl.sum(b_q * b_q, axis=1)
+        b_k2 += tl.sum(b_k * b_k, axis=1)
     return b_ks, b_qs, b_kk, b_qk, b_q2, b_k2
+
+
+@triton.jit
+def _decays(b_gc, b_beta, b_kk, o_t):
+    """From the cumulative log decays g [BT]: H - I = diag(beta) (strictly lower e^{g_i - g_j}) . K K^T,
+    Gamma (lower e^{g_i - g_j}) [BT, BT] and e^{g_i} [BT, 1]; the exponent is masked to -inf before
+    exp where j > i (or j = i), so a positive difference is never exponentiated."""
+    b_diff = b_gc[:, None] - b_gc[None, :]  # [BT, BT]
+    b_a = b_beta[:, None] * tl.exp(tl.where(o_t[:, None] > o_t[None, :], b_diff, float("-inf"))) * b_kk
+    b_gamma = tl.exp(tl.where(o_t[:, None] >= o_t[None, :], b_diff, float("-inf")))
+    return b_a, b_gamma, tl.exp(b_gc)[:, None]
 
 
 @triton.jit
@@ -252,7 +215,7 @@ def _gdn_verify_kernel(
     DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     BKC: tl.constexpr, KEY_DOT: tl.constexpr, UNROLL: tl.constexpr,
     GATED: tl.constexpr, WRITE_K: tl.constexpr, EPS: tl.constexpr, USE_GDC: tl.constexpr,
-    SOLVE_DOT: tl.constexpr, SPLIT: tl.constexpr, WIDEN: tl.constexpr,
+    SOLVE_DOT: tl.constexpr,
 ):
     """GATED: q, k are raw (normalised here through their row norms, which scale the products),
     g and beta hold the raw a and b (gates formed here from A_log, dt_bias); WRITE_K: the normalised
@@ -289,20 +252,15 @@ def _gdn_verify_kernel(
     b_qk = tl.zeros([BT, BT], dtype=tl.float32)
     b_q2 = tl.zeros([BT], dtype=tl.float32)
     b_k2 = tl.zeros([BT], dtype=tl.float32)
-    q_scale = 1.0 if GATED or SPLIT else scale  # GATED: scale goes in with the norm below
+    q_scale = 1.0 if GATED else scale  # GATED: scale goes in with the norm below
     if UNROLL:
         for i_ku in tl.static_range(0, BK, BKC):  # loop names differ: triton 3.6 types them per scope
             b_ks, b_qs, b_kk, b_qk, b_q2, b_k2 = _key_products(
-                p_q, p_k, p_s, i_ku, m_t, m_v, q_scale, b_ks, b_qs, b_kk, b_qk, b_q2, b_k2, DK, BKC, KEY_DOT, GATED,
-                SPLIT, WIDEN)
+                p_q, p_k, p_s, i_ku, m_t, m_v, q_scale, b_ks, b_qs, b_kk, b_qk, b_q2, b_k2, DK, BKC, KEY_DOT, GATED)
     else:
         for i_kc in range(0, BK, BKC):
             b_ks, b_qs, b_kk, b_qk, b_q2, b_k2 = _key_products(
-                p_q, p_k, p_s, i_kc, m_t, m_v, q_scale, b_ks, b_qs, b_kk, b_qk, b_q2, b_k2, DK, BKC, KEY_DOT, GATED,
-                SPLIT, WIDEN)
-    if SPLIT and not GATED:  # q was not scaled on load
-        b_qs = b_qs * scale
-        b_qk = b_qk * scale
+                p_q, p_k, p_s, i_kc, m_t, m_v, q_scale, b_ks, b_qs, b_kk, b_qk, b_q2, b_k2, DK, BKC, KEY_DOT, GATED)
     if GATED:  # q_i -> scale q_i / |q_i|, k_i -> k_i / |k_i|: rows and columns of the products
         r_q = scale * tl.rsqrt(b_q2 + EPS)  # [BT]
         r_k = tl.rsqrt(b_k2 + EPS)
@@ -319,22 +277,16 @@ def _gdn_verify_kernel(
                     b_k = tl.load(p_k + o_k[None, :], mask=m_tk, other=0).to(tl.float32) * r_k[:, None]
                     tl.store(p_ko + o_k[None, :], b_k.to(p_ko.dtype.element_ty), mask=m_tk)
 
-    # decays e^{g_i - g_j}: the exponent is masked to -inf before exp where j > i (or j = i)
-    b_diff = b_gc[:, None] - b_gc[None, :]  # [BT, BT]
-    m_strict = o_t[:, None] > o_t[None, :]
-    m_causal = o_t[:, None] >= o_t[None, :]
-    b_a = b_beta[:, None] * tl.exp(tl.where(m_strict, b_diff, float("-inf"))) * b_kk  # H - I
-    b_gamma = tl.exp(tl.where(m_causal, b_diff, float("-inf")))  # Gamma [BT, BT]
-    b_decay0 = tl.exp(b_gc)[:, None]  # e^{g_i} [BT, 1]
+    b_a, b_gamma, b_decay0 = _decays(b_gc, b_beta, b_kk, o_t)
 
     # Eq. 3: Z = H^-1 diag(beta) (V - diag(e^g) K S_0^T)
     p_v = v + i_b * stride_v_b + o_t[:, None] * stride_v_t + i_h * stride_v_h + o_v[None, :]
     b_v = tl.load(p_v, mask=m_tv, other=0).to(tl.float32)  # [BT, BV]
     b_rhs = b_beta[:, None] * (b_v - b_decay0 * b_ks)
-    b_z = _mm(_inverse_unit_lower(b_a, T, BT, SOLVE_DOT), b_rhs, SOLVE_DOT)  # [BT, BV]
+    b_z = tl.dot(_inverse_unit_lower(b_a, T, BT, SOLVE_DOT), b_rhs, input_precision=SOLVE_DOT)  # [BT, BV]
 
     # Eq. 10: O = diag(e^g) Q S_0^T + (Gamma . Q K^T) Z   (q already scaled)
-    b_o = b_decay0 * b_qs + _mm(b_gamma * b_qk, b_z, SOLVE_DOT)  # [BT, BV]
+    b_o = b_decay0 * b_qs + tl.dot(b_gamma * b_qk, b_z, input_precision=SOLVE_DOT)  # [BT, BV]
 
     _store_outputs(o + i_b * stride_o_b + i_h * stride_o_h, z + i_b * stride_z_b + i_h * stride_z_h,
                    g_cum + i_b * stride_gc_b + i_h, b_o, b_z, b_gc, o_t, o_v, m_t, m_tv, i_v == 0,
@@ -391,12 +343,12 @@ def _gdn_verify_split_kernel(
     T: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, DK: tl.constexpr,
     DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     GATED: tl.constexpr, WRITE_K: tl.constexpr, EPS: tl.constexpr, USE_GDC: tl.constexpr,
-    SOLVE_DOT: tl.constexpr, SPLIT: tl.constexpr, WIDEN: tl.constexpr, PREFETCH: tl.constexpr,
-    FENCE: tl.constexpr,
+    SOLVE_DOT: tl.constexpr, SPLIT: tl.constexpr, WIDEN: tl.constexpr, FENCE: tl.constexpr,
 ):
     """The blocked form (Eqs. 3, 10 by the short-solve identities, as `_gdn_verify_kernel`) ordered
-    for latency: S_0's rows are loaded first, the state-independent part (K K^T, Q K^T, gates, the
-    inverse of H) is computed while they arrive, and only then K S_0^T and Q S_0^T. Every dk-long
+    for latency: every input is loaded at the top (FENCE: every tile's first use after the last
+    load, `_after`, so that all loads are in flight at once), the state-independent part (K K^T,
+    Q K^T, gates, the inverse of H) comes first, and only then K S_0^T and Q S_0^T. Every dk-long
     product is one tl.dot over the whole key dimension. SPLIT (bf16 q and k, exact in bf16): K K^T
     and Q K^T are bf16 tensor-core products (exact products, fp32 sums) and S_0 is split into SPLIT
     bf16 pieces for the state products (`_split_dot`); SPLIT = 0 (fp32 q, k): tf32x3 products.
@@ -413,18 +365,7 @@ def _gdn_verify_split_kernel(
     m_tk = m_t[:, None] & m_k[None, :]
     m_tv = m_t[:, None] & m_v[None, :]
 
-    if PREFETCH:  # every line this program reads, into L2 at once (rows beyond T, dv re-read row 0)
-        o_l = tl.arange(0, BK // 32) * 32  # one pointer per 128 bytes of fp32 (64 bf16: twice)
-        o_tl = tl.where(m_t, o_t, 0)
-        _prefetch_l2(state + i_b * stride_s_b + i_h * stride_s_h
-                     + tl.where(m_v, o_v, 0)[:, None] * stride_s_v + o_l[None, :])
-        _prefetch_l2(k + i_b * stride_k_b + o_tl[:, None] * stride_k_t + i_hk * stride_k_h + o_l[None, :])
-        _prefetch_l2(q + i_b * stride_q_b + o_tl[:, None] * stride_q_t + i_hk * stride_q_h + o_l[None, :])
-        _prefetch_l2(v + i_b * stride_v_b + o_tl * stride_v_t + i_h * stride_v_h + i_v * BV)
-        _prefetch_l2(g + i_b * stride_g_b + o_tl * stride_g_t + i_h)
-        _prefetch_l2(beta + i_b * stride_beta_b + o_tl * stride_beta_t + i_h)
-
-    # S_0 rows [BV, BK] first: nothing needs them before the solve below is done
+    # S_0 rows [BV, BK] first (without FENCE they arrive while the state-independent part runs)
     p_s = state + i_b * stride_s_b + i_h * stride_s_h + o_v[:, None] * stride_s_v + o_k[None, :]
     b_s = tl.load(p_s, mask=m_v[:, None] & m_k[None, :], other=0)
     p_k = k + i_b * stride_k_b + o_t[:, None] * stride_k_t + i_hk * stride_k_h + o_k[None, :]
@@ -460,24 +401,19 @@ def _gdn_verify_split_kernel(
     else:
         b_kk = tl.dot(b_k, tl.trans(b_k), input_precision="tf32x3")
         b_qk = tl.dot(b_q, tl.trans(b_k), input_precision="tf32x3")
-    o_t2 = tl.arange(0, BT)
     if GATED:  # q_i -> scale q_i / |q_i|, k_i -> k_i / |k_i|; |k_i|^2 is the diagonal of K K^T
         b_qf = b_q.to(tl.float32)
         r_q = scale * tl.rsqrt(tl.sum(b_qf * b_qf, axis=1) + EPS)  # [BT]
-        b_k2 = tl.sum(tl.where(o_t[:, None] == o_t2[None, :], b_kk, 0.0), axis=1)
+        b_k2 = tl.sum(tl.where(o_t[:, None] == o_t[None, :], b_kk, 0.0), axis=1)
         r_k = tl.rsqrt(b_k2 + EPS)
     else:
         r_q = tl.full([BT], scale, tl.float32)
         r_k = tl.full([BT], 1.0, tl.float32)
     b_kk = b_kk * (r_k[:, None] * r_k[None, :])
     b_qk = b_qk * (r_q[:, None] * r_k[None, :])
-    b_diff = b_gc[:, None] - b_gc[None, :]
-    m_strict = o_t[:, None] > o_t2[None, :]
-    m_causal = o_t[:, None] >= o_t2[None, :]
-    b_a = b_beta[:, None] * tl.exp(tl.where(m_strict, b_diff, float("-inf"))) * b_kk  # H - I
+    b_a, b_gamma, b_decay0 = _decays(b_gc, b_beta, b_kk, o_t)
     b_inv = _inverse_unit_lower(b_a, T, BT, SOLVE_DOT)
-    b_gqk = tl.exp(tl.where(m_causal, b_diff, float("-inf"))) * b_qk  # Gamma . Q K^T
-    b_decay0 = tl.exp(b_gc)[:, None]
+    b_gqk = b_gamma * b_qk  # Gamma . Q K^T
     if WRITE_K:
         if (i_v == 0) & (i_h % GROUP == 0):
             p_ko = k_out + i_b * stride_ko_b + o_t[:, None] * stride_ko_t + i_hk * stride_ko_h + o_k[None, :]
@@ -495,8 +431,8 @@ def _gdn_verify_split_kernel(
     b_qs = b_qs * r_q[:, None]
 
     # Eq. 3: Z = H^-1 diag(beta) (V - diag(e^g) K S_0^T); Eq. 10: O = diag(e^g) Q S_0^T + (Gamma . Q K^T) Z
-    b_z = _mm(b_inv, b_beta[:, None] * (b_v - b_decay0 * b_ks), SOLVE_DOT)
-    b_o = b_decay0 * b_qs + _mm(b_gqk, b_z, SOLVE_DOT)
+    b_z = tl.dot(b_inv, b_beta[:, None] * (b_v - b_decay0 * b_ks), input_precision=SOLVE_DOT)
+    b_o = b_decay0 * b_qs + tl.dot(b_gqk, b_z, input_precision=SOLVE_DOT)
 
     _store_outputs(o + i_b * stride_o_b + i_h * stride_o_h, z + i_b * stride_z_b + i_h * stride_z_h,
                    g_cum + i_b * stride_gc_b + i_h, b_o, b_z, b_gc, o_t, o_v, m_t, m_tv, i_v == 0,
@@ -519,7 +455,7 @@ def _gdn_verify_recurrent_kernel(
     T: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, DK: tl.constexpr,
     DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     GATED: tl.constexpr, WRITE_K: tl.constexpr, EPS: tl.constexpr, PREFETCH: tl.constexpr,
-    USE_GDC: tl.constexpr, FENCE: tl.constexpr,
+    USE_GDC: tl.constexpr,
 ):
     """Eq. 3 by forward substitution in state space, the same z, o and g_cum as the blocked kernel.
 
@@ -559,21 +495,12 @@ def _gdn_verify_recurrent_kernel(
         a_log, dt = tl.load(A_log + i_h).to(tl.float32), tl.load(dt_bias + i_h).to(tl.float32)
     m_tk = m_t[:, None] & m_k[None, :]
     if PREFETCH:  # every token's inputs at once: [BT, BK] rows of q, k; [BV, BT] of v; [BT] gates
-        b_K = tl.load(p_k + o_t[:, None] * stride_k_t, mask=m_tk, other=0)
-        b_Q = tl.load(p_q + o_t[:, None] * stride_q_t, mask=m_tk, other=0)
-        b_V = tl.load(p_v[:, None] + o_t[None, :] * stride_v_t, mask=m_v[:, None] & m_t[None, :], other=0)
-        b_G = tl.load(p_g + o_t * stride_g_t, mask=m_t, other=0)
-        b_B = tl.load(p_beta + o_t * stride_beta_t, mask=m_t, other=0)
-        if FENCE:  # as in the split kernel: every tile's first use after the last load (`_after`)
-            dep = tl.load(p_beta).to(tl.float32)
-            b_s = _after(b_s, dep, False)
-            b_K = _after(b_K, dep, b_K.dtype == tl.bfloat16)
-            b_Q = _after(b_Q, dep, b_Q.dtype == tl.bfloat16)
-            b_V = _after(b_V, dep, b_V.dtype == tl.bfloat16)
-            b_G = _after(b_G, dep, b_G.dtype == tl.bfloat16)
-            b_B = _after(b_B, dep, b_B.dtype == tl.bfloat16)
-        b_K, b_Q, b_V = b_K.to(tl.float32), b_Q.to(tl.float32), b_V.to(tl.float32)
-        b_G, b_B = b_G.to(tl.float32), b_B.to(tl.float32)
+        b_K = tl.load(p_k + o_t[:, None] * stride_k_t, mask=m_tk, other=0).to(tl.float32)
+        b_Q = tl.load(p_q + o_t[:, None] * stride_q_t, mask=m_tk, other=0).to(tl.float32)
+        b_V = tl.load(p_v[:, None] + o_t[None, :] * stride_v_t, mask=m_v[:, None] & m_t[None, :],
+                      other=0).to(tl.float32)
+        b_G = tl.load(p_g + o_t * stride_g_t, mask=m_t, other=0).to(tl.float32)
+        b_B = tl.load(p_beta + o_t * stride_beta_t, mask=m_t, other=0).to(tl.float32)
         if GATED:
             b_K = b_K * tl.rsqrt(tl.sum(b_K * b_K, axis=1) + EPS)[:, None]
             b_Q = b_Q * (scale * tl.rsqrt(tl.sum(b_Q * b_Q, axis=1) + EPS))[:, None]
@@ -702,8 +629,10 @@ def _gdn_commit_kernel(
 # ---------------------------------------------------------------------------------------------
 
 
+@functools.cache
 def _interpreted() -> bool:
-    """The kernels run under TRITON_INTERPRET=1 (set before this module was imported)."""
+    """The kernels run under TRITON_INTERPRET=1 (set before this module was imported): fixed at
+    import, so looked up once, not at every launch of the decoding round."""
     return type(_gdn_verify_kernel).__name__ == "InterpretedFunction"
 
 
@@ -742,9 +671,7 @@ class VerifyTuning:
     block_v: int = 16  # value rows of S_0 per program: grid (B * HV, dv / block_v)
     block_k: int = 16  # dk chunk of the key products (bounds the registers of the FMA products)
     num_warps: int = 2
-    # precision of the dk-long products: "ieee" (fp32 FMA), "tf32x3", or "bf16split" (blocked: bf16
-    # q, k as they are and S_0 in `split` bf16 pieces, as the split method; tf32x3 for fp32 inputs)
-    key_dot: str = "ieee"
+    key_dot: str = "ieee"  # blocked: precision of the dk-long products, "ieee" (fp32 FMA) or "tf32x3"
     unroll: bool = False  # a static loop over the dk chunks instead of a (software-pipelined) loop
     num_stages: int = 3
     # "blocked": Eq. 3 by the short-solve identities over tokens padded to 16 (tensor-core products);
@@ -752,24 +679,22 @@ class VerifyTuning:
     # "split": the blocked form ordered for latency, one product over dk, S_0 split into `split`
     # bf16 pieces when q, k are bf16 (tf32x3 for fp32 inputs; block_k, key_dot, unroll unused)
     method: str = "blocked"
-    # recurrent: every token's inputs loaded before the token loop (PREFETCH of the kernel);
-    # split: every input line prefetched into L2 first (`_prefetch_l2`; compiled kernels only)
+    # recurrent only: every token's inputs loaded before the token loop (PREFETCH of the kernel)
     prefetch: bool = False
     # programmatic dependent launch on SM90+ (`_launch_options`); ignored elsewhere
     pdl: bool = False
-    # blocked and split: precision of the 16 x 16 products of the solve and the outputs (ieee,
-    # tf32x3, or tf32split: three TF32 products of operands split by bit masks, `_mm`)
+    # blocked and split: precision of the 16 x 16 products of the solve and the outputs (ieee or tf32x3)
     solve_dot: str = "ieee"
-    split: int = 3  # split (and key_dot bf16split): bf16 pieces of S_0 (2: 2^-18 relative, 3: 2^-27)
-    # split, and recurrent with prefetch: every tile's first use after the last load (`_after`), so
-    # that all loads are in flight at once (compiled kernels only)
+    split: int = 3  # split only: bf16 pieces of S_0 (2: 2^-18 relative, 3: 2^-27)
+    # split only: every tile's first use after the last load (`_after`), so that all loads are in
+    # flight at once (compiled kernels only)
     fence: bool = False
 
     def __post_init__(self):
-        if self.key_dot not in ("ieee", "tf32x3", "tf32", "bf16split"):
-            raise ValueError(f"VerifyTuning: key_dot={self.key_dot!r}, expected ieee, tf32x3, tf32 or bf16split")
-        if self.solve_dot not in SOLVE_PRECISIONS:
-            raise ValueError(f"VerifyTuning: solve_dot={self.solve_dot!r}, expected one of {SOLVE_PRECISIONS}")
+        if self.key_dot not in ("ieee", "tf32x3", "tf32"):
+            raise ValueError(f"VerifyTuning: key_dot={self.key_dot!r}, expected ieee, tf32x3 or tf32")
+        if self.solve_dot not in ("ieee", "tf32x3"):
+            raise ValueError(f"VerifyTuning: solve_dot={self.solve_dot!r}, expected ieee or tf32x3")
         if self.method not in ("blocked", "recurrent", "split"):
             raise ValueError(f"VerifyTuning: method={self.method!r}, expected blocked, recurrent or split")
         if self.split not in (2, 3):
@@ -805,7 +730,7 @@ class CommitTuning:
 
 
 # Per verification length T (1..16), the fastest passing variant of bench/gdn_tuning.py on the H200
-# (bench/results/gdn_tuning.md, 2026-12-01, sixth session's sweep): up to T = 4 forward substitution
+# (bench/results/gdn_tuning_split.md, 2026-12-01, sixth session's sweep): up to T = 4 forward substitution
 # in state space with every token's inputs loaded first, one warp per program and programmatic
 # dependent launch (83.1 us for 30 layers at T = 2, 109.4 at T = 4); from T = 5 the split kernel,
 # 32 value rows and 4 warps per program, S_0 in two bf16 pieces, all loads in flight at once
@@ -840,11 +765,6 @@ def _launch_options(pdl: bool, x: Tensor) -> dict:
     return dict(USE_GDC=False)
 
 
-def _solve_precision(solve_dot: str) -> str:
-    """bf16x6 under the interpreter (whose tl.dot lacks it) is ieee: the same products in fp32."""
-    return "ieee" if solve_dot == "bf16x6" and _interpreted() else solve_dot
-
-
 def _key_block(dk: int) -> int:
     return max(16, triton.next_power_of_2(dk))
 
@@ -864,23 +784,18 @@ def _launch_verify(q, k, v, g, beta, state, scale, o, z, g_cum, tuning: VerifyTu
                  GATED=gates is not None, WRITE_K=k_out is not None, EPS=L2_EPS)
     if tuning.method == "recurrent":
         _gdn_verify_recurrent_kernel[grid](*args, **shape, BT=triton.next_power_of_2(T), PREFETCH=tuning.prefetch,
-                                           FENCE=tuning.fence and tuning.prefetch and not _interpreted(),
                                            num_warps=tuning.num_warps, num_stages=tuning.num_stages,
                                            **_launch_options(tuning.pdl, state))
         return
     if tuning.method == "split":
-        _gdn_verify_split_kernel[grid](*args, **shape, BT=BLOCK_T, SOLVE_DOT=_solve_precision(tuning.solve_dot),
+        _gdn_verify_split_kernel[grid](*args, **shape, BT=BLOCK_T, SOLVE_DOT=tuning.solve_dot,
                                        SPLIT=tuning.split if q.dtype == k.dtype == torch.bfloat16 else 0,
-                                       WIDEN=_interpreted(), PREFETCH=tuning.prefetch and not _interpreted(),
-                                       FENCE=tuning.fence and not _interpreted(),
+                                       WIDEN=_interpreted(), FENCE=tuning.fence and not _interpreted(),
                                        num_warps=tuning.num_warps, num_stages=tuning.num_stages,
                                        **_launch_options(tuning.pdl, state))
         return
-    split = tuning.key_dot == "bf16split" and q.dtype == k.dtype == torch.bfloat16
     _gdn_verify_kernel[grid](*args, **shape, BT=BLOCK_T, BKC=min(tuning.block_k, _key_block(dk)),
-                             KEY_DOT="tf32x3" if tuning.key_dot == "bf16split" else tuning.key_dot,
-                             SPLIT=tuning.split if split else 0, WIDEN=_interpreted(),
-                             UNROLL=tuning.unroll, SOLVE_DOT=_solve_precision(tuning.solve_dot),
+                             KEY_DOT=tuning.key_dot, UNROLL=tuning.unroll, SOLVE_DOT=tuning.solve_dot,
                              num_warps=tuning.num_warps,
                              num_stages=tuning.num_stages, **_launch_options(tuning.pdl, state))
 
