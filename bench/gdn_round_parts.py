@@ -33,7 +33,7 @@ import gdn_kernels as gk  # noqa: E402
 from hybridspec.kernels.gdn import triton as gdn  # noqa: E402
 
 
-def timed(parts: list[gk.HybridSpec], method: str, samples: int, replays: int) -> float:
+def timed(parts: list[gk.HybridSpecCommit], method: str, samples: int, replays: int) -> float:
     graph = gk.capture([getattr(x, method) for x in parts])
     result = gk.median_us(graph, len(parts), samples, replays)
     del graph
@@ -43,12 +43,12 @@ def timed(parts: list[gk.HybridSpec], method: str, samples: int, replays: int) -
 def measure(w: int, samples: int, replays: int) -> dict[str, float]:
     problems = [gk.make_problem(gk.QWEN36, w, torch.bfloat16, 1000 + r, "cuda") for r in range(gk.ROTATIONS)]
     row: dict[str, float] = {}
-    parts = [gk.HybridSpec(p, w, w) for p in problems]
+    parts = [gk.HybridSpecCommit(p, w, w) for p in problems]
     for x in parts:
         x.verify()  # round buffers filled for the commit-only graph
     row["verify"] = timed(parts, "verify", samples, replays)
     row["commit"] = timed(parts, "commit", samples, replays)
-    parts = [gk.HybridSpec(p, w, w) for p in problems]
+    parts = [gk.HybridSpecCommit(p, w, w) for p in problems]
     row["round"] = timed(parts, "round", samples, replays)
     graph = gk.capture([x.round for x in parts])
     for _ in range(200):
@@ -60,10 +60,10 @@ def measure(w: int, samples: int, replays: int) -> dict[str, float]:
     try:
         gdn.VERIFY_TUNING.update({T: dataclasses.replace(t, pdl=False) for T, t in gdn.VERIFY_TUNING.items()})
         gdn.COMMIT_TUNING.update({T: dataclasses.replace(t, pdl=False) for T, t in gdn.COMMIT_TUNING.items()})
-        row["round-no-pdl"] = timed([gk.HybridSpec(p, w, w) for p in problems], "round", samples, replays)
+        row["round-no-pdl"] = timed([gk.HybridSpecCommit(p, w, w) for p in problems], "round", samples, replays)
         gdn.VERIFY_TUNING.update(saved[0])
         gdn.COMMIT_TUNING.update({T: gdn.CommitTuning(16, 1) for T in gdn.COMMIT_TUNING})
-        row["round-loop"] = timed([gk.HybridSpec(p, w, w) for p in problems], "round", samples, replays)
+        row["round-loop"] = timed([gk.HybridSpecCommit(p, w, w) for p in problems], "round", samples, replays)
     finally:
         gdn.VERIFY_TUNING.update(saved[0])
         gdn.COMMIT_TUNING.update(saved[1])

@@ -4,11 +4,19 @@ Committed state: attention K/V up to `length`, each GDN layer's conv window and 
 Round buffers: what a verification pass retains so that the commit can advance every cache through
 the `m` accepted tokens without re-running anything: the GDN compact factors `(z, k, g_cum)`
 (DESIGN A.7) and the conv inputs of the tokens in flight. No per-token state buffer exists.
+
+Deferred GDN commit: a commit advances the conv windows and attention length at once, but each GDN
+layer's state only at that layer's next verification, which applies Eq. 7 to the state it reads
+anyway (`gdn_verify_gated(pending=...)`: no commit launch, no second pass over the states). The
+factors therefore live in two slots: a pass writes `slot`; a commit flips it, so the committed
+round's factors stay in the other slot, `pending[layer]` marks each layer whose state still waits
+for them and `accepted` holds their m on the device. `ssm` holds committed states only where
+nothing is pending; `HybridTarget.flush` commits what is (before the states are read or copied).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -21,12 +29,32 @@ class TargetCache:
     key: Tensor  # [n_attn, B, max_len, n_kv, head_dim]
     value: Tensor  # [n_attn, B, max_len, n_kv, head_dim]
     conv: Tensor  # [n_gdn, B, conv_dim, K-1]   last K-1 conv inputs
-    ssm: Tensor  # [n_gdn, B, HV, dv, dk] fp32 recurrent state S (o = S q)
-    z: Tensor  # [n_gdn, B, T_max, HV, dv] fp32   round buffers: compact factors …
-    k: Tensor  # [n_gdn, B, T_max, HK, dk]
-    g_cum: Tensor  # [n_gdn, B, T_max, HV] fp32
+    ssm: Tensor  # [n_gdn, B, HV, dv, dk] fp32 recurrent state S (o = S q), committed where not pending
+    z_slots: Tensor  # [2, n_gdn, B, T_max, HV, dv] fp32   round buffers: compact factors …
+    k_slots: Tensor  # [2, n_gdn, B, T_max, HK, dk] fp32
+    g_slots: Tensor  # [2, n_gdn, B, T_max, HV] fp32
     conv_in: Tensor  # [n_gdn, B, T_max, conv_dim]   … and conv inputs of the tokens in flight
+    accepted: Tensor  # [B] long, m of the pending commit
     length: int = 0  # committed tokens
+    slot: int = 0  # the factor slot the next pass writes
+    pending: list[bool] = field(default_factory=list)  # per GDN layer: a commit waits in 1 - slot
+    pending_tokens: int = 0  # w of the pass whose commit is pending
+
+    def __post_init__(self):
+        if not self.pending:
+            self.pending = [False] * self.ssm.shape[0]
+
+    @property
+    def z(self) -> Tensor:  # [n_gdn, B, T_max, HV, dv] the slot this pass writes
+        return self.z_slots[self.slot]
+
+    @property
+    def k(self) -> Tensor:  # [n_gdn, B, T_max, HK, dk]
+        return self.k_slots[self.slot]
+
+    @property
+    def g_cum(self) -> Tensor:  # [n_gdn, B, T_max, HV]
+        return self.g_slots[self.slot]
 
     @property
     def max_len(self) -> int:
@@ -34,12 +62,29 @@ class TargetCache:
 
     @property
     def max_tokens_per_pass(self) -> int:
-        return self.z.shape[2]
+        return self.z_slots.shape[3]
+
+    def pending_commit(self, layer: int) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
+        """(z, k, g_cum [B, w, ...], accepted [B]) of the commit still waiting for GDN layer `layer`."""
+        if not self.pending[layer]:
+            return None
+        old, w = 1 - self.slot, self.pending_tokens
+        return (self.z_slots[old, layer, :, :w], self.k_slots[old, layer, :, :w], self.g_slots[old, layer, :, :w],
+                self.accepted)
+
+    def defer_commit(self, w: int, m: int) -> None:
+        """Leave the pass's factors (w tokens, m accepted) for every GDN layer's next verification."""
+        if any(self.pending):
+            raise RuntimeError("a GDN commit is still pending; flush it before deferring another")
+        self.accepted.fill_(m)
+        self.slot, self.pending_tokens = 1 - self.slot, w
+        self.pending = [True] * len(self.pending)
 
     def reset(self) -> None:
         self.conv.zero_()
         self.ssm.zero_()
         self.length = 0
+        self.pending = [False] * len(self.pending)
 
     @classmethod
     def allocate(
@@ -55,8 +100,9 @@ class TargetCache:
             value=torch.zeros(kv_shape, dtype=dtype, device=device),
             conv=torch.zeros(n_gdn, batch, cfg.gdn_conv_dim, cfg.linear_conv_kernel_dim - 1, dtype=dtype, device=device),
             ssm=torch.zeros(n_gdn, batch, hv, dv, dk, dtype=f32, device=device),
-            z=torch.zeros(n_gdn, batch, tokens_per_pass, hv, dv, dtype=f32, device=device),
-            k=torch.zeros(n_gdn, batch, tokens_per_pass, hk, dk, dtype=f32, device=device),
-            g_cum=torch.zeros(n_gdn, batch, tokens_per_pass, hv, dtype=f32, device=device),
+            z_slots=torch.zeros(2, n_gdn, batch, tokens_per_pass, hv, dv, dtype=f32, device=device),
+            k_slots=torch.zeros(2, n_gdn, batch, tokens_per_pass, hk, dk, dtype=f32, device=device),
+            g_slots=torch.zeros(2, n_gdn, batch, tokens_per_pass, hv, dtype=f32, device=device),
             conv_in=torch.zeros(n_gdn, batch, tokens_per_pass, cfg.gdn_conv_dim, dtype=dtype, device=device),
+            accepted=torch.ones(batch, dtype=torch.long, device=device),
         )

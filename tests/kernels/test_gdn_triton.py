@@ -594,3 +594,123 @@ def test_verify_tuning_names_a_bad_field():
         gdn_triton.VerifyTuning(solve_dot="bf16")
     with pytest.raises(ValueError, match="VerifyTuning: key_dot='fp16', expected ieee, tf32x3 or tf32"):
         gdn_triton.VerifyTuning(key_dot="fp16")
+
+
+# ---------------------------------------------------------------------------------------------
+# the previous round's commit folded into the next verification (pending=...)
+# ---------------------------------------------------------------------------------------------
+
+
+def _two_rounds_oracle(first: dict, second: dict, accepted: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64, step by step (norms and gates as `gated_oracle`): batch element b runs the first
+    accepted[b] tokens of the first round, then every token of the second. Returns the second
+    round's o [B, T, HV, dv] and the state after the first round's accepted tokens [B, HV, dv, dk]."""
+    outputs, committed = [], []
+    for b, m in enumerate(accepted):
+        tokens = {n: torch.cat((first[n][b : b + 1, :m], second[n][b : b + 1]), dim=1) for n in "qkvab"}
+        joined = dict(first, **tokens, state=first["state"][b : b + 1])
+        prefix = dict(joined, **{n: tokens[n][:, :m] for n in "qkvab"})
+        o, _, _, _ = gated_oracle(joined)
+        outputs.append(o[:, m:])
+        committed.append(_oracle_state(prefix))
+    return torch.cat(outputs), torch.cat(committed)
+
+
+def _oracle_state(inputs: dict) -> torch.Tensor:
+    """The state after every token of `inputs` (float64), by Eq. 1 with the model's norms and gates."""
+    q, k = (inputs[n].double() for n in "qk")
+    k_hat = k / (k * k).sum(-1, keepdim=True).add(1e-6).sqrt()
+    x = inputs["a"].double() + inputs["dt_bias"].double()
+    g = -inputs["A_log"].double().exp() * torch.where(x > 20, x, torch.log1p(torch.exp(x)))
+    beta = torch.sigmoid(inputs["b"].double())
+    k_v = k_hat.repeat_interleave(inputs["v"].shape[2] // q.shape[2], dim=2)
+    S, v = inputs["state"].double(), inputs["v"].double()
+    for i in range(q.shape[1]):
+        S = g[:, i, :, None, None].exp() * S
+        z = beta[:, i, :, None] * (v[:, i] - torch.einsum("bhvd,bhd->bhv", S, k_v[:, i]))
+        S = S + z[..., None] * k_v[:, i, :, None, :]
+    return S
+
+
+def _second_round(first: dict, T2: int, seed: int, dtype=torch.float32, **shape) -> dict:
+    """The next round's inputs of the same layer (its A_log, dt_bias)."""
+    return dict(raw_inputs(seed, B=2, T=T2, dtype=dtype, **shape), A_log=first["A_log"], dt_bias=first["dt_bias"])
+
+
+def _first_round(T1: int, seed: int, dtype=torch.float32, **shape) -> tuple[dict, tuple]:
+    """A first round's inputs and its factors (z, normalised k, g_cum [B, T1, ...]) by the reference."""
+    first = raw_inputs(seed, B=2, T=T1, dtype=dtype, **shape)
+    k_out = torch.empty(first["k"].shape)
+    _, z, g_cum = reference.gdn_verify_gated(**dict(first, state=first["state"].clone()), k_out=k_out)
+    return first, (z.contiguous(), k_out, g_cum.contiguous())
+
+
+FOLD_CASES = [("split", T1, T2) for T1, T2 in ((3, 5), (16, 16), (16, 1))]
+FOLD_CASES += [("recurrent-4x1-prefetch", T1, T2) for T1, T2 in ((2, 2), (16, 4))]
+FOLD_CASES += [("recurrent-8x1", 5, 3), ("blocked", 7, 6), ("split", 20, 6)]  # 20: committed by the reference
+
+
+@pytest.mark.parametrize(("variant", "T1", "T2"), FOLD_CASES)
+def test_verify_folds_the_pending_commit(variant, T1, T2, monkeypatch):
+    """A round with the previous round's factors pending equals running that round's accepted
+    tokens (m = T1 in one sequence, 1 in the other) and then this round's, and leaves the committed
+    state in place; the factors of this round land in their buffers as without a pending commit."""
+    _with_method(monkeypatch, variant, T2)
+    first, (z1, k1, g1) = _first_round(T1, 500 + T1 + T2, **SHAPES["grouped"])
+    second = _second_round(first, T2, 600 + T1 + T2, **SHAPES["grouped"])
+    accepted = [T1, 1]
+    o_ref, s_ref = _two_rounds_oracle(first, second, accepted)
+    state = first["state"].clone()
+    o_alone, z_alone, _ = reference.gdn_verify_gated(**dict(second, state=s_ref.float()))
+
+    o, z, _ = gdn_triton.gdn_verify_gated(**dict(second, state=state),
+                                          pending=(z1, k1, g1, torch.tensor(accepted)))
+
+    assert_close("committed state, in place", s_ref, state, FP32_RATIO)
+    assert_close("o", o_ref, o, FP32_RATIO)
+    assert_close("z (as verified from the committed state)", z_alone, z, FP32_RATIO)
+
+
+@pytest.mark.parametrize("variant", ["split", "recurrent-4x1-prefetch"])
+def test_verify_folds_bf16_pending_commit(variant, monkeypatch):
+    """bf16 projections, as the model has them: the split kernel's fold takes two bf16 pieces of
+    the weighted z and of k (three products), so the state is carried to the pieces' precision."""
+    T1, T2 = 16, 8
+    _with_method(monkeypatch, variant, T2)
+    first, (z1, k1, g1) = _first_round(T1, 650, dtype=torch.bfloat16, **SHAPES["grouped"])
+    second = _second_round(first, T2, 660, dtype=torch.bfloat16, **SHAPES["grouped"])
+    accepted = [T1 // 2, T1]
+    o_ref, s_ref = _two_rounds_oracle(first, second, accepted)
+    state = first["state"].clone()
+
+    o, _, _ = gdn_triton.gdn_verify_gated(**dict(second, state=state), pending=(z1, k1, g1, torch.tensor(accepted)))
+
+    assert_close("committed state, in place", s_ref, state, SPLIT_RATIO[2] if variant == "split" else FP32_RATIO)
+    assert_close("o (bf16)", o_ref, o, BF16_ROUNDING)
+
+
+def test_verify_names_a_bad_pending_commit():
+    first, (z1, k1, g1) = _first_round(4, 700, **SHAPES["grouped"])
+    second = _second_round(first, 3, 701, **SHAPES["grouped"])
+    m = torch.tensor([4, 2])
+    with pytest.raises(ValueError, match=re.escape("gdn_verify_gated: pending commit: z has shape")):
+        gdn_triton.gdn_verify_gated(**second, pending=(z1[:, :, :1], k1, g1, m))
+    with pytest.raises(ValueError, match=re.escape("gdn_verify_gated: pending commit: accepted = [5, 2]")):
+        gdn_triton.gdn_verify_gated(**second, pending=(z1, k1, g1, torch.tensor([5, 2])))
+    with pytest.raises(ValueError, match=re.escape("gdn_verify_gated: pending g_cum has dtype torch.bfloat16")):
+        gdn_triton.gdn_verify_gated(**second, pending=(z1, k1, g1.bfloat16(), m))
+    with pytest.raises(ValueError, match=re.escape("gdn_verify_gated: pending must be (z, k, g_cum, accepted)")):
+        gdn_triton.gdn_verify_gated(**second, pending=(z1, k1, g1))
+
+
+def test_reference_folds_the_pending_commit():
+    """The reference's pending commit (the torch backend's path) against the same oracle."""
+    first, (z1, k1, g1) = _first_round(6, 710, **SHAPES["ungrouped"])
+    second = _second_round(first, 4, 711, **SHAPES["ungrouped"])
+    o_ref, s_ref = _two_rounds_oracle(first, second, [2, 6])
+    state = first["state"].clone()
+
+    o, _, _ = reference.gdn_verify_gated(**dict(second, state=state), pending=(z1, k1, g1, torch.tensor([2, 6])))
+
+    assert_close("committed state, in place", s_ref, state, FP32_RATIO)
+    assert_close("o", o_ref, o, FP32_RATIO)

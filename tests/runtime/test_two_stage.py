@@ -50,6 +50,8 @@ def test_stage0_then_stage1_equals_unsplit(fixture, u, w, request):
     m = max(1, w - 2)
     model.commit(unsplit_cache, w, m)
     model.commit(split_cache, w, m)
+    model.flush(unsplit_cache)
+    model.flush(split_cache)
     assert_close("committed GDN states", unsplit_cache.ssm, split_cache.ssm, 2e-5)
     assert_close("committed conv windows", unsplit_cache.conv, split_cache.conv, 2e-5)
     assert unsplit_cache.length == split_cache.length == prefix + m
@@ -61,3 +63,35 @@ def test_stage1_rejects_a_length_beyond_stage0(qwen35_dir):
     s0 = model.stage0(torch.tensor([[1, 2, 3]]), cache)
     with pytest.raises(ValueError, match="must be in 1..3"):
         model.stage1(s0, 4, cache)
+
+
+@pytest.mark.parametrize("verified", ["none", "stage0", "all"])
+def test_deferred_commit_reaches_the_committed_state(qwen35_dir, verified):
+    """A commit leaves each GDN state to its layer's next verification: after a flush, after Stage 0
+    (layer 0 folded, the rest flushed one by one) or after a whole pass (every layer folded, nothing
+    left to flush), the states equal those of a commit flushed at once."""
+    model = load_target(qwen35_dir)
+    ids = torch.randint(0, model.cfg.vocab_size, (30,), generator=torch.Generator().manual_seed(3)).tolist()
+    w, m = 6, 4
+    caches = []
+    for _ in range(2):
+        cache = _prefilled(model, ids, 11)
+        model.forward_pass(torch.tensor([ids[11 : 11 + w]]), cache)
+        model.commit(cache, w, m)
+        caches.append(cache)
+    eager, deferred = caches
+    assert all(eager.pending)
+    model.flush(eager)
+    assert not any(eager.pending)
+
+    nxt = torch.tensor([ids[11 + m : 11 + m + 3]])
+    if verified == "stage0":
+        model.stage0(nxt, deferred)
+        assert deferred.pending == [False] + [True] * (len(deferred.pending) - 1)
+    elif verified == "all":
+        model.forward_pass(nxt, deferred)
+        assert not any(deferred.pending)
+    model.flush(deferred)
+    assert_close("GDN states", eager.ssm, deferred.ssm, 2e-6)
+    deferred.reset()
+    assert not any(deferred.pending) and deferred.length == 0

@@ -236,12 +236,22 @@ def _check_gated_inputs(fn, q, k, v, a, b, A_log, dt_bias, state, k_out) -> tupl
 
 
 def gdn_verify_gated(q, k, v, a, b, A_log, dt_bias, state, scale, *, z_out=None, g_out=None,
-                     k_out=None) -> tuple[Tensor, Tensor, Tensor]:
+                     k_out=None, pending=None) -> tuple[Tensor, Tensor, Tensor]:
     """`gdn_verify` from the layer's raw projections: q, k [B, T, HK, dk] are L2-normalised here
     (`l2_normalize`) and g, beta formed from a, b [B, T, HV] and A_log, dt_bias [HV] (`gdn_gates`).
     Returns (o, z, g_cum) as `gdn_verify`; k_out [B, T, HK, dk] (any float dtype), when given,
-    receives the normalised k, the commit's key factor."""
+    receives the normalised k, the commit's key factor.
+
+    pending = (z, k, g_cum, accepted), the factors of this layer's previous round [B, T', ...] and
+    its m [B] (`check_pending`): that round's commit is applied first, Eq. 7 on `state` in place
+    (`gdn_commit` of this one layer), and the round verifies from the committed state. The runtime
+    defers each round's commit to the next verification of every layer this way (a commit folded
+    into the verify, which reads the state anyway)."""
     _check_gated_inputs("gdn_verify_gated", q, k, v, a, b, A_log, dt_bias, state, k_out)
+    if pending is not None:
+        check_pending("gdn_verify_gated", state, pending)
+        z_p, k_p, g_p, accepted = pending
+        gdn_commit(state[None], z_p[None], k_p[None], g_p[None], accepted)
     k_hat = l2_normalize(k)
     g, beta = gdn_gates(a, b, A_log, dt_bias)
     if k_out is not None:
@@ -272,6 +282,18 @@ def _check_commit_inputs(states, z, k, g_cum, accepted) -> None:
     # The range check reads the values, which is only free when they already live on the host.
     if accepted.device.type == "cpu" and not bool(((accepted >= 1) & (accepted <= T)).all()):
         raise ValueError(f"gdn_commit: accepted = {accepted.tolist()}, expected 1 <= m <= T={T}")
+
+
+def check_pending(fn: str, state: Tensor, pending) -> None:
+    """A deferred commit of one layer: (z [B, T', HV, dv], k [B, T', HK, dk], g_cum [B, T', HV],
+    accepted [B] long) against its state [B, HV, dv, dk]."""
+    if not isinstance(pending, tuple | list) or len(pending) != 4:
+        raise ValueError(f"{fn}: pending must be (z, k, g_cum, accepted), got {type(pending).__name__}")
+    z, k, g_cum, accepted = pending
+    try:
+        _check_commit_inputs(state[None], z[None], k[None], g_cum[None], accepted)
+    except ValueError as error:
+        raise ValueError(f"{fn}: pending commit: {str(error).removeprefix('gdn_commit: ')}") from None
 
 
 def gdn_commit(states, z, k, g_cum, accepted) -> None:

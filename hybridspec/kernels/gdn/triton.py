@@ -46,6 +46,17 @@ those products are bf16 tensor-core products: q and k are exact in bf16, and S_0
 `split` bf16 pieces, S_0 = S_1 + S_2 (+ S_3) to 2^-18 (2^-27) of it relative when rounding to
 nearest, each piece's product exact in fp32; fp32 inputs take tf32x3 products instead.
 
+`gdn_verify_gated(pending=(z, k, g_cum, accepted))` folds the previous round's commit of the layer
+into the same launch (what the runtime does every round, `TargetCache.defer_commit`): before it
+verifies, each program of the split and recurrent kernels applies Eq. 7 to the BV rows of S it has
+loaded anyway, S_m = e^{g_m} S + sum_{j<m} e^{g_m - g_j} z_j k_j^T (the previous round's factors
+loaded with the other inputs, none of the loads waiting for m), stores them in place and verifies
+from them; the round then has no commit launch and no second read of the states (30 layers at
+w = 16 on the H200: 181 -> 167 us per round). The split kernel forms the update as one [BV, 16] x
+[16, dk] product, with bf16 inputs from two bf16 pieces of the weighted z and of k (three chained
+tensor-core products, each term to about 2^-18), with fp32 inputs in tf32x3; the recurrent kernel
+by rank-1 updates. The blocked kernel takes a one-layer `gdn_commit` launch first.
+
 `gdn_commit` is one launch for all L layers over a grid (L * B * HV, dv / BV): each program reads
 m = accepted[b] on the device and rewrites BV rows of one state in place,
 S_m = e^{g_m} S_0 + sum_{j <= m} e^{g_m - g_j} z_j k_j^T, either by m rank-1 updates (no work for
@@ -76,7 +87,9 @@ from hybridspec.kernels.gdn.reference import (
     _check_factor_outputs,
     _check_gated_inputs,
     _check_step_inputs,
+    check_pending,
 )
+from hybridspec.kernels.gdn.reference import gdn_commit as reference_commit
 
 MAX_TOKENS = 16  # the verification window W; longer prefill chunks use the reference
 MAX_KEY_DIM = 256  # one [BT, BK] key tile per program
@@ -196,6 +209,72 @@ def _store_outputs(p_o, p_z, p_gc, b_o, b_z, b_gc, o_t, o_v, m_t, m_tv, first_bl
     tl.store(p_z + o_t[:, None] * stride_z_t + o_v[None, :], b_z, mask=m_tv)
     if first_block:
         tl.store(p_gc + o_t * stride_gc_t, b_gc, mask=m_t)
+
+
+@triton.jit
+def _pending_tiles(p_pz, p_pk, p_pg, PT, stride_pz_t, stride_pk_t, stride_pg_t, m_v, m_k,
+                   BJ: tl.constexpr):
+    """The previous round's factors of this program's rows, tokens j < PT (<= BJ) loaded at once:
+    z_j as columns [BV, BJ], k_j as rows [BJ, BK] (fp32), g_j [BJ]; none of the loads depends on m."""
+    o_j = tl.arange(0, BJ)
+    m_j = o_j < PT
+    b_pz = tl.load(p_pz[:, None] + o_j[None, :] * stride_pz_t, mask=m_v[:, None] & m_j[None, :], other=0)
+    b_pk = tl.load(p_pk[None, :] + o_j[:, None] * stride_pk_t, mask=m_j[:, None] & m_k[None, :], other=0)
+    b_pg = tl.load(p_pg + o_j * stride_pg_t, mask=m_j, other=0)
+    return b_pz.to(tl.float32), b_pk.to(tl.float32), b_pg
+
+
+@triton.jit
+def _pending_weights(b_pg, b_m, BJ: tl.constexpr):
+    """e^{g_m} and the weights e^{g_m - g_j} [BJ] of Eq. 7 from the previous round's g_cum [BJ] and m:
+    g_m picked out of the tile (no load that waits for m), the exponent masked to -inf before exp
+    for the rejected tokens j >= m, whose weight is then exactly 0."""
+    o_j = tl.arange(0, BJ)
+    b_gm = tl.sum(tl.where(o_j == b_m - 1, b_pg, 0.0), axis=0)
+    return tl.exp(b_gm), tl.exp(tl.where(o_j < b_m, b_gm - b_pg, float("-inf")))
+
+
+@triton.jit
+def _dot_bf16(b_a, b_b, WIDEN: tl.constexpr):
+    """A B of two bf16 tiles, exact products and fp32 sums (`_dot_bt` without the transpose)."""
+    if WIDEN:
+        return tl.dot(b_a.to(tl.float32), b_b.to(tl.float32), input_precision="ieee")
+    return tl.dot(b_a, b_b)
+
+
+@triton.jit
+def _fold_tiles(b_s, b_pz, b_pk, b_pg, b_m, BJ: tl.constexpr, PIECES: tl.constexpr, WIDEN: tl.constexpr):
+    """Eq. 7 on this program's BV rows of the state, the previous round's commit: S_m = e^{g_m} S +
+    sum_{j < m} e^{g_m - g_j} z_j k_j^T as one [BV, BJ] x [BJ, BK] product. PIECES (bf16 inputs,
+    whose tolerance is that of bf16): the weighted z and k each split into two bf16 pieces
+    (`_split_bf16`) and three exact bf16 tensor-core products, z_1 k_1 + z_1 k_2 + z_2 k_1 (the
+    dropped z_2 k_2 and the pieces' remainders are about 2^-18 of each term); else tf32x3."""
+    b_decay, b_w = _pending_weights(b_pg, b_m, BJ)
+    b_wz = b_pz * b_w[None, :]
+    if PIECES:
+        b_z1, b_z2, _ = _split_bf16(b_wz, 2)
+        b_k1, b_k2, _ = _split_bf16(b_pk, 2)
+        if WIDEN:
+            return b_decay * b_s + _dot_bf16(b_z1, b_k1, WIDEN) + _dot_bf16(b_z1, b_k2, WIDEN) + _dot_bf16(b_z2, b_k1, WIDEN)
+        # one accumulator chain: no adds outside the tensor cores (each warp has 8 tiles in flight)
+        return tl.dot(b_z2, b_k1, acc=tl.dot(b_z1, b_k2, acc=tl.dot(b_z1, b_k1, acc=b_decay * b_s)))
+    return tl.dot(b_wz, b_pk, acc=b_decay * b_s, input_precision="tf32x3")
+
+
+@triton.jit
+def _fold_rows(b_s, b_pz, b_pk, b_pg, b_m, BJ: tl.constexpr):
+    """`_fold_tiles` by BJ rank-1 updates, for programs of fewer than 16 rows (tl.dot's smallest
+    tile); token j's z and k rows are picked out of the tiles (sums of one value and zeros, exact),
+    BJ = the previous round's length rounded up to a power of two."""
+    o_j = tl.arange(0, BJ)
+    b_decay, b_w = _pending_weights(b_pg, b_m, BJ)
+    b_wz = b_pz * b_w[None, :]
+    b_s = b_decay * b_s
+    for j in tl.static_range(BJ):
+        b_zj = tl.sum(tl.where(o_j[None, :] == j, b_wz, 0.0), axis=1)  # [BV]
+        b_kj = tl.sum(tl.where(o_j[:, None] == j, b_pk, 0.0), axis=0)  # [BK]
+        b_s += b_zj[:, None] * b_kj[None, :]
+    return b_s
 
 
 @triton.jit
@@ -340,10 +419,15 @@ def _gdn_verify_split_kernel(
     stride_z_b, stride_z_t, stride_z_h,
     stride_gc_b, stride_gc_t,
     stride_ko_b, stride_ko_t, stride_ko_h,
+    pz, pk, pg, accepted, PT,
+    stride_pz_b, stride_pz_t, stride_pz_h,
+    stride_pk_b, stride_pk_t, stride_pk_h,
+    stride_pg_b, stride_pg_t,
     T: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, DK: tl.constexpr,
     DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     GATED: tl.constexpr, WRITE_K: tl.constexpr, EPS: tl.constexpr, USE_GDC: tl.constexpr,
     SOLVE_DOT: tl.constexpr, SPLIT: tl.constexpr, WIDEN: tl.constexpr, FENCE: tl.constexpr,
+    FOLD: tl.constexpr, BJ: tl.constexpr,
 ):
     """The blocked form (Eqs. 3, 10 by the short-solve identities, as `_gdn_verify_kernel`) ordered
     for latency: every input is loaded at the top (FENCE: every tile's first use after the last
@@ -368,6 +452,11 @@ def _gdn_verify_split_kernel(
     # S_0 rows [BV, BK] first (without FENCE they arrive while the state-independent part runs)
     p_s = state + i_b * stride_s_b + i_h * stride_s_h + o_v[:, None] * stride_s_v + o_k[None, :]
     b_s = tl.load(p_s, mask=m_v[:, None] & m_k[None, :], other=0)
+    if FOLD:  # the previous round's factors of these rows and its m (its commit, applied below)
+        b_pz, b_pk, b_pg = _pending_tiles(
+            pz + i_b * stride_pz_b + i_h * stride_pz_h + o_v, pk + i_b * stride_pk_b + i_hk * stride_pk_h + o_k,
+            pg + i_b * stride_pg_b + i_h, PT, stride_pz_t, stride_pk_t, stride_pg_t, m_v, m_k, BJ)
+        b_m = tl.load(accepted + i_b).to(tl.int32)
     p_k = k + i_b * stride_k_b + o_t[:, None] * stride_k_t + i_hk * stride_k_h + o_k[None, :]
     p_q = q + i_b * stride_q_b + o_t[:, None] * stride_q_t + i_hk * stride_q_h + o_k[None, :]
     b_k = tl.load(p_k, mask=m_tk, other=0)  # [BT, BK], input dtype
@@ -388,6 +477,9 @@ def _gdn_verify_split_kernel(
         b_q = _after(b_q, dep, b_q.dtype == tl.bfloat16)
         b_g = _after(b_g, dep, b_g.dtype == tl.bfloat16)
         b_beta = _after(b_beta, dep, b_beta.dtype == tl.bfloat16)
+        if FOLD:
+            b_pz, b_pk, b_pg = _after(b_pz, dep, False), _after(b_pk, dep, False), _after(b_pg, dep, False)
+            b_m = _after(b_m.to(tl.float32, bitcast=True), dep, False).to(tl.int32, bitcast=True)
     b_v, b_g, b_beta = b_v.to(tl.float32), b_g.to(tl.float32), b_beta.to(tl.float32)
     if GATED:
         b_g = tl.where(m_t, _log_decay(b_g, a_log, dt), 0.0)
@@ -418,6 +510,10 @@ def _gdn_verify_split_kernel(
         if (i_v == 0) & (i_h % GROUP == 0):
             p_ko = k_out + i_b * stride_ko_b + o_t[:, None] * stride_ko_t + i_hk * stride_ko_h + o_k[None, :]
             tl.store(p_ko, (b_k.to(tl.float32) * r_k[:, None]).to(p_ko.dtype.element_ty), mask=m_tk)
+
+    if FOLD:  # the previous round's commit (Eq. 7) on these rows, stored in place: S_0 of this round
+        b_s = _fold_tiles(b_s, b_pz, b_pk, b_pg, b_m, BJ, SPLIT != 0, WIDEN)
+        tl.store(p_s, b_s, mask=m_v[:, None] & m_k[None, :])
 
     # K S_0^T, Q S_0^T [BT, BV]
     if SPLIT:
@@ -452,10 +548,14 @@ def _gdn_verify_recurrent_kernel(
     stride_z_b, stride_z_t, stride_z_h,
     stride_gc_b, stride_gc_t,
     stride_ko_b, stride_ko_t, stride_ko_h,
+    pz, pk, pg, accepted, PT,
+    stride_pz_b, stride_pz_t, stride_pz_h,
+    stride_pk_b, stride_pk_t, stride_pk_h,
+    stride_pg_b, stride_pg_t,
     T: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, DK: tl.constexpr,
     DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     GATED: tl.constexpr, WRITE_K: tl.constexpr, EPS: tl.constexpr, PREFETCH: tl.constexpr,
-    USE_GDC: tl.constexpr,
+    USE_GDC: tl.constexpr, FOLD: tl.constexpr, BJ: tl.constexpr,
 ):
     """Eq. 3 by forward substitution in state space, the same z, o and g_cum as the blocked kernel.
 
@@ -481,6 +581,11 @@ def _gdn_verify_recurrent_kernel(
 
     p_s = state + i_b * stride_s_b + i_h * stride_s_h + o_v[:, None] * stride_s_v + o_k[None, :]
     b_s = tl.load(p_s, mask=m_vk, other=0)  # rows of S_0 [BV, BK]
+    if FOLD:  # the previous round's factors of these rows and its m (its commit, applied below)
+        b_pz, b_pk, b_pg = _pending_tiles(
+            pz + i_b * stride_pz_b + i_h * stride_pz_h + o_v, pk + i_b * stride_pk_b + i_hk * stride_pk_h + o_k,
+            pg + i_b * stride_pg_b + i_h, PT, stride_pz_t, stride_pk_t, stride_pg_t, m_v, m_k, BJ)
+        b_m = tl.load(accepted + i_b).to(tl.int32)
     p_q = q + i_b * stride_q_b + i_hk * stride_q_h + o_k
     p_k = k + i_b * stride_k_b + i_hk * stride_k_h + o_k
     p_v = v + i_b * stride_v_b + i_h * stride_v_h + o_v
@@ -508,6 +613,9 @@ def _gdn_verify_recurrent_kernel(
             b_B = tl.sigmoid(b_B)
         else:
             b_Q = b_Q * scale
+    if FOLD:  # the previous round's commit (Eq. 7) on these rows, stored in place: S_0 of this round
+        b_s = _fold_rows(b_s, b_pz, b_pk, b_pg, b_m, BJ)
+        tl.store(p_s, b_s, mask=m_vk)
     for i in tl.static_range(T):
         if PREFETCH:  # row i of the tiles (sums of one value and zeros: exact)
             b_k = tl.sum(tl.where(o_t[:, None] == i, b_K, 0.0), axis=0)  # k_i [BK]
@@ -729,17 +837,19 @@ class CommitTuning:
             raise ValueError(f"CommitTuning: block_v={self.block_v} with method dot, expected at least 16")
 
 
-# Per verification length T (1..16), the fastest passing variant of bench/gdn_tuning.py on the H200
-# (bench/results/gdn_tuning_split.md, 2026-12-01, sixth session's sweep): up to T = 4 forward substitution
-# in state space with every token's inputs loaded first, one warp per program and programmatic
-# dependent launch (83.1 us for 30 layers at T = 2, 109.4 at T = 4); from T = 5 the split kernel,
-# 32 value rows and 4 warps per program, S_0 in two bf16 pieces, all loads in flight at once
-# (133.8 us at T = 6, 121.4 at T = 8, 146.9 at T = 16; the recurrent kernel 145.4, 188.6 and
-# 334.8); a length between the measured ones takes the next measured length's choice.
+# Per verification length T (1..16), the fastest passing variant on the H200 of the round the runtime
+# runs, each verify folding the previous round's commit (bench/gdn_fold_sweep.py,
+# bench/results/gdn_fold_sweep.md, 2026-12-01, seventh session; the verify alone:
+# bench/results/gdn_tuning_split.md): up to T = 4 forward substitution in state space with every
+# token's inputs loaded first, one warp per program and programmatic dependent launch, 8 value rows
+# at T = 2 and 4 from T = 3 (108.2 us per fused round of 30 layers at T = 2, 130.9 at T = 4; 8 rows:
+# 150.3); from T = 5 the split kernel, 32 value rows and 4 warps per program, S_0 in two bf16 pieces,
+# all loads in flight at once (144.5 us at T = 8, 166.8 at T = 16); a length between the measured
+# ones takes the next measured length's choice.
 _PREFETCH = VerifyTuning(num_warps=1, num_stages=1, method="recurrent", prefetch=True, pdl=True)
 _SPLIT = VerifyTuning(block_v=32, num_warps=4, num_stages=1, method="split", split=2, fence=True, pdl=True)
-_MEASURED = {2: dataclasses.replace(_PREFETCH, block_v=4), 3: dataclasses.replace(_PREFETCH, block_v=8),
-             4: dataclasses.replace(_PREFETCH, block_v=8), 6: _SPLIT, 8: _SPLIT, 12: _SPLIT, 16: _SPLIT}
+_MEASURED = {2: dataclasses.replace(_PREFETCH, block_v=8), 4: dataclasses.replace(_PREFETCH, block_v=4),
+             6: _SPLIT, 8: _SPLIT, 12: _SPLIT, 16: _SPLIT}
 VERIFY_TUNING: dict[int, VerifyTuning] = {
     T: _MEASURED[min(t for t in _MEASURED if t >= T)] for T in range(1, MAX_TOKENS + 1)}
 # Per window length T (the round buffers' length; m is read on the device): one tensor-core product
@@ -769,11 +879,26 @@ def _key_block(dk: int) -> int:
     return max(16, triton.next_power_of_2(dk))
 
 
+def _fold_args(state: Tensor, pending) -> tuple:
+    """The kernels' pending-commit arguments: (z, k, g_cum, accepted, T') and their strides, or
+    placeholders (T' = 0) without a pending commit."""
+    if pending is None:
+        return (state, state, state, state, 0, *(0,) * 8)
+    z_p, k_p, g_p, accepted = pending
+    return (z_p, k_p, g_p, accepted, z_p.shape[1], *z_p.stride()[:3], *k_p.stride()[:3], *g_p.stride()[:2])
+
+
 def _launch_verify(q, k, v, g, beta, state, scale, o, z, g_cum, tuning: VerifyTuning, *, gates=None,
-                   k_out=None) -> None:
-    """gates = (A_log, dt_bias): q, k are raw and g, beta hold the raw a, b (`gdn_verify_gated`)."""
+                   k_out=None, pending=None) -> None:
+    """gates = (A_log, dt_bias): q, k are raw and g, beta hold the raw a, b (`gdn_verify_gated`);
+    pending = (z, k, g_cum, accepted) of the previous round (T' <= 16 tokens), committed into state
+    first: inside the split and recurrent kernels, by a one-layer `gdn_commit` before the blocked one."""
     B, T, HK, _ = q.shape
     HV, dv, dk = v.shape[2], v.shape[3], q.shape[3]
+    if pending is not None and tuning.method == "blocked":
+        z_p, k_p, g_p, accepted = pending
+        _launch_commit(state[None], z_p[None], k_p[None], g_p[None], accepted, COMMIT_TUNING[z_p.shape[1]])
+        pending = None
     grid = (B * HV, triton.cdiv(dv, tuning.block_v))
     A_log, dt_bias = gates if gates is not None else (g, g)  # unused pointers when not gated
     k_store = k_out if k_out is not None else k
@@ -782,13 +907,16 @@ def _launch_verify(q, k, v, g, beta, state, scale, o, z, g_cum, tuning: VerifyTu
             *state.stride()[:3], *o.stride()[:3], *z.stride()[:3], *g_cum.stride()[:2], *k_store.stride()[:3])
     shape = dict(T=T, HV=HV, GROUP=HV // HK, DK=dk, DV=dv, BK=_key_block(dk), BV=tuning.block_v,
                  GATED=gates is not None, WRITE_K=k_out is not None, EPS=L2_EPS)
+    fold, pt = _fold_args(state, pending), 0 if pending is None else pending[0].shape[1]
     if tuning.method == "recurrent":
-        _gdn_verify_recurrent_kernel[grid](*args, **shape, BT=triton.next_power_of_2(T), PREFETCH=tuning.prefetch,
+        _gdn_verify_recurrent_kernel[grid](*args, *fold, **shape, BT=triton.next_power_of_2(T), PREFETCH=tuning.prefetch,
+                                           FOLD=pending is not None, BJ=triton.next_power_of_2(max(pt, 1)),
                                            num_warps=tuning.num_warps, num_stages=tuning.num_stages,
                                            **_launch_options(tuning.pdl, state))
         return
     if tuning.method == "split":
-        _gdn_verify_split_kernel[grid](*args, **shape, BT=BLOCK_T, SOLVE_DOT=tuning.solve_dot,
+        _gdn_verify_split_kernel[grid](*args, *fold, **shape, BT=BLOCK_T, SOLVE_DOT=tuning.solve_dot,
+                                       FOLD=pending is not None, BJ=max(BLOCK_T, triton.next_power_of_2(pt)),
                                        SPLIT=tuning.split if q.dtype == k.dtype == torch.bfloat16 else 0,
                                        WIDEN=_interpreted(), FENCE=tuning.fence and not _interpreted(),
                                        num_warps=tuning.num_warps, num_stages=tuning.num_stages,
@@ -837,12 +965,18 @@ def gdn_verify(q, k, v, g, beta, state, scale, *, z_out=None, g_out=None) -> tup
 
 
 def gdn_verify_gated(q, k, v, a, b, A_log, dt_bias, state, scale, *, z_out=None, g_out=None,
-                     k_out=None) -> tuple[Tensor, Tensor, Tensor]:
+                     k_out=None, pending=None) -> tuple[Tensor, Tensor, Tensor]:
     """Triton `reference.gdn_verify_gated`: `gdn_verify` from the raw projections in the same launch,
     the L2 norms of q and k and the gates g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b)
     formed inside the kernel. q, k [B, T, HK, dk] raw, v [B, T, HV, dv], a, b [B, T, HV] in bf16 or
     fp32; A_log, dt_bias [HV] any float dtype; k_out [B, T, HK, dk] (when given) receives the
-    normalised k; the rest as `gdn_verify`."""
+    normalised k; the rest as `gdn_verify`.
+
+    pending = (z [B, T', HV, dv], k [B, T', HK, dk] bf16 or fp32, g_cum [B, T', HV] fp32,
+    accepted [B] long): the previous round's factors of this layer and its m, read on the device.
+    Its commit (Eq. 7) is applied to `state` in place in the same launch, each program folding its
+    own rows before it verifies from them, so the round costs no separate commit launch and no
+    second read of the state. T' > 16 (a long prefill chunk) is committed by the reference first."""
     fn = "gdn_verify_gated"
     B, T, HK, HV, dk, dv = _check_gated_inputs(fn, q, k, v, a, b, A_log, dt_bias, state, k_out)
     _check_factor_outputs(fn, z_out, g_out, (B, T, HV, dv))
@@ -853,10 +987,20 @@ def gdn_verify_gated(q, k, v, a, b, A_log, dt_bias, state, scale, *, z_out=None,
     z = z_out if z_out is not None else torch.empty(B, T, HV, dv, device=v.device)
     g_cum = g_out if g_out is not None else torch.empty(B, T, HV, device=v.device)
     tensors = dict(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state=state, z_out=z, g_out=g_cum)
+    if pending is not None:
+        check_pending(fn, state, pending)
+        _check_dtype(fn, "pending z", pending[0], INPUT_DTYPES)
+        _check_dtype(fn, "pending k", pending[1], INPUT_DTYPES)
+        _check_dtype(fn, "pending g_cum", pending[2], (torch.float32,))
+        tensors.update(pending_z=pending[0], pending_k=pending[1], pending_g_cum=pending[2],
+                       accepted=pending[3])
     _check_layout(fn, tensors if k_out is None else dict(tensors, k_out=k_out))
+    if pending is not None and pending[0].shape[1] > MAX_TOKENS:
+        reference_commit(state[None], *(x[None] for x in pending[:3]), pending[3])
+        pending = None
 
     _launch_verify(q, k, v, a, b, state, scale, o, z, g_cum, VERIFY_TUNING.get(T, VerifyTuning()),
-                   gates=(A_log, dt_bias), k_out=k_out)
+                   gates=(A_log, dt_bias), k_out=k_out, pending=pending)
     return o, z, g_cum
 
 

@@ -59,10 +59,11 @@ def gdn_ops(backend: str) -> tuple[Callable, Callable]:
     except ImportError as exc:
         raise ConfigError(f"the triton backend needs triton ({exc})") from exc
 
-    def verify(q, k, v, a, b, A_log, dt_bias, state, scale, *, z_out=None, g_out=None, k_out=None):
+    def verify(q, k, v, a, b, A_log, dt_bias, state, scale, *, z_out=None, g_out=None, k_out=None, pending=None):
         short = q.shape[1] <= gdn_triton.MAX_TOKENS
         impl = gdn_triton.gdn_verify_gated if short else gdn_reference.gdn_verify_gated
-        return impl(q, k, v, a, b, A_log, dt_bias, state, scale, z_out=z_out, g_out=g_out, k_out=k_out)
+        return impl(q, k, v, a, b, A_log, dt_bias, state, scale, z_out=z_out, g_out=g_out, k_out=k_out,
+                    pending=pending)
 
     def commit(states, z, k, g_cum, accepted):
         impl = gdn_triton.gdn_commit if z.shape[2] <= gdn_triton.MAX_TOKENS else gdn_reference.gdn_commit
@@ -179,14 +180,31 @@ class HybridTarget(nn.Module):
     # ---------------------------------------------------------------- commit
     @torch.no_grad()
     def commit(self, cache: TargetCache, w: int, accepted: int) -> None:
-        """Advance every cache through the first `accepted` (= m) of the w tokens just verified."""
+        """Advance every cache through the first `accepted` (= m) of the w tokens just verified.
+
+        The GDN states advance at each layer's next verification, which folds this commit into its
+        launch (`TargetCache.defer_commit`); `flush` applies it now where the states are needed."""
         if not 1 <= accepted <= w:
             raise ValueError(f"commit of {accepted} tokens after a pass of {w}")
-        m = torch.full((cache.ssm.shape[1],), accepted, dtype=torch.long, device=cache.ssm.device)
-        self._gdn_commit(cache.ssm, cache.z[:, :, :w], cache.k[:, :, :w], cache.g_cum[:, :, :w], m)
+        self.flush(cache)  # a layer not verified since the last commit (none in a decoding round)
+        cache.defer_commit(w, accepted)
         window = torch.cat((cache.conv, cache.conv_in[:, :, :accepted].transpose(-1, -2)), dim=-1)
         cache.conv.copy_(window[..., accepted:])  # the last K−1 conv inputs
         cache.length += accepted
+
+    @torch.no_grad()
+    def flush(self, cache: TargetCache) -> None:
+        """Commit the pending GDN states now (one all-layer `gdn_commit` when every layer waits), so
+        that `cache.ssm` holds the committed state of every layer."""
+        layers = [i for i, waiting in enumerate(cache.pending) if waiting]
+        if not layers:
+            return
+        old, w = 1 - cache.slot, cache.pending_tokens
+        spans = [(0, len(cache.pending))] if len(layers) == len(cache.pending) else [(i, i + 1) for i in layers]
+        for lo, hi in spans:
+            self._gdn_commit(cache.ssm[lo:hi], cache.z_slots[old, lo:hi, :, :w], cache.k_slots[old, lo:hi, :, :w],
+                             cache.g_slots[old, lo:hi, :, :w], cache.accepted)
+        cache.pending = [False] * len(cache.pending)
 
     # ---------------------------------------------------------------- prefill
     @torch.no_grad()
