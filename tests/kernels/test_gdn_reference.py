@@ -70,6 +70,11 @@ def raw_inputs(seed, B, T, HK, HV, dk, dv, dtype=torch.float32, a_range=(-6.0, 3
 
 def gated_oracle(inputs: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(o, z, g_cum, k_hat) of gdn_verify_gated, all in float64: norms, gates, Eq. 1 step by step."""
+    return gated_steps(inputs)[:4]
+
+
+def gated_steps(inputs: dict) -> tuple[torch.Tensor, ...]:
+    """`gated_oracle`'s (o, z, g_cum, k_hat) and the state after the last token [B, HV, dv, dk]."""
     q, k = (inputs[n].double() for n in "qk")
     q_hat, k_hat = (x / (x * x).sum(-1, keepdim=True).add(1e-6).sqrt() for x in (q, k))
     x = inputs["a"].double() + inputs["dt_bias"].double()
@@ -83,7 +88,7 @@ def gated_oracle(inputs: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
         zs.append(beta[:, i, :, None] * (v[:, i] - torch.einsum("bhvd,bhd->bhv", S, k_v[:, i])))
         S = S + zs[-1][..., None] * k_v[:, i, :, None, :]
         outputs.append(torch.einsum("bhvd,bhd->bhv", S, q_v[:, i]))
-    return torch.stack(outputs, 1), torch.stack(zs, 1), g.cumsum(1), k_hat
+    return torch.stack(outputs, 1), torch.stack(zs, 1), g.cumsum(1), k_hat, S
 
 
 def recurrent_prefix(inputs: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -21,6 +21,7 @@ from tests.kernels.test_gdn_reference import (  # noqa: E402
     REGIMES,
     STEP_ERRORS,
     gated_oracle,
+    gated_steps,
     make_inputs,
     raw_inputs,
     recurrent_prefix,
@@ -612,24 +613,8 @@ def _two_rounds_oracle(first: dict, second: dict, accepted: list[int]) -> tuple[
         prefix = dict(joined, **{n: tokens[n][:, :m] for n in "qkvab"})
         o, _, _, _ = gated_oracle(joined)
         outputs.append(o[:, m:])
-        committed.append(_oracle_state(prefix))
+        committed.append(gated_steps(prefix)[-1])
     return torch.cat(outputs), torch.cat(committed)
-
-
-def _oracle_state(inputs: dict) -> torch.Tensor:
-    """The state after every token of `inputs` (float64), by Eq. 1 with the model's norms and gates."""
-    q, k = (inputs[n].double() for n in "qk")
-    k_hat = k / (k * k).sum(-1, keepdim=True).add(1e-6).sqrt()
-    x = inputs["a"].double() + inputs["dt_bias"].double()
-    g = -inputs["A_log"].double().exp() * torch.where(x > 20, x, torch.log1p(torch.exp(x)))
-    beta = torch.sigmoid(inputs["b"].double())
-    k_v = k_hat.repeat_interleave(inputs["v"].shape[2] // q.shape[2], dim=2)
-    S, v = inputs["state"].double(), inputs["v"].double()
-    for i in range(q.shape[1]):
-        S = g[:, i, :, None, None].exp() * S
-        z = beta[:, i, :, None] * (v[:, i] - torch.einsum("bhvd,bhd->bhv", S, k_v[:, i]))
-        S = S + z[..., None] * k_v[:, i, :, None, :]
-    return S
 
 
 def _second_round(first: dict, T2: int, seed: int, dtype=torch.float32, **shape) -> dict:

@@ -212,16 +212,21 @@ def _store_outputs(p_o, p_z, p_gc, b_o, b_z, b_gc, o_t, o_v, m_t, m_tv, first_bl
 
 
 @triton.jit
-def _pending_tiles(p_pz, p_pk, p_pg, PT, stride_pz_t, stride_pk_t, stride_pg_t, m_v, m_k,
-                   BJ: tl.constexpr):
-    """The previous round's factors of this program's rows, tokens j < PT (<= BJ) loaded at once:
-    z_j as columns [BV, BJ], k_j as rows [BJ, BK] (fp32), g_j [BJ]; none of the loads depends on m."""
+def _pending_tiles(pz, pk, pg, accepted, i_b, i_h, i_hk, o_v, o_k, m_v, m_k, PT,
+                   stride_pz_b, stride_pz_t, stride_pz_h, stride_pk_b, stride_pk_t, stride_pk_h,
+                   stride_pg_b, stride_pg_t, BJ: tl.constexpr):
+    """The previous round's factors of this program's rows (value head i_h, key head i_hk), tokens
+    j < PT (<= BJ) loaded at once: z_j as columns [BV, BJ], k_j as rows [BJ, BK] (fp32), g_j [BJ],
+    and its m = accepted[b]; none of the loads depends on m."""
     o_j = tl.arange(0, BJ)
     m_j = o_j < PT
-    b_pz = tl.load(p_pz[:, None] + o_j[None, :] * stride_pz_t, mask=m_v[:, None] & m_j[None, :], other=0)
-    b_pk = tl.load(p_pk[None, :] + o_j[:, None] * stride_pk_t, mask=m_j[:, None] & m_k[None, :], other=0)
-    b_pg = tl.load(p_pg + o_j * stride_pg_t, mask=m_j, other=0)
-    return b_pz.to(tl.float32), b_pk.to(tl.float32), b_pg
+    p_pz = pz + i_b * stride_pz_b + i_h * stride_pz_h + o_v[:, None] + o_j[None, :] * stride_pz_t
+    p_pk = pk + i_b * stride_pk_b + i_hk * stride_pk_h + o_k[None, :] + o_j[:, None] * stride_pk_t
+    b_pz = tl.load(p_pz, mask=m_v[:, None] & m_j[None, :], other=0)
+    b_pk = tl.load(p_pk, mask=m_j[:, None] & m_k[None, :], other=0)
+    b_pg = tl.load(pg + i_b * stride_pg_b + i_h + o_j * stride_pg_t, mask=m_j, other=0)
+    b_m = tl.load(accepted + i_b).to(tl.int32)
+    return b_pz.to(tl.float32), b_pk.to(tl.float32), b_pg, b_m
 
 
 @triton.jit
@@ -232,14 +237,6 @@ def _pending_weights(b_pg, b_m, BJ: tl.constexpr):
     o_j = tl.arange(0, BJ)
     b_gm = tl.sum(tl.where(o_j == b_m - 1, b_pg, 0.0), axis=0)
     return tl.exp(b_gm), tl.exp(tl.where(o_j < b_m, b_gm - b_pg, float("-inf")))
-
-
-@triton.jit
-def _dot_bf16(b_a, b_b, WIDEN: tl.constexpr):
-    """A B of two bf16 tiles, exact products and fp32 sums (`_dot_bt` without the transpose)."""
-    if WIDEN:
-        return tl.dot(b_a.to(tl.float32), b_b.to(tl.float32), input_precision="ieee")
-    return tl.dot(b_a, b_b)
 
 
 @triton.jit
@@ -254,8 +251,9 @@ def _fold_tiles(b_s, b_pz, b_pk, b_pg, b_m, BJ: tl.constexpr, PIECES: tl.constex
     if PIECES:
         b_z1, b_z2, _ = _split_bf16(b_wz, 2)
         b_k1, b_k2, _ = _split_bf16(b_pk, 2)
-        if WIDEN:
-            return b_decay * b_s + _dot_bf16(b_z1, b_k1, WIDEN) + _dot_bf16(b_z1, b_k2, WIDEN) + _dot_bf16(b_z2, b_k1, WIDEN)
+        if WIDEN:  # the interpreter: the same exact products, widened (`_dot_bt`)
+            return b_decay * b_s + (_dot_bt(b_z1, tl.trans(b_k1), WIDEN) + _dot_bt(b_z1, tl.trans(b_k2), WIDEN)
+                                    + _dot_bt(b_z2, tl.trans(b_k1), WIDEN))
         # one accumulator chain: no adds outside the tensor cores (each warp has 8 tiles in flight)
         return tl.dot(b_z2, b_k1, acc=tl.dot(b_z1, b_k2, acc=tl.dot(b_z1, b_k1, acc=b_decay * b_s)))
     return tl.dot(b_wz, b_pk, acc=b_decay * b_s, input_precision="tf32x3")
@@ -453,10 +451,9 @@ def _gdn_verify_split_kernel(
     p_s = state + i_b * stride_s_b + i_h * stride_s_h + o_v[:, None] * stride_s_v + o_k[None, :]
     b_s = tl.load(p_s, mask=m_v[:, None] & m_k[None, :], other=0)
     if FOLD:  # the previous round's factors of these rows and its m (its commit, applied below)
-        b_pz, b_pk, b_pg = _pending_tiles(
-            pz + i_b * stride_pz_b + i_h * stride_pz_h + o_v, pk + i_b * stride_pk_b + i_hk * stride_pk_h + o_k,
-            pg + i_b * stride_pg_b + i_h, PT, stride_pz_t, stride_pk_t, stride_pg_t, m_v, m_k, BJ)
-        b_m = tl.load(accepted + i_b).to(tl.int32)
+        b_pz, b_pk, b_pg, b_m = _pending_tiles(pz, pk, pg, accepted, i_b, i_h, i_hk, o_v, o_k, m_v, m_k, PT,
+                                               stride_pz_b, stride_pz_t, stride_pz_h, stride_pk_b, stride_pk_t,
+                                               stride_pk_h, stride_pg_b, stride_pg_t, BJ)
     p_k = k + i_b * stride_k_b + o_t[:, None] * stride_k_t + i_hk * stride_k_h + o_k[None, :]
     p_q = q + i_b * stride_q_b + o_t[:, None] * stride_q_t + i_hk * stride_q_h + o_k[None, :]
     b_k = tl.load(p_k, mask=m_tk, other=0)  # [BT, BK], input dtype
@@ -582,10 +579,9 @@ def _gdn_verify_recurrent_kernel(
     p_s = state + i_b * stride_s_b + i_h * stride_s_h + o_v[:, None] * stride_s_v + o_k[None, :]
     b_s = tl.load(p_s, mask=m_vk, other=0)  # rows of S_0 [BV, BK]
     if FOLD:  # the previous round's factors of these rows and its m (its commit, applied below)
-        b_pz, b_pk, b_pg = _pending_tiles(
-            pz + i_b * stride_pz_b + i_h * stride_pz_h + o_v, pk + i_b * stride_pk_b + i_hk * stride_pk_h + o_k,
-            pg + i_b * stride_pg_b + i_h, PT, stride_pz_t, stride_pk_t, stride_pg_t, m_v, m_k, BJ)
-        b_m = tl.load(accepted + i_b).to(tl.int32)
+        b_pz, b_pk, b_pg, b_m = _pending_tiles(pz, pk, pg, accepted, i_b, i_h, i_hk, o_v, o_k, m_v, m_k, PT,
+                                               stride_pz_b, stride_pz_t, stride_pz_h, stride_pk_b, stride_pk_t,
+                                               stride_pk_h, stride_pg_b, stride_pg_t, BJ)
     p_q = q + i_b * stride_q_b + i_hk * stride_q_h + o_k
     p_k = k + i_b * stride_k_b + i_hk * stride_k_h + o_k
     p_v = v + i_b * stride_v_b + i_h * stride_v_h + o_v
@@ -907,7 +903,8 @@ def _launch_verify(q, k, v, g, beta, state, scale, o, z, g_cum, tuning: VerifyTu
             *state.stride()[:3], *o.stride()[:3], *z.stride()[:3], *g_cum.stride()[:2], *k_store.stride()[:3])
     shape = dict(T=T, HV=HV, GROUP=HV // HK, DK=dk, DV=dv, BK=_key_block(dk), BV=tuning.block_v,
                  GATED=gates is not None, WRITE_K=k_out is not None, EPS=L2_EPS)
-    fold, pt = _fold_args(state, pending), 0 if pending is None else pending[0].shape[1]
+    fold = _fold_args(state, pending)
+    pt = fold[4]  # T' of the pending commit, 0 without one
     if tuning.method == "recurrent":
         _gdn_verify_recurrent_kernel[grid](*args, *fold, **shape, BT=triton.next_power_of_2(T), PREFETCH=tuning.prefetch,
                                            FOLD=pending is not None, BJ=triton.next_power_of_2(max(pt, 1)),
