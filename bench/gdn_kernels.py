@@ -75,6 +75,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import sys
 import traceback
@@ -240,9 +241,13 @@ class HybridSpec:
     A CUDA graph fixes the slots' addresses, so the graph holds two rounds of each input set (slot
     0 -> 1, then 1 -> 0; `rounds_per_cycle`): every fold reads the factors its input set's previous
     round wrote. The correctness check runs two rounds (the second folds the first's commit) and
-    `committed()` commits what is still pending (the runtime's flush, one gdn_commit)."""
+    `committed()` commits what is still pending (the runtime's flush, one gdn_commit).
+
+    The key factors are the raw bf16 keys with z / |k| (`raw_keys`, as the runtime keeps them);
+    `raw_keys = False` keeps the normalised fp32 keys (the seventh session's round buffers)."""
 
     rounds_per_cycle = 2
+    raw_keys = True
 
     def __init__(self, p: Problem, w: int, m: int):
         from hybridspec.kernels.gdn import triton as gdn
@@ -252,7 +257,8 @@ class HybridSpec:
         self.states = p.state.clone()  # [L, 1, HV, dv, dk]
         self.z = torch.empty(2, L, 1, T_MAX, HV, dv, device=p.v.device)  # [slot, L, B, T_max, HV, dv]
         self.g_cum = torch.empty(2, L, 1, T_MAX, HV, device=p.v.device)
-        self.k = torch.empty(2, L, 1, T_MAX, *p.k.shape[3:], device=p.v.device)
+        self.k = torch.empty(2, L, 1, T_MAX, *p.k.shape[3:], device=p.v.device,
+                             dtype=p.k.dtype if self.raw_keys else torch.float32)
         self.accepted = torch.full((1,), m, dtype=torch.long, device=p.v.device)  # [B]
         self.slot, self.pending = 0, False  # the slot this round writes; a commit pending in the other
         self.o: list[Tensor] = []
@@ -268,7 +274,7 @@ class HybridSpec:
         self.o = [self.gdn.gdn_verify_gated(p.q[l], p.k[l], p.v[l], p.a[l, None], p.b[l, None], p.A_log[l],
                                             p.dt_bias[l], self.states[l], p.scale, z_out=self.z[new, l, :, :w],
                                             g_out=self.g_cum[new, l, :, :w], k_out=self.k[new, l, :, :w],
-                                            pending=self._pending(l))[0]
+                                            pending=self._pending(l), raw_keys=self.raw_keys)[0]
                   for l in range(len(self.states))]
         self.slot, self.pending = 1 - new, True
 
@@ -683,9 +689,10 @@ def run_timing(setting: Setting, configs, impls, samples: int, replays: int, ban
 def verification_memory(s: Setting) -> dict[str, int]:
     """Bytes each verifier keeps per request for a window of T_MAX tokens in all layers."""
     L, HK, HV, dk, dv, T = s.layers, s.key_heads, s.value_heads, s.key_dim, s.value_dim, T_MAX
+    slot = L * T * (HV * (dv + 1) * 4 + HK * dk * 2)  # z / |k| fp32, g_cum fp32, the raw k bf16
     return {
-        "hybridspec (z fp32 + g_cum fp32)": L * T * HV * (dv + 1) * 4,
-        "hybridspec (z, g_cum + k bf16 kept in the round buffer)": L * T * (HV * (dv + 1) * 4 + HK * dk * 2),
+        "hybridspec (one round's factors: z / |k| fp32, g_cum fp32, raw k bf16)": slot,
+        "hybridspec (the runtime's two slots: this round's and the pending commit's)": 2 * slot,
         "sglang_default (per-token states, 16 x 30 x 32 x 128 x 128 x 4 B)": T * L * HV * dv * dk * 4,
         "sglang_replayssm (ring of 16: d, k bf16 + low parts, g fp32)":
             L * REPLAYSSM_RING * (2 * (HV * dv + HK * dk) * 2 + HV * 4),
@@ -742,7 +749,8 @@ def write_report(out: Path, result: dict) -> None:
         "# GDN verify + commit, 30 layers of Qwen3.6-35B-A3B, batch 1",
         f"device: {result['device']}  \ndate: {result['date']}  \ncommand: `{result['command']}`  \n"
         f"versions: {json.dumps(result['versions'])}  \n"
-        f"copy bandwidth (read + write): {result['copy_bandwidth_GBps']:.0f} GB/s",
+        f"copy bandwidth (read + write): {result['copy_bandwidth_GBps']:.0f} GB/s"
+        + (f" ({result['copy_bandwidth_source']})" if "copy_bandwidth_source" in result else ""),
         "## Median us per round (verify 30 layers + commit; ours: the commit folded into the next round's verify), "
         "bf16 inputs, fp32 states",
         timing_table(result["rows"]),
@@ -753,6 +761,55 @@ def write_report(out: Path, result: dict) -> None:
         correctness_table(result["correctness"]),
     ]
     (out / "gdn_kernels.md").write_text("\n\n".join(sections) + "\n")
+
+
+def report_from_log(log: Path, reference: Path | None, out: Path) -> int:
+    """The report of a run that its time cap stopped before `write_report`: the correctness table
+    (its worst errors per impl and dtype, one row each) and every timing row the log printed; the
+    rows of the configurations it began but did not finish are recorded as not measured. The copy
+    bandwidth comes from the log, or from `reference` (a report of the same machine), and says so."""
+    text = log.read_text()
+    correctness = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 6 and cells[1] in ("float32", "bfloat16") and cells[5] in ("yes", "NO", "no"):
+            if cells[2].startswith("error"):
+                correctness.append(dict(impl=cells[0], dtype=cells[1], w="?", m="?", error=cells[2]))
+            else:
+                correctness.append(dict(impl=cells[0], dtype=cells[1], w="all", m="all", o_err=float(cells[2]),
+                                        state_err=float(cells[3]), passed=cells[5] == "yes"))
+    timed = {}
+    for impl, w, m, value in re.findall(r"^  (\w+)\s+w=\s*(\d+) m=\s*(\d+)  (.+)$", text, flags=re.M):
+        row = dict(impl=impl, w=int(w), m=int(m), median_us=None)
+        try:
+            row["median_us"] = float(value)
+        except ValueError:
+            row["error"] = value
+        timed[(impl, int(w), int(m))] = row
+    found = re.search(r"copy bandwidth \(read \+ write\) ([\d.]+) GB/s", text)
+    ref = json.loads(reference.read_text()) if reference else {}
+    if found:
+        bandwidth, source = float(found.group(1)) * 1e9, "measured in this run"
+    elif ref:
+        bandwidth, source = ref["copy_bandwidth_GBps"] * 1e9, f"from {reference} (not printed by this run)"
+    else:
+        sys.exit("--from-log: the log has no copy bandwidth; name a report of the same machine with --bandwidth-from")
+    impls = list(dict.fromkeys(impl for impl, _, _ in timed))
+    rows = []
+    for w, m in dict.fromkeys((w, m) for _, w, m in timed):
+        for name in impls:
+            rows.append(timed.get((name, w, m), dict(impl=name, w=w, m=m, median_us=None,
+                                                       error="not measured: the run's time cap stopped it here")))
+        rows.append(dict(impl="floor", w=w, m=m, median_us=round(floor_us(QWEN36, w, bandwidth), 2)))
+    result = dict(device=ref.get("device", "unknown"), date=f"{datetime.date.today().isoformat()} (from {log.name})",
+                  command=f"{ref.get('command', 'python3 bench/gdn_kernels.py --out $OUT')}, stopped by its time cap; "
+                          f"report by --from-log", versions=ref.get("versions", {}),
+                  copy_bandwidth_GBps=bandwidth / 1e9, copy_bandwidth_source=source,
+                  memory_bytes=verification_memory(QWEN36), rows=rows, correctness=correctness,
+                  tuning="defaults of hybridspec/kernels/gdn/triton.py")
+    write_report(out, result)
+    print(timing_table(rows))
+    return 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -769,6 +826,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--impls", default=",".join(IMPLS), help="comma-separated subset of " + ",".join(IMPLS))
     parser.add_argument("--widths", help="comma-separated subset of w (default: " + ",".join(map(str, WIDTHS)) + ")")
     parser.add_argument("--tuning", type=Path, help="gdn_tuning.json of bench/gdn_tuning.py: launch ours with its choice")
+    parser.add_argument("--from-log", type=Path, help="write the report from the log of a run stopped before it "
+                        "wrote one (no GPU): its printed rows, the unprinted ones as not measured")
+    parser.add_argument("--bandwidth-from", type=Path, help="with --from-log: the gdn_kernels.json whose copy "
+                        "bandwidth, device and versions to take (the log has none of them before 2026-12-02)")
     parser.add_argument("--no-sglang-pdl", action="store_true",
                         help="launch SGLang's kernels without programmatic dependent launch (SGLang uses it on SM90+)")
     return parser.parse_args(argv)
@@ -811,6 +872,8 @@ def require_gpu() -> None:
 @torch.no_grad()
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.from_log:
+        return report_from_log(args.from_log, args.bandwidth_from, args.out)
     require_gpu()
     sys.path.insert(0, str(ROOT))
     impls = [name for name in args.impls.split(",") if name]
@@ -833,6 +896,7 @@ def main(argv=None) -> int:
 
     print(f"\nPhase 2: timing ({samples} samples x {replays} replays x {ROTATIONS} rounds)", flush=True)
     bandwidth = copy_bandwidth(samples=20)
+    print(f"  copy bandwidth (read + write) {bandwidth / 1e9:.1f} GB/s", flush=True)
     rows = run_timing(QWEN36, configs, impls, samples, replays, bandwidth)
     result = dict(
         device=torch.cuda.get_device_name(), date=datetime.datetime.now().isoformat(timespec="seconds"),

@@ -35,6 +35,8 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--prompts", type=int, default=10)
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--policies", default="full,static:4,static:9,nominal,hybridspec",
+                        help="comma-separated policies to check against ar")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("needs CUDA")
@@ -59,7 +61,7 @@ def main() -> int:
     # 2. greedy exactness
     params = hand_parameters()
     failures = 0
-    for name in ("full", "static:4", "static:9", "nominal", "hybridspec"):
+    for name in args.policies.split(","):
         policy = make_policy(name, 15, params, device="cuda")
         start, rounds, tokens = time.time(), 0, 0
         for ids in prompts:

@@ -30,8 +30,8 @@ class TargetCache:
     value: Tensor  # [n_attn, B, max_len, n_kv, head_dim]
     conv: Tensor  # [n_gdn, B, conv_dim, K-1]   last K-1 conv inputs
     ssm: Tensor  # [n_gdn, B, HV, dv, dk] fp32 recurrent state S (o = S q), committed where not pending
-    z_slots: Tensor  # [2, n_gdn, B, T_max, HV, dv] fp32   round buffers: compact factors …
-    k_slots: Tensor  # [2, n_gdn, B, T_max, HK, dk] fp32
+    z_slots: Tensor  # [2, n_gdn, B, T_max, HV, dv] fp32   round buffers: compact factors (z / |k|, …
+    k_slots: Tensor  # [2, n_gdn, B, T_max, HK, dk] the raw keys, activation dtype (`raw_keys`)
     g_slots: Tensor  # [2, n_gdn, B, T_max, HV] fp32
     conv_in: Tensor  # [n_gdn, B, T_max, conv_dim]   … and conv inputs of the tokens in flight
     accepted: Tensor  # [B] long, m of the pending commit
@@ -101,7 +101,7 @@ class TargetCache:
             conv=torch.zeros(n_gdn, batch, cfg.gdn_conv_dim, cfg.linear_conv_kernel_dim - 1, dtype=dtype, device=device),
             ssm=torch.zeros(n_gdn, batch, hv, dv, dk, dtype=f32, device=device),
             z_slots=torch.zeros(2, n_gdn, batch, tokens_per_pass, hv, dv, dtype=f32, device=device),
-            k_slots=torch.zeros(2, n_gdn, batch, tokens_per_pass, hk, dk, dtype=f32, device=device),
+            k_slots=torch.zeros(2, n_gdn, batch, tokens_per_pass, hk, dk, dtype=dtype, device=device),
             g_slots=torch.zeros(2, n_gdn, batch, tokens_per_pass, hv, dtype=f32, device=device),
             conv_in=torch.zeros(n_gdn, batch, tokens_per_pass, cfg.gdn_conv_dim, dtype=dtype, device=device),
             accepted=torch.ones(batch, dtype=torch.long, device=device),

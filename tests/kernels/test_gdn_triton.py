@@ -392,7 +392,8 @@ def test_recurrent_verify_bf16_inputs_into_buffer_slices(T, monkeypatch):
 # verification from raw projections: norms and gates inside the kernels
 # ---------------------------------------------------------------------------------------------
 
-METHODS = {"split": None, "blocked": gdn_triton.VerifyTuning(), **RECURRENT}  # None: this file's default
+METHODS = {"split": None, "blocked": gdn_triton.VerifyTuning(), **RECURRENT,  # None: this file's default
+           "split-late-keys": dataclasses.replace(gdn_triton._SPLIT, late_keys=True)}
 
 
 def _with_method(monkeypatch, variant: str, T: int) -> None:
@@ -444,6 +445,31 @@ def test_gated_verify_bf16_projections_into_round_buffers(variant, monkeypatch):
     assert_close("k_out (bf16)", k_ref, k_buf[1, :, :T], BF16_ROUNDING)
     for buf in (z_buf, g_buf, k_buf):
         assert buf[0].isnan().all() and buf[1, :, T:].isnan().all()
+
+
+@pytest.mark.parametrize("variant", ["reference", "split", "split-late-keys", "blocked", "recurrent-8x1",
+                                     "recurrent-32x4-prefetch"])
+def test_gated_verify_raw_key_factors(variant, monkeypatch):
+    """raw_keys: k_out holds k bit for bit and z is z_i / |k_i| (the same outer products z_i k_i^T
+    for the commit), o as without it."""
+    T = 6
+    verify = reference.gdn_verify_gated if variant == "reference" else gdn_triton.gdn_verify_gated
+    if variant != "reference":
+        _with_method(monkeypatch, variant, T)
+    inputs = raw_inputs(455, B=2, T=T, dtype=torch.bfloat16, **SHAPES["grouped"])
+    o_ref, z_ref, _, _ = gated_oracle(inputs)
+    HV, HK = inputs["v"].shape[2], inputs["k"].shape[2]
+    norms = (inputs["k"].double() ** 2).sum(-1).add(reference.L2_EPS).sqrt()  # [B, T, HK]
+    k_buf = torch.full((2, *inputs["k"].shape), float("nan"), dtype=torch.bfloat16)
+
+    o, z, _ = verify(**inputs, k_out=k_buf[1], raw_keys=True)
+
+    assert torch.equal(k_buf[1], inputs["k"]) and k_buf[0].isnan().all()
+    assert_close("z / |k|", z_ref / norms.repeat_interleave(HV // HK, dim=2)[..., None], z, FP32_RATIO)
+    assert_close("o (bf16)", o_ref, o, BF16_ROUNDING)
+    with pytest.raises(ValueError, match=re.escape("gdn_verify_gated: raw_keys stores k as given, but k_out has "
+                                                   "dtype torch.float32 and k torch.bfloat16")):
+        verify(**inputs, k_out=torch.empty(inputs["k"].shape), raw_keys=True)
 
 
 @pytest.mark.parametrize("variant", ["split", "recurrent-8x1", "recurrent-32x4-prefetch"])
@@ -622,26 +648,30 @@ def _second_round(first: dict, T2: int, seed: int, dtype=torch.float32, **shape)
     return dict(raw_inputs(seed, B=2, T=T2, dtype=dtype, **shape), A_log=first["A_log"], dt_bias=first["dt_bias"])
 
 
-def _first_round(T1: int, seed: int, dtype=torch.float32, **shape) -> tuple[dict, tuple]:
-    """A first round's inputs and its factors (z, normalised k, g_cum [B, T1, ...]) by the reference."""
+def _first_round(T1: int, seed: int, dtype=torch.float32, raw_keys=False, **shape) -> tuple[dict, tuple]:
+    """A first round's inputs and its factors (z, normalised k, g_cum [B, T1, ...]) by the reference;
+    raw_keys: (z / |k|, k as given, g_cum)."""
     first = raw_inputs(seed, B=2, T=T1, dtype=dtype, **shape)
-    k_out = torch.empty(first["k"].shape)
-    _, z, g_cum = reference.gdn_verify_gated(**dict(first, state=first["state"].clone()), k_out=k_out)
+    k_out = torch.empty(first["k"].shape, dtype=dtype if raw_keys else torch.float32)
+    _, z, g_cum = reference.gdn_verify_gated(**dict(first, state=first["state"].clone()), k_out=k_out,
+                                             raw_keys=raw_keys)
     return first, (z.contiguous(), k_out, g_cum.contiguous())
 
 
 FOLD_CASES = [("split", T1, T2) for T1, T2 in ((3, 5), (16, 16), (16, 1))]
 FOLD_CASES += [("recurrent-4x1-prefetch", T1, T2) for T1, T2 in ((2, 2), (16, 4))]
 FOLD_CASES += [("recurrent-8x1", 5, 3), ("blocked", 7, 6), ("split", 20, 6)]  # 20: committed by the reference
+FOLD_CASES += [("split-late-keys", 3, 5)]
 
 
 @pytest.mark.parametrize(("variant", "T1", "T2"), FOLD_CASES)
 def test_verify_folds_the_pending_commit(variant, T1, T2, monkeypatch):
     """A round with the previous round's factors pending equals running that round's accepted
     tokens (m = T1 in one sequence, 1 in the other) and then this round's, and leaves the committed
-    state in place; the factors of this round land in their buffers as without a pending commit."""
+    state in place; the factors of this round land in their buffers as without a pending commit.
+    Odd first lengths take the factors with raw keys (`raw_keys`), even ones the normalised keys."""
     _with_method(monkeypatch, variant, T2)
-    first, (z1, k1, g1) = _first_round(T1, 500 + T1 + T2, **SHAPES["grouped"])
+    first, (z1, k1, g1) = _first_round(T1, 500 + T1 + T2, raw_keys=T1 % 2 == 1, **SHAPES["grouped"])
     second = _second_round(first, T2, 600 + T1 + T2, **SHAPES["grouped"])
     accepted = [T1, 1]
     o_ref, s_ref = _two_rounds_oracle(first, second, accepted)
@@ -656,13 +686,16 @@ def test_verify_folds_the_pending_commit(variant, T1, T2, monkeypatch):
     assert_close("z (as verified from the committed state)", z_alone, z, FP32_RATIO)
 
 
-@pytest.mark.parametrize("variant", ["split", "recurrent-4x1-prefetch"])
-def test_verify_folds_bf16_pending_commit(variant, monkeypatch):
+@pytest.mark.parametrize(("variant", "raw_keys"), [("split", False), ("split", True), ("split-late-keys", True),
+                                                   ("recurrent-4x1-prefetch", True)])
+def test_verify_folds_bf16_pending_commit(variant, raw_keys, monkeypatch):
     """bf16 projections, as the model has them: the split kernel's fold takes two bf16 pieces of
-    the weighted z and of k (three products), so the state is carried to the pieces' precision."""
+    the weighted z and k exact in bf16 (raw keys: two products) or in two pieces as well (three),
+    so the state is carried to the pieces' precision."""
     T1, T2 = 16, 8
     _with_method(monkeypatch, variant, T2)
-    first, (z1, k1, g1) = _first_round(T1, 650, dtype=torch.bfloat16, **SHAPES["grouped"])
+    first, (z1, k1, g1) = _first_round(T1, 650, dtype=torch.bfloat16, raw_keys=raw_keys, **SHAPES["grouped"])
+    assert k1.dtype == (torch.bfloat16 if raw_keys else torch.float32)
     second = _second_round(first, T2, 660, dtype=torch.bfloat16, **SHAPES["grouped"])
     accepted = [T1 // 2, T1]
     o_ref, s_ref = _two_rounds_oracle(first, second, accepted)
@@ -670,7 +703,8 @@ def test_verify_folds_bf16_pending_commit(variant, monkeypatch):
 
     o, _, _ = gdn_triton.gdn_verify_gated(**dict(second, state=state), pending=(z1, k1, g1, torch.tensor(accepted)))
 
-    assert_close("committed state, in place", s_ref, state, SPLIT_RATIO[2] if variant == "split" else FP32_RATIO)
+    assert_close("committed state, in place", s_ref, state,
+                 SPLIT_RATIO[2] if variant.startswith("split") else FP32_RATIO)
     assert_close("o (bf16)", o_ref, o, BF16_ROUNDING)
 
 

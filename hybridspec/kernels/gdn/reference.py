@@ -235,12 +235,23 @@ def _check_gated_inputs(fn, q, k, v, a, b, A_log, dt_bias, state, k_out) -> tupl
     return B, T, HK, HV, dk, dv
 
 
+def _check_raw_keys(fn: str, k: Tensor, k_out: Tensor | None, raw_keys: bool) -> None:
+    """raw_keys stores k as given: k_out must hold it exactly (the same dtype)."""
+    if raw_keys and k_out is not None and k_out.dtype != k.dtype:
+        raise ValueError(f"{fn}: raw_keys stores k as given, but k_out has dtype {k_out.dtype} and k {k.dtype}")
+
+
 def gdn_verify_gated(q, k, v, a, b, A_log, dt_bias, state, scale, *, z_out=None, g_out=None,
-                     k_out=None, pending=None) -> tuple[Tensor, Tensor, Tensor]:
+                     k_out=None, pending=None, raw_keys=False) -> tuple[Tensor, Tensor, Tensor]:
     """`gdn_verify` from the layer's raw projections: q, k [B, T, HK, dk] are L2-normalised here
     (`l2_normalize`) and g, beta formed from a, b [B, T, HV] and A_log, dt_bias [HV] (`gdn_gates`).
     Returns (o, z, g_cum) as `gdn_verify`; k_out [B, T, HK, dk] (any float dtype), when given,
     receives the normalised k, the commit's key factor.
+
+    raw_keys: the factors are (z_i / |k_i|, k_i) instead of (z_i, k_i / |k_i|) (|k_i| with the
+    normalisation's eps): the same outer products, so `gdn_commit` and `pending` take them as they
+    are, but k_out then receives k as given (in k's dtype, exact) and z (z_out) the scaled z. With
+    bf16 projections the commit's keys are exact bf16 and half the bytes of the normalised fp32 k.
 
     pending = (z, k, g_cum, accepted), the factors of this layer's previous round [B, T', ...] and
     its m [B] (`check_pending`): that round's commit is applied first, Eq. 7 on `state` in place
@@ -248,6 +259,7 @@ def gdn_verify_gated(q, k, v, a, b, A_log, dt_bias, state, scale, *, z_out=None,
     defers each round's commit to the next verification of every layer this way (a commit folded
     into the verify, which reads the state anyway)."""
     _check_gated_inputs("gdn_verify_gated", q, k, v, a, b, A_log, dt_bias, state, k_out)
+    _check_raw_keys("gdn_verify_gated", k, k_out, raw_keys)
     if pending is not None:
         check_pending("gdn_verify_gated", state, pending)
         z_p, k_p, g_p, accepted = pending
@@ -255,8 +267,15 @@ def gdn_verify_gated(q, k, v, a, b, A_log, dt_bias, state, scale, *, z_out=None,
     k_hat = l2_normalize(k)
     g, beta = gdn_gates(a, b, A_log, dt_bias)
     if k_out is not None:
-        k_out.copy_(k_hat)
-    return gdn_verify(l2_normalize(q), k_hat, v, g, beta, state, scale, z_out=z_out, g_out=g_out)
+        k_out.copy_(k if raw_keys else k_hat)
+    if not raw_keys:
+        return gdn_verify(l2_normalize(q), k_hat, v, g, beta, state, scale, z_out=z_out, g_out=g_out)
+    o, z, g_cum = gdn_verify(l2_normalize(q), k_hat, v, g, beta, state, scale, g_out=g_out)
+    r_k = torch.rsqrt((k.float() ** 2).sum(-1) + L2_EPS)  # [B, T, HK]
+    z = z * r_k.repeat_interleave(v.shape[2] // k.shape[2], dim=2)[..., None]  # value head h: key head h // G
+    if z_out is not None:
+        z = z_out.copy_(z)
+    return o, z, g_cum
 
 
 # ---------------------------------------------------------------------------------------------

@@ -57,6 +57,12 @@ w = 16 on the H200: 181 -> 167 us per round). The split kernel forms the update 
 tensor-core products, each term to about 2^-18), with fp32 inputs in tf32x3; the recurrent kernel
 by rank-1 updates. The blocked kernel takes a one-layer `gdn_commit` launch first.
 
+`raw_keys=True` (what the runtime passes) keeps the factors (z_i / |k_i|, k_i) instead: k_out
+receives the raw keys in their own dtype, exact, and z is stored scaled. The outer products are
+the same, so the commit and the fold take them unchanged, but with bf16 projections the fold's keys
+are exact bf16, two tensor-core products instead of three and half the bytes of the key tile
+(30 layers at w = 16: 167 -> 158.5 us per round, at w = 12 181 -> 159).
+
 `gdn_commit` is one launch for all L layers over a grid (L * B * HV, dv / BV): each program reads
 m = accepted[b] on the device and rewrites BV rows of one state in place,
 S_m = e^{g_m} S_0 + sum_{j <= m} e^{g_m - g_j} z_j k_j^T, either by m rank-1 updates (no work for
@@ -86,6 +92,7 @@ from hybridspec.kernels.gdn.reference import (
     _check_commit_inputs,
     _check_factor_outputs,
     _check_gated_inputs,
+    _check_raw_keys,
     _check_step_inputs,
     check_pending,
 )
@@ -216,8 +223,8 @@ def _pending_tiles(pz, pk, pg, accepted, i_b, i_h, i_hk, o_v, o_k, m_v, m_k, PT,
                    stride_pz_b, stride_pz_t, stride_pz_h, stride_pk_b, stride_pk_t, stride_pk_h,
                    stride_pg_b, stride_pg_t, BJ: tl.constexpr):
     """The previous round's factors of this program's rows (value head i_h, key head i_hk), tokens
-    j < PT (<= BJ) loaded at once: z_j as columns [BV, BJ], k_j as rows [BJ, BK] (fp32), g_j [BJ],
-    and its m = accepted[b]; none of the loads depends on m."""
+    j < PT (<= BJ) loaded at once: z_j as columns [BV, BJ] (fp32), k_j as rows [BJ, BK] (its dtype),
+    g_j [BJ], and its m = accepted[b]; none of the loads depends on m."""
     o_j = tl.arange(0, BJ)
     m_j = o_j < PT
     p_pz = pz + i_b * stride_pz_b + i_h * stride_pz_h + o_v[:, None] + o_j[None, :] * stride_pz_t
@@ -226,7 +233,7 @@ def _pending_tiles(pz, pk, pg, accepted, i_b, i_h, i_hk, o_v, o_k, m_v, m_k, PT,
     b_pk = tl.load(p_pk, mask=m_j[:, None] & m_k[None, :], other=0)
     b_pg = tl.load(pg + i_b * stride_pg_b + i_h + o_j * stride_pg_t, mask=m_j, other=0)
     b_m = tl.load(accepted + i_b).to(tl.int32)
-    return b_pz.to(tl.float32), b_pk.to(tl.float32), b_pg, b_m
+    return b_pz.to(tl.float32), b_pk, b_pg, b_m
 
 
 @triton.jit
@@ -240,23 +247,27 @@ def _pending_weights(b_pg, b_m, BJ: tl.constexpr):
 
 
 @triton.jit
-def _fold_tiles(b_s, b_pz, b_pk, b_pg, b_m, BJ: tl.constexpr, PIECES: tl.constexpr, WIDEN: tl.constexpr):
+def _fold_tiles(b_s, b_decay, b_wz, b_pk, PIECES: tl.constexpr, WIDEN: tl.constexpr):
     """Eq. 7 on this program's BV rows of the state, the previous round's commit: S_m = e^{g_m} S +
-    sum_{j < m} e^{g_m - g_j} z_j k_j^T as one [BV, BJ] x [BJ, BK] product. PIECES (bf16 inputs,
-    whose tolerance is that of bf16): the weighted z and k each split into two bf16 pieces
-    (`_split_bf16`) and three exact bf16 tensor-core products, z_1 k_1 + z_1 k_2 + z_2 k_1 (the
-    dropped z_2 k_2 and the pieces' remainders are about 2^-18 of each term); else tf32x3."""
-    b_decay, b_w = _pending_weights(b_pg, b_m, BJ)
-    b_wz = b_pz * b_w[None, :]
+    sum_{j < m} e^{g_m - g_j} z_j k_j^T as one [BV, BJ] x [BJ, BK] product of the weighted z
+    (`_pending_weights`) and the k rows. PIECES (bf16 inputs, whose tolerance is that of bf16): the
+    weighted z in two bf16 pieces (`_split_bf16`); k exact in bf16 (its raw rows, `raw_keys`) takes
+    two exact bf16 tensor-core products, z_1 k + z_2 k, fp32 k two pieces as well and three
+    products, z_1 k_1 + z_1 k_2 + z_2 k_1 (the dropped terms and the pieces' remainders are about
+    2^-18 of each term); else tf32x3."""
     if PIECES:
         b_z1, b_z2, _ = _split_bf16(b_wz, 2)
+        if b_pk.dtype == tl.bfloat16:
+            if WIDEN:  # the interpreter: the same exact products, widened (`_dot_bt`)
+                return b_decay * b_s + (_dot_bt(b_z1, tl.trans(b_pk), WIDEN) + _dot_bt(b_z2, tl.trans(b_pk), WIDEN))
+            return tl.dot(b_z2, b_pk, acc=tl.dot(b_z1, b_pk, acc=b_decay * b_s))
         b_k1, b_k2, _ = _split_bf16(b_pk, 2)
-        if WIDEN:  # the interpreter: the same exact products, widened (`_dot_bt`)
+        if WIDEN:
             return b_decay * b_s + (_dot_bt(b_z1, tl.trans(b_k1), WIDEN) + _dot_bt(b_z1, tl.trans(b_k2), WIDEN)
                                     + _dot_bt(b_z2, tl.trans(b_k1), WIDEN))
         # one accumulator chain: no adds outside the tensor cores (each warp has 8 tiles in flight)
         return tl.dot(b_z2, b_k1, acc=tl.dot(b_z1, b_k2, acc=tl.dot(b_z1, b_k1, acc=b_decay * b_s)))
-    return tl.dot(b_wz, b_pk, acc=b_decay * b_s, input_precision="tf32x3")
+    return tl.dot(b_wz, b_pk.to(tl.float32), acc=b_decay * b_s, input_precision="tf32x3")
 
 
 @triton.jit
@@ -267,6 +278,7 @@ def _fold_rows(b_s, b_pz, b_pk, b_pg, b_m, BJ: tl.constexpr):
     o_j = tl.arange(0, BJ)
     b_decay, b_w = _pending_weights(b_pg, b_m, BJ)
     b_wz = b_pz * b_w[None, :]
+    b_pk = b_pk.to(tl.float32)
     b_s = b_decay * b_s
     for j in tl.static_range(BJ):
         b_zj = tl.sum(tl.where(o_j[None, :] == j, b_wz, 0.0), axis=1)  # [BV]
@@ -292,11 +304,12 @@ def _gdn_verify_kernel(
     DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     BKC: tl.constexpr, KEY_DOT: tl.constexpr, UNROLL: tl.constexpr,
     GATED: tl.constexpr, WRITE_K: tl.constexpr, EPS: tl.constexpr, USE_GDC: tl.constexpr,
-    SOLVE_DOT: tl.constexpr,
+    SOLVE_DOT: tl.constexpr, RAW_KEYS: tl.constexpr,
 ):
     """GATED: q, k are raw (normalised here through their row norms, which scale the products),
     g and beta hold the raw a and b (gates formed here from A_log, dt_bias); WRITE_K: the normalised
-    k goes to k_out (by the dv block 0 program of the first value head of each key head).
+    k goes to k_out (by the dv block 0 program of the first value head of each key head); RAW_KEYS:
+    k as given goes there instead, and z is stored as z_i / |k_i| (`gdn_verify_gated`'s raw_keys).
     USE_GDC: launched with programmatic dependent launch (`_launch_options`)."""
     if USE_GDC:
         _grid_dependency()
@@ -351,7 +364,9 @@ def _gdn_verify_kernel(
                 for i_kw in range(0, BK, BKC):
                     o_k = i_kw + tl.arange(0, BKC)
                     m_tk = m_t[:, None] & (o_k < DK)[None, :]
-                    b_k = tl.load(p_k + o_k[None, :], mask=m_tk, other=0).to(tl.float32) * r_k[:, None]
+                    b_k = tl.load(p_k + o_k[None, :], mask=m_tk, other=0).to(tl.float32)
+                    if not RAW_KEYS:
+                        b_k = b_k * r_k[:, None]
                     tl.store(p_ko + o_k[None, :], b_k.to(p_ko.dtype.element_ty), mask=m_tk)
 
     b_a, b_gamma, b_decay0 = _decays(b_gc, b_beta, b_kk, o_t)
@@ -365,6 +380,8 @@ def _gdn_verify_kernel(
     # Eq. 10: O = diag(e^g) Q S_0^T + (Gamma . Q K^T) Z   (q already scaled)
     b_o = b_decay0 * b_qs + tl.dot(b_gamma * b_qk, b_z, input_precision=SOLVE_DOT)  # [BT, BV]
 
+    if RAW_KEYS:
+        b_z = b_z * r_k[:, None]
     _store_outputs(o + i_b * stride_o_b + i_h * stride_o_h, z + i_b * stride_z_b + i_h * stride_z_h,
                    g_cum + i_b * stride_gc_b + i_h, b_o, b_z, b_gc, o_t, o_v, m_t, m_tv, i_v == 0,
                    stride_o_t, stride_z_t, stride_gc_t)
@@ -425,7 +442,7 @@ def _gdn_verify_split_kernel(
     DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     GATED: tl.constexpr, WRITE_K: tl.constexpr, EPS: tl.constexpr, USE_GDC: tl.constexpr,
     SOLVE_DOT: tl.constexpr, SPLIT: tl.constexpr, WIDEN: tl.constexpr, FENCE: tl.constexpr,
-    FOLD: tl.constexpr, BJ: tl.constexpr,
+    FOLD: tl.constexpr, BJ: tl.constexpr, RAW_KEYS: tl.constexpr, LATE_KEYS: tl.constexpr,
 ):
     """The blocked form (Eqs. 3, 10 by the short-solve identities, as `_gdn_verify_kernel`) ordered
     for latency: every input is loaded at the top (FENCE: every tile's first use after the last
@@ -434,7 +451,11 @@ def _gdn_verify_split_kernel(
     product is one tl.dot over the whole key dimension. SPLIT (bf16 q and k, exact in bf16): K K^T
     and Q K^T are bf16 tensor-core products (exact products, fp32 sums) and S_0 is split into SPLIT
     bf16 pieces for the state products (`_split_dot`); SPLIT = 0 (fp32 q, k): tf32x3 products.
-    The scale of q and the row norms (GATED) multiply the products' rows and columns afterwards."""
+    The scale of q and the row norms (GATED) multiply the products' rows and columns afterwards.
+
+    FOLD: the previous round's commit (Eq. 7) on these rows first (`_fold_tiles`), stored in place
+    and verified from. RAW_KEYS (GATED): k_out receives k as loaded, after the outputs if LATE_KEYS
+    (where the H200 measured that order faster), and z is stored as z_i / |k_i|."""
     if USE_GDC:
         _grid_dependency()
     i_bh, i_v = tl.program_id(0), tl.program_id(1)
@@ -475,7 +496,8 @@ def _gdn_verify_split_kernel(
         b_g = _after(b_g, dep, b_g.dtype == tl.bfloat16)
         b_beta = _after(b_beta, dep, b_beta.dtype == tl.bfloat16)
         if FOLD:
-            b_pz, b_pk, b_pg = _after(b_pz, dep, False), _after(b_pk, dep, False), _after(b_pg, dep, False)
+            b_pz, b_pg = _after(b_pz, dep, False), _after(b_pg, dep, False)
+            b_pk = _after(b_pk, dep, b_pk.dtype == tl.bfloat16)
             b_m = _after(b_m.to(tl.float32, bitcast=True), dep, False).to(tl.int32, bitcast=True)
     b_v, b_g, b_beta = b_v.to(tl.float32), b_g.to(tl.float32), b_beta.to(tl.float32)
     if GATED:
@@ -506,10 +528,15 @@ def _gdn_verify_split_kernel(
     if WRITE_K:
         if (i_v == 0) & (i_h % GROUP == 0):
             p_ko = k_out + i_b * stride_ko_b + o_t[:, None] * stride_ko_t + i_hk * stride_ko_h + o_k[None, :]
-            tl.store(p_ko, (b_k.to(tl.float32) * r_k[:, None]).to(p_ko.dtype.element_ty), mask=m_tk)
+            if RAW_KEYS:
+                if not LATE_KEYS:
+                    tl.store(p_ko, b_k.to(p_ko.dtype.element_ty), mask=m_tk)
+            else:
+                tl.store(p_ko, (b_k.to(tl.float32) * r_k[:, None]).to(p_ko.dtype.element_ty), mask=m_tk)
 
     if FOLD:  # the previous round's commit (Eq. 7) on these rows, stored in place: S_0 of this round
-        b_s = _fold_tiles(b_s, b_pz, b_pk, b_pg, b_m, BJ, SPLIT != 0, WIDEN)
+        b_pdecay, b_pw = _pending_weights(b_pg, b_m, BJ)
+        b_s = _fold_tiles(b_s, b_pdecay, b_pz * b_pw[None, :], b_pk, SPLIT != 0, WIDEN)
         tl.store(p_s, b_s, mask=m_v[:, None] & m_k[None, :])
 
     # K S_0^T, Q S_0^T [BT, BV]
@@ -527,9 +554,15 @@ def _gdn_verify_split_kernel(
     b_z = tl.dot(b_inv, b_beta[:, None] * (b_v - b_decay0 * b_ks), input_precision=SOLVE_DOT)
     b_o = b_decay0 * b_qs + tl.dot(b_gqk, b_z, input_precision=SOLVE_DOT)
 
+    if RAW_KEYS:  # the pair (z_i / |k_i|, k_i) has the outer product z_i k_i^T / |k_i|
+        b_z = b_z * r_k[:, None]
     _store_outputs(o + i_b * stride_o_b + i_h * stride_o_h, z + i_b * stride_z_b + i_h * stride_z_h,
                    g_cum + i_b * stride_gc_b + i_h, b_o, b_z, b_gc, o_t, o_v, m_t, m_tv, i_v == 0,
                    stride_o_t, stride_z_t, stride_gc_t)
+    if WRITE_K and RAW_KEYS and LATE_KEYS:
+        if (i_v == 0) & (i_h % GROUP == 0):
+            p_ko = k_out + i_b * stride_ko_b + o_t[:, None] * stride_ko_t + i_hk * stride_ko_h + o_k[None, :]
+            tl.store(p_ko, b_k.to(p_ko.dtype.element_ty), mask=m_tk)
 
 
 @triton.jit
@@ -552,7 +585,7 @@ def _gdn_verify_recurrent_kernel(
     T: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, DK: tl.constexpr,
     DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     GATED: tl.constexpr, WRITE_K: tl.constexpr, EPS: tl.constexpr, PREFETCH: tl.constexpr,
-    USE_GDC: tl.constexpr, FOLD: tl.constexpr, BJ: tl.constexpr,
+    USE_GDC: tl.constexpr, FOLD: tl.constexpr, BJ: tl.constexpr, RAW_KEYS: tl.constexpr,
 ):
     """Eq. 3 by forward substitution in state space, the same z, o and g_cum as the blocked kernel.
 
@@ -563,8 +596,8 @@ def _gdn_verify_recurrent_kernel(
     PREFETCH: load every token's q, k, v and gates as [BT, .] tiles before the token loop and form
     the norms and gates of all tokens at once, so the loop's chain is the state arithmetic alone.
     Without it each token's loads are issued inside the loop, and on the H200 the loop waits about
-    one load latency per token (bench/results/gdn_kernels_notes.md). GATED and WRITE_K as in
-    `_gdn_verify_kernel`."""
+    one load latency per token (bench/results/gdn_kernels_notes.md). GATED, WRITE_K and RAW_KEYS as
+    in `_gdn_verify_split_kernel`."""
     if USE_GDC:
         _grid_dependency()
     i_bh, i_v = tl.program_id(0), tl.program_id(1)
@@ -591,6 +624,7 @@ def _gdn_verify_recurrent_kernel(
     b_o = tl.zeros([BV, BT], dtype=tl.float32)  # column i: o_i restricted to rows o_v
     b_z = tl.zeros([BV, BT], dtype=tl.float32)
     b_gc = tl.zeros([BT], dtype=tl.float32)
+    r_K = tl.full([BT], 1.0, tl.float32)  # 1 / |k_i| (GATED)
     g_i = 0.0
     if GATED:
         a_log, dt = tl.load(A_log + i_h).to(tl.float32), tl.load(dt_bias + i_h).to(tl.float32)
@@ -602,8 +636,13 @@ def _gdn_verify_recurrent_kernel(
                       other=0).to(tl.float32)
         b_G = tl.load(p_g + o_t * stride_g_t, mask=m_t, other=0).to(tl.float32)
         b_B = tl.load(p_beta + o_t * stride_beta_t, mask=m_t, other=0).to(tl.float32)
+        if WRITE_K and RAW_KEYS:  # k as given, as soon as it arrives
+            if (i_v == 0) & (i_h % GROUP == 0):
+                p_ko = k_out + i_b * stride_ko_b + i_hk * stride_ko_h + o_k + o_t[:, None] * stride_ko_t
+                tl.store(p_ko, b_K.to(p_ko.dtype.element_ty), mask=m_tk)
         if GATED:
-            b_K = b_K * tl.rsqrt(tl.sum(b_K * b_K, axis=1) + EPS)[:, None]
+            r_K = tl.rsqrt(tl.sum(b_K * b_K, axis=1) + EPS)
+            b_K = b_K * r_K[:, None]
             b_Q = b_Q * (scale * tl.rsqrt(tl.sum(b_Q * b_Q, axis=1) + EPS))[:, None]
             b_G = _log_decay(b_G, a_log, dt)
             b_B = tl.sigmoid(b_B)
@@ -626,7 +665,9 @@ def _gdn_verify_recurrent_kernel(
             gamma = tl.load(p_g + i * stride_g_t).to(tl.float32)
             b_beta = tl.load(p_beta + i * stride_beta_t).to(tl.float32)
             if GATED:  # raw rows and gates
-                b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k, axis=0) + EPS)
+                r_ki = tl.rsqrt(tl.sum(b_k * b_k, axis=0) + EPS)
+                r_K = tl.where(o_t == i, r_ki, r_K)
+                b_k = b_k * r_ki
                 b_q = b_q * (scale * tl.rsqrt(tl.sum(b_q * b_q, axis=0) + EPS))
                 gamma = _log_decay(gamma, a_log, dt)
                 b_beta = tl.sigmoid(b_beta)
@@ -645,13 +686,19 @@ def _gdn_verify_recurrent_kernel(
     p_o = o + i_b * stride_o_b + o_t[None, :] * stride_o_t + i_h * stride_o_h + o_v[:, None]
     p_z = z + i_b * stride_z_b + o_t[None, :] * stride_z_t + i_h * stride_z_h + o_v[:, None]
     tl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=m_vt)
+    if RAW_KEYS:  # the pair (z_i / |k_i|, k_i) has the outer product z_i k_i^T / |k_i|
+        b_z = b_z * r_K[None, :]
     tl.store(p_z, b_z, mask=m_vt)
     if i_v == 0:
         tl.store(g_cum + i_b * stride_gc_b + o_t * stride_gc_t + i_h, b_gc, mask=m_t)
     if WRITE_K:
         if (i_v == 0) & (i_h % GROUP == 0):
             p_ko = k_out + i_b * stride_ko_b + i_hk * stride_ko_h + o_k
-            if PREFETCH:
+            if RAW_KEYS:
+                if not PREFETCH:  # k as given, reloaded (in cache; PREFETCH stored it on arrival)
+                    b_kr = tl.load(p_k + o_t[:, None] * stride_k_t, mask=m_tk, other=0)
+                    tl.store(p_ko + o_t[:, None] * stride_ko_t, b_kr.to(p_ko.dtype.element_ty), mask=m_tk)
+            elif PREFETCH:
                 tl.store(p_ko + o_t[:, None] * stride_ko_t, b_K.to(p_ko.dtype.element_ty), mask=m_tk)
             else:
                 _store_normalised_rows(p_k, p_ko, stride_k_t, stride_ko_t, m_k, T, EPS)
@@ -793,6 +840,8 @@ class VerifyTuning:
     # split only: every tile's first use after the last load (`_after`), so that all loads are in
     # flight at once (compiled kernels only)
     fence: bool = False
+    # split with raw_keys: k's copy to k_out after the outputs instead of with the solve
+    late_keys: bool = False
 
     def __post_init__(self):
         if self.key_dot not in ("ieee", "tf32x3", "tf32"):
@@ -834,18 +883,21 @@ class CommitTuning:
 
 
 # Per verification length T (1..16), the fastest passing variant on the H200 of the round the runtime
-# runs, each verify folding the previous round's commit (bench/gdn_fold_sweep.py,
-# bench/results/gdn_fold_sweep.md, 2026-12-01, seventh session; the verify alone:
-# bench/results/gdn_tuning_split.md): up to T = 4 forward substitution in state space with every
-# token's inputs loaded first, one warp per program and programmatic dependent launch, 8 value rows
-# at T = 2 and 4 from T = 3 (108.2 us per fused round of 30 layers at T = 2, 130.9 at T = 4; 8 rows:
-# 150.3); from T = 5 the split kernel, 32 value rows and 4 warps per program, S_0 in two bf16 pieces,
-# all loads in flight at once (144.5 us at T = 8, 166.8 at T = 16); a length between the measured
-# ones takes the next measured length's choice.
+# runs, each verify folding the previous round's commit from raw-key factors (bench/gdn_fold_sweep.py,
+# bench/results/gdn_fold_sweep.md, 2026-12-02, eighth session; shapes: seventh session; the verify
+# alone: bench/results/gdn_tuning_split.md): up to T = 4 forward substitution in state space with
+# every token's inputs loaded first, one warp per program and programmatic dependent launch, 8 value
+# rows at T = 2 and 4 from T = 3 (106.4 us per fused round of 30 layers at T = 2, 125.2 at T = 3,
+# 131.0 at T = 4); from T = 5 the split kernel, 32 value rows and 4 warps per program, S_0 in two
+# bf16 pieces, all loads in flight at once (157.7 us at T = 6, 158.8 at T = 16), from T = 7 to 12
+# with the raw keys' copy after the outputs (147.4 us at T = 8, 158.8 at T = 12; 150.6 and 161.4
+# with it before, but 174.2 at T = 16); a length between the measured ones takes the next measured
+# length's choice.
 _PREFETCH = VerifyTuning(num_warps=1, num_stages=1, method="recurrent", prefetch=True, pdl=True)
 _SPLIT = VerifyTuning(block_v=32, num_warps=4, num_stages=1, method="split", split=2, fence=True, pdl=True)
 _MEASURED = {2: dataclasses.replace(_PREFETCH, block_v=8), 4: dataclasses.replace(_PREFETCH, block_v=4),
-             6: _SPLIT, 8: _SPLIT, 12: _SPLIT, 16: _SPLIT}
+             6: _SPLIT, 8: dataclasses.replace(_SPLIT, late_keys=True), 12: dataclasses.replace(_SPLIT, late_keys=True),
+             16: _SPLIT}
 VERIFY_TUNING: dict[int, VerifyTuning] = {
     T: _MEASURED[min(t for t in _MEASURED if t >= T)] for T in range(1, MAX_TOKENS + 1)}
 # Per window length T (the round buffers' length; m is read on the device): one tensor-core product
@@ -885,7 +937,7 @@ def _fold_args(state: Tensor, pending) -> tuple:
 
 
 def _launch_verify(q, k, v, g, beta, state, scale, o, z, g_cum, tuning: VerifyTuning, *, gates=None,
-                   k_out=None, pending=None) -> None:
+                   k_out=None, pending=None, raw_keys=False) -> None:
     """gates = (A_log, dt_bias): q, k are raw and g, beta hold the raw a, b (`gdn_verify_gated`);
     pending = (z, k, g_cum, accepted) of the previous round (T' <= 16 tokens), committed into state
     first: inside the split and recurrent kernels, by a one-layer `gdn_commit` before the blocked one."""
@@ -902,7 +954,7 @@ def _launch_verify(q, k, v, g, beta, state, scale, o, z, g_cum, tuning: VerifyTu
             *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *g.stride()[:2], *beta.stride()[:2],
             *state.stride()[:3], *o.stride()[:3], *z.stride()[:3], *g_cum.stride()[:2], *k_store.stride()[:3])
     shape = dict(T=T, HV=HV, GROUP=HV // HK, DK=dk, DV=dv, BK=_key_block(dk), BV=tuning.block_v,
-                 GATED=gates is not None, WRITE_K=k_out is not None, EPS=L2_EPS)
+                 GATED=gates is not None, WRITE_K=k_out is not None, EPS=L2_EPS, RAW_KEYS=raw_keys)
     fold = _fold_args(state, pending)
     pt = fold[4]  # T' of the pending commit, 0 without one
     if tuning.method == "recurrent":
@@ -914,6 +966,7 @@ def _launch_verify(q, k, v, g, beta, state, scale, o, z, g_cum, tuning: VerifyTu
     if tuning.method == "split":
         _gdn_verify_split_kernel[grid](*args, *fold, **shape, BT=BLOCK_T, SOLVE_DOT=tuning.solve_dot,
                                        FOLD=pending is not None, BJ=max(BLOCK_T, triton.next_power_of_2(pt)),
+                                       LATE_KEYS=tuning.late_keys,
                                        SPLIT=tuning.split if q.dtype == k.dtype == torch.bfloat16 else 0,
                                        WIDEN=_interpreted(), FENCE=tuning.fence and not _interpreted(),
                                        num_warps=tuning.num_warps, num_stages=tuning.num_stages,
@@ -962,12 +1015,13 @@ def gdn_verify(q, k, v, g, beta, state, scale, *, z_out=None, g_out=None) -> tup
 
 
 def gdn_verify_gated(q, k, v, a, b, A_log, dt_bias, state, scale, *, z_out=None, g_out=None,
-                     k_out=None, pending=None) -> tuple[Tensor, Tensor, Tensor]:
+                     k_out=None, pending=None, raw_keys=False) -> tuple[Tensor, Tensor, Tensor]:
     """Triton `reference.gdn_verify_gated`: `gdn_verify` from the raw projections in the same launch,
     the L2 norms of q and k and the gates g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b)
     formed inside the kernel. q, k [B, T, HK, dk] raw, v [B, T, HV, dv], a, b [B, T, HV] in bf16 or
     fp32; A_log, dt_bias [HV] any float dtype; k_out [B, T, HK, dk] (when given) receives the
-    normalised k; the rest as `gdn_verify`.
+    normalised k; the rest as `gdn_verify`. raw_keys: the factors (z_i / |k_i|, k_i) instead, k_out
+    receiving k as given (k's dtype, exact) and z the scaled z (`reference.gdn_verify_gated`).
 
     pending = (z [B, T', HV, dv], k [B, T', HK, dk] bf16 or fp32, g_cum [B, T', HV] fp32,
     accepted [B] long): the previous round's factors of this layer and its m, read on the device.
@@ -992,12 +1046,13 @@ def gdn_verify_gated(q, k, v, a, b, A_log, dt_bias, state, scale, *, z_out=None,
         tensors.update(pending_z=pending[0], pending_k=pending[1], pending_g_cum=pending[2],
                        accepted=pending[3])
     _check_layout(fn, tensors if k_out is None else dict(tensors, k_out=k_out))
+    _check_raw_keys(fn, k, k_out, raw_keys)
     if pending is not None and pending[0].shape[1] > MAX_TOKENS:
         reference_commit(state[None], *(x[None] for x in pending[:3]), pending[3])
         pending = None
 
     _launch_verify(q, k, v, a, b, state, scale, o, z, g_cum, VERIFY_TUNING.get(T, VerifyTuning()),
-                   gates=(A_log, dt_bias), k_out=k_out, pending=pending)
+                   gates=(A_log, dt_bias), k_out=k_out, pending=pending, raw_keys=raw_keys)
     return o, z, g_cum
 
 

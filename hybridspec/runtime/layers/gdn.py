@@ -50,12 +50,13 @@ class GatedDeltaNet(nn.Module):
         v = v.reshape(B, T, self.hv, self.dv)
         # the kernel L2-normalises q and k and forms the gates from the raw a, b [B, T, HV]:
         # log decay g = log α = −exp(A_log)·softplus(a + dt_bias), β = sigmoid(b)   (DESIGN B.4);
-        # the compact factors (z, g_cum, normalised k) land in the round buffers
+        # the compact factors land in the round buffers: z / |k|, g_cum and the raw k (`raw_keys`: exact
+        # in the activation dtype, half the bytes of the normalised fp32 k with bf16 activations)
         # the previous round's commit of this layer, if still pending, is folded into the same launch
         o, _, _ = self._verify(q, k, v, self.in_proj_a(x), self.in_proj_b(x), self.A_log, self.dt_bias,
                                cache.ssm[slot], self.dk**-0.5, z_out=cache.z[slot, :, :T],
                                g_out=cache.g_cum[slot, :, :T], k_out=cache.k[slot, :, :T],
-                               pending=cache.pending_commit(slot))
+                               pending=cache.pending_commit(slot), raw_keys=True)
         cache.pending[slot] = False
         gate = self.in_proj_z(x).reshape(B, T, self.hv, self.dv)
         o = self.norm(o.to(x.dtype), gate)  # [B, T, HV, dv]

@@ -59,11 +59,12 @@ def gdn_ops(backend: str) -> tuple[Callable, Callable]:
     except ImportError as exc:
         raise ConfigError(f"the triton backend needs triton ({exc})") from exc
 
-    def verify(q, k, v, a, b, A_log, dt_bias, state, scale, *, z_out=None, g_out=None, k_out=None, pending=None):
+    def verify(q, k, v, a, b, A_log, dt_bias, state, scale, *, z_out=None, g_out=None, k_out=None, pending=None,
+               raw_keys=False):
         short = q.shape[1] <= gdn_triton.MAX_TOKENS
         impl = gdn_triton.gdn_verify_gated if short else gdn_reference.gdn_verify_gated
         return impl(q, k, v, a, b, A_log, dt_bias, state, scale, z_out=z_out, g_out=g_out, k_out=k_out,
-                    pending=pending)
+                    pending=pending, raw_keys=raw_keys)
 
     def commit(states, z, k, g_cum, accepted):
         impl = gdn_triton.gdn_commit if z.shape[2] <= gdn_triton.MAX_TOKENS else gdn_reference.gdn_commit
