@@ -1,6 +1,7 @@
 """GDN verification + commit on one GPU: HybridSpec's Triton kernels against SGLang's and fla's.
 
     python bench/gdn_kernels.py --out DIR [--samples 30] [--replays 10] [--quick]
+    python bench/gdn_kernels.py --from-log LOG --bandwidth-from OLD.json --out DIR   # no GPU
 
 Setting: the 30 GDN layers of Qwen3.6-35B-A3B (32 value heads, 16 key heads, dk = dv = 128),
 fp32 states, bf16 projections, batch 1; verification widths w in {2, 3, 4, 6, 8, 12, 16} and
@@ -11,10 +12,12 @@ Implementations, each with its native state layout (all four keep S as [HV, dv, 
 contiguous, so no conversion is needed anywhere):
   hybridspec            what the runtime runs: 30 x `gdn_verify_gated(pending=...)`, each launch first
                         applying the previous round's commit (Eq. 7) to its rows of the state, then
-                        verifying (compact factors into the other of two round-buffer slots); the
+                        verifying (compact factors into the other of two round-buffer slots: z / |k|
+                        fp32, g_cum fp32 and the raw bf16 k, `raw_keys`, since 2026-12-02); the
                         commit is deferred to the next round's verification, not skipped: every
                         round reads and writes every state once (since 2026-12-01's seventh session)
-  hybridspec_commit     30 x `gdn_verify_gated` (compact factors into round buffers) + 1 `gdn_commit`
+  hybridspec_commit     30 x `gdn_verify_gated` (compact factors with the normalised fp32 k into
+                        round buffers) + 1 `gdn_commit`
                         launch of its own (the runtime and the `hybridspec` rows before that)
   sglang_default        30 x `fused_sigmoid_gating_delta_rule_update` writing the per-token state
                         buffer (`intermediate_states_buffer`, cache_steps = w), then SGLang's
@@ -62,6 +65,8 @@ Preparation (`.baselines` is git-ignored; the GPU machine has no registry):
     bash ../shared/tools/gdn-baselines.sh        # on a machine with PyPI; copy .baselines over
     python3 -m pip install -q --no-index --no-deps --target .baselines/site .baselines/wheels/*.whl
 A baseline that fails to import or run is reported as a row with its error, not a crash.
+A run stopped by a time cap before its report leaves every measured row in its log (stdout):
+`--from-log` writes the report from it, the unfinished rows marked as not measured.
 """
 
 from __future__ import annotations
@@ -791,7 +796,8 @@ def report_from_log(log: Path, reference: Path | None, out: Path) -> int:
     if found:
         bandwidth, source = float(found.group(1)) * 1e9, "measured in this run"
     elif ref:
-        bandwidth, source = ref["copy_bandwidth_GBps"] * 1e9, f"from {reference} (not printed by this run)"
+        bandwidth = ref["copy_bandwidth_GBps"] * 1e9
+        source = f"measured by the run of {ref.get('date')} on the same machine, not printed by this one"
     else:
         sys.exit("--from-log: the log has no copy bandwidth; name a report of the same machine with --bandwidth-from")
     impls = list(dict.fromkeys(impl for impl, _, _ in timed))
@@ -803,7 +809,7 @@ def report_from_log(log: Path, reference: Path | None, out: Path) -> int:
         rows.append(dict(impl="floor", w=w, m=m, median_us=round(floor_us(QWEN36, w, bandwidth), 2)))
     result = dict(device=ref.get("device", "unknown"), date=f"{datetime.date.today().isoformat()} (from {log.name})",
                   command=f"{ref.get('command', 'python3 bench/gdn_kernels.py --out $OUT')}, stopped by its time cap; "
-                          f"report by --from-log", versions=ref.get("versions", {}),
+                          f"report by --from-log", versions=dict(ref.get("versions", {}), source=f"the run of {ref.get('date')}; this one printed none"),
                   copy_bandwidth_GBps=bandwidth / 1e9, copy_bandwidth_source=source,
                   memory_bytes=verification_memory(QWEN36), rows=rows, correctness=correctness,
                   tuning="defaults of hybridspec/kernels/gdn/triton.py")
