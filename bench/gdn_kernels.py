@@ -793,6 +793,12 @@ def report_from_log(log: Path, reference: Path | None, out: Path) -> int:
         timed[(impl, int(w), int(m))] = row
     found = re.search(r"copy bandwidth \(read \+ write\) ([\d.]+) GB/s", text)
     ref = json.loads(reference.read_text()) if reference else {}
+    printed = re.search(r"^device (.+); versions (\{.*\})$", text, flags=re.M)
+    if printed:
+        device, versions_found = printed.group(1), json.loads(printed.group(2))
+    else:
+        device = ref.get("device", "unknown")
+        versions_found = dict(ref.get("versions", {}), source=f"the run of {ref.get('date')}; this one printed none")
     if found:
         bandwidth, source = float(found.group(1)) * 1e9, "measured in this run"
     elif ref:
@@ -807,9 +813,9 @@ def report_from_log(log: Path, reference: Path | None, out: Path) -> int:
             rows.append(timed.get((name, w, m), dict(impl=name, w=w, m=m, median_us=None,
                                                        error="not measured: the run's time cap stopped it here")))
         rows.append(dict(impl="floor", w=w, m=m, median_us=round(floor_us(QWEN36, w, bandwidth), 2)))
-    result = dict(device=ref.get("device", "unknown"), date=f"{datetime.date.today().isoformat()} (from {log.name})",
+    result = dict(device=device, date=f"{datetime.date.today().isoformat()} (from {log.name})",
                   command=f"{ref.get('command', 'python3 bench/gdn_kernels.py --out $OUT')}, stopped by its time cap; "
-                          f"report by --from-log", versions=dict(ref.get("versions", {}), source=f"the run of {ref.get('date')}; this one printed none"),
+                          f"report by --from-log", versions=versions_found,
                   copy_bandwidth_GBps=bandwidth / 1e9, copy_bandwidth_source=source,
                   memory_bytes=verification_memory(QWEN36), rows=rows, correctness=correctness,
                   tuning="defaults of hybridspec/kernels/gdn/triton.py")
@@ -892,6 +898,7 @@ def main(argv=None) -> int:
     samples, replays = (5, 3) if args.quick else (args.samples, args.replays)
     configs = configurations(args.quick, args.widths)
 
+    print(f"device {torch.cuda.get_device_name()}; versions {json.dumps(versions())}", flush=True)
     print("Phase 1: correctness against float64 Eq. 1 (all 30 layers)", flush=True)
     correctness = check_correctness(QWEN36, configs, impls, "cuda")
     print(correctness_table(correctness), flush=True)
