@@ -62,21 +62,23 @@ def main() -> int:
             p = gk.make_problem(gk.QWEN36, w, dtype, seed=w, device="cuda")
             checks[dtype] = (p, *gk.oracle(p, m_check))
         shipped = gdn.VERIFY_TUNING[w]
-        for tuning, raw in variants(w):
-            gdn.VERIFY_TUNING[w], gk.HybridSpec.raw_keys = tuning, raw
-            errors = {str(dtype).removeprefix("torch."): gk.check_one("hybridspec", p, w, m_check, o_ref, s_ref)
-                      for dtype, (p, o_ref, s_ref) in checks.items()}
-            passed = all(max(e.values()) < gk.TOLERANCE[getattr(torch, d)] for d, e in errors.items())
-            times = [gk.time_impl("hybridspec", problems, w, w, args.samples, 10) for _ in range(args.repeat)]
-            us = min(times)
-            rows.append(dict(w=w, us=round(us, 2), times=[round(t, 2) for t in times], raw_keys=raw,
-                             errors=errors, passed=passed,
-                             **dataclasses.asdict(tuning)))
-            error_text = " ".join(f"{d} {e['o_err']:.1e}/{e['state_err']:.1e}" for d, e in errors.items())
-            print(f"w={w:2d} {tuning.method:9s} bv={tuning.block_v:2d} warps={tuning.num_warps} "
-                  f"late_keys={int(tuning.late_keys)} keys={'raw' if raw else 'normalised':10s} {' '.join(f'{t:6.1f}' for t in times)} us  "
-                  f"errors o/S {error_text} {'ok' if passed else 'FAILED'}", flush=True)
-        gdn.VERIFY_TUNING[w], gk.HybridSpec.raw_keys = shipped, True
+        try:
+            for tuning, raw in variants(w):
+                gdn.VERIFY_TUNING[w], gk.HybridSpec.raw_keys = tuning, raw
+                errors = {str(dtype).removeprefix("torch."): gk.check_one("hybridspec", p, w, m_check, o_ref, s_ref)
+                          for dtype, (p, o_ref, s_ref) in checks.items()}
+                passed = all(max(e.values()) < gk.TOLERANCE[getattr(torch, d)] for d, e in errors.items())
+                times = [gk.time_impl("hybridspec", problems, w, w, args.samples, 10) for _ in range(args.repeat)]
+                us = min(times)
+                rows.append(dict(w=w, us=round(us, 2), times=[round(t, 2) for t in times], raw_keys=raw,
+                                 errors=errors, passed=passed,
+                                 **dataclasses.asdict(tuning)))
+                error_text = " ".join(f"{d} {e['o_err']:.1e}/{e['state_err']:.1e}" for d, e in errors.items())
+                print(f"w={w:2d} {tuning.method:9s} bv={tuning.block_v:2d} warps={tuning.num_warps} "
+                      f"late_keys={int(tuning.late_keys)} keys={'raw' if raw else 'normalised':10s} {' '.join(f'{t:6.1f}' for t in times)} us  "
+                      f"errors o/S {error_text} {'ok' if passed else 'FAILED'}", flush=True)
+        finally:
+            gdn.VERIFY_TUNING[w], gk.HybridSpec.raw_keys = shipped, True
         us = gk.time_impl("hybridspec_commit", problems, w, w, args.samples, 10)  # the round with its own commit
         rows.append(dict(w=w, us=round(us, 2), impl="hybridspec_commit", **dataclasses.asdict(shipped)))
         print(f"w={w:2d} verify + separate commit (shipped tuning)  {us:7.1f} us", flush=True)

@@ -777,10 +777,12 @@ def report_from_log(log: Path, reference: Path | None, out: Path) -> int:
     correctness = []
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 6 and cells[1] in ("float32", "bfloat16") and cells[5] in ("yes", "NO", "no"):
-            if cells[2].startswith("error"):
-                correctness.append(dict(impl=cells[0], dtype=cells[1], w="?", m="?", error=cells[2]))
-            else:
+        if len(cells) >= 6 and cells[1] in ("float32", "bfloat16") and cells[-1] in ("yes", "NO", "no"):
+            failed = re.match(r"error \(w=(\d+)\): (.*)", " | ".join(cells[2:-3]))
+            if failed:  # `correctness_table`'s "error (w=N): message" (the message may hold a |)
+                correctness.append(dict(impl=cells[0], dtype=cells[1], w=int(failed.group(1)), m="?",
+                                        error=failed.group(2)))
+            elif len(cells) == 6:
                 correctness.append(dict(impl=cells[0], dtype=cells[1], w="all", m="all", o_err=float(cells[2]),
                                         state_err=float(cells[3]), passed=cells[5] == "yes"))
     timed = {}
@@ -794,6 +796,7 @@ def report_from_log(log: Path, reference: Path | None, out: Path) -> int:
     found = re.search(r"copy bandwidth \(read \+ write\) ([\d.]+) GB/s", text)
     ref = json.loads(reference.read_text()) if reference else {}
     printed = re.search(r"^device (.+); versions (\{.*\})$", text, flags=re.M)
+    run_command = re.search(r"^command (.+)$", text, flags=re.M)
     if printed:
         device, versions_found = printed.group(1), json.loads(printed.group(2))
     else:
@@ -814,8 +817,8 @@ def report_from_log(log: Path, reference: Path | None, out: Path) -> int:
                                                        error="not measured: the run's time cap stopped it here")))
         rows.append(dict(impl="floor", w=w, m=m, median_us=round(floor_us(QWEN36, w, bandwidth), 2)))
     result = dict(device=device, date=f"{datetime.date.today().isoformat()} (from {log.name})",
-                  command=f"{ref.get('command', 'python3 bench/gdn_kernels.py --out $OUT')}, stopped by its time cap; "
-                          f"report by --from-log", versions=versions_found,
+                  command=f"{run_command.group(1) if run_command else 'not printed by the run'}, stopped before its "
+                          f"report; report by --from-log", versions=versions_found,
                   copy_bandwidth_GBps=bandwidth / 1e9, copy_bandwidth_source=source,
                   memory_bytes=verification_memory(QWEN36), rows=rows, correctness=correctness,
                   tuning="defaults of hybridspec/kernels/gdn/triton.py")
@@ -898,7 +901,8 @@ def main(argv=None) -> int:
     samples, replays = (5, 3) if args.quick else (args.samples, args.replays)
     configs = configurations(args.quick, args.widths)
 
-    print(f"device {torch.cuda.get_device_name()}; versions {json.dumps(versions())}", flush=True)
+    command = " ".join([Path(sys.executable).name, *sys.argv])
+    print(f"command {command}\ndevice {torch.cuda.get_device_name()}; versions {json.dumps(versions())}", flush=True)
     print("Phase 1: correctness against float64 Eq. 1 (all 30 layers)", flush=True)
     correctness = check_correctness(QWEN36, configs, impls, "cuda")
     print(correctness_table(correctness), flush=True)
@@ -913,7 +917,7 @@ def main(argv=None) -> int:
     rows = run_timing(QWEN36, configs, impls, samples, replays, bandwidth)
     result = dict(
         device=torch.cuda.get_device_name(), date=datetime.datetime.now().isoformat(timespec="seconds"),
-        command=" ".join([Path(sys.executable).name, *sys.argv]), versions=versions(),
+        command=command, versions=versions(),
         copy_bandwidth_GBps=bandwidth / 1e9, memory_bytes=verification_memory(QWEN36), rows=rows,
         correctness=correctness,
         tuning=json.loads(args.tuning.read_text())["chosen"] if args.tuning else "defaults of hybridspec/kernels/gdn/triton.py",

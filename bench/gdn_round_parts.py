@@ -4,7 +4,8 @@
 
 Same setting, inputs, rotation and timing as bench/gdn_kernels.py (30 GDN layers of Qwen3.6-35B-A3B,
 bf16 inputs, fp32 states, m = w). Per w, each row is one CUDA graph of the ROTATIONS rounds:
-  round            30 x gdn_verify_gated + gdn_commit, as the benchmark's hybridspec row
+  round            30 x gdn_verify_gated + gdn_commit, as the benchmark's hybridspec_commit row (the
+                   commit a launch of its own, normalised fp32 keys)
   verify           the 30 verify launches alone, on fresh states S_0
   verify-evolved   the same after 200 replays of the full round (states committed again and again)
   commit           the commit alone

@@ -621,6 +621,8 @@ def test_verify_tuning_names_a_bad_field():
         gdn_triton.VerifyTuning(solve_dot="bf16")
     with pytest.raises(ValueError, match="VerifyTuning: key_dot='fp16', expected ieee, tf32x3 or tf32"):
         gdn_triton.VerifyTuning(key_dot="fp16")
+    with pytest.raises(ValueError, match="VerifyTuning: late_keys with method 'recurrent', only the split kernel"):
+        gdn_triton.VerifyTuning(method="recurrent", late_keys=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -733,3 +735,58 @@ def test_reference_folds_the_pending_commit():
 
     assert_close("committed state, in place", s_ref, state, FP32_RATIO)
     assert_close("o", o_ref, o, FP32_RATIO)
+
+
+RAW_ROUND_CASES = [("split", 16, 8, torch.bfloat16), ("split-late-keys", 9, 12, torch.float32),
+                   ("recurrent-4x1-prefetch", 4, 3, torch.float32), ("blocked", 6, 5, torch.float32),
+                   ("split", 20, 6, torch.float32)]  # 20 tokens: the first round by the reference
+
+
+@pytest.mark.parametrize(("variant", "T1", "T2", "dtype"), RAW_ROUND_CASES)
+def test_rounds_with_raw_key_factors_in_round_buffers(variant, T1, T2, dtype, monkeypatch):
+    """The runtime's calls: two rounds writing raw-key factors into slots of round buffers, the
+    second folding the first's commit, then the flush (`gdn_commit`) of the second's. The second
+    round's outputs and the state after both rounds' accepted tokens equal float64 steps over those
+    tokens; k lands bit for bit; nothing outside the slots is written."""
+    _with_method(monkeypatch, variant, T2)
+    first = raw_inputs(800 + T1, B=2, T=T1, dtype=dtype, **SHAPES["grouped"])
+    second = _second_round(first, T2, 810 + T2, dtype=dtype, **SHAPES["grouped"])
+    B, _, HK, dk = first["k"].shape
+    HV, dv = first["v"].shape[2:]
+    T_max = max(T1, T2)
+    z_buf, g_buf = torch.full((2, B, T_max, HV, dv), float("nan")), torch.full((2, B, T_max, HV), float("nan"))
+    k_buf = torch.full((2, B, T_max, HK, dk), float("nan"), dtype=dtype)
+    slots = [dict(z_out=z_buf[s, :, :T], g_out=g_buf[s, :, :T], k_out=k_buf[s, :, :T]) for s, T in ((0, T1), (1, T2))]
+    m1, m2 = [T1, 1], [2, T2]
+    state = first["state"].clone()
+
+    verify_first = reference.gdn_verify_gated if T1 > gdn_triton.MAX_TOKENS else gdn_triton.gdn_verify_gated
+    verify_first(**dict(first, state=state), **slots[0], raw_keys=True)
+    pending = (slots[0]["z_out"], slots[0]["k_out"], slots[0]["g_out"], torch.tensor(m1))
+    o, _, _ = gdn_triton.gdn_verify_gated(**dict(second, state=state), **slots[1], pending=pending, raw_keys=True)
+    gdn_triton.gdn_commit(state[None], *(slots[1][n][None] for n in ("z_out", "k_out", "g_out")), torch.tensor(m2))
+
+    o_ref, _ = _two_rounds_oracle(first, second, m1)
+    s_ref = torch.cat([gated_steps(dict(first, state=first["state"][b : b + 1], **{
+        n: torch.cat((first[n][b : b + 1, :m1[b]], second[n][b : b + 1, :m2[b]]), dim=1) for n in "qkvab"}))[-1]
+        for b in range(B)])
+    bf16 = dtype == torch.bfloat16
+    assert_close("state after both rounds", s_ref, state, SPLIT_RATIO[2] if bf16 and variant.startswith("split")
+                 else FP32_RATIO)
+    assert_close("o", o_ref, o, BF16_ROUNDING if bf16 else FP32_RATIO)
+    assert torch.equal(k_buf[0, :, :T1], first["k"]) and torch.equal(k_buf[1, :, :T2], second["k"])
+    for buf in (z_buf, g_buf, k_buf):
+        assert buf[0, :, T1:].isnan().all() and buf[1, :, T2:].isnan().all()
+
+
+def test_reference_checks_its_outputs_before_the_pending_commit():
+    """A bad z_out is named before the pending commit writes the state or k_out is filled."""
+    first, (z1, k1, g1) = _first_round(4, 720, raw_keys=True, **SHAPES["grouped"])
+    second = _second_round(first, 3, 721, **SHAPES["grouped"])
+    state, k_out = first["state"].clone(), torch.full(second["k"].shape, float("nan"))
+    z_bad = torch.empty(*second["v"].shape, dtype=torch.bfloat16)
+    for raw_keys in (False, True):
+        with pytest.raises(ValueError, match=re.escape("gdn_verify_gated: z_out has dtype torch.bfloat16")):
+            reference.gdn_verify_gated(**dict(second, state=state), z_out=z_bad, k_out=k_out, raw_keys=raw_keys,
+                                       pending=(z1, k1, g1, torch.tensor([4, 2])))
+    assert torch.equal(state, first["state"]) and k_out.isnan().all()

@@ -1,6 +1,7 @@
 """The runtime on the Triton GDN kernels (under TRITON_INTERPRET=1 on CPU tensors): the gated
-verification kernels, writing z, g_cum and the normalised k into the round buffers, and the
-one-launch commit decode exactly the `ar` tokens of the PyTorch backend."""
+verification kernels, writing z / |k|, g_cum and the raw k into the round buffers (`raw_keys`) and
+folding each round's commit into the next verification, and the one-launch commit (the flush)
+decode exactly the `ar` tokens of the PyTorch backend."""
 
 from __future__ import annotations
 

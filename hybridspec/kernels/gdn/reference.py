@@ -246,7 +246,7 @@ def gdn_verify_gated(q, k, v, a, b, A_log, dt_bias, state, scale, *, z_out=None,
     """`gdn_verify` from the layer's raw projections: q, k [B, T, HK, dk] are L2-normalised here
     (`l2_normalize`) and g, beta formed from a, b [B, T, HV] and A_log, dt_bias [HV] (`gdn_gates`).
     Returns (o, z, g_cum) as `gdn_verify`; k_out [B, T, HK, dk] (any float dtype), when given,
-    receives the normalised k, the commit's key factor.
+    receives the normalised k, the commit's key factor (the raw k with raw_keys, below).
 
     raw_keys: the factors are (z_i / |k_i|, k_i) instead of (z_i, k_i / |k_i|) (|k_i| with the
     normalisation's eps): the same outer products, so `gdn_commit` and `pending` take them as they
@@ -258,7 +258,8 @@ def gdn_verify_gated(q, k, v, a, b, A_log, dt_bias, state, scale, *, z_out=None,
     (`gdn_commit` of this one layer), and the round verifies from the committed state. The runtime
     defers each round's commit to the next verification of every layer this way (a commit folded
     into the verify, which reads the state anyway)."""
-    _check_gated_inputs("gdn_verify_gated", q, k, v, a, b, A_log, dt_bias, state, k_out)
+    B, T, _, HV, _, dv = _check_gated_inputs("gdn_verify_gated", q, k, v, a, b, A_log, dt_bias, state, k_out)
+    _check_factor_outputs("gdn_verify_gated", z_out, g_out, (B, T, HV, dv))  # before any write
     _check_raw_keys("gdn_verify_gated", k, k_out, raw_keys)
     if pending is not None:
         check_pending("gdn_verify_gated", state, pending)

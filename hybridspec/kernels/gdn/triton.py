@@ -852,6 +852,8 @@ class VerifyTuning:
             raise ValueError(f"VerifyTuning: method={self.method!r}, expected blocked, recurrent or split")
         if self.split not in (2, 3):
             raise ValueError(f"VerifyTuning: split={self.split}, expected 2 or 3 bf16 pieces")
+        if self.late_keys and self.method != "split":
+            raise ValueError(f"VerifyTuning: late_keys with method {self.method!r}, only the split kernel has it")
         for name in ("block_v", "block_k", "num_warps"):
             value = getattr(self, name)
             if value < 1 or value & (value - 1):
@@ -943,6 +945,8 @@ def _launch_verify(q, k, v, g, beta, state, scale, o, z, g_cum, tuning: VerifyTu
     first: inside the split and recurrent kernels, by a one-layer `gdn_commit` before the blocked one."""
     B, T, HK, _ = q.shape
     HV, dv, dk = v.shape[2], v.shape[3], q.shape[3]
+    if raw_keys and gates is None:
+        raise ValueError("raw_keys needs the raw projections (gates): the key norms are formed in the kernel")
     if pending is not None and tuning.method == "blocked":
         z_p, k_p, g_p, accepted = pending
         _launch_commit(state[None], z_p[None], k_p[None], g_p[None], accepted, COMMIT_TUNING[z_p.shape[1]])
@@ -1020,7 +1024,7 @@ def gdn_verify_gated(q, k, v, a, b, A_log, dt_bias, state, scale, *, z_out=None,
     the L2 norms of q and k and the gates g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b)
     formed inside the kernel. q, k [B, T, HK, dk] raw, v [B, T, HV, dv], a, b [B, T, HV] in bf16 or
     fp32; A_log, dt_bias [HV] any float dtype; k_out [B, T, HK, dk] (when given) receives the
-    normalised k; the rest as `gdn_verify`. raw_keys: the factors (z_i / |k_i|, k_i) instead, k_out
+    normalised k (the raw k with raw_keys, below); the rest as `gdn_verify`. raw_keys: the factors (z_i / |k_i|, k_i) instead, k_out
     receiving k as given (k's dtype, exact) and z the scaled z (`reference.gdn_verify_gated`).
 
     pending = (z [B, T', HV, dv], k [B, T', HK, dk] bf16 or fp32, g_cum [B, T', HV] fp32,
