@@ -74,8 +74,9 @@ def main() -> int:
                                  errors=errors, passed=passed,
                                  **dataclasses.asdict(tuning)))
                 error_text = " ".join(f"{d} {e['o_err']:.1e}/{e['state_err']:.1e}" for d, e in errors.items())
+                keys = "raw" if raw else "normalised"
                 print(f"w={w:2d} {tuning.method:9s} bv={tuning.block_v:2d} warps={tuning.num_warps} "
-                      f"late_keys={int(tuning.late_keys)} keys={'raw' if raw else 'normalised':10s} {' '.join(f'{t:6.1f}' for t in times)} us  "
+                      f"late_keys={int(tuning.late_keys)} keys={keys:10s} {' '.join(f'{t:6.1f}' for t in times)} us  "
                       f"errors o/S {error_text} {'ok' if passed else 'FAILED'}", flush=True)
         finally:
             gdn.VERIFY_TUNING[w], gk.HybridSpec.raw_keys = shipped, True

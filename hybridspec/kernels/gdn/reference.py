@@ -212,10 +212,15 @@ L2_EPS = 1e-6  # q / sqrt(|q|^2 + eps), as transformers' Qwen3.5 GDN normalises 
 SOFTPLUS_THRESHOLD = 20.0  # softplus(x) = x above it (torch's and SGLang's default)
 
 
+def inverse_norms(x: Tensor, eps: float = L2_EPS) -> Tensor:
+    """1 / sqrt(sum x^2 + eps) over the last dim, fp32, the dim kept."""
+    x = x.float()
+    return torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
 def l2_normalize(x: Tensor, eps: float = L2_EPS) -> Tensor:
     """x / sqrt(sum x^2 + eps) over the last dim, fp32."""
-    x = x.float()
-    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+    return x.float() * inverse_norms(x, eps)
 
 
 def gdn_gates(a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor) -> tuple[Tensor, Tensor]:
@@ -265,17 +270,14 @@ def gdn_verify_gated(q, k, v, a, b, A_log, dt_bias, state, scale, *, z_out=None,
         check_pending("gdn_verify_gated", state, pending)
         z_p, k_p, g_p, accepted = pending
         gdn_commit(state[None], z_p[None], k_p[None], g_p[None], accepted)
-    k_hat = l2_normalize(k)
+    r_k = inverse_norms(k)  # [B, T, HK, 1]
+    k_hat = k.float() * r_k
     g, beta = gdn_gates(a, b, A_log, dt_bias)
     if k_out is not None:
         k_out.copy_(k if raw_keys else k_hat)
-    if not raw_keys:
-        return gdn_verify(l2_normalize(q), k_hat, v, g, beta, state, scale, z_out=z_out, g_out=g_out)
-    o, z, g_cum = gdn_verify(l2_normalize(q), k_hat, v, g, beta, state, scale, g_out=g_out)
-    r_k = torch.rsqrt((k.float() ** 2).sum(-1) + L2_EPS)  # [B, T, HK]
-    z = z * r_k.repeat_interleave(v.shape[2] // k.shape[2], dim=2)[..., None]  # value head h: key head h // G
-    if z_out is not None:
-        z = z_out.copy_(z)
+    o, z, g_cum = gdn_verify(l2_normalize(q), k_hat, v, g, beta, state, scale, z_out=z_out, g_out=g_out)
+    if raw_keys:  # z_i / |k_i|, in place (z_out or the fresh z); value head h reads key head h // G
+        z.mul_(r_k.repeat_interleave(v.shape[2] // k.shape[2], dim=2))
     return o, z, g_cum
 
 

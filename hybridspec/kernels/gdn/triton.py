@@ -962,8 +962,9 @@ def _launch_verify(q, k, v, g, beta, state, scale, o, z, g_cum, tuning: VerifyTu
     fold = _fold_args(state, pending)
     pt = fold[4]  # T' of the pending commit, 0 without one
     if tuning.method == "recurrent":
-        _gdn_verify_recurrent_kernel[grid](*args, *fold, **shape, BT=triton.next_power_of_2(T), PREFETCH=tuning.prefetch,
-                                           FOLD=pending is not None, BJ=triton.next_power_of_2(max(pt, 1)),
+        _gdn_verify_recurrent_kernel[grid](*args, *fold, **shape, BT=triton.next_power_of_2(T),
+                                           PREFETCH=tuning.prefetch, FOLD=pending is not None,
+                                           BJ=triton.next_power_of_2(max(pt, 1)),
                                            num_warps=tuning.num_warps, num_stages=tuning.num_stages,
                                            **_launch_options(tuning.pdl, state))
         return
@@ -1024,8 +1025,9 @@ def gdn_verify_gated(q, k, v, a, b, A_log, dt_bias, state, scale, *, z_out=None,
     the L2 norms of q and k and the gates g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b)
     formed inside the kernel. q, k [B, T, HK, dk] raw, v [B, T, HV, dv], a, b [B, T, HV] in bf16 or
     fp32; A_log, dt_bias [HV] any float dtype; k_out [B, T, HK, dk] (when given) receives the
-    normalised k (the raw k with raw_keys, below); the rest as `gdn_verify`. raw_keys: the factors (z_i / |k_i|, k_i) instead, k_out
-    receiving k as given (k's dtype, exact) and z the scaled z (`reference.gdn_verify_gated`).
+    normalised k (the raw k with raw_keys, below); the rest as `gdn_verify`. raw_keys: the factors
+    (z_i / |k_i|, k_i) instead, k_out receiving k as given (k's dtype, exact) and z the scaled z
+    (`reference.gdn_verify_gated`).
 
     pending = (z [B, T', HV, dv], k [B, T', HK, dk] bf16 or fp32, g_cum [B, T', HV] fp32,
     accepted [B] long): the previous round's factors of this layer and its m, read on the device.
