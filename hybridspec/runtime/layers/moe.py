@@ -4,10 +4,14 @@ that Stage 0 can stop at the router boundary (DESIGN A.4)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ...kernels.moe import SharedExpert
+from ...kernels.moe import reference as moe_reference
 from ..config import TargetConfig
 
 
@@ -38,37 +42,22 @@ class Router(nn.Module):
 
 
 class Experts(nn.Module):
+    """The routed experts' weights in the fused 3-D layout of the checkpoints."""
+
     def __init__(self, cfg: TargetConfig):
         super().__init__()
         e, h, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
         self.gate_up_proj = nn.Parameter(torch.zeros(e, 2 * i, h))  # [E, 2I, hidden]
         self.down_proj = nn.Parameter(torch.zeros(e, h, i))  # [E, hidden, I]
 
-    def forward(self, x: Tensor, ids: Tensor, weights: Tensor) -> Tensor:
-        """x [N, hidden], ids/weights [N, k] → Σ_k weight · expert(x)  [N, hidden].
-
-        Torch backend: one grouped matmul per distinct expert (a host read of the expert counts)."""
-        out = torch.zeros_like(x)
-        flat = ids.reshape(-1)
-        order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=self.gate_up_proj.shape[0]).tolist()
-        token = order // ids.shape[1]  # [N·k] token of each sorted assignment
-        w = weights.reshape(-1)[order]
-        start = 0
-        for expert, count in enumerate(counts):
-            if count == 0:
-                continue
-            rows = token[start : start + count]
-            gate, up = F.linear(x[rows], self.gate_up_proj[expert]).chunk(2, dim=-1)
-            y = F.linear(F.silu(gate) * up, self.down_proj[expert]) * w[start : start + count, None]
-            out.index_add_(0, rows, y.to(out.dtype))
-            start += count
-        return out
-
 
 class SparseMoE(nn.Module):
-    def __init__(self, cfg: TargetConfig):
+    """Router, routed experts and gated shared expert. `experts_op` computes the experts' sum
+    (`kernels/moe`: the reference, or the Triton kernels with no host read)."""
+
+    def __init__(self, cfg: TargetConfig, experts_op: Callable = moe_reference.moe_experts):
         super().__init__()
+        self.experts_op = experts_op
         self.gate = Router(cfg)
         self.experts = Experts(cfg)
         self.shared_expert = DenseMLP(cfg.hidden_size, cfg.shared_expert_intermediate_size)
@@ -81,7 +70,9 @@ class SparseMoE(nn.Module):
 
     def run_experts(self, x: Tensor, ids: Tensor, weights: Tensor) -> Tensor:
         """x [B, T, hidden] with its routing → MoE output [B, T, hidden] (routed + gated shared)."""
-        flat = x.reshape(-1, x.shape[-1])
-        routed = self.experts(flat, ids.reshape(-1, ids.shape[-1]), weights.reshape(-1, weights.shape[-1]))
-        shared = torch.sigmoid(self.shared_expert_gate(flat)) * self.shared_expert(flat)
-        return (routed + shared).view_as(x)
+        shared = SharedExpert(self.shared_expert.gate_proj.weight, self.shared_expert.up_proj.weight,
+                              self.shared_expert.down_proj.weight, self.shared_expert_gate.weight)
+        out = self.experts_op(x.reshape(-1, x.shape[-1]), ids.reshape(-1, ids.shape[-1]),
+                              weights.reshape(-1, weights.shape[-1]), self.experts.gate_up_proj,
+                              self.experts.down_proj, shared)
+        return out.view_as(x)

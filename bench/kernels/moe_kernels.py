@@ -1,0 +1,445 @@
+"""One MoE layer on the GPU: ours (`hybridspec.kernels.moe.triton`) beside SGLang's Triton
+fused_moe, the PyTorch loop and the weight-read floor, for the Qwen3.6-35B-A3B and
+Qwen3.5-122B-A10B shapes (bf16), then the 35B preset's decoding rounds with each MoE.
+
+    python3 bench/kernels/moe_kernels.py --out OUT [--quick] [--models 35b,122b] [--no-runtime]
+
+Phases, each printed as it runs and written to OUT/moe_kernels.json and .md:
+1. correctness (before any timing): ours, the PyTorch loop and SGLang against an fp32 per-token
+   computation on the same bf16 weights, T in {1, 4, 16, 40}; ours under
+   `torch.cuda.set_sync_debug_mode("error")` (a host read raises) and captured in a CUDA graph;
+2. timing: median µs per call of one CUDA graph of ROTATIONS calls, each on its own copy of the
+   layer's weights and its own inputs (so neither the weights nor the inputs sit in L2 from the
+   previous call), 20 samples of 10 replays; T in {1, 2, 4, 8, 12, 16} with random routing, and
+   at T = 16 a sweep of exactly n distinct experts (n = 8 ... 128) from which η (µs per distinct
+   expert) and the intercept are fitted; SGLang's alignment step runs before capture (untimed),
+   as the routing it prepares is the call's; the PyTorch loop (host reads, not capturable) is
+   timed eagerly; the floor is the bytes of the distinct experts' weights plus the shared expert
+   over the device-to-device copy bandwidth measured in the same run;
+3. runtime: the `qwen3.6-35b-a3b` preset (random weights, bf16, Triton GDN, random drafter),
+   `ar`, `static:4` and `full` on a 128-token prompt, ms per round and per token, with the
+   experts of every layer run by the PyTorch loop and by ours.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib
+import json
+import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from hybridspec.collectors.moe import routing_with_distinct
+from hybridspec.kernels.moe import SharedExpert
+from hybridspec.kernels.moe import reference as moe_reference
+from hybridspec.kernels.moe import triton as moe_triton
+from hybridspec.kernels.moe.gate_up import launch_gate_up
+from hybridspec.kernels.moe.routing import expert_slots, workspace_size
+from hybridspec.kernels.moe.tuning import MOE_TUNING, MoETuning, tuning_for
+from hybridspec.runtime.policies import make_policy
+from hybridspec.runtime.session import open_session
+
+ROTATIONS = 4
+MODELS = {  # name: (E, k, hidden, moe_intermediate, shared_intermediate)
+    "35b": (256, 8, 2048, 512, 512),
+    "122b": (256, 8, 3072, 1024, 1024),
+}
+LENGTHS = (1, 2, 4, 8, 12, 16)
+DISTINCT = (8, 16, 32, 48, 64, 80, 96, 112, 128)
+SWEEP = {  # tuning variants timed beside the shipped table (name: MoETuning applied at every T)
+    "gu16-dn32": MoETuning(gate_up_bn=16, down_bh=32, down_bk=256),
+    "gu64-dn128": MoETuning(gate_up_bn=64, gate_up_bk=128, gate_up_stages=4, down_bh=128, down_bk=64,
+                            down_stages=4),
+    "w8-bk512": MoETuning(gate_up_bk=512, gate_up_warps=8, gate_up_stages=2, down_bk=256, down_stages=2),
+    "s4-dn32w2": MoETuning(gate_up_stages=4, down_bh=32, down_warps=2, down_stages=4),
+}
+
+
+class Layer:
+    """One MoE layer's weights (bf16, random) on the GPU."""
+
+    def __init__(self, model: str, seed: int):
+        e, _, h, i, i_s = MODELS[model]
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+
+        def rand(*shape):
+            return (torch.randn(*shape, device="cuda", generator=gen) / shape[-1] ** 0.5).to(torch.bfloat16)
+
+        self.gate_up, self.down = rand(e, 2 * i, h), rand(e, h, i)
+        self.shared = SharedExpert(rand(i_s, h), rand(i_s, h), rand(h, i_s), rand(1, h))
+
+
+class Inputs:
+    """x, ids, weights of one call: random routing, or exactly `distinct` experts at T = 16."""
+
+    def __init__(self, model: str, T: int, seed: int, distinct: int | None = None):
+        e, k, h, _, _ = MODELS[model]
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        self.x = torch.randn(T, h, device="cuda", generator=gen).to(torch.bfloat16)
+        if distinct is None:
+            scores = torch.rand(T, e, device="cuda", generator=gen)
+            self.ids = torch.topk(scores, k, dim=-1).indices
+        else:
+            self.ids = routing_with_distinct(T, k, distinct, e, seed).cuda()
+        self.weights = torch.rand(T, k, device="cuda", generator=gen).softmax(-1).to(torch.bfloat16)
+        self.distinct = int(torch.unique(self.ids).numel())
+
+
+def fp32_reference(layer: Layer, inp: Inputs, with_shared: bool = True) -> torch.Tensor:
+    """Token by token in fp32 on the bf16 weights  [T, H] (routed experts only without the shared)."""
+    x = inp.x.float()
+    out = torch.zeros_like(x)
+    for n in range(x.shape[0]):
+        for j in range(inp.ids.shape[1]):
+            e = int(inp.ids[n, j])
+            gate, up = (layer.gate_up[e].float() @ x[n]).chunk(2)
+            out[n] += inp.weights[n, j].float() * (layer.down[e].float() @ (F.silu(gate) * up))
+    if not with_shared:
+        return out
+    s = [t.float() for t in layer.shared]
+    return out + torch.sigmoid(x @ s[3].T) * ((F.silu(x @ s[0].T) * (x @ s[1].T)) @ s[2].T)
+
+
+def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((got.float() - ref).norm() / ref.norm()).item()
+
+
+# ---------------------------------------------------------------------------------------------
+# Implementations: each `make(layer, inp)` returns a zero-argument call (capturable or not)
+# ---------------------------------------------------------------------------------------------
+
+
+def ours(tuning=MOE_TUNING):
+    def make(layer: Layer, inp: Inputs):
+        return lambda: moe_triton.moe_experts(inp.x, inp.ids, inp.weights, layer.gate_up, layer.down, layer.shared,
+                                              tuning=tuning)
+    return make
+
+
+def ours_part(stages: int):
+    """The first `stages` launches of ours alone (1: the expert slots; 2: and gate_up), to take a
+    call apart: down + sum = whole - (slots + gate_up)."""
+    def make(layer: Layer, inp: Inputs):
+        n, k = inp.ids.shape
+        e, i = layer.gate_up.shape[0], layer.gate_up.shape[1] // 2
+        workspace = torch.empty(workspace_size(n, k, e, 16), dtype=torch.int32, device="cuda")
+        act = torch.empty((n, k + 1, max(i, layer.shared.gate.shape[0])), dtype=inp.x.dtype, device="cuda")
+        tuning = tuning_for(n)
+
+        def call():
+            slots = expert_slots(inp.ids, workspace, e, 16)
+            if stages > 1:
+                launch_gate_up(inp.x, inp.weights, layer.gate_up, layer.shared, slots, act, 16, tuning, False)
+        return call
+    return make
+
+
+def torch_loop(layer: Layer, inp: Inputs):
+    return lambda: moe_reference.moe_experts(inp.x, inp.ids, inp.weights, layer.gate_up, layer.down, layer.shared)
+
+
+class SGLang:
+    """SGLang's fused_moe on the routed experts (its alignment prepared before the call)."""
+
+    def __init__(self, baselines: Path):
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        self.module = importlib.import_module("moe_sglang")
+        self.baselines = baselines
+        self.prepared: dict[int, object] = {}
+
+    def __call__(self, layer: Layer, inp: Inputs):
+        key = (layer.gate_up.data_ptr(), tuple(layer.gate_up.shape))
+        if key not in self.prepared:
+            self.prepared[key] = self.module.SglangMoE(layer.gate_up, layer.down, inp.ids.shape[1], max_tokens=64,
+                                                       baselines_dir=self.baselines)
+        moe = self.prepared[key]
+        aligned = moe.align(inp.ids)
+        return lambda: moe.run(inp.x, inp.ids, inp.weights, aligned)
+
+
+# ---------------------------------------------------------------------------------------------
+# Timing
+# ---------------------------------------------------------------------------------------------
+
+
+def graph_us(calls, samples: int, replays: int) -> float:
+    """Median µs per call of one CUDA graph holding `calls` in order (warm-up on a side stream)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for fn in calls:
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in calls:
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(samples):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / (replays * len(calls)))
+    del graph
+    return statistics.median(times)
+
+
+def eager_us(calls, samples: int) -> float:
+    for fn in calls:
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(samples):
+        t0 = time.perf_counter()
+        for fn in calls:
+            fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e6 / len(calls))
+    return statistics.median(times)
+
+
+def copy_bandwidth(nbytes: int = 1 << 30) -> float:
+    """Device-to-device copy bandwidth in bytes/s (read + write)."""
+    src = torch.empty(nbytes // 4, device="cuda")
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(10):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e-3)
+    return 2 * nbytes / statistics.median(times)
+
+
+def floor_us(model: str, distinct: float, bandwidth: float) -> float:
+    _, _, h, i, i_s = MODELS[model]
+    return (distinct * 3 * i * h + 3 * i_s * h + h) * 2 / bandwidth * 1e6
+
+
+# ---------------------------------------------------------------------------------------------
+# Phases
+# ---------------------------------------------------------------------------------------------
+
+
+def check(model: str, layer: Layer, impls: dict, log) -> list[dict]:
+    rows = []
+    for T in (1, 4, 16, 40):
+        inp = Inputs(model, T, seed=T)
+        refs = {True: fp32_reference(layer, inp), False: fp32_reference(layer, inp, with_shared=False)}
+        for name, make in impls.items():
+            ref = refs[name != "sglang_fused_moe"]  # SGLang's kernel runs the routed experts only
+            rows.append(dict(model=model, T=T, impl=name, rel_err=rel_err(make(layer, inp)(), ref)))
+            log(f"  check {model} T={T:2d} {name:18s} rel err {rows[-1]['rel_err']:.2e}")
+    inp = Inputs(model, 16, seed=99)
+    call = ours()(layer, inp)
+    call()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        call()
+        rows.append(dict(model=model, T=16, impl="hybridspec", sync_free=True))
+    except RuntimeError as error:
+        rows.append(dict(model=model, T=16, impl="hybridspec", sync_free=False, error=str(error)[:200]))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    inp.x.copy_(torch.randn_like(inp.x))
+    graph.replay()
+    rows.append(dict(model=model, T=16, impl="hybridspec", graph_rel_err=rel_err(out, fp32_reference(layer, inp))))
+    log(f"  sync-free: {rows[-2]['sync_free']}, graph replay on new inputs: rel err {rows[-1]['graph_rel_err']:.2e}")
+    return rows
+
+
+def time_all(model: str, layers: list[Layer], impls: dict, samples: int, replays: int, bandwidth: float,
+             lengths, distincts, log) -> list[dict]:
+    rows = []
+    cases = [(T, None) for T in lengths] + [(16, n) for n in distincts]
+    for T, n in cases:
+        inputs = [Inputs(model, T, seed=1000 * T + r + (n or 0) * 7, distinct=n) for r in range(ROTATIONS)]
+        distinct = statistics.mean(inp.distinct for inp in inputs)
+        for name, make in impls.items():
+            row = dict(impl=name, model=model, T=T, distinct=distinct, routing="random" if n is None else "controlled")
+            try:
+                calls = [make(layer, inp) for layer, inp in zip(layers, inputs)]
+                row["median_us"] = round((eager_us(calls, max(3, samples // 4)) if name == "torch_loop"
+                                          else graph_us(calls, samples, replays)), 2)
+            except Exception as error:  # a baseline that fails is reported, not fatal
+                row["error"] = f"{type(error).__name__}: {str(error)[:160]}"
+            rows.append(row)
+            log(f"  {model} T={T:2d} distinct={distinct:6.1f} {name:18s} {row.get('median_us', row.get('error'))}")
+            torch.cuda.empty_cache()
+        rows.append(dict(impl="floor", model=model, T=T, distinct=distinct,
+                         routing="random" if n is None else "controlled",
+                         median_us=round(floor_us(model, distinct, bandwidth), 2)))
+    return rows
+
+
+def fit_eta(rows: list[dict], impl: str, model: str) -> dict | None:
+    pts = [(r["distinct"], r["median_us"]) for r in rows if r["impl"] == impl and r["model"] == model
+           and r["routing"] == "controlled" and r.get("median_us")]
+    if len(pts) < 3:
+        return None
+    xs, ys = zip(*pts)
+    slope, intercept = statistics.linear_regression(xs, ys)
+    return dict(impl=impl, model=model, eta_us=round(slope, 3), intercept_us=round(intercept, 2),
+                correlation=round(statistics.correlation(xs, ys), 5))
+
+
+def runtime_rounds(log, tokens: int) -> list[dict]:
+    session = open_session("qwen3.6-35b-a3b", "random", device="cuda", dtype="bfloat16", backend="triton",
+                           max_context=1024)
+    moes = [layer.mlp for layer in session.target.layers if layer.is_moe]
+    prompt = torch.randint(0, 1000, (128,), generator=torch.Generator().manual_seed(0)).tolist()
+    rows = []
+    for experts, op in (("torch_loop", moe_reference.moe_experts), ("hybridspec", moe_triton.moe_experts)):
+        for moe in moes:
+            moe.experts_op = op
+        for policy in ("ar", "static:4", "full"):
+            p = make_policy(policy, session.drafter.block_size - 1 if session.drafter else 15)
+            session.engine.generate(prompt, policy=p, max_new_tokens=4)  # compiles every kernel it meets
+            result = session.engine.generate(prompt, policy=p, max_new_tokens=tokens)
+            row = dict(experts=experts, policy=policy, rounds=len(result.rounds),
+                       ms_per_round=round(result.decode_seconds * 1e3 / len(result.rounds), 2),
+                       ms_per_token=round(result.decode_seconds * 1e3 / result.decode_tokens, 2),
+                       mean_w=round(result.mean_verification_length, 2))
+            rows.append(row)
+            log(f"  runtime {experts:10s} {policy:8s} {row}")
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------------------------
+
+
+def versions() -> dict:
+    found = dict(python=platform.python_version(), torch=torch.__version__, cuda=str(torch.version.cuda))
+    try:
+        import triton
+
+        found["triton"] = triton.__version__
+    except ImportError as error:
+        found["triton"] = f"unavailable ({error})"
+    return found
+
+
+def write_report(out: Path, result: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "moe_kernels.json").write_text(json.dumps(result, indent=2))
+    lines = ["# One MoE layer (routed + shared expert), bf16, batch 1", "",
+             f"device: {result['device']}  ", f"date: {result['date']}  ", f"command: `{result['command']}`  ",
+             f"versions: {json.dumps(result['versions'])}  ",
+             f"copy bandwidth (read + write): {result['copy_bandwidth_GBps']:.0f} GB/s", ""]
+    for model in result["models"]:
+        rows = [r for r in result["rows"] if r["model"] == model]
+        impls = list(dict.fromkeys(r["impl"] for r in rows))
+        for routing in ("random", "controlled"):
+            sel = [r for r in rows if r["routing"] == routing]
+            keys = list(dict.fromkeys((r["T"], r["distinct"]) for r in sel))
+            if not keys:
+                continue
+            lines += [f"## {model}, {'random routing' if routing == 'random' else 'T = 16, controlled distinct experts'}: median µs per call", "",
+                      "| T | distinct | " + " | ".join(impls) + " | ours / floor | SGLang / ours |",
+                      "|---|---|" + "---|" * (len(impls) + 2)]
+            for T, d in keys:
+                cell = {r["impl"]: r for r in sel if (r["T"], r["distinct"]) == (T, d)}
+                us = {i: cell.get(i, {}).get("median_us") for i in impls}
+                vals = [f"{us[i]:.1f}" if us[i] else "—" for i in impls]
+                o, f, g = us.get("hybridspec"), us.get("floor"), us.get("sglang_fused_moe")
+                ratios = [f"{o / f:.2f}×" if o and f else "—", f"{g / o:.2f}×" if o and g else "—"]
+                lines.append(f"| {T} | {d:.1f} | " + " | ".join(vals + ratios) + " |")
+            lines.append("")
+    lines += ["## η (µs per distinct expert, T = 16, least squares over the controlled sweep)", "",
+              "| model | impl | η | intercept | correlation |", "|---|---|---|---|---|"]
+    lines += [f"| {e['model']} | {e['impl']} | {e['eta_us']} | {e['intercept_us']} | {e['correlation']} |"
+              for e in result["eta"]]
+    lines += ["", "## Correctness (relative Frobenius error against fp32 on the same bf16 weights)", "",
+              "| model | T | impl | rel err |", "|---|---|---|---|"]
+    lines += [f"| {r['model']} | {r['T']} | {r['impl']} | {r['rel_err']:.2e} |" for r in result["checks"]
+              if "rel_err" in r]
+    lines += [f"- {r['model']}: " + (f"sync-free under set_sync_debug_mode('error'): {r['sync_free']}" if "sync_free" in r
+                                     else f"graph replay on new inputs: rel err {r['graph_rel_err']:.2e}")
+              for r in result["checks"] if "rel_err" not in r]
+    if result.get("runtime"):
+        lines += ["", "## qwen3.6-35b-a3b preset, 128-token prompt, eager rounds (Triton GDN)", "",
+                  "| experts | policy | rounds | mean w | ms / round | ms / token |", "|---|---|---|---|---|---|"]
+        lines += [f"| {r['experts']} | {r['policy']} | {r['rounds']} | {r['mean_w']} | {r['ms_per_round']} | "
+                  f"{r['ms_per_token']} |" for r in result["runtime"]]
+    (out / "moe_kernels.md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--models", default="35b,122b")
+    ap.add_argument("--quick", action="store_true", help="T in {1, 16}, 3 distinct counts, 5 samples")
+    ap.add_argument("--sweep", action="store_true", help="also time the tuning variants of SWEEP")
+    ap.add_argument("--no-runtime", action="store_true")
+    ap.add_argument("--no-sglang", action="store_true")
+    ap.add_argument("--baselines", type=Path, default=Path(".baselines/site"))
+    ap.add_argument("--runtime-tokens", type=int, default=24)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("moe_kernels.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    log = lambda line: print(line, flush=True)  # noqa: E731
+    result = dict(device=torch.cuda.get_device_name(), date=dt.date.today().isoformat(),
+                  command="python3 bench/kernels/moe_kernels.py " + " ".join(argv or sys.argv[1:]),
+                  versions=versions(), models=args.models.split(","), tuning={str(k): asdict(v) for k, v in MOE_TUNING.items()},
+                  checks=[], rows=[], eta=[], runtime=[])
+    log(f"{result['device']} {result['versions']}")
+    impls = {"hybridspec": ours()}
+    if not args.no_sglang:
+        try:
+            impls["sglang_fused_moe"] = SGLang(args.baselines)
+        except Exception as error:
+            log(f"SGLang baseline unavailable: {type(error).__name__}: {error}")
+    impls["torch_loop"] = torch_loop
+    if args.sweep:
+        impls.update({f"hybridspec[{name}]": ours({64: t}) for name, t in SWEEP.items()})
+        impls.update({"hybridspec[slots]": ours_part(1), "hybridspec[slots+gate_up]": ours_part(2)})
+    bandwidth = copy_bandwidth()
+    result["copy_bandwidth_GBps"] = bandwidth / 1e9
+    log(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s")
+    samples, replays = (5, 5) if args.quick else (20, 10)
+    lengths = (1, 16) if args.quick else LENGTHS
+    distincts = (8, 64, 128) if args.quick else DISTINCT
+    for model in result["models"]:
+        layers = [Layer(model, seed=r) for r in range(ROTATIONS)]
+        result["checks"] += check(model, layers[0], {k: v for k, v in impls.items() if "[" not in k}, log)
+        result["rows"] += time_all(model, layers, impls, samples, replays, bandwidth, lengths, distincts, log)
+        result["eta"] += [e for e in (fit_eta(result["rows"], i, model) for i in impls) if e]
+        write_report(args.out, result)
+        if "sglang_fused_moe" in impls:
+            impls["sglang_fused_moe"].prepared.clear()  # holds the layers' weights
+        del layers
+        torch.cuda.empty_cache()
+    for e in result["eta"]:
+        log(f"  eta {e}")
+    if not args.no_runtime:
+        result["runtime"] = runtime_rounds(log, args.runtime_tokens)
+    write_report(args.out, result)
+    log((args.out / "moe_kernels.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""First half of the experts: act = w · silu(x W_gate^T) * (x W_up^T) for each distinct expert.
+
+Grid (N·k + 1, ceil(max(I, Is) / BN)). Program (s, t) with s < count runs distinct expert
+slot_expert[s] on the tokens that route to it (at most one row per token, N <= BM, so every
+expert's tokens fit one [BM, BK] tile and its weights are read once), columns t·BN..t·BN+BN−1 of
+its intermediate width; programs s in count..N·k−1 return at once (the grid depends on N and k
+only). Program s = N·k runs the shared expert on every token and scales it by
+sigmoid(x · gate_weight). Each result row is scaled by its routing weight and stored at
+act[n, j] (j: the token's position among its k experts; the shared expert's at j = k), in the
+weights' dtype, for the down kernel to sum.
+
+    x [N, H]   gate_up [E, 2I, H]   shared gate / up [Is, H], gate_weight [1, H]
+    act [N, k + 1, max(I, Is)]
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from hybridspec.kernels.moe.tiles import dot_bt
+
+
+@triton.jit
+def _gated_products(p_x, p_g, p_u, x_ok, n_ok, H: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                    BK: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr):
+    """[BM, BN] fp32 products x W_gate^T and x W_up^T over the hidden dimension in steps of BK."""
+    o_c = tl.arange(0, BK)
+    acc_g = tl.zeros([BM, BN], dtype=tl.float32)
+    acc_u = tl.zeros([BM, BN], dtype=tl.float32)
+    for c in range(0, H, BK):
+        c_ok = c + o_c < H
+        b_x = tl.load(p_x + c, mask=x_ok[:, None] & c_ok[None, :], other=0.0)  # [BM, BK]
+        b_g = tl.load(p_g + c, mask=n_ok[:, None] & c_ok[None, :], other=0.0)  # [BN, BK]
+        b_u = tl.load(p_u + c, mask=n_ok[:, None] & c_ok[None, :], other=0.0)  # [BN, BK]
+        acc_g = dot_bt(b_x, b_g, acc_g, PRECISION, WIDEN)
+        acc_u = dot_bt(b_x, b_u, acc_u, PRECISION, WIDEN)
+    return acc_g, acc_u
+
+
+@triton.jit
+def _store_act(act_ptr, acc_g, acc_u, scale, o_m, b_kpos, m_ok, o_n, n_ok, stride_an, stride_ak):
+    b_act = acc_g * tl.sigmoid(acc_g) * acc_u * scale[:, None]  # [BM, BN] silu(gate) * up, weighted
+    p_a = act_ptr + o_m[:, None] * stride_an + b_kpos[:, None] * stride_ak + o_n[None, :]
+    tl.store(p_a, b_act.to(act_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _moe_gate_up_kernel(x_ptr, rw_ptr, gu_ptr, sg_ptr, su_ptr, sgw_ptr, slot_expert_ptr, slot_kpos_ptr,
+                        count_ptr, act_ptr, stride_xn, stride_ge, stride_gn, stride_sgn, stride_sun,
+                        stride_an, stride_ak, N, K: tl.constexpr, H: tl.constexpr,
+                        I: tl.constexpr, IS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                        BK: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr):
+    i_s, i_t = tl.program_id(0), tl.program_id(1)
+    o_m = tl.arange(0, BM)
+    o_n = i_t * BN + tl.arange(0, BN)
+    o_c = tl.arange(0, BK)
+    p_x = x_ptr + o_m[:, None] * stride_xn + o_c[None, :]
+    if i_s < N * K:
+        if i_s < tl.load(count_ptr):
+            e = tl.load(slot_expert_ptr + i_s).to(tl.int64)
+            b_kpos = tl.load(slot_kpos_ptr + i_s * BM + o_m)  # [BM] position among the token's k, or -1
+            hit = b_kpos >= 0
+            n_ok = o_n < I
+            p_g = gu_ptr + e * stride_ge + o_n[:, None] * stride_gn + o_c[None, :]
+            acc_g, acc_u = _gated_products(p_x, p_g, p_g + I * stride_gn, hit, n_ok, H, BM, BN, BK,
+                                             PRECISION, WIDEN)
+            b_w = tl.load(rw_ptr + o_m * K + b_kpos, mask=hit, other=0.0).to(tl.float32)  # [BM]
+            _store_act(act_ptr, acc_g, acc_u, b_w, o_m, b_kpos, hit, o_n, n_ok, stride_an, stride_ak)
+    else:
+        m_ok = o_m < N
+        n_ok = o_n < IS
+        p_g = sg_ptr + o_n[:, None] * stride_sgn + o_c[None, :]
+        p_u = su_ptr + o_n[:, None] * stride_sun + o_c[None, :]
+        acc_g, acc_u = _gated_products(p_x, p_g, p_u, m_ok, n_ok, H, BM, BN, BK, PRECISION, WIDEN)
+        acc_s = tl.zeros([BM], dtype=tl.float32)
+        for c in range(0, H, BK):
+            c_ok = c + o_c < H
+            b_x = tl.load(p_x + c, mask=m_ok[:, None] & c_ok[None, :], other=0.0).to(tl.float32)
+            acc_s += tl.sum(b_x * tl.load(sgw_ptr + c + o_c, mask=c_ok, other=0.0).to(tl.float32)[None, :], 1)
+        b_kpos = tl.full([BM], K, dtype=tl.int32)
+        _store_act(act_ptr, acc_g, acc_u, tl.sigmoid(acc_s), o_m, b_kpos, m_ok, o_n, n_ok, stride_an, stride_ak)
+
+
+def launch_gate_up(x, weights, gate_up, shared, slots, act, block_m: int, tuning, widen: bool) -> None:
+    """x [N, H], weights [N, k], gate_up [E, 2I, H], shared (SharedExpert or None), slots from
+    `routing.expert_slots`, act [N, k + 1, max(I, Is)] (written); widen: under the interpreter."""
+    n, k = weights.shape
+    i = gate_up.shape[1] // 2
+    i_s = shared.gate.shape[0] if shared is not None else 0
+    slot_expert, slot_kpos, count = slots
+    sg, su, sgw = (shared.gate, shared.up, shared.gate_weight) if shared is not None else (gate_up,) * 3
+    bn = min(tuning.gate_up_bn, max(16, triton.next_power_of_2(max(i, i_s))))
+    bk = min(tuning.gate_up_bk, max(16, triton.next_power_of_2(x.shape[1])))
+    grid = (n * k + (shared is not None), triton.cdiv(max(i, i_s), bn))
+    _moe_gate_up_kernel[grid](
+        x, weights, gate_up, sg, su, sgw, slot_expert, slot_kpos, count, act,
+        x.stride(0), gate_up.stride(0), gate_up.stride(1), sg.stride(0), su.stride(0), act.stride(0), act.stride(1),
+        N=n, K=k, H=x.shape[1], I=i, IS=i_s, BM=block_m, BN=bn, BK=bk,
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", WIDEN=widen,
+        num_warps=tuning.gate_up_warps, num_stages=tuning.gate_up_stages)
+

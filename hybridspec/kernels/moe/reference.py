@@ -1,0 +1,59 @@
+"""Plain-PyTorch references for the MoE block's experts (DESIGN B.4), layouts in `checks.py`.
+
+For token n with experts ids[n, :] and routing weights w[n, :],
+
+    out_n = sum_j w_nj · down_e (silu(gate_e x_n) * up_e x_n)            (e = ids[n, j])
+          + sigmoid(x_n · gate_weight) · shared_down (silu(shared_gate x_n) * shared_up x_n)
+
+`moe_experts` groups the assignments by expert and runs one matmul pair per distinct expert; it
+reads the expert counts on the host (`tolist`), which is what makes it the fast choice on a CPU
+and unusable inside a CUDA graph. `moe_experts_sync_free` computes the same sum with no host read
+and shapes that do not depend on the routing, by gathering every assignment's weights (memory
+N·k·3·I·H: a reference for tests, not a GPU path).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from hybridspec.kernels.moe.checks import SharedExpert, check_moe_args
+
+
+def shared_expert(x: Tensor, shared: SharedExpert) -> Tensor:
+    """x [N, H] → sigmoid(x · gate_weight) · shared MLP(x)  [N, H]."""
+    mlp = F.linear(F.silu(F.linear(x, shared.gate)) * F.linear(x, shared.up), shared.down)
+    return torch.sigmoid(F.linear(x, shared.gate_weight)) * mlp
+
+
+def moe_experts(x: Tensor, ids: Tensor, weights: Tensor, gate_up: Tensor, down: Tensor,
+                shared: SharedExpert | None = None) -> Tensor:
+    """Routed experts (one grouped matmul per distinct expert) plus the gated shared expert  [N, H]."""
+    check_moe_args("moe_experts", x, ids, weights, gate_up, down, shared)
+    out = torch.zeros_like(x)
+    flat = ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=gate_up.shape[0]).tolist()
+    token = order // ids.shape[1]  # [N·k] token of each sorted assignment
+    w = weights.reshape(-1)[order]
+    start = 0
+    for expert, count in enumerate(counts):
+        if count == 0:
+            continue
+        rows = token[start : start + count]
+        gate, up = F.linear(x[rows], gate_up[expert]).chunk(2, dim=-1)
+        y = F.linear(F.silu(gate) * up, down[expert]) * w[start : start + count, None]
+        out.index_add_(0, rows, y.to(out.dtype))
+        start += count
+    return out if shared is None else out + shared_expert(x, shared)
+
+
+def moe_experts_sync_free(x: Tensor, ids: Tensor, weights: Tensor, gate_up: Tensor, down: Tensor,
+                          shared: SharedExpert | None = None) -> Tensor:
+    """`moe_experts` with no host read: every assignment's expert weights gathered  [N, H]."""
+    check_moe_args("moe_experts_sync_free", x, ids, weights, gate_up, down, shared)
+    gate, up = torch.einsum("nh,nkih->nki", x, gate_up[ids]).chunk(2, dim=-1)  # [N, k, I] each
+    y = torch.einsum("nki,nkhi->nkh", F.silu(gate) * up, down[ids])  # [N, k, H]
+    out = (y * weights[..., None]).sum(1)
+    return out if shared is None else out + shared_expert(x, shared)

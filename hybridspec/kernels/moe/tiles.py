@@ -1,0 +1,25 @@
+"""`@triton.jit` helpers shared by the MoE kernels."""
+
+from __future__ import annotations
+
+import functools
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def dot_bt(b_a, b_b, acc, PRECISION: tl.constexpr, WIDEN: tl.constexpr):
+    """acc + A B^T: a tensor-core product of the tiles as they are (bf16 / fp16: exact products,
+    fp32 sums), or (WIDEN, under the interpreter, whose tl.dot multiplies 16-bit floats as raw
+    integers) the same product of the values widened to fp32."""
+    if WIDEN:
+        return tl.dot(b_a.to(tl.float32), tl.trans(b_b.to(tl.float32)), acc, input_precision="ieee")
+    return tl.dot(b_a, tl.trans(b_b), acc, input_precision=PRECISION)
+
+
+@functools.cache
+def interpreted() -> bool:
+    """The kernels run under TRITON_INTERPRET=1 (set before triton was imported): fixed at import,
+    so looked up once, not at every launch."""
+    return type(dot_bt).__name__ == "InterpretedFunction"

@@ -1,0 +1,64 @@
+"""Triton MoE experts: the same signature, layouts and result as `reference.moe_experts`.
+
+Three launches per call of at most 64 tokens, none reading the host and each with a grid fixed by
+(N, k): `routing.expert_slots` finds the distinct experts on the device, `gate_up` runs each
+distinct expert's gate and up projections once for all its tokens, `down` sums every token's
+weighted expert outputs and the shared expert's. Longer calls (prefill) run in 64-token pieces.
+Accumulation is fp32; bf16 weights use bf16 tensor-core products, fp32 weights IEEE fp32 ones.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from torch import Tensor
+
+from hybridspec.kernels.moe.checks import SharedExpert, check_moe_args
+from hybridspec.kernels.moe.down import launch_down
+from hybridspec.kernels.moe.gate_up import launch_gate_up
+from hybridspec.kernels.moe.routing import expert_slots, workspace_size
+from hybridspec.kernels.moe.tiles import interpreted
+from hybridspec.kernels.moe.tuning import MOE_TUNING, tuning_for
+
+MAX_TOKENS = 64  # tokens per launch: one [BM <= 64, BK] activation tile per expert
+
+
+def _check_layout(x: Tensor, gate_up: Tensor, down: Tensor, shared: SharedExpert | None) -> None:
+    weights = {"gate_up": gate_up, "down": down,
+               **({f"shared.{f}": t for f, t in shared._asdict().items()} if shared is not None else {})}
+    for name, t in {"x": x, **weights}.items():
+        if t.stride(-1) != 1:
+            raise ValueError(f"moe_experts: {name} must be contiguous in its last dimension (stride {t.stride()})")
+    for name, t in weights.items():
+        if t.dtype != x.dtype:
+            raise ValueError(f"moe_experts: {name} has dtype {t.dtype}, x has {x.dtype}")
+    if x.device.type != "cuda" and not interpreted():
+        raise ValueError(f"moe_experts: tensors are on {x.device}; the Triton kernels need CUDA tensors "
+                         "(CPU tensors only with TRITON_INTERPRET=1 set before import)")
+    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"moe_experts: dtype {x.dtype} (float32, bfloat16 or float16)")
+
+
+def moe_experts(x: Tensor, ids: Tensor, weights: Tensor, gate_up: Tensor, down: Tensor,
+                shared: SharedExpert | None = None, *, tuning=MOE_TUNING) -> Tensor:
+    """x [N, H], ids / weights [N, k], gate_up [E, 2I, H], down [E, H, I] → [N, H] (layouts in
+    `checks.py`): sum_j weights[n, j] · expert_{ids[n, j]}(x_n) + the gated shared expert."""
+    n, k, e, i = check_moe_args("moe_experts", x, ids, weights, gate_up, down, shared)
+    _check_layout(x, gate_up, down, shared)
+    out = torch.empty_like(x)
+    for start in range(0, n, MAX_TOKENS):
+        piece = slice(start, min(start + MAX_TOKENS, n))
+        _moe_piece(x[piece], ids[piece].contiguous(), weights[piece].contiguous(), gate_up, down, shared,
+                   out[piece], tuning_for(piece.stop - piece.start, tuning))
+    return out
+
+
+def _moe_piece(x, ids, weights, gate_up, down, shared, out, tuning) -> None:
+    n, k = ids.shape
+    block_m = max(16, triton.next_power_of_2(n))
+    i_max = max(gate_up.shape[1] // 2, shared.gate.shape[0] if shared is not None else 0)
+    workspace = torch.empty(workspace_size(n, k, gate_up.shape[0], block_m), dtype=torch.int32, device=x.device)
+    slots = expert_slots(ids, workspace, gate_up.shape[0], block_m)
+    act = torch.empty((n, k + 1, i_max), dtype=x.dtype, device=x.device)  # [N, k + 1, max(I, Is)]
+    launch_gate_up(x, weights, gate_up, shared, slots, act, block_m, tuning, interpreted())
+    launch_down(act, down, shared, slots, out, block_m, tuning, interpreted())

@@ -1,0 +1,47 @@
+"""Launch parameters of the MoE kernels per token count (frozen; passed as `tuning=`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+
+
+@dataclass(frozen=True)
+class MoETuning:
+    """gate_up_*: tile of BN intermediate columns (gate and up rows) over BK hidden columns per step;
+    down_*: tile of BH hidden outputs over BK intermediate columns per step."""
+
+    gate_up_bn: int = 32
+    gate_up_bk: int = 256
+    gate_up_warps: int = 4
+    gate_up_stages: int = 3
+    down_bh: int = 64
+    down_bk: int = 128
+    down_warps: int = 4
+    down_stages: int = 3
+
+    def __post_init__(self):
+        for name in ("gate_up_bn", "gate_up_bk", "down_bh", "down_bk"):
+            value = getattr(self, name)
+            if value < 16 or value & (value - 1):
+                raise ValueError(f"MoETuning.{name} = {value}: a power of two >= 16 (tl.dot's smallest tile)")
+        for name in ("gate_up_warps", "down_warps"):
+            if getattr(self, name) not in (1, 2, 4, 8):
+                raise ValueError(f"MoETuning.{name} = {getattr(self, name)}: 1, 2, 4 or 8")
+        for name in ("gate_up_stages", "down_stages"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"MoETuning.{name} must be >= 1")
+
+
+# Keyed by the largest token count a row serves; a call takes the first row with key >= N.
+MOE_TUNING = MappingProxyType({
+    64: MoETuning(),
+})
+
+
+def tuning_for(n_tokens: int, table=MOE_TUNING) -> MoETuning:
+    """The row of `table` for a call with n_tokens tokens (the last row beyond every key)."""
+    for limit in sorted(table):
+        if n_tokens <= limit:
+            return table[limit]
+    return table[max(table)]

@@ -1,0 +1,67 @@
+"""Random MoE inputs and the float64 per-token oracle shared by the MoE kernel tests."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.overrides import TorchFunctionMode
+
+from hybridspec.kernels.moe import SharedExpert
+
+
+def routing(n: int, k: int, e: int, gen: torch.Generator, *, one_expert: int | None = None,
+            all_distinct: bool = False) -> Tensor:
+    """ids [n, k] (int64), k distinct per row: random; with every token routing to `one_expert`;
+    or with every one of the n·k assignments on a different expert (n·k <= e)."""
+    if all_distinct:
+        return torch.randperm(e, generator=gen)[: n * k].view(n, k)
+    scores = torch.rand(n, e, generator=gen)
+    if one_expert is not None:
+        scores[:, one_expert] = 2.0
+    return torch.topk(scores, k, dim=-1).indices
+
+
+def moe_inputs(n: int, k: int, e: int, h: int, i: int, i_shared: int, dtype=torch.float32, seed: int = 0,
+               **route) -> dict:
+    """Keyword arguments of `moe_experts`: x, ids, weights, gate_up, down, shared (None if i_shared = 0)."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*shape, fan_in):
+        return (torch.randn(*shape, generator=gen) / fan_in ** 0.5).to(dtype)
+
+    ids = routing(n, k, e, gen, **route)
+    weights = torch.rand(n, k, generator=gen).softmax(-1).to(dtype)
+    shared = None
+    if i_shared:
+        shared = SharedExpert(rand(i_shared, h, fan_in=h), rand(i_shared, h, fan_in=h), rand(h, i_shared, fan_in=i_shared),
+                              rand(1, h, fan_in=h))
+    return {"x": rand(n, h, fan_in=1), "ids": ids, "weights": weights, "gate_up": rand(e, 2 * i, h, fan_in=h),
+            "down": rand(e, h, i, fan_in=i), "shared": shared}
+
+
+def moe_oracle(x, ids, weights, gate_up, down, shared=None) -> Tensor:
+    """Token by token, assignment by assignment, in float64  [N, H]."""
+    x, weights, gate_up, down = x.double(), weights.double(), gate_up.double(), down.double()
+    out = torch.zeros_like(x)
+    for n in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            gate, up = (gate_up[ids[n, j]] @ x[n]).chunk(2)
+            out[n] += weights[n, j] * (down[ids[n, j]] @ (F.silu(gate) * up))
+        if shared is not None:
+            gate, up, dn, gw = (t.double() for t in shared)
+            out[n] += torch.sigmoid(gw[0] @ x[n]) * (dn @ (F.silu(gate @ x[n]) * (up @ x[n])))
+    return out
+
+
+class NoHostRead(TorchFunctionMode):
+    """Fails on every call that copies device values to the host or branches on them."""
+
+    BANNED = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__, torch.Tensor.__int__,
+              torch.Tensor.__float__, torch.Tensor.__index__, torch.Tensor.nonzero, torch.nonzero,
+              torch.Tensor.unique, torch.unique, torch.Tensor.cpu, torch.Tensor.numpy}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in self.BANNED:
+            raise AssertionError(f"host read: {getattr(func, '__name__', func)}")
+        return func(*args, **(kwargs or {}))

@@ -1,0 +1,81 @@
+"""The Triton MoE kernels (under TRITON_INTERPRET=1 on CPU tensors) against the float64 oracle:
+every verification length, k in {2, 8, 10}, E up to 512, awkward widths, skewed and spread
+routing, prefill pieces, bf16 and fp32; the device-side expert slots; no host read."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hybridspec.kernels.moe import moe_experts as reference_moe
+from tests.kernels.moe_cases import NoHostRead, moe_inputs, moe_oracle
+from tests.tolerance import assert_close
+
+pytest.importorskip("triton")
+from hybridspec.kernels.moe import triton as moe_triton  # noqa: E402
+from hybridspec.kernels.moe.routing import expert_slots, workspace_size  # noqa: E402
+from hybridspec.kernels.moe.tuning import MoETuning  # noqa: E402
+
+RATIO = {torch.float32: 2e-6, torch.bfloat16: 1e-2}
+
+
+def _check(name, args, **kw):
+    got = moe_triton.moe_experts(**args, **kw)
+    ref = moe_oracle(**args)
+    assert_close(name, ref, got, RATIO[args["x"].dtype])
+    if args["x"].dtype == torch.bfloat16:  # no worse than the PyTorch reference's own rounding
+        ref_err = (reference_moe(**args).double() - ref).square().mean().sqrt()
+        assert (got.double() - ref).square().mean().sqrt() <= 1.5 * ref_err + 1e-6, name
+
+
+@pytest.mark.parametrize("n", range(1, 17))
+def test_every_verification_length(n):
+    _check(f"N={n}", moe_inputs(n, 2, 16, 48, 24, 40, seed=n))
+
+
+@pytest.mark.parametrize("name, shape, route, dtype", [
+    ("k8-E256-bf16", (16, 8, 256, 64, 32, 32), {}, torch.bfloat16),
+    ("k10-E512", (12, 10, 512, 48, 16, 16), {}, torch.float32),
+    ("k8-awkward-widths", (5, 8, 64, 80, 24, 40), {}, torch.float32),
+    ("one-expert-bf16", (16, 2, 16, 32, 16, 16), {"one_expert": 7}, torch.bfloat16),
+    ("all-distinct", (16, 8, 128, 32, 16, 0), {"all_distinct": True}, torch.float32),
+    ("prefill-one-piece", (40, 2, 16, 32, 16, 16), {}, torch.float32),
+    ("prefill-two-pieces", (70, 2, 16, 32, 16, 24), {}, torch.bfloat16),
+])
+def test_shapes_and_routings(name, shape, route, dtype):
+    _check(name, moe_inputs(*shape, dtype=dtype, **route))
+
+
+def test_tuning_is_taken_as_given():
+    args = moe_inputs(6, 2, 16, 80, 40, 24)
+    tuning = {64: MoETuning(gate_up_bn=16, gate_up_bk=32, down_bh=32, down_bk=16, down_stages=1)}
+    _check("small tiles", args, tuning=tuning)
+
+
+def test_expert_slots_are_the_sorted_distinct_experts_with_each_tokens_position():
+    args = moe_inputs(7, 3, 20, 8, 8, 0, seed=3)
+    ids = args["ids"]
+    n, k = ids.shape
+    workspace = torch.full((workspace_size(n, k, 20, 16),), -7, dtype=torch.int32)
+    slot_expert, slot_kpos, count = expert_slots(ids, workspace, 20, 16)
+    distinct = torch.unique(ids)
+    assert count.tolist() == [len(distinct)]
+    assert slot_expert[: len(distinct)].tolist() == distinct.tolist()
+    for s, expert in enumerate(distinct.tolist()):
+        for t in range(16):
+            hits = (ids[t] == expert).nonzero().flatten().tolist() if t < n else []
+            assert slot_kpos[s, t].item() == (hits[0] if hits else -1), (s, t)
+
+
+def test_the_launcher_reads_nothing_back():
+    args = moe_inputs(5, 2, 16, 32, 16, 16)
+    with NoHostRead():
+        moe_triton.moe_experts(**args)
+
+
+def test_bad_layouts_are_named():
+    args = moe_inputs(3, 2, 8, 32, 16, 16)
+    with pytest.raises(ValueError, match="down has dtype"):
+        moe_triton.moe_experts(**{**args, "down": args["down"].double()})
+    with pytest.raises(ValueError, match="gate_up must be contiguous"):
+        moe_triton.moe_experts(**{**args, "gate_up": args["gate_up"].transpose(1, 2).contiguous().transpose(1, 2)})
