@@ -1,1 +1,2 @@
-"""Kernels: each op has a plain-PyTorch `reference.py` and (later) a Triton kernel with the same signature."""
+"""Kernels: each op has a plain-PyTorch `reference.py` and Triton kernels with the same signatures
+(`gdn/`: GDN verification and the all-layer commit, DESIGN A.7)."""

@@ -39,61 +39,14 @@ group dimension instead of being repeated.
 import torch
 from torch import Tensor
 
-# ---------------------------------------------------------------------------------------------
-# Boundary checks
-# ---------------------------------------------------------------------------------------------
-
-
-def _check_ndim(fn: str, name: str, x: Tensor, layout: str) -> None:
-    if x.dim() != len(layout.split(",")):
-        raise ValueError(f"{fn}: {name} has {x.dim()} dims, expected [{layout}]")
-
-
-def _check_shape(fn: str, name: str, x: Tensor, layout: str, expected: tuple[int, ...]) -> None:
-    if tuple(x.shape) != expected:
-        raise ValueError(
-            f"{fn}: {name} has shape {tuple(x.shape)}, expected [{layout}] = {expected}"
-        )
-
-
-def _check_float32(fn: str, name: str, x: Tensor) -> None:
-    if x.dtype != torch.float32:
-        raise ValueError(f"{fn}: {name} has dtype {x.dtype}, expected torch.float32")
-
-
-def _check_heads(fn: str, hv: int, hk: int) -> None:
-    if hv % hk != 0:
-        raise ValueError(f"{fn}: HV={hv} value heads is not a multiple of HK={hk} key heads")
-
-
-def _check_step_inputs(fn, q, k, v, g, beta, state, gate_names=("g", "beta")) -> tuple[int, int, int, int, int, int]:
-    """Validate the inputs of `gdn_recurrent` / `gdn_verify` (of `gdn_verify_gated` with its raw
-    gates a, b in place of g, beta); return (B, T, HK, HV, dk, dv)."""
-    _check_ndim(fn, "q", q, "B, T, HK, dk")
-    _check_ndim(fn, "k", k, "B, T, HK, dk")
-    _check_ndim(fn, "v", v, "B, T, HV, dv")
-    B, T, HK, dk = q.shape
-    HV, dv = v.shape[2], v.shape[3]
-    if T < 1:
-        raise ValueError(f"{fn}: q has T={T} tokens, expected T >= 1")
-    _check_shape(fn, "k", k, "B, T, HK, dk", (B, T, HK, dk))
-    _check_shape(fn, "v", v, "B, T, HV, dv", (B, T, HV, dv))
-    _check_heads(fn, HV, HK)
-    _check_shape(fn, gate_names[0], g, "B, T, HV", (B, T, HV))
-    _check_shape(fn, gate_names[1], beta, "B, T, HV", (B, T, HV))
-    _check_shape(fn, "state", state, "B, HV, dv, dk", (B, HV, dv, dk))
-    _check_float32(fn, "state", state)
-    return B, T, HK, HV, dk, dv
-
-
-def _check_factor_outputs(fn, z_out, g_out, shape: tuple[int, int, int, int]) -> None:
-    """Optional in-place outputs of `gdn_verify`: z_out [B, T, HV, dv], g_out [B, T, HV], fp32."""
-    for name, out, layout, expected in (("z_out", z_out, "B, T, HV, dv", shape),
-                                        ("g_out", g_out, "B, T, HV", shape[:3])):
-        if out is not None:
-            _check_shape(fn, name, out, layout, expected)
-            _check_float32(fn, name, out)
-
+from hybridspec.kernels.gdn.checks import (
+    check_commit_inputs,
+    check_factor_outputs,
+    check_gated_inputs,
+    check_pending,
+    check_raw_keys,
+    check_step_inputs,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Head grouping: HV = HK x G, value head h = hk * G + group
@@ -131,7 +84,7 @@ def gdn_recurrent(q, k, v, g, beta, state, scale) -> tuple[Tensor, Tensor]:
     fp32. Returns o [B, T, HV, dv] in v.dtype and the state after the last token [B, HV, dv, dk]
     fp32.
     """
-    B, T, HK, HV, dk, dv = _check_step_inputs("gdn_recurrent", q, k, v, g, beta, state)
+    B, T, HK, HV, dk, dv = check_step_inputs("gdn_recurrent", q, k, v, g, beta, state)
     qh, kh = _key_heads(q) * scale, _key_heads(k)  # [B, HK, 1, T, dk]
     vh = _value_heads(v, HK)  # [B, HK, G, T, dv]
     alpha, bh = _value_heads(g, HK).exp(), _value_heads(beta, HK)  # [B, HK, G, T]
@@ -176,8 +129,8 @@ def gdn_verify(q, k, v, g, beta, state, scale, *, z_out=None, g_out=None) -> tup
     z_out [B, T, HV, dv] fp32 and g_out [B, T, HV] fp32, when given (e.g. slices of the round
     buffers), receive z and g_cum in place and are returned as z and g_cum.
     """
-    B, T, HK, HV, dk, dv = _check_step_inputs("gdn_verify", q, k, v, g, beta, state)
-    _check_factor_outputs("gdn_verify", z_out, g_out, (B, T, HV, dv))
+    B, T, HK, HV, dk, dv = check_step_inputs("gdn_verify", q, k, v, g, beta, state)
+    check_factor_outputs("gdn_verify", z_out, g_out, (B, T, HV, dv))
     qh, kh = _key_heads(q) * scale, _key_heads(k)  # [B, HK, 1, T, dk]
     vh = _value_heads(v, HK)  # [B, HK, G, T, dv]
     bh = _value_heads(beta, HK)  # [B, HK, G, T]
@@ -231,21 +184,6 @@ def gdn_gates(a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor) -> tuple[Ten
     return g, torch.sigmoid(b.float())
 
 
-def _check_gated_inputs(fn, q, k, v, a, b, A_log, dt_bias, state, k_out) -> tuple[int, ...]:
-    B, T, HK, HV, dk, dv = _check_step_inputs(fn, q, k, v, a, b, state, gate_names=("a", "b"))
-    _check_shape(fn, "A_log", A_log, "HV", (HV,))
-    _check_shape(fn, "dt_bias", dt_bias, "HV", (HV,))
-    if k_out is not None:
-        _check_shape(fn, "k_out", k_out, "B, T, HK, dk", (B, T, HK, dk))
-    return B, T, HK, HV, dk, dv
-
-
-def _check_raw_keys(fn: str, k: Tensor, k_out: Tensor | None, raw_keys: bool) -> None:
-    """raw_keys stores k as given: k_out must hold it exactly (the same dtype)."""
-    if raw_keys and k_out is not None and k_out.dtype != k.dtype:
-        raise ValueError(f"{fn}: raw_keys stores k as given, but k_out has dtype {k_out.dtype} and k {k.dtype}")
-
-
 def gdn_verify_gated(q, k, v, a, b, A_log, dt_bias, state, scale, *, z_out=None, g_out=None,
                      k_out=None, pending=None, raw_keys=False) -> tuple[Tensor, Tensor, Tensor]:
     """`gdn_verify` from the layer's raw projections: q, k [B, T, HK, dk] are L2-normalised here
@@ -263,9 +201,9 @@ def gdn_verify_gated(q, k, v, a, b, A_log, dt_bias, state, scale, *, z_out=None,
     (`gdn_commit` of this one layer), and the round verifies from the committed state. The runtime
     defers each round's commit to the next verification of every layer this way (a commit folded
     into the verify, which reads the state anyway)."""
-    B, T, _, HV, _, dv = _check_gated_inputs("gdn_verify_gated", q, k, v, a, b, A_log, dt_bias, state, k_out)
-    _check_factor_outputs("gdn_verify_gated", z_out, g_out, (B, T, HV, dv))  # before any write
-    _check_raw_keys("gdn_verify_gated", k, k_out, raw_keys)
+    B, T, _, HV, _, dv = check_gated_inputs("gdn_verify_gated", q, k, v, a, b, A_log, dt_bias, state, k_out)
+    check_factor_outputs("gdn_verify_gated", z_out, g_out, (B, T, HV, dv))  # before any write
+    check_raw_keys("gdn_verify_gated", k, k_out, raw_keys)
     if pending is not None:
         check_pending("gdn_verify_gated", state, pending)
         z_p, k_p, g_p, accepted = pending
@@ -286,38 +224,6 @@ def gdn_verify_gated(q, k, v, a, b, A_log, dt_bias, state, scale, *, z_out=None,
 # ---------------------------------------------------------------------------------------------
 
 
-def _check_commit_inputs(states, z, k, g_cum, accepted) -> None:
-    fn = "gdn_commit"
-    _check_ndim(fn, "states", states, "L, B, HV, dv, dk")
-    _check_ndim(fn, "z", z, "L, B, T, HV, dv")
-    _check_ndim(fn, "k", k, "L, B, T, HK, dk")
-    _check_float32(fn, "states", states)
-    L, B, HV, dv, dk = states.shape
-    T, HK = z.shape[2], k.shape[3]
-    _check_shape(fn, "z", z, "L, B, T, HV, dv", (L, B, T, HV, dv))
-    _check_shape(fn, "k", k, "L, B, T, HK, dk", (L, B, T, HK, dk))
-    _check_heads(fn, HV, HK)
-    _check_shape(fn, "g_cum", g_cum, "L, B, T, HV", (L, B, T, HV))
-    _check_shape(fn, "accepted", accepted, "B", (B,))
-    if accepted.dtype != torch.long:
-        raise ValueError(f"gdn_commit: accepted has dtype {accepted.dtype}, expected torch.long")
-    # The range check reads the values, which is only free when they already live on the host.
-    if accepted.device.type == "cpu" and not bool(((accepted >= 1) & (accepted <= T)).all()):
-        raise ValueError(f"gdn_commit: accepted = {accepted.tolist()}, expected 1 <= m <= T={T}")
-
-
-def check_pending(fn: str, state: Tensor, pending) -> None:
-    """A deferred commit of one layer: (z [B, T', HV, dv], k [B, T', HK, dk], g_cum [B, T', HV],
-    accepted [B] long) against its state [B, HV, dv, dk]."""
-    if not isinstance(pending, tuple | list) or len(pending) != 4:
-        raise ValueError(f"{fn}: pending must be (z, k, g_cum, accepted), got {type(pending).__name__}")
-    z, k, g_cum, accepted = pending
-    try:
-        _check_commit_inputs(state[None], z[None], k[None], g_cum[None], accepted)
-    except ValueError as error:
-        raise ValueError(f"{fn}: pending commit: {str(error).removeprefix('gdn_commit: ')}") from None
-
-
 def gdn_commit(states, z, k, g_cum, accepted) -> None:
     """Rebuild the accepted state of every layer at once, in place, by Eq. 7, accumulating in fp32.
 
@@ -326,7 +232,7 @@ def gdn_commit(states, z, k, g_cum, accepted) -> None:
     factors from `gdn_verify`; accepted [B] long is m, the number of committed tokens of batch
     element b (1 <= m <= T, the same for all layers; range-checked only when on the CPU).
     """
-    _check_commit_inputs(states, z, k, g_cum, accepted)
+    check_commit_inputs(states, z, k, g_cum, accepted)
     L, B, HV, dv, dk = states.shape
     T, HK = z.shape[2], k.shape[3]
     g_cum = g_cum.float()

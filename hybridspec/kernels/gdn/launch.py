@@ -1,0 +1,70 @@
+"""What the GDN launchers share: the interpreter test, launch options, and the verify kernels'
+common arguments (the recurrent and split kernels take the same pointers, strides and shapes)."""
+
+import functools
+
+import torch
+import triton
+from torch import Tensor
+
+from hybridspec.kernels.gdn import tiles
+from hybridspec.kernels.gdn.reference import L2_EPS
+
+BLOCK_T = 16  # tokens padded to the smallest tl.dot tile
+
+
+@functools.cache
+def interpreted() -> bool:
+    """The kernels run under TRITON_INTERPRET=1 (set before triton was imported): fixed at import,
+    so looked up once, not at every launch of the decoding round."""
+    return type(tiles.log1p).__name__ == "InterpretedFunction"
+
+
+@functools.cache
+def _pdl_capable(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
+def launch_options(pdl: bool, x: Tensor) -> dict:
+    """Launch with programmatic dependent launch where asked for and possible: a CUDA device of
+    compute capability 9 or higher, compiled (the interpreter cannot run the kernels' inline PTX).
+    The capability is looked up once per device, not at every launch of the decoding round."""
+    if pdl and x.is_cuda and not interpreted() and _pdl_capable(x.device.index):
+        return dict(USE_GDC=True, launch_pdl=True)
+    return dict(USE_GDC=False)
+
+
+def key_block(dk: int) -> int:
+    """BK: the key dimension padded to a power of two, at least one tl.dot tile."""
+    return max(16, triton.next_power_of_2(dk))
+
+
+def fold_args(state: Tensor, pending) -> tuple:
+    """The kernels' pending-commit arguments: (z, k, g_cum, accepted, T') and their strides, or
+    placeholders (T' = 0) without a pending commit."""
+    if pending is None:
+        return (state, state, state, state, 0, *(0,) * 8)
+    z_p, k_p, g_p, accepted = pending
+    return (z_p, k_p, g_p, accepted, z_p.shape[1], *z_p.stride()[:3], *k_p.stride()[:3], *g_p.stride()[:2])
+
+
+def verify_arguments(q, k, v, g, beta, state, scale, o, z, g_cum, block_v: int, *, gates=None, k_out=None,
+                     pending=None, raw_keys=False) -> tuple[tuple, tuple, dict]:
+    """(grid, positional arguments, shape constants) of either verify kernel. gates = (A_log,
+    dt_bias): q, k are raw and g, beta hold the raw a, b; pending = (z, k, g_cum, accepted) of the
+    previous round (T' <= 16 tokens), committed into state first."""
+    B, T, HK, _ = q.shape
+    HV, dv, dk = v.shape[2], v.shape[3], q.shape[3]
+    if raw_keys and gates is None:
+        raise ValueError("raw_keys needs the raw projections (gates): the key norms are formed in the kernel")
+    grid = (B * HV, triton.cdiv(dv, block_v))
+    A_log, dt_bias = gates if gates is not None else (g, g)  # unused pointers when not gated
+    k_store = k_out if k_out is not None else k
+    args = (q, k, v, g, beta, state, o, z, g_cum, float(scale), A_log, dt_bias, k_store,
+            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *g.stride()[:2], *beta.stride()[:2],
+            *state.stride()[:3], *o.stride()[:3], *z.stride()[:3], *g_cum.stride()[:2], *k_store.stride()[:3],
+            *fold_args(state, pending))
+    shape = dict(T=T, HV=HV, GROUP=HV // HK, DK=dk, DV=dv, BK=key_block(dk), BV=block_v,
+                 GATED=gates is not None, WRITE_K=k_out is not None, EPS=L2_EPS, RAW_KEYS=raw_keys,
+                 FOLD=pending is not None)
+    return grid, args, shape
