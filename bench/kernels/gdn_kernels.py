@@ -1,7 +1,7 @@
 """GDN verification + commit on one GPU: HybridSpec's Triton kernels against SGLang's and fla's.
 
-    python bench/gdn_kernels.py --out DIR [--samples 30] [--replays 10] [--quick]
-    python bench/gdn_kernels.py --from-log LOG --bandwidth-from OLD.json --out DIR   # no GPU
+    python bench/kernels/gdn_kernels.py --out DIR [--samples 30] [--replays 10] [--quick]
+    python bench/kernels/gdn_kernels.py --from-log LOG --bandwidth-from OLD.json --out DIR   # no GPU
 
 Setting: the 30 GDN layers of Qwen3.6-35B-A3B (32 value heads, 16 key heads, dk = dv = 128),
 fp32 states, bf16 projections, batch 1; verification widths w in {2, 3, 4, 6, 8, 12, 16} and
@@ -13,12 +13,11 @@ contiguous, so no conversion is needed anywhere):
   hybridspec            what the runtime runs: 30 x `gdn_verify_gated(pending=...)`, each launch first
                         applying the previous round's commit (Eq. 7) to its rows of the state, then
                         verifying (compact factors into the other of two round-buffer slots: z / |k|
-                        fp32, g_cum fp32 and the raw bf16 k, `raw_keys`, since 2026-12-02); the
-                        commit is deferred to the next round's verification, not skipped: every
-                        round reads and writes every state once (since 2026-12-01's seventh session)
+                        fp32, g_cum fp32 and the raw bf16 k, `raw_keys`); the commit is deferred
+                        to the next round's verification, not skipped: every round reads and
+                        writes every state once
   hybridspec_commit     30 x `gdn_verify_gated` (compact factors with the normalised fp32 k into
-                        round buffers) + 1 `gdn_commit`
-                        launch of its own (the runtime and the `hybridspec` rows before that)
+                        round buffers) + 1 `gdn_commit` launch of its own
   sglang_default        30 x `fused_sigmoid_gating_delta_rule_update` writing the per-token state
                         buffer (`intermediate_states_buffer`, cache_steps = w), then SGLang's
                         `fused_mamba_state_scatter_with_mask` copying step m-1 into the pool
@@ -34,8 +33,7 @@ contiguous, so no conversion is needed anywhere):
 SGLang's kernels and ours form g and beta from the raw gate inputs (a, b, A_log, dt_bias) and
 L2-normalise q and k themselves inside the timed region (SGLang: use_qk_l2norm_in_kernel=True, as
 SGLang calls them; ours: `gdn_verify_gated`, as the runtime calls it). fla takes normalised q, k
-and precomputed fp32 g, beta (its gating is outside the timed region). Before 2026-12-01's third
-session ours also took precomputed gates (results up to then: gdn_verify, gating untimed).
+and precomputed fp32 g, beta (its gating is outside the timed region).
 
 Timing: per (impl, w, m) ONE CUDA graph holding ROTATIONS = 4 rounds, each on its own input set
 and its own state pool (so consecutive rounds touch different memory: the 30 layers' states are
@@ -55,12 +53,6 @@ plus every layer's inputs and outputs, per token 24,704 B (q, k: 16 x 128 x 2 B 
 32 x 128 x 2 B each; a, b: 32 x 2 B each), i.e. 741,120 B per token over 30 layers:
     w = 2: 127.3 MB -> 30.3 us,   w = 16: 137.7 MB -> 32.8 us   at 4.2 TB/s (DESIGN C).
 
-Prediction (written before any GPU run): ours ~ 100 us at w = 2 and ~ 105 us at w = 16 (tokens are
-padded to 16, so verification is nearly flat in w): each verify launch moves 2.1 MB with 128
-programs (~1 us) plus ~1-1.5 us of launch gap inside a graph, x 30; the commit reads and writes
-all states (~126 MB, ~30 us). So ours / floor ~ 3. sglang_default should grow with w (it writes
-w full states per layer: 1 GB per round at w = 16, > 250 us) and be closer to ours at w = 2.
-
 Preparation (`.baselines` is git-ignored; the GPU machine has no registry):
     bash ../shared/tools/gdn-baselines.sh        # on a machine with PyPI; copy .baselines over
     python3 -m pip install -q --no-index --no-deps --target .baselines/site .baselines/wheels/*.whl
@@ -74,6 +66,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import functools
 import importlib
 import importlib.util
 import json
@@ -93,7 +86,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BASELINES = ROOT / ".baselines" / "site"
 SGLANG_VERSION = "0.5.23"  # what shared/tools/gdn-baselines.sh extracts
 WIDTHS = (2, 3, 4, 6, 8, 12, 16)
@@ -197,15 +190,16 @@ def oracle(p: Problem, m: int) -> tuple[Tensor, Tensor]:
 class HybridSpecCommit:
     """30 x gdn_verify_gated (norms and gates from the raw a, b inside the kernel, as SGLang's
     kernel does) writing z, g_cum, normalised k into round buffers [L, B, T_max, ...], then one
-    gdn_commit: the round with its commit as a launch of its own (the runtime until 2026-12-01's
-    seventh session; `hybridspec_commit` rows)."""
+    gdn_commit: the round with its commit as a launch of its own (`hybridspec_commit` rows).
+    tuning: the kernels' launch table (`hybridspec.kernels.gdn.tuning.SHIPPED` when None)."""
 
     rounds_per_cycle = 1
 
-    def __init__(self, p: Problem, w: int, m: int):
+    def __init__(self, p: Problem, w: int, m: int, *, tuning=None):
         from hybridspec.kernels.gdn import triton as gdn
 
         self.gdn, self.p, self.w = gdn, p, w
+        self.tuning = tuning if tuning is not None else gdn.SHIPPED
         L, _, _, HV, dv = p.v.shape
         self.states = p.state.clone()  # [L, 1, HV, dv, dk]
         self.z = torch.empty(L, 1, T_MAX, HV, dv, device=p.v.device)  # [L, B, T_max, HV, dv]
@@ -218,16 +212,18 @@ class HybridSpecCommit:
         self.verify()
         self.commit()
 
-    def verify(self) -> None:  # the 30 layers' verify launches (bench/gdn_round_parts.py times them alone)
+    def verify(self) -> None:  # the 30 layers' verify launches (bench/kernels/gdn_round_parts.py times them alone)
         p, w = self.p, self.w
         self.o = [self.gdn.gdn_verify_gated(p.q[l], p.k[l], p.v[l], p.a[l, None], p.b[l, None], p.A_log[l],
                                             p.dt_bias[l], self.states[l], p.scale, z_out=self.z[l, :, :w],
-                                            g_out=self.g_cum[l, :, :w], k_out=self.k[l, :, :w])[0]
+                                            g_out=self.g_cum[l, :, :w], k_out=self.k[l, :, :w],
+                                            tuning=self.tuning)[0]
                   for l in range(len(self.states))]
 
     def commit(self) -> None:
         w = self.w
-        self.gdn.gdn_commit(self.states, self.z[:, :, :w], self.k[:, :, :w], self.g_cum[:, :, :w], self.accepted)
+        self.gdn.gdn_commit(self.states, self.z[:, :, :w], self.k[:, :, :w], self.g_cum[:, :, :w], self.accepted,
+                            tuning=self.tuning)
 
     def outputs(self) -> Tensor:  # [L, w, HV, dv]
         return torch.stack(self.o)[:, 0]
@@ -249,15 +245,16 @@ class HybridSpec:
     `committed()` commits what is still pending (the runtime's flush, one gdn_commit).
 
     The key factors are the raw bf16 keys with z / |k| (`raw_keys`, as the runtime keeps them);
-    `raw_keys = False` keeps the normalised fp32 keys (the seventh session's round buffers)."""
+    raw_keys=False keeps the normalised fp32 keys. tuning: the kernels' launch table
+    (`hybridspec.kernels.gdn.tuning.SHIPPED` when None)."""
 
     rounds_per_cycle = 2
-    raw_keys = True
 
-    def __init__(self, p: Problem, w: int, m: int):
+    def __init__(self, p: Problem, w: int, m: int, *, tuning=None, raw_keys: bool = True):
         from hybridspec.kernels.gdn import triton as gdn
 
-        self.gdn, self.p, self.w = gdn, p, w
+        self.gdn, self.p, self.w, self.raw_keys = gdn, p, w, raw_keys
+        self.tuning = tuning if tuning is not None else gdn.SHIPPED
         L, _, _, HV, dv = p.v.shape
         self.states = p.state.clone()  # [L, 1, HV, dv, dk]
         self.z = torch.empty(2, L, 1, T_MAX, HV, dv, device=p.v.device)  # [slot, L, B, T_max, HV, dv]
@@ -279,7 +276,7 @@ class HybridSpec:
         self.o = [self.gdn.gdn_verify_gated(p.q[l], p.k[l], p.v[l], p.a[l, None], p.b[l, None], p.A_log[l],
                                             p.dt_bias[l], self.states[l], p.scale, z_out=self.z[new, l, :, :w],
                                             g_out=self.g_cum[new, l, :, :w], k_out=self.k[new, l, :, :w],
-                                            pending=self._pending(l), raw_keys=self.raw_keys)[0]
+                                            pending=self._pending(l), raw_keys=self.raw_keys, tuning=self.tuning)[0]
                   for l in range(len(self.states))]
         self.slot, self.pending = 1 - new, True
 
@@ -290,7 +287,7 @@ class HybridSpec:
         if self.pending:
             old, w = 1 - self.slot, self.w
             self.gdn.gdn_commit(self.states, self.z[old, :, :, :w], self.k[old, :, :, :w],
-                                self.g_cum[old, :, :, :w], self.accepted)
+                                self.g_cum[old, :, :, :w], self.accepted, tuning=self.tuning)
             self.pending = False
         return self.states[:, 0]
 
@@ -547,11 +544,12 @@ def relative_error(got: Tensor, ref: Tensor) -> float:
     return ((got - ref).norm() / ref.norm()).item()
 
 
-def check_one(name: str, p: Problem, w: int, m: int, o_ref: Tensor, s_ref: Tensor) -> dict:
+def check_one(name: str | Callable, p: Problem, w: int, m: int, o_ref: Tensor, s_ref: Tensor) -> dict:
     """One round against the oracle; for ours (`HybridSpec`, whose commit is folded into the next
     round) a second round on the same inputs too, from the first's committed state: its outputs and
-    state against the oracle run from s_ref; the worse of the two rounds is reported."""
-    impl = IMPLS[name](p, w, m)
+    state against the oracle run from s_ref; the worse of the two rounds is reported. name: a key of
+    IMPLS or an implementation's constructor (e.g. `HybridSpec` with other launch parameters)."""
+    impl = (IMPLS[name] if isinstance(name, str) else name)(p, w, m)
     impl.round()
     o_err = relative_error(impl.outputs(), o_ref)
     if getattr(impl, "rounds_per_cycle", 1) == 1:
@@ -562,16 +560,17 @@ def check_one(name: str, p: Problem, w: int, m: int, o_ref: Tensor, s_ref: Tenso
                 state_err=relative_error(impl.committed(), s_ref2))
 
 
-def check_correctness(setting: Setting, configs, impls, device) -> list[dict]:
+def check_correctness(setting: Setting, configs, impls: dict[str, Callable], device) -> list[dict]:
+    """Every implementation (name -> constructor) against the oracle at every (w, m), fp32 and bf16."""
     rows = []
     for dtype in (torch.float32, torch.bfloat16):
         for w, m in configs:
             p = make_problem(setting, w, dtype, seed=w, device=device)
             o_ref, s_ref = oracle(p, m)
-            for name in impls:
+            for name, make in impls.items():
                 row = dict(impl=name, dtype=str(dtype).removeprefix("torch."), w=w, m=m)
                 try:
-                    row.update(check_one(name, p, w, m, o_ref, s_ref))
+                    row.update(check_one(make, p, w, m, o_ref, s_ref))
                     row["passed"] = max(row["o_err"], row["state_err"]) < TOLERANCE[dtype]
                 except Exception as error:  # a broken baseline is a row, not a crash
                     row["error"] = describe(error)
@@ -639,8 +638,10 @@ def median_us(graph: torch.cuda.CUDAGraph, rounds: int, samples: int, replays: i
     return statistics.median(per_round)
 
 
-def time_impl(name: str, problems: list[Problem], w: int, m: int, samples: int, replays: int) -> float:
-    impls = [IMPLS[name](p, w, m) for p in problems]
+def time_impl(name: str | Callable, problems: list[Problem], w: int, m: int, samples: int, replays: int) -> float:
+    """Median us per round of one CUDA graph of ROTATIONS rounds (name as in `check_one`)."""
+    make = IMPLS[name] if isinstance(name, str) else name
+    impls = [make(p, w, m) for p in problems]
     cycle = getattr(impls[0], "rounds_per_cycle", 1)  # rounds until an input set's buffers repeat
     graph = capture([impl.round for impl in impls] * cycle)
     result = median_us(graph, len(impls) * cycle, samples, replays)
@@ -669,15 +670,16 @@ def floor_us(setting: Setting, w: int, bandwidth: float) -> float:
     return (2 * setting.state_bytes + w * setting.token_bytes) / bandwidth * 1e6
 
 
-def run_timing(setting: Setting, configs, impls, samples: int, replays: int, bandwidth: float) -> list[dict]:
+def run_timing(setting: Setting, configs, impls: dict[str, Callable], samples: int, replays: int,
+               bandwidth: float) -> list[dict]:
     rows = []
     for w, m in configs:
         problems = [make_problem(setting, w, torch.bfloat16, seed=1000 + r, device="cuda")
                     for r in range(ROTATIONS)]
-        for name in impls:
+        for name, make in impls.items():
             row = dict(impl=name, w=w, m=m, median_us=None)
             try:
-                row["median_us"] = round(time_impl(name, problems, w, m, samples, replays), 2)
+                row["median_us"] = round(time_impl(make, problems, w, m, samples, replays), 2)
             except Exception as error:
                 row["error"] = describe(error)
             print(f"  {name:22s} w={w:2d} m={m:2d}  {row['median_us'] or row.get('error')}", flush=True)
@@ -821,7 +823,7 @@ def report_from_log(log: Path, reference: Path | None, out: Path) -> int:
                           f"report; report by --from-log", versions=versions_found,
                   copy_bandwidth_GBps=bandwidth / 1e9, copy_bandwidth_source=source,
                   memory_bytes=verification_memory(QWEN36), rows=rows, correctness=correctness,
-                  tuning="defaults of hybridspec/kernels/gdn/triton.py")
+                  tuning="hybridspec.kernels.gdn.tuning.SHIPPED")
     write_report(out, result)
     print(timing_table(rows))
     return 0
@@ -840,32 +842,30 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="smoke run: w in {2, 16}, m = w, few samples")
     parser.add_argument("--impls", default=",".join(IMPLS), help="comma-separated subset of " + ",".join(IMPLS))
     parser.add_argument("--widths", help="comma-separated subset of w (default: " + ",".join(map(str, WIDTHS)) + ")")
-    parser.add_argument("--tuning", type=Path, help="gdn_tuning.json of bench/gdn_tuning.py: launch ours with its choice")
+    parser.add_argument("--tuning", type=Path,
+                        help="gdn_tuning.json of bench/kernels/gdn_tuning.py: launch ours with its choice")
     parser.add_argument("--from-log", type=Path, help="write the report from the log of a run stopped before it "
                         "wrote one (no GPU): its printed rows, the unprinted ones as not measured")
     parser.add_argument("--bandwidth-from", type=Path, help="with --from-log: the gdn_kernels.json whose copy "
-                        "bandwidth, device and versions to take (the log has none of them before 2026-12-02)")
+                        "bandwidth, device and versions to take (older logs have none of them)")
     parser.add_argument("--no-sglang-pdl", action="store_true",
                         help="launch SGLang's kernels without programmatic dependent launch (SGLang uses it on SM90+)")
     return parser.parse_args(argv)
 
 
-def apply_tuning(chosen: dict) -> None:
-    """Launch ours with the per-length verify choice of bench/gdn_tuning.py and its one commit choice
-    (at every window length: the sweep times the commit alone, while the shipped COMMIT_TUNING keeps
-    the rank-1 loop for short windows, where whole rounds measured it faster)."""
+def tuning_from_sweep(chosen: dict):
+    """The shipped launch table with the per-length verify choice of bench/kernels/gdn_tuning.py
+    and its one commit choice at every window length (the sweep times the commit alone)."""
     from hybridspec.kernels.gdn import triton as gdn
-
-    import dataclasses
 
     def build(cls, row: dict):
         return cls(**{f.name: row[f.name] for f in dataclasses.fields(cls) if f.name in row})
 
-    for T, t in chosen["verify"].items():
-        gdn.VERIFY_TUNING[int(T)] = build(gdn.VerifyTuning, t)
-    if chosen.get("commit"):
-        gdn.COMMIT_TUNING.update({T: build(gdn.CommitTuning, chosen["commit"]) for T in gdn.COMMIT_TUNING})
-    print(f"tuning: verify {gdn.VERIFY_TUNING}, commit {gdn.COMMIT_TUNING}", flush=True)
+    verify = {int(T): build(gdn.VerifyTuning, t) for T, t in chosen["verify"].items()}
+    commit = {T: build(gdn.CommitTuning, chosen["commit"]) for T in gdn.SHIPPED.commit} if chosen.get("commit") else {}
+    tuning = gdn.SHIPPED.replace(verify=verify, commit=commit)
+    print(f"tuning: verify {dict(tuning.verify)}, commit {dict(tuning.commit)}", flush=True)
+    return tuning
 
 
 def configurations(quick: bool, widths: str | None = None) -> list[tuple[int, int]]:
@@ -879,7 +879,8 @@ def configurations(quick: bool, widths: str | None = None) -> list[tuple[int, in
 
 def require_gpu() -> None:
     if not torch.cuda.is_available():
-        sys.exit("bench/gdn_kernels.py measures GPU kernels and needs CUDA; no CUDA device here, nothing was run.")
+        sys.exit("bench/kernels/gdn_kernels.py measures GPU kernels and needs CUDA; no CUDA device here, "
+                 "nothing was run.")
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         sys.exit("TRITON_INTERPRET is set: the kernels would be interpreted, not timed. Unset it.")
 
@@ -890,21 +891,23 @@ def main(argv=None) -> int:
     if args.from_log:
         return report_from_log(args.from_log, args.bandwidth_from, args.out)
     require_gpu()
-    sys.path.insert(0, str(ROOT))
     impls = [name for name in args.impls.split(",") if name]
     unknown = [name for name in impls if name not in IMPLS]
     if unknown or "hybridspec" not in impls:
         sys.exit(f"--impls must include hybridspec and name only {list(IMPLS)}; got {impls}")
     prepare_baselines(torch.cuda.get_device_capability(), pdl=not args.no_sglang_pdl)
+    makers = {name: IMPLS[name] for name in impls}
     if args.tuning:
-        apply_tuning(json.loads(args.tuning.read_text())["chosen"])
+        tuning = tuning_from_sweep(json.loads(args.tuning.read_text())["chosen"])
+        makers.update({name: functools.partial(IMPLS[name], tuning=tuning) for name in impls
+                       if name.startswith("hybridspec")})
     samples, replays = (5, 3) if args.quick else (args.samples, args.replays)
     configs = configurations(args.quick, args.widths)
 
     command = " ".join([Path(sys.executable).name, *sys.argv])
     print(f"command {command}\ndevice {torch.cuda.get_device_name()}; versions {json.dumps(versions())}", flush=True)
     print("Phase 1: correctness against float64 Eq. 1 (all 30 layers)", flush=True)
-    correctness = check_correctness(QWEN36, configs, impls, "cuda")
+    correctness = check_correctness(QWEN36, configs, makers, "cuda")
     print(correctness_table(correctness), flush=True)
     ours = [r for r in correctness if r["impl"] == "hybridspec"]
     if not all(r.get("passed") for r in ours):
@@ -914,13 +917,14 @@ def main(argv=None) -> int:
     print(f"\nPhase 2: timing ({samples} samples x {replays} replays x {ROTATIONS} rounds)", flush=True)
     bandwidth = copy_bandwidth(samples=20)
     print(f"  copy bandwidth (read + write) {bandwidth / 1e9:.1f} GB/s", flush=True)
-    rows = run_timing(QWEN36, configs, impls, samples, replays, bandwidth)
+    rows = run_timing(QWEN36, configs, makers, samples, replays, bandwidth)
     result = dict(
         device=torch.cuda.get_device_name(), date=datetime.datetime.now().isoformat(timespec="seconds"),
         command=command, versions=versions(),
         copy_bandwidth_GBps=bandwidth / 1e9, memory_bytes=verification_memory(QWEN36), rows=rows,
         correctness=correctness,
-        tuning=json.loads(args.tuning.read_text())["chosen"] if args.tuning else "defaults of hybridspec/kernels/gdn/triton.py",
+        tuning=(json.loads(args.tuning.read_text())["chosen"] if args.tuning
+                else "hybridspec.kernels.gdn.tuning.SHIPPED"),
     )
     write_report(args.out, result)
     print("\n" + timing_table(rows))

@@ -1,21 +1,22 @@
 """Launch-parameter sweep of HybridSpec's GDN verify and commit kernels on one GPU.
 
-    python bench/gdn_tuning.py --out DIR [--samples 15] [--replays 10] [--jobs 12]
-                               [--lengths 8,16] [--kinds split+pdl+fence,...] [--no-commit]
+    python bench/kernels/gdn_tuning.py --out DIR [--samples 15] [--replays 10] [--jobs 12]
+                                       [--lengths 8,16] [--kinds split+pdl,...] [--no-commit]
 
-Setting as bench/gdn_kernels.py (30 GDN layers of Qwen3.6-35B-A3B, bf16 inputs, fp32 states).
+Setting as bench/kernels/gdn_kernels.py (30 GDN layers of Qwen3.6-35B-A3B, bf16 inputs, fp32 states).
 Verify-only and commit-only are timed separately, each as one CUDA graph of ROTATIONS rounds on
 their own inputs and state pools (median of --samples samples of --replays replays):
-  verify   30 x `_launch_verify` at T in SWEEP_LENGTHS, for every VerifyTuning of `verify_variants`,
-           gated as the runtime calls it (raw q, k, a, b; norms and gates inside the kernel)
-  commit   1 x `_launch_commit` of all 30 layers at T = 16 with m in {1, 8, 16}, per CommitTuning
+  verify   30 x `gdn_verify_gated` at T in SWEEP_LENGTHS, for every VerifyTuning of `verify_variants`
+           (the launch table with that entry at T), gated as the runtime calls it (raw q, k, a, b;
+           norms and gates inside the kernel)
+  commit   1 x `gdn_commit` of all 30 layers at T = 16 with m in {1, 8, 16}, per CommitTuning
   launch   30 x an empty Triton kernel (the graph's per-launch floor)
 Every variant is first checked against float64 Eq. 1 with fp32 inputs (relative Frobenius error
 below 1e-5, outputs and committed states); a variant that fails is reported and never chosen.
 Kernels are compiled ahead of timing by --jobs worker processes (Triton's cache is shared).
 
 Writes DIR/gdn_tuning.json (every row + the chosen tuning per length) and DIR/gdn_tuning.md;
-`bench/gdn_kernels.py --tuning DIR/gdn_tuning.json` runs the side-by-side benchmark with it.
+`bench/kernels/gdn_kernels.py --tuning DIR/gdn_tuning.json` runs the side-by-side benchmark with it.
 """
 
 from __future__ import annotations
@@ -29,17 +30,12 @@ import multiprocessing
 import sys
 from pathlib import Path
 
+import gdn_kernels as gk  # this script's folder, bench/kernels, is on sys.path
 import torch
+import triton
+import triton.language as tl
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-import gdn_kernels as gk  # noqa: E402
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-
-from hybridspec.kernels.gdn import triton as gdn  # noqa: E402
+from hybridspec.kernels.gdn import triton as gdn
 
 SWEEP_LENGTHS = (2, 3, 4, 6, 8, 12, 16)
 COMMIT_M = (1, 8, 16)
@@ -47,35 +43,23 @@ L = gk.QWEN36.layers
 
 
 def verify_variants() -> list[gdn.VerifyTuning]:
-    """The contenders of the sixth session's sweeps (bench/results/gdn_tuning_split.md; what lost and
-    by how much: gdn_kernels_notes.md). Every kind with programmatic dependent launch, which helped
-    every kind in the fourth sweep. Left out as losers: the recurrent kernel without prefetch, the
-    split kernel with 8 warps, the blocked kernel's other launch parameters (each can be passed to
-    `gdn.VerifyTuning` by hand); the variants that lost this session (an L2 prefetch, bf16x6 and
-    tf32split solves, the blocked kernel's bf16 key products, the recurrent kernel's fence) were
-    taken out of the kernels after it, and the notes keep their numbers."""
+    """Program shapes of the two verify kernels, every one with programmatic dependent launch:
+    the recurrent kernel with one warp and 2, 4 or 8 value rows; the split kernel with 16 rows and
+    2 warps, 32 or 64 rows and 4 warps, each also with k's copy after the outputs (`late_keys`,
+    which matters with raw keys only, as the fold sweep runs it)."""
     V = gdn.VerifyTuning
-    # blocked (the fourth sweep's best, shipped at T = 16 before the split kernel)
-    out = [V(16, 16, 2, "tf32x3", False, 4, pdl=True)]
-    # recurrent with every token's inputs loaded first, one warp; BV = 2 for shorter reductions
-    out += [V(bv, 16, 1, "ieee", False, 1, "recurrent", True, pdl=True) for bv in (2, 4, 8)]
-    # split: the blocked form ordered for latency, bf16 tensor-core products of the split state,
-    # all loads in flight at once; without the fence once, as the reference for it
-    out += [V(bv, 16, w, method="split", split=sp, fence=True, pdl=True, num_stages=1)
-            for bv, w in ((16, 2), (32, 4), (64, 4)) for sp in (2, 3)]
-    out += [V(32, 16, 4, method="split", split=2, pdl=True, num_stages=1)]
+    out = [V(method="recurrent", block_v=bv, num_warps=1) for bv in (2, 4, 8)]
+    out += [V(method="split", block_v=bv, num_warps=w, late_keys=late) for bv, w in ((16, 2), (32, 4), (64, 4))
+            for late in (False, True)]
     return out
 
 
 def commit_variants() -> list[gdn.CommitTuning]:
+    """The rank-1 loop (one load latency per committed token) and the one tensor-core product of
+    all tokens' factors, every load issued at once."""
     C = gdn.CommitTuning
-    loop = [C(bv, w, False) for bv in (16, 32) for w in (1, 2)] + [C(8, 2, True)]
-    # one product of all tokens' factors, every load issued at once (the loop above waits about one
-    # load latency per committed token: 35 us at m = 1, 67 us at m = 16 in the second sweep)
-    # (tf32x3 tensor cores; the ieee FMA product, and block_v 64, spill offline on sm_90a)
-    # No PDL variant: in the third sweep the commit with PDL was fastest alone but cost the whole round
-    # 77 us at w = 16 behind the PDL verify launches (bench/gdn_round_parts.py, gdn_kernels_notes.md)
-    return loop + [C(bv, w, method="dot") for bv, w in ((16, 2), (16, 4), (32, 4))]
+    loop = [C(method="loop", block_v=bv, num_warps=w) for bv in (16, 32) for w in (1, 2)]
+    return loop + [C(method="dot", block_v=bv, num_warps=w) for bv, w in ((16, 2), (16, 4), (32, 4))]
 
 
 @triton.jit
@@ -93,7 +77,7 @@ class Buffers:
 
     p: gk.Problem
     states: torch.Tensor  # [L, 1, HV, dv, dk]
-    o: torch.Tensor  # [L, 1, T, HV, dv]
+    o: list[torch.Tensor]  # per layer [1, T, HV, dv], the last verify's outputs
     z: torch.Tensor  # [L, 1, 16, HV, dv]
     g_cum: torch.Tensor  # [L, 1, 16, HV]
     k: torch.Tensor  # [L, 1, 16, HK, dk] normalised k written by the gated verify
@@ -102,22 +86,23 @@ class Buffers:
 def buffers(T: int, dtype: torch.dtype, seed: int) -> Buffers:
     p = gk.make_problem(gk.QWEN36, T, dtype, seed, "cuda")
     _, _, _, HV, dv = p.v.shape
-    return Buffers(p, p.state.clone(), torch.empty(L, 1, T, HV, dv, dtype=dtype, device="cuda"),
+    return Buffers(p, p.state.clone(), [],
                    torch.zeros(L, 1, 16, HV, dv, device="cuda"), torch.zeros(L, 1, 16, HV, device="cuda"),
                    torch.zeros(L, 1, 16, *p.k.shape[3:], device="cuda"))
 
 
 def verify_all(b: Buffers, T: int, tuning: gdn.VerifyTuning) -> None:
     """The runtime's call: raw a, b and q, k in, norms and gates in the kernel (gdn_verify_gated)."""
-    p = b.p
-    for layer in range(L):
-        gdn._launch_verify(p.q[layer], p.k[layer], p.v[layer], p.a[layer, None], p.b[layer, None], b.states[layer],
-                           p.scale, b.o[layer], b.z[layer, :, :T], b.g_cum[layer, :, :T], tuning,
-                           gates=(p.A_log[layer], p.dt_bias[layer]), k_out=b.k[layer, :, :T])
+    p, table = b.p, gdn.SHIPPED.replace(verify={T: tuning})
+    b.o = [gdn.gdn_verify_gated(p.q[layer], p.k[layer], p.v[layer], p.a[layer, None], p.b[layer, None],
+                                p.A_log[layer], p.dt_bias[layer], b.states[layer], p.scale, z_out=b.z[layer, :, :T],
+                                g_out=b.g_cum[layer, :, :T], k_out=b.k[layer, :, :T], tuning=table)[0]
+           for layer in range(L)]
 
 
 def commit_all(b: Buffers, T: int, accepted: torch.Tensor, tuning: gdn.CommitTuning) -> None:
-    gdn._launch_commit(b.states, b.z[:, :, :T], b.k[:, :, :T], b.g_cum[:, :, :T], accepted, tuning)
+    gdn.gdn_commit(b.states, b.z[:, :, :T], b.k[:, :, :T], b.g_cum[:, :, :T], accepted,
+                   tuning=gdn.SHIPPED.replace(commit={T: tuning}))
 
 
 def check(T: int, verify: gdn.VerifyTuning, commit: gdn.CommitTuning, m: int,
@@ -129,7 +114,7 @@ def check(T: int, verify: gdn.VerifyTuning, commit: gdn.CommitTuning, m: int,
     verify_all(b, T, verify)
     commit_all(b, T, torch.full((1,), m, dtype=torch.long, device="cuda"), commit)
     torch.cuda.synchronize()
-    return gk.relative_error(b.o[:, 0], o_ref), gk.relative_error(b.states[:, 0], s_ref)
+    return gk.relative_error(torch.stack(b.o)[:, 0], o_ref), gk.relative_error(b.states[:, 0], s_ref)
 
 
 def time_graph(rounds, samples: int, replays: int) -> float:
@@ -182,7 +167,7 @@ def main(argv=None) -> int:
     parser.add_argument("--lengths", type=lambda s: tuple(int(t) for t in s.split(",")), default=SWEEP_LENGTHS,
                         help="verify lengths T, comma-separated (default: all of SWEEP_LENGTHS)")
     parser.add_argument("--kinds", type=lambda s: set(s.split(",")), default=None,
-                        help="only these verify kinds (variant_kind: e.g. split+pdl,blocked+pdl)")
+                        help="only these verify kinds (variant_kind: e.g. split+pdl,recurrent+pdl)")
     parser.add_argument("--no-commit", action="store_true", help="leave the commit variants out")
     args = parser.parse_args(argv)
     gk.require_gpu()
@@ -206,8 +191,8 @@ def main(argv=None) -> int:
         for v in verify:
             row = dict(kind="verify", T=T, tuning=dataclasses.asdict(v), median_us=None)
             try:
-                row["error_o"], row["error_s"] = check(T, v, gdn.CommitTuning(), m=T)
-                row["error_o_bf16"], row["error_s_bf16"] = check(T, v, gdn.CommitTuning(), m=T, dtype=torch.bfloat16)
+                row["error_o"], row["error_s"] = check(T, v, gdn.SHIPPED.commit[T], m=T)
+                row["error_o_bf16"], row["error_s_bf16"] = check(T, v, gdn.SHIPPED.commit[T], m=T, dtype=torch.bfloat16)
                 row["passed"] = (max(row["error_o"], row["error_s"]) < gk.TOLERANCE[torch.float32]
                                  and max(row["error_o_bf16"], row["error_s_bf16"]) < gk.TOLERANCE[torch.bfloat16])
                 row["median_us"] = round(time_graph([lambda b=b: verify_all(b, T, v) for b in rot],
@@ -222,13 +207,13 @@ def main(argv=None) -> int:
     for T, ms in ((16, COMMIT_M), (2, (1, 2))):
         rot = [buffers(T, torch.bfloat16, seed=200 + r) for r in range(gk.ROTATIONS)]
         for r in rot:
-            verify_all(r, T, gdn.VerifyTuning())
+            verify_all(r, T, gdn.SHIPPED.verify[T])
         for c in commit:
             for m in ms:
                 accepted = torch.full((1,), m, dtype=torch.long, device="cuda")
                 row = dict(kind="commit", T=T, m=m, tuning=dataclasses.asdict(c), median_us=None)
                 try:
-                    row["error_o"], row["error_s"] = check(T, gdn.VerifyTuning(), c, m=m)
+                    row["error_o"], row["error_s"] = check(T, gdn.SHIPPED.verify[T], c, m=m)
                     row["passed"] = row["error_s"] < gk.TOLERANCE[torch.float32]
                     row["median_us"] = round(time_graph([lambda b=b: commit_all(b, T, accepted, c) for b in rot],
                                                         args.samples, args.replays), 2)
@@ -270,9 +255,9 @@ def choose(rows: list[dict]) -> dict:
 
 
 def variant_kind(tuning: dict) -> str:
-    """blocked, recurrent, recurrent+prefetch, split, each +pdl, +fence: the columns of the summary."""
-    kind = tuning.get("method", "blocked") + ("+prefetch" if tuning.get("prefetch") else "")
-    return kind + ("+pdl" if tuning.get("pdl") else "") + ("+fence" if tuning.get("fence") else "")
+    """recurrent or split, +pdl, +late_keys: the columns of the summary."""
+    kind = tuning["method"] + ("+pdl" if tuning.get("pdl") else "")
+    return kind + ("+late_keys" if tuning.get("late_keys") else "")
 
 
 def summary(result: dict) -> str:
@@ -280,14 +265,11 @@ def summary(result: dict) -> str:
              f"date: {result.get('date')}  \ncommand: `{result['command']}`  \nversions: {json.dumps(result['versions'])}",
              "", f"30 empty launches in a graph: "
              f"{result['launch_floor_us']:.1f} us", "",
-             "| T | method | block_v | block_k | warps | key_dot | stages | prefetch | pdl | solve_dot | split "
-             "| verify 30 layers (us) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| T | method | block_v | warps | pdl | late_keys | verify 30 layers (us) |",
+             "|---|---|---|---|---|---|---|"]
     for T, t in result["chosen"]["verify"].items():
-        lines.append(f"| {T} | {t.get('method', 'blocked')} | {t['block_v']} | {t['block_k']} | {t['num_warps']} | "
-                     f"{t['key_dot']} | {t['num_stages']} | {t.get('prefetch', False)} | {t.get('pdl', False)} | "
-                     f"{t.get('solve_dot', 'ieee')} | {t.get('split', '-') if t.get('method') == 'split' else '-'} | "
-                     f"{t['median_us']} |")
+        lines.append(f"| {T} | {t['method']} | {t['block_v']} | {t['num_warps']} | {t.get('pdl', False)} | "
+                     f"{t.get('late_keys', False)} | {t['median_us']} |")
     verify_rows = [r for r in result["rows"] if r["kind"] == "verify"]
     kinds = list(dict.fromkeys(variant_kind(r["tuning"]) for r in verify_rows))
     lines += ["", "Fastest passing variant of each kind (verify, 30 layers, us):", "",
@@ -302,7 +284,7 @@ def summary(result: dict) -> str:
     c = result["chosen"]["commit"]
     if c:
         lines += ["", f"commit (all 30 layers, T = 16): {c.get('method', 'loop')}, block_v {c['block_v']}, "
-                  f"warps {c['num_warps']}, unroll {c['unroll']}, key_dot {c.get('key_dot', '-')}, pdl {c.get('pdl', False)}: "
+                  f"warps {c['num_warps']}: "
                   + ", ".join(f"m={m}: {us} us" for m, us in c["median_us_by_m"].items())]
     failed = [r for r in result["rows"] if r["kind"] != "launch" and not r.get("passed")]
     lines += ["", f"variants failing or erroring: {len(failed)}"]

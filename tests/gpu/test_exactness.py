@@ -1,0 +1,75 @@
+"""The runtime on the GPU in fp32 (TF32 off), the embedded pair's test prompts, shipped kernels:
+
+1. Triton vs PyTorch GDN path: the logits of the same verification pass after a prefill agree
+   (relative Frobenius error below 1e-4).
+2. Greedy exactness: every speculative policy with the Triton backend emits exactly the tokens of
+   `ar` with the PyTorch backend.
+"""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import hybridspec
+from hybridspec.artifacts.params import AcceptanceModel, PolicyParameters
+from hybridspec.runtime.policies import make_policy
+from hybridspec.runtime.session import open_session
+from hybridspec.workbench.prompts import load_prompts
+
+pytestmark = pytest.mark.gpu
+
+DRAFT_LEN = 15
+PROMPTS, TOKENS = 6, 32
+POLICIES = ("full", "static:4", "static:9", "nominal", "hybridspec")
+PROMPT_FILE = Path(hybridspec.__file__).parent / "assets" / "embedded" / "prompts.jsonl"
+
+
+def hand_parameters(D: int = DRAFT_LEN) -> PolicyParameters:
+    """Fixed policy parameters (no fit needed): every length allowed, a plausible cost model."""
+    W = D + 1
+    return PolicyParameters(
+        draft_len=D, lengths=tuple(range(2, W + 1)), fixed_cost=2e-3, rho=300.0, s=1e-4, eta=1e-4,
+        cost=tuple(0.0 if w < 2 else 1e-3 + 4e-4 * w + 2e-5 * w * w for w in range(W + 1)),
+        nbar_all=(3.0,) * (W + 1), nbar_cond=((1.0, 3.0, 5.0, 7.0),) * (W + 1),
+        acceptance=AcceptanceModel(iso_x=((0.0, 0.5, 1.0),) * D, iso_y=((0.02, 0.4, 0.98),) * D,
+                                   coef=(-2.0, 6.0, -0.05, 0.0, -0.8, -0.3)))
+
+
+@pytest.fixture(scope="module")
+def sessions():
+    """(Triton session, PyTorch session) on CUDA, fp32 with TF32 off."""
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    return open_session(device="cuda", backend="triton"), open_session(device="cuda", backend="torch")
+
+
+@pytest.fixture(scope="module")
+def prompts(sessions) -> list[list[int]]:
+    tri, _ = sessions
+    test = load_prompts(PROMPT_FILE, split="test")
+    return [tri.codec.encode(p.text) for p in test[:: max(1, len(test) // PROMPTS)][:PROMPTS]]
+
+
+def test_triton_verification_logits_match_torch(sessions, prompts):
+    worst = 0.0
+    for ids in prompts[:4]:
+        logits = []
+        for session in sessions:
+            cache = session.target.new_cache(max_len=1024, tokens_per_pass=64)
+            session.target.prefill(torch.tensor([ids[:-16]], device="cuda"), cache)
+            logits.append(session.target.forward_pass(torch.tensor([ids[-16:]], device="cuda"), cache).logits)
+        worst = max(worst, float((logits[0] - logits[1]).norm() / logits[1].norm()))
+    assert worst < 1e-4, f"triton vs torch verification logits: relative error {worst:.2e}"
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_policy_tokens_equal_ar(sessions, prompts, policy):
+    tri, ref = sessions
+    speculative = make_policy(policy, DRAFT_LEN, hand_parameters(), device="cuda")
+    for i, ids in enumerate(prompts):
+        want = ref.engine.generate(ids, policy=make_policy("ar", DRAFT_LEN), max_new_tokens=TOKENS,
+                                   eos_ids=tri.eos_ids).token_ids
+        got = tri.engine.generate(ids, policy=speculative, max_new_tokens=TOKENS, eos_ids=tri.eos_ids).token_ids
+        first = next((j for j, (a, b) in enumerate(zip(got + [-1], want + [-2])) if a != b), None)
+        assert got == want, f"{policy}: prompt {i} differs from ar at token {first}"
