@@ -88,7 +88,7 @@ def demo(
 
     import torch
 
-    from .workflow import DemoConfig, run_demo_workflow
+    from .demo import DemoConfig, run_demo_workflow
 
     # one thread unless told otherwise: on small CPUs a thread team that waits for a descheduled
     # member stalls rounds of the fixed pass, and calibration and eval must share the thread count
@@ -119,9 +119,8 @@ def serve(
     force: Annotated[bool, typer.Option("--force", help="Use an artifact fitted for another model/drafter.")] = False,
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API (completions, chat, models, health, metrics)."""
-    import uvicorn
-
-    from .runtime.server import create_app, open_service
+    from .serve.app import serve as run_server
+    from .serve.service import open_service
 
     try:
         service = open_service(artifact=artifact, model=model, drafter=drafter, policy=policy, device=device,
@@ -130,7 +129,7 @@ def serve(
     except ValueError as exc:  # ConfigError, PolicyError, ArtifactError
         _fail(str(exc))
     console.print(f"serving [bold]{service.model_name}[/] (policy {policy}) on http://{host}:{port}/v1")
-    uvicorn.run(create_app(service, api_key=api_key), host=host, port=port, log_level="warning")
+    run_server(service, host=host, port=port, api_key=api_key)
 
 
 @app.command("train-embedded")
@@ -215,7 +214,8 @@ def fit(
     """Fit the acceptance model, C_tgt, s, η, the routing tables and ρ; write the frozen artifact."""
     from .fitters.campaign import FitError
     from .workbench.store import StoreError
-    from .workflow import fit_artifact, print_fit
+    from .fitters.export import fit_artifact
+    from .fitters.fit_output import print_fit
 
     if not db.is_file():
         _fail(f"--db {db}: no such store")

@@ -92,14 +92,14 @@ def test_demo_sets_one_thread_count_for_every_step_and_the_server(monkeypatch, t
 
     import torch
 
-    import hybridspec.workflow as workflow
+    import hybridspec.demo as demo
 
     monkeypatch.setenv("OMP_NUM_THREADS", env or "")  # records the variable's state for the undo
     if env is None:
         monkeypatch.delenv("OMP_NUM_THREADS")
     seen = {}
     monkeypatch.setattr(torch, "set_num_threads", lambda n: seen.setdefault("torch", n))
-    monkeypatch.setattr(workflow, "run_demo_workflow",
+    monkeypatch.setattr(demo, "run_demo_workflow",
                         lambda config, console: seen.update(env=os.environ["OMP_NUM_THREADS"], out=config.out))
     result = runner.invoke(app, ["demo", "--out", str(tmp_path / "d"), *flag])
     assert result.exit_code == 0, result.output

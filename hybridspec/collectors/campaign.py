@@ -7,7 +7,6 @@ model load → per pass: run identity (a resumed run must match model, drafter, 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -17,10 +16,10 @@ from typing import Protocol
 import torch
 
 from ..runtime.presets import PRESETS, preset_config
-from ..runtime.session import EMBEDDED, default_model, model_identity, open_session
+from ..runtime.session import EMBEDDED, model_identity, open_session, resolve_backend, resolve_pair
 from ..runtime.tokenizer import load_codec
 from ..workbench.prompts import Prompt, load_prompts
-from ..workbench.runinfo import software_versions
+from ..workbench.runinfo import file_digest, software_versions
 from ..workbench.store import RunSpec, Store, check_writable
 from .capture import CapturePass
 from .common import CaptureConfig, CaptureConfigError, CollectorPass, PassContext, PromptIds
@@ -73,10 +72,7 @@ class ModelIdentity:
 
 def resolve_models(config: CaptureConfig) -> ModelIdentity:
     """Content identities of the target and drafter, without loading either (DESIGN B.7)."""
-    model, drafter = config.model, config.drafter
-    if model is None:
-        model, embedded = default_model()
-        drafter = drafter or embedded
+    model, drafter = resolve_pair(config.model, config.drafter)
     if not Path(model).is_dir() and model not in PRESETS:
         raise CaptureConfigError(f"--model {model!r} is neither a model directory nor a preset "
                                  f"({', '.join(sorted(PRESETS))})")
@@ -112,10 +108,6 @@ def read_vocab_size(model: str) -> int:
     return int(config.get("text_config", config)["vocab_size"])
 
 
-def _file_digest(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
 def run_campaign(config: CaptureConfig, reporter: Reporter | None = None) -> list[PassSummary]:
     """Run `config.passes` into `config.db`; one summary per pass."""
     reporter = reporter or NullReporter()
@@ -131,15 +123,14 @@ def run_campaign(config: CaptureConfig, reporter: Reporter | None = None) -> lis
         if config.quick:
             prompts = subset_per_category(prompts, QUICK_PROMPTS_PER_CATEGORY)
         models = resolve_models(config)
-        backend = config.backend if config.backend != "auto" else ("triton" if config.device.startswith("cuda")
-                                                                   else "torch")
+        backend = resolve_backend(config.backend, config.device)
         codec = load_codec(Path(models.model)) if Path(models.model).is_dir() else None
         vocab = read_vocab_size(models.model)
         ids = prompt_ids(prompts, codec, vocab, prompt_file)
         session = open_session(models.model, models.drafter, device=config.device, dtype=config.dtype,
                                backend=backend, seed=config.seed,
                                max_context=max(len(p.ids) for p in ids) + config.new_tokens + 2 * MAX_BLOCK)
-        ctx = PassContext(config, session, ids, _file_digest(prompt_file))
+        ctx = PassContext(config, session, ids, file_digest(prompt_file))
         versions = software_versions()
         summaries = []
         with torch.no_grad():

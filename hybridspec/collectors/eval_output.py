@@ -8,10 +8,9 @@ import polars as pl
 from rich.console import Console
 from rich.table import Table
 
+from ..evaluation.offline import AVERAGE
+from ..evaluation.tables import COLUMNS
 from .evaluate import EvalResult
-from .offline import AVERAGE
-
-COLUMNS = (("tps", "TPS", "{:.1f}"), ("sr", "SR", "{:.2f}×"), ("al", "AL", "{:.2f}"), ("mean_w", "w", "{:.2f}"))
 PADDING = 3  # a rich column's padding and border
 
 

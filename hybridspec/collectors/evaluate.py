@@ -1,7 +1,7 @@
 """`hybridspec eval` (DESIGN A.10): the prompts of a split decoded by each length policy through the
 real runtime, every request and round recorded in the store (pass `eval`); the paper's Table 1
 (pooled TPS, SR, AL, mean w per category) computed from those rows, beside the offline estimates
-(`offline.py`) of the same campaign's capture run when the store has one.
+(`evaluation/offline.py`) of the same campaign's capture run when the store has one.
 
 One unit per (policy, prompt): prompts in file order and, within a prompt, `ar` first, so a prompt's
 `ar` output is committed before any other policy's and every greedy output is compared with it
@@ -10,9 +10,9 @@ SR and the exactness check are relative to it. Interleaving the policies per pro
 drift of the machine over every policy alike; each policy gets one unrecorded warm-up generation
 per process (first-call costs).
 
-Order of checks, all before a model is loaded: options → artifact (validated) → model identities →
-policies (names, lengths, artifact needed) and the artifact's identity → store path → schema → run
-name free (or --resume / --overwrite) → prompt file.
+Order of checks, all before a model is loaded: options → model identities → artifact (needed,
+validated, fitted for this pair: `resolve_policy`) → policy names and lengths → store path → schema
+→ run name free (or --resume / --overwrite) → prompt file.
 """
 
 from __future__ import annotations
@@ -24,26 +24,27 @@ from pathlib import Path
 import polars as pl
 import torch
 
-from ..artifacts.artifact import ArtifactError, check_identity, load_artifact
+from ..artifacts.artifact import ArtifactError
 from ..artifacts.params import PolicyParameters
+from ..evaluation.offline import OfflineError, compare_with_measured, estimate_from_store, in_policy_order
+from ..evaluation.tables import EVAL_PASS, measured_from_store
 from ..runtime.config import drafter_config_from_dict, read_config_json
-from ..runtime.policies import NEEDS_PARAMETERS, PolicyError, make_policy
+from ..runtime.loading import RANDOM_BLOCK_SIZE
+from ..runtime.policies import NEEDS_PARAMETERS, PolicyError, make_policy, resolve_policy
 from ..runtime.sampling import SamplingParams
-from ..runtime.session import EMBEDDED, open_session
+from ..runtime.session import EMBEDDED, open_session, resolve_backend
 from ..runtime.tokenizer import load_codec
 from ..workbench.prompts import load_prompts
-from ..workbench.runinfo import software_versions
-from ..workbench.store import RunSpec, Store, StoreError, check_writable, run_id_for
-from .campaign import (MAX_BLOCK, NullReporter, PassSummary, Reporter, _file_digest, prompt_ids, read_vocab_size,
-                       resolve_models, run_pass)
+from ..workbench.runinfo import file_digest, software_versions
+from ..workbench.store import RunSpec, Store, check_writable, run_id_for
+from .campaign import (MAX_BLOCK, NullReporter, PassSummary, Reporter, prompt_ids, read_vocab_size, resolve_models,
+                       run_pass)
 from .common import CaptureConfigError, PassContext, PromptIds, Unit, check_run_options, microseconds
 from .fixed import subset_per_category
-from .offline import OfflineError, compare_with_measured, estimate_from_store, in_policy_order, pooled_table
 
-PASS = "eval"
+PASS = EVAL_PASS
 DEFAULT_STATIC = 7  # the paper's static-length ablation (A.10); the artifact holds no static-length sweep
 DEFAULT_NEW_TOKENS, QUICK_NEW_TOKENS, QUICK_PROMPTS_PER_CATEGORY = 128, 32, 2
-RANDOM_DRAFT_LEN = 15  # runtime.loading.random_drafter's block of 16
 ESTIMATES_UNIT = "offline-estimates"
 WARMUP_TOKENS = 8
 
@@ -102,10 +103,6 @@ def resolve_policies(requested: tuple[str, ...] | None, draft_len: int, params: 
     """The policies to run, `ar` first; every name checked by the runtime's own `make_policy`."""
     if requested is None:
         requested = ("full", f"static:{min(DEFAULT_STATIC, draft_len + 1)}", *(NEEDS_PARAMETERS if params else ()))
-    calibrated = [p for p in requested if p in NEEDS_PARAMETERS]
-    if calibrated and params is None:
-        raise EvalConfigError(f"--policies {', '.join(calibrated)} need --artifact (policy parameters from "
-                              "`hybridspec fit`); without one: ar, full, static:N")
     for name in requested:
         try:
             make_policy(name, draft_len, params)
@@ -117,7 +114,7 @@ def resolve_policies(requested: tuple[str, ...] | None, draft_len: int, params: 
 def draft_length(drafter: str | None) -> int:
     """D of a drafter directory from its config.json (no weights read), or of a random drafter."""
     if drafter in (None, "random"):
-        return RANDOM_DRAFT_LEN
+        return RANDOM_BLOCK_SIZE - 1
     return drafter_config_from_dict(read_config_json(Path(drafter)), str(drafter)).draft_len
 
 
@@ -193,41 +190,18 @@ class EvalResult:
     notes: list[str] = field(default_factory=list)
 
 
-def measured_from_store(store: Store, run_id: str, policies: list[str]) -> pl.DataFrame:
-    """Table 1 of an eval run (offline.ESTIMATE_COLUMNS): pooled over each category's requests, SR
-    against `ar` on the same prompts; `est_seconds` holds the measured decode seconds."""
-    sums = store.frame(
-        "SELECT e.policy, e.category, sum(e.rounds) AS rounds, sum(e.emitted_tokens) AS emitted, "
-        "sum(e.mean_w * e.rounds) AS w_sum, sum(e.decode_seconds) AS seconds, "
-        "sum(a.emitted_tokens) AS ref_emitted, sum(a.decode_seconds) AS ref_seconds "
-        "FROM eval_requests e JOIN eval_requests a ON a.run_id = e.run_id AND a.prompt_id = e.prompt_id "
-        "AND a.policy = 'ar' WHERE e.run_id = ? GROUP BY e.policy, e.category", [run_id])
-    return pooled_table(sums, policies)
-
-
-def measured_table(db: Path, run_name: str) -> pl.DataFrame:
-    """Table 1 (offline.ESTIMATE_COLUMNS) of the eval run `run_name` (eval's --name) in the store."""
-    with Store(db, read_only=True) as store:
-        run = store.run_row(run_id_for(run_name, PASS))
-        if run is None:
-            raise StoreError(f"{db}: no eval run named {run_name!r}")
-        return measured_from_store(store, run["run_id"], json.loads(run["params"])["policies"])
-
-
 def run_eval(config: EvalConfig, reporter: Reporter | None = None) -> EvalResult:
     """Decode, record and summarise (module docstring)."""
-    params, meta = load_artifact(config.artifact) if config.artifact is not None else (None, None)
     models = resolve_models(config)
+    try:
+        params, meta = resolve_policy(config.policies or (), config.artifact, models, config.force)
+    except PolicyError as exc:
+        raise EvalConfigError(f"--policies: {exc}") from None
     draft_len = params.draft_len if params is not None else draft_length(models.drafter)
     policies = resolve_policies(config.policies, draft_len, params)
-    if meta is not None and any(p in NEEDS_PARAMETERS for p in policies):
-        check_identity(meta, model_id=models.model_id, drafter_id=models.drafter_id or "", force=config.force,
-                       source=str(config.artifact))
     check_writable(config.db)
     prompt_file = Path(config.prompts) if config.prompts is not None else EMBEDDED / "prompts.jsonl"
-    backend = config.backend
-    if backend == "auto":  # stored with the run: resolved as `open_session` resolves it
-        backend = "triton" if config.device.startswith("cuda") else "torch"
+    backend = resolve_backend(config.backend, config.device)  # stored with the run
     with Store(config.db) as store:
         store.check_name_free(config.name, PASS, 0, resume=config.resume, overwrite=config.overwrite)
         prompts = load_prompts(prompt_file, split=config.split)
@@ -240,7 +214,7 @@ def run_eval(config: EvalConfig, reporter: Reporter | None = None) -> EvalResult
         session = open_session(models.model, models.drafter, need_drafter=len(policies) > 1, device=config.device,
                                dtype=config.dtype, backend=backend, seed=config.seed,
                                max_context=max(len(p.ids) for p in ids) + config.new_tokens + 2 * MAX_BLOCK)
-        ctx = PassContext(config, session, ids, _file_digest(prompt_file))
+        ctx = PassContext(config, session, ids, file_digest(prompt_file))
         collector = EvalPass(store, policies, params, meta, SamplingParams(config.temperature, seed=config.seed),
                              draft_len)
         spec = RunSpec(name=config.name, pass_name=PASS, model_id=models.model_id, drafter_id=models.drafter_id,

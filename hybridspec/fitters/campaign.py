@@ -7,12 +7,12 @@ rounds are those of every fifth calibration prompt (split by prompt, determinist
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from ..workbench.runinfo import file_digest
 from ..workbench.store import Store, run_id_for
 from .acceptance import AcceptanceFitter, held_out_report
 from .cost import QuadraticCost, Slope
@@ -85,11 +85,7 @@ def _capture_arrays(store: Store, run_id: str) -> dict:
 
 
 def store_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            digest.update(block)
-    return "sha256:" + digest.hexdigest()
+    return "sha256:" + file_digest(path)
 
 
 def fit_campaign(db: Path, name: str) -> CampaignFit:

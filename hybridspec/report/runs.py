@@ -9,8 +9,8 @@ from pathlib import Path
 
 import polars as pl
 
-from ..collectors.evaluate import measured_table
-from ..collectors.offline import compare_with_measured, estimate_policies
+from ..evaluation.offline import compare_with_measured, estimate_policies
+from ..evaluation.tables import measured_table
 from ..fitters.campaign import store_digest
 from . import plots
 from .inputs import ReportInputs
@@ -63,7 +63,7 @@ def chosen_eval_run(eval_runs: list[dict], campaign: str | None) -> dict | None:
 
 
 def policy_section(db: Path, artifact: Path | None, campaign: str | None, eval_runs: list[dict]) -> Section:
-    """Measured vs estimated per policy. Reads the store itself (through collectors.offline), so
+    """Measured vs estimated per policy. Reads the store itself (through evaluation.offline), so
     it runs after the report's own connection is closed."""
     section = Section("policies", "9. Policies: measured against estimated")
     hint = EVAL_HINT.format(db=db, campaign=campaign)

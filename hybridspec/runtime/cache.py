@@ -72,6 +72,24 @@ class TargetCache:
         return (self.z_slots[old, layer, :, :w], self.k_slots[old, layer, :, :w], self.g_slots[old, layer, :, :w],
                 self.accepted)
 
+    def pending_span(self, start: int, stop: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """(z, k, g_cum [stop − start, B, w, ...], accepted [B]) of the pending commit for the GDN layers
+        start … stop − 1."""
+        old, w = 1 - self.slot, self.pending_tokens
+        return (self.z_slots[old, start:stop, :, :w], self.k_slots[old, start:stop, :, :w],
+                self.g_slots[old, start:stop, :, :w], self.accepted)
+
+    def waiting_layers(self) -> list[int]:
+        """The GDN layers whose state still waits for the pending commit."""
+        return [layer for layer, waiting in enumerate(self.pending) if waiting]
+
+    def mark_committed(self, layer: int | None = None) -> None:
+        """Layer `layer`'s state (every layer's with None) now includes the pending commit."""
+        if layer is None:
+            self.pending = [False] * len(self.pending)
+        else:
+            self.pending[layer] = False
+
     def defer_commit(self, w: int, m: int) -> None:
         """Leave the pass's factors (w tokens, m accepted) for every GDN layer's next verification."""
         if any(self.pending):
@@ -84,7 +102,7 @@ class TargetCache:
         self.conv.zero_()
         self.ssm.zero_()
         self.length = 0
-        self.pending = [False] * len(self.pending)
+        self.mark_committed()
 
     @classmethod
     def allocate(

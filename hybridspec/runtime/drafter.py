@@ -9,15 +9,13 @@ itself; one pass gives D = block_size − 1 draft tokens with top-1 confidence a
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .config import DrafterConfig, drafter_config_from_dict, read_config_json
+from .config import DrafterConfig
 from .layers.moe import DenseMLP
 from .layers.norms import RMSNorm
 from .layers.rope import apply_rope, rope_cos_sin, rope_inv_freq
@@ -137,35 +135,3 @@ class DFlashDrafter(nn.Module):
         top_logp, tokens = logp.max(dim=-1)
         entropy = -(logp.exp() * logp).sum(-1)
         return DraftOutput(tokens, top_logp.exp(), entropy)
-
-
-def load_drafter(path: str | Path, embed: nn.Embedding, lm_head: nn.Linear) -> DFlashDrafter:
-    """A DFlash drafter directory (config.json + safetensors), on the target's device and dtype."""
-    from .loading import load_state, read_safetensors
-    from .models.common import strip_prefixes
-
-    path = Path(path)
-    cfg = drafter_config_from_dict(read_config_json(path), str(path / "config.json"))
-    drafter = DFlashDrafter(cfg, embed, lm_head)
-    weights = strip_prefixes(read_safetensors(path), ("model.",), ("embed_tokens.", "lm_head.", "model.embed_tokens."))
-    load_state(drafter, weights, str(path))
-    p = embed.weight
-    return drafter.to(device=p.device, dtype=p.dtype).eval()
-
-
-def save_drafter(drafter: DFlashDrafter, directory: str | Path, *, num_target_layers: int,
-                 dtype: torch.dtype | None = None) -> None:
-    """Write `config.json` + `model.safetensors` in the DFlash checkpoint format."""
-    from safetensors.torch import save_file
-
-    cfg, directory = drafter.cfg, Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    raw = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": cfg.hidden_size,
-           "num_hidden_layers": cfg.num_hidden_layers, "num_attention_heads": cfg.num_attention_heads,
-           "num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,
-           "intermediate_size": cfg.intermediate_size, "rope_theta": cfg.rope_theta, "rms_norm_eps": cfg.rms_norm_eps,
-           "vocab_size": cfg.vocab_size, "num_target_layers": num_target_layers, "block_size": cfg.block_size,
-           "dflash_config": {"mask_token_id": cfg.mask_token_id, "target_layer_ids": list(cfg.target_layer_ids)}}
-    (directory / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
-    tensors = {k: (v.to(dtype) if dtype else v).contiguous().cpu() for k, v in drafter.state_dict().items()}
-    save_file(tensors, directory / "model.safetensors")

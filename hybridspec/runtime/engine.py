@@ -80,8 +80,9 @@ class Engine:
         self.device = target.embed_tokens.weight.device
         self.clock = Clock(self.device)
         width = drafter.draft_len + 1 if drafter is not None else 1
-        if drafter is not None:
-            target.feature_layers = drafter.feature_layers
+        if drafter is not None and tuple(drafter.feature_layers) != target.feature_layers:
+            raise ValueError(f"the drafter reads target layers {tuple(drafter.feature_layers)}; the target was built "
+                             f"to expose {target.feature_layers} (load_target(feature_layers=...))")
         self.cache = target.new_cache(max_len=max_context + width, tokens_per_pass=max(64, width))
 
     # ---------------------------------------------------------------- public

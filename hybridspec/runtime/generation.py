@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..artifacts.artifact import check_identity, load_artifact
 from .engine import GenerationResult
-from .policies import NEEDS_PARAMETERS, PolicyError, make_policy
+from .policies import make_policy, resolve_policy
 from .sampling import SamplingParams
 from .session import Session, open_session
 
@@ -48,28 +47,12 @@ def _prompt(request: GenerateRequest, session: Session) -> list[int]:
     return session.codec.encode(request.prompt)
 
 
-def demo_prompt() -> tuple[str | None, str | None]:
-    """(text, ids) of the demo: a test prompt of the embedded set, or ids for the random fallback."""
-    from ..workbench.prompts import load_prompts
-    from .session import EMBEDDED, default_model
-
-    if default_model()[1] is None:
-        return None, "1,2,3,4,5,6,7,8"
-    prompts = load_prompts(EMBEDDED / "prompts.jsonl", split="test")
-    return next(p.text for p in prompts if p.category == "test"), None
-
-
 def run_generate(request: GenerateRequest) -> dict:
     """Load, decode, and summarise as the JSON object `generate --json` prints."""
-    if request.policy in NEEDS_PARAMETERS and request.artifact is None:
-        raise PolicyError(f"policy {request.policy!r} needs --artifact (the output of `hybridspec fit`)")
     sampling = SamplingParams(request.temperature, request.top_k, request.top_p, request.seed)
-    params, meta = load_artifact(request.artifact) if request.artifact is not None else (None, None)
     session = open_session(request.model, request.drafter, need_drafter=request.policy != "ar",
                            device=request.device, dtype=request.dtype, backend=request.backend, seed=request.seed)
-    if meta is not None and request.policy != "ar":
-        check_identity(meta, model_id=session.model_id, drafter_id=session.drafter_id, force=request.force,
-                       source=str(request.artifact))
+    params, _ = resolve_policy(request.policy, request.artifact, session, request.force)
     draft_len = session.drafter.draft_len if session.drafter is not None else 0
     policy = make_policy(request.policy, draft_len, params, device=request.device)
     result = session.engine.generate(_prompt(request, session), policy=policy, max_new_tokens=request.max_new_tokens,

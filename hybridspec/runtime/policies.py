@@ -14,11 +14,15 @@ w0 from the draft alone; `hybridspec` may add one token after seeing the Layer-0
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
+from ..artifacts.artifact import check_identity, load_artifact
 from ..artifacts.params import PolicyParameters
 from .acceptance import AcceptanceEstimator
 
@@ -157,3 +161,33 @@ def make_policy(name: str, draft_len: int, params: PolicyParameters | None = Non
     if name == "hybridspec":
         return HybridSpecPolicy(name, draft_len, params, device)
     raise PolicyError(f"unknown policy {name!r}; policies: {', '.join(POLICY_NAMES)}")
+
+
+class ModelPair(Protocol):
+    """The content ids of a model pair: a loaded `Session`, or ids computed before loading."""
+
+    model_id: str
+    drafter_id: str | None
+
+
+def resolve_policy(names: str | Sequence[str], artifact: Path | None, models: ModelPair, force: bool = False
+                   ) -> tuple[PolicyParameters | None, dict | None]:
+    """The calibrated parameters (and the artifact's metadata) that the policies `names` decode with.
+
+    A policy that needs parameters needs `artifact` (PolicyError naming them); the artifact is
+    loaded and validated (ArtifactError); whenever a drafter runs (`models.drafter_id`), it must
+    have been fitted for this pair, both ids named, unless `force`. `ar` alone runs no drafter and
+    uses nothing of the artifact. The names themselves are checked by `make_policy`."""
+    names = (names,) if isinstance(names, str) else tuple(names)
+    missing = [name for name in names if name in NEEDS_PARAMETERS]
+    if missing and artifact is None:
+        label, verb = ("policy", "needs") if len(missing) == 1 else ("policies", "need")
+        raise PolicyError(f"{label} {', '.join(missing)} {verb} --artifact (the output of `hybridspec fit`); "
+                          "ar, full and static:N need none")
+    if artifact is None:
+        return None, None
+    params, meta = load_artifact(artifact)
+    if models.drafter_id is not None:
+        check_identity(meta, model_id=models.model_id, drafter_id=models.drafter_id, force=force,
+                       source=str(artifact))
+    return params, meta

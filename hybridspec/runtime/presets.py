@@ -31,7 +31,7 @@ PRESETS: dict[str, dict] = {
 }
 
 
-# Stand-in for the embedded default until the trained pair ships: a tiny random hybrid target.
+# A tiny random hybrid target: the default model when the embedded pair is not installed, and fast tests.
 PRESETS["random-tiny"] = {
     **_QWEN35_35B, "vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
     "num_key_value_heads": 2, "head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 4,

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..artifacts.identity import directory_id, preset_id
-from .config import ConfigError
-from .drafter import DFlashDrafter, load_drafter
+from .config import ConfigError, DrafterConfig, TargetConfig
+from .drafter import DFlashDrafter
 from .engine import Engine
-from .loading import load_target, random_drafter
+from .loading import drafter_config, load_drafter, load_target, random_drafter, random_drafter_layers, target_config
 from .models.hybrid import HybridTarget
 from .presets import PRESETS, preset_config
 from .tokenizer import TextCodec, load_codec
@@ -23,6 +23,22 @@ def default_model() -> tuple[str, str | None]:
     if (EMBEDDED / "target" / "config.json").is_file():
         return str(EMBEDDED / "target"), str(EMBEDDED / "drafter")
     return FALLBACK_MODEL, None
+
+
+def resolve_pair(model: str | None, drafter: str | None) -> tuple[str, str | None]:
+    """The (model, drafter) a command runs: the given model, or the default pair when none is given
+    (a drafter given alone replaces the default one)."""
+    if model is not None:
+        return model, drafter
+    model, default_drafter = default_model()
+    return model, drafter or default_drafter
+
+
+def resolve_backend(backend: str, device: str) -> str:
+    """`auto` → the Triton kernels on CUDA, the PyTorch reference elsewhere; other names unchanged."""
+    if backend != "auto":
+        return backend
+    return "triton" if str(device).startswith("cuda") else "torch"
 
 
 @dataclass
@@ -46,21 +62,25 @@ def open_session(model: str | None = None, drafter: str | None = None, *, need_d
                  max_context: int = 4096, seed: int = 0) -> Session:
     """Load the target (directory or preset) and, when needed, the drafter (directory, or `random`
     for a random one; random presets default to `random`)."""
-    if backend == "auto":  # the Triton kernels on CUDA, the PyTorch reference elsewhere
-        backend = "triton" if str(device).startswith("cuda") else "torch"
-    if model is None:
-        model, embedded_drafter = default_model()
-        drafter = drafter or embedded_drafter
-    target = load_target(model, device=device, dtype=dtype, backend=backend, seed=seed)
-    draft = None
+    backend = resolve_backend(backend, device)
+    model, drafter = resolve_pair(model, drafter)
+    cfg = target_config(model)
+    random = drafter in (None, "random")
+    features: tuple[int, ...] = ()  # the target layers the drafter reads
     if need_drafter:
         if drafter is None and model not in PRESETS:
             raise ConfigError(f"a speculative policy needs --drafter (a DFlash directory) for {model}")
-        if drafter in (None, "random"):
-            draft = random_drafter(target, seed=seed + 1)
+        if random:
+            features = random_drafter_layers(cfg)
         else:
-            draft = load_drafter(drafter, target.embed_tokens, target.lm_head)
-            _check_pair(target, draft, drafter)
+            dcfg = drafter_config(drafter)
+            _check_pair(cfg, dcfg, drafter)
+            features = dcfg.target_layer_ids
+    target = load_target(model, device=device, dtype=dtype, backend=backend, seed=seed, feature_layers=features)
+    draft = None
+    if need_drafter:
+        draft = (random_drafter(target, seed=seed + 1) if random
+                 else load_drafter(drafter, target.embed_tokens, target.lm_head))
     codec = load_codec(Path(model)) if Path(model).is_dir() else None
     engine = Engine(target, draft, max_context=max_context)
     model_id, drafter_id = model_identity(model, drafter if draft is not None else None, seed=seed,
@@ -79,8 +99,8 @@ def model_identity(model: str, drafter: str | None, *, seed: int = 0, with_draft
     return model_id, directory_id(Path(drafter))
 
 
-def _check_pair(target: HybridTarget, drafter: DFlashDrafter, source: str) -> None:
-    cfg, dcfg = target.cfg, drafter.cfg
+def _check_pair(cfg: TargetConfig, dcfg: DrafterConfig, source: str) -> None:
+    """A drafter directory's config against its target's: hidden size, tapped layers, mask token."""
     if dcfg.hidden_size != cfg.hidden_size:
         raise ConfigError(f"{source}: drafter hidden size {dcfg.hidden_size} ≠ target hidden size {cfg.hidden_size}")
     bad = [i for i in dcfg.target_layer_ids if not 0 <= i < cfg.num_hidden_layers]

@@ -18,7 +18,7 @@ from torch import Tensor
 from ..runtime.config import DrafterConfig, default_target_layer_ids
 from ..runtime.drafter import DFlashDrafter
 from ..runtime.layers.rope import apply_rope, rope_cos_sin
-from .target import _autocast, lr_at
+from .target import autocast, lr_at, windows
 
 
 @dataclass(frozen=True)
@@ -132,8 +132,6 @@ def greedy_sequences(target, stream: Tensor, settings: DrafterSettings, device: 
     """[N, seq_len] sequences: a corpus prefix of `distill_prefix` tokens, then the target's greedy
     continuation. Blocks anchored in the continuation have exactly the target's greedy tokens as labels.
     After `stop_at` (a `time.time()` value) no further batch is started: N may be fewer."""
-    from .target import windows
-
     gen = torch.Generator().manual_seed(seed)
     rows = []
     new_tokens = settings.distill_new_tokens or settings.seq_len - settings.distill_prefix
@@ -142,7 +140,7 @@ def greedy_sequences(target, stream: Tensor, settings: DrafterSettings, device: 
             break
         n = min(settings.distill_batch, settings.distill_sequences - start)
         prefix = windows(stream, n, settings.distill_prefix, gen).to(device)
-        with torch.no_grad(), _autocast(device):
+        with torch.no_grad(), autocast(device):
             out = target.generate(prefix, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
                                   eos_token_id=None, pad_token_id=0)
         rows.append(out.cpu())
@@ -151,8 +149,6 @@ def greedy_sequences(target, stream: Tensor, settings: DrafterSettings, device: 
 
 def _batch(data: Tensor, settings: DrafterSettings, gen: torch.Generator) -> Tensor:
     """Training windows [B, seq_len] from a 1-D stream or rows of a 2-D set of sequences."""
-    from .target import windows
-
     if data.dim() == 1:
         return windows(data, settings.batch_size, settings.seq_len, gen)
     return data[torch.randint(0, data.shape[0], (settings.batch_size,), generator=gen)]
@@ -191,7 +187,7 @@ def train_drafter(drafter: DFlashDrafter, target, settings: DrafterSettings, tra
         """Weighted block loss and top-1 agreement per position; blocks anchored at >= low."""
         B, S = ids.shape
         anchors = torch.randint(low, S - D - 1, (B, settings.blocks_per_seq), generator=gen).to(device)
-        with _autocast(device):
+        with autocast(device):
             feats, predicted = target_features(target, ids, layer_ids)
             logits = block_logits(drafter, feats, ids, anchors)  # [B, n, D, V]
         # block position i predicts token a+i: the corpus token, or the target's argmax after a+i−1

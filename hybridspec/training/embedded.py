@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from ..runtime.drafter import DFlashDrafter
+from ..runtime.loading import load_drafter, save_drafter
 from .corpus import build_corpus
 from .drafter import DrafterSettings, DrafterShape, drafter_config, train_drafter
 from .prompts import build_prompt_set, write_prompt_set
@@ -151,14 +153,10 @@ def train_embedded(out: Path, recipe: Recipe, device: str, log=print, *, target_
     for p in target.parameters():
         p.requires_grad_(False)
 
-    from ..runtime.drafter import DFlashDrafter, save_drafter
-
     dcfg = drafter_config(recipe.drafter, hidden_size=shape.hidden_size, target_layers=shape.num_hidden_layers,
                           vocab_size=shape.vocab_size, mask_token_id=mask_id)
     torch.manual_seed(recipe.seed)
     if drafter_init is not None:  # continue training a drafter of this target (same shape)
-        from ..runtime.drafter import load_drafter
-
         drafter = load_drafter(drafter_init, target.get_input_embeddings(), target.get_output_embeddings())
         drafter = drafter.to(device=device, dtype=torch.float32)
         log(f"drafter: continuing from {drafter_init}")

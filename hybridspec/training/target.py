@@ -73,7 +73,7 @@ def evaluate(model, tokens: torch.Tensor, seq_len: int, device, max_windows: int
     model.eval()
     n = min(max_windows, (len(tokens) - 1) // seq_len)
     losses = []
-    with torch.no_grad(), _autocast(device):
+    with torch.no_grad(), autocast(device):
         for i in range(0, n, 8):
             ids = torch.stack([tokens[j * seq_len : (j + 1) * seq_len] for j in range(i, min(i + 8, n))]).to(device)
             losses.append(float(model(input_ids=ids, labels=ids).loss) * ids.shape[0])
@@ -81,7 +81,8 @@ def evaluate(model, tokens: torch.Tensor, seq_len: int, device, max_windows: int
     return sum(losses) / n
 
 
-def _autocast(device):
+def autocast(device):
+    """bf16 autocast on CUDA; off elsewhere (CPU training stays fp32)."""
     kind = torch.device(device).type
     return torch.autocast(kind, dtype=torch.bfloat16, enabled=kind == "cuda")
 
@@ -108,7 +109,7 @@ def train_target(shape: TargetShape, settings: TrainSettings, train: torch.Tenso
         for group in opt.param_groups:
             group["lr"] = lr_at(step, settings, progress)
         ids = windows(train, settings.batch_size, settings.seq_len, gen).to(device)
-        with _autocast(device):
+        with autocast(device):
             out = model(input_ids=ids, labels=ids, output_router_logits=True)
         opt.zero_grad(set_to_none=True)
         out.loss.backward()

@@ -3,8 +3,10 @@ the runtime's, `runtime.session.model_identity`, so that artifacts are checked a
 
 from __future__ import annotations
 
+import hashlib
 import platform
 from importlib import metadata
+from pathlib import Path
 
 
 def software_versions() -> dict[str, str]:
@@ -17,3 +19,12 @@ def software_versions() -> dict[str, str]:
             if package != "triton":
                 versions[package] = "unknown"
     return versions
+
+
+def file_digest(path: Path) -> str:
+    """sha256 hex digest of a file's bytes (the prompt file of a run, the store an artifact was fitted on)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()

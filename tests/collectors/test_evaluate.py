@@ -18,8 +18,9 @@ from hybridspec.collectors import evaluate
 from hybridspec.collectors.campaign import run_campaign
 from hybridspec.collectors.common import CaptureConfig
 from hybridspec.collectors.eval_output import exactness_lines
-from hybridspec.collectors.evaluate import EvalConfig, first_mismatch, measured_table, run_eval
-from hybridspec.collectors.offline import AVERAGE
+from hybridspec.collectors.evaluate import EvalConfig, first_mismatch, run_eval
+from hybridspec.evaluation.offline import AVERAGE
+from hybridspec.evaluation.tables import measured_table
 from hybridspec.runtime.engine import Engine
 from hybridspec.runtime.session import default_model, model_identity
 from hybridspec.workbench.store import Store, run_id_for

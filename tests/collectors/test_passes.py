@@ -25,7 +25,7 @@ NEW_TOKENS, D = 40, 15
 
 @pytest.fixture(scope="module")
 def target(qwen35_dir):
-    return load_target(qwen35_dir)
+    return load_target(qwen35_dir, feature_layers=ScriptedDrafter.feature_layers)
 
 
 @pytest.fixture(scope="module")

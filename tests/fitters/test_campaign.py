@@ -21,7 +21,7 @@ def _spec(pass_name):
                    dtype="float32", backend="torch")
 
 
-def _write(path, n_rounds=2500, seed=0):
+def write_synthetic_store(path, n_rounds=2500, seed=0):
     rng = np.random.default_rng(seed)
     conf, ent, _, a_d = rounds(n_rounds, seed=seed)
     with Store(path) as store:
@@ -69,7 +69,7 @@ def _write(path, n_rounds=2500, seed=0):
 
 def test_synthetic_campaign_comes_back(tmp_path):
     db = tmp_path / "synth.duckdb"
-    conf, ent, a_d = _write(db)
+    conf, ent, a_d = write_synthetic_store(db)
     fit = fit_campaign(db, "synth")
     assert fit.draft_len == D and fit.model_id == "sha256:m" and fit.drafter_id == "sha256:d"
     assert fit.cost.coef_ == pytest.approx(COST, rel=0.1, abs=3e-5)
@@ -95,7 +95,7 @@ def test_a_cost_curve_dinkelbach_cannot_rank_is_a_fit_error(tmp_path, monkeypatc
     import hybridspec.fitters.campaign as campaign
 
     db = tmp_path / "synth.duckdb"
-    _write(db)
+    write_synthetic_store(db)
 
     def diverges(*args, **kwargs):
         raise RuntimeError("Dinkelbach did not converge in 100 iterations (last ρ 1.0)")

@@ -11,8 +11,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from hybridspec.runtime.config import ConfigError
-from hybridspec.runtime.drafter import load_drafter
-from hybridspec.runtime.loading import load_target, random_drafter
+from hybridspec.runtime.loading import load_drafter, load_target, random_drafter
 from tests.tolerance import assert_close
 
 

@@ -22,7 +22,7 @@ def _prompts(vocab: int) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def target(qwen35_dir):
-    return load_target(qwen35_dir)
+    return load_target(qwen35_dir, feature_layers=ScriptedDrafter.feature_layers)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from scipy.stats import chisquare
 
 from hybridspec.runtime import engine as engine_module
 from hybridspec.runtime.engine import Engine
-from hybridspec.runtime.loading import load_target, random_drafter
+from hybridspec.runtime.loading import load_target, random_drafter, random_drafter_layers, target_config
 from hybridspec.runtime.policies import make_policy
 from hybridspec.runtime.sampling import SamplingParams, target_probs
 from tests.checkpoints import write_tiny_qwen3_5_moe
@@ -27,7 +27,8 @@ SAMPLING = dict(temperature=0.9, top_k=5, top_p=0.97)
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
-    return load_target(write_tiny_qwen3_5_moe(tmp_path_factory.mktemp("v7"), seed=5, vocab_size=7, num_hidden_layers=4))
+    directory = write_tiny_qwen3_5_moe(tmp_path_factory.mktemp("v7"), seed=5, vocab_size=7, num_hidden_layers=4)
+    return load_target(directory, feature_layers=random_drafter_layers(target_config(directory)))
 
 
 @pytest.fixture(scope="module")

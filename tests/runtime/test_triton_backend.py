@@ -24,7 +24,8 @@ def _prompts(vocab: int) -> list[list[int]]:
 
 @pytest.mark.parametrize("policy_name", ["full", "hybridspec"])
 def test_triton_backend_emits_exactly_the_torch_ar_tokens(qwen35_dir, policy_name):
-    reference, triton_target = load_target(qwen35_dir), load_target(qwen35_dir, backend="triton")
+    reference = load_target(qwen35_dir, feature_layers=ScriptedDrafter.feature_layers)
+    triton_target = load_target(qwen35_dir, backend="triton", feature_layers=ScriptedDrafter.feature_layers)
     ar = make_policy("ar", 15)
     accepted = set()
     for i, prompt in enumerate(_prompts(reference.cfg.vocab_size)):

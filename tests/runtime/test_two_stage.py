@@ -26,8 +26,7 @@ def _poison_beyond(s0, cache, w):
 @pytest.mark.parametrize("fixture", ["qwen35_dir", "qwen3next_dir"])
 @pytest.mark.parametrize("u,w", [(1, 1), (5, 4), (9, 9), (16, 7), (16, 15)])
 def test_stage0_then_stage1_equals_unsplit(fixture, u, w, request):
-    model = load_target(request.getfixturevalue(fixture))
-    model.feature_layers = (0, 3, 5)
+    model = load_target(request.getfixturevalue(fixture), feature_layers=(0, 3, 5))
     ids = torch.randint(0, model.cfg.vocab_size, (40,), generator=torch.Generator().manual_seed(u * 31 + w)).tolist()
     prefix = 11
 

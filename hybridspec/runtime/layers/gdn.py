@@ -57,7 +57,7 @@ class GatedDeltaNet(nn.Module):
                                cache.ssm[slot], self.dk**-0.5, z_out=cache.z[slot, :, :T],
                                g_out=cache.g_cum[slot, :, :T], k_out=cache.k[slot, :, :T],
                                pending=cache.pending_commit(slot), raw_keys=True)
-        cache.pending[slot] = False
+        cache.mark_committed(slot)  # the launch above folded the pending commit into this layer's state
         gate = self.in_proj_z(x).reshape(B, T, self.hv, self.dv)
         o = self.norm(o.to(x.dtype), gate)  # [B, T, HV, dv]
         return self.out_proj(o.reshape(B, T, -1))

@@ -98,7 +98,7 @@ class DecoderLayer(nn.Module):
 
 
 class HybridTarget(nn.Module):
-    def __init__(self, cfg: TargetConfig, *, backend: str = "torch"):
+    def __init__(self, cfg: TargetConfig, *, backend: str = "torch", feature_layers: tuple[int, ...] = ()):
         super().__init__()
         self.cfg = cfg
         self.backend = backend
@@ -113,7 +113,7 @@ class HybridTarget(nn.Module):
         self._slot = [cfg.gdn_layers.index(i) if t == "linear_attention" else cfg.attention_layers.index(i)
                       for i, t in enumerate(cfg.layer_types)]
         self.register_buffer("inv_freq", rope_inv_freq(cfg.rotary_dim, cfg.rope_theta), persistent=False)
-        self.feature_layers: tuple[int, ...] = ()  # layers whose output the drafter reads
+        self.feature_layers = tuple(feature_layers)  # layers whose output the drafter reads (its target_layer_ids)
 
     # ---------------------------------------------------------------- caches
     def new_cache(self, *, max_len: int, tokens_per_pass: int = 64, batch: int = 1) -> TargetCache:
@@ -197,15 +197,13 @@ class HybridTarget(nn.Module):
     def flush(self, cache: TargetCache) -> None:
         """Commit the pending GDN states now (one all-layer `gdn_commit` when every layer waits), so
         that `cache.ssm` holds the committed state of every layer."""
-        layers = [i for i, waiting in enumerate(cache.pending) if waiting]
+        layers = cache.waiting_layers()
         if not layers:
             return
-        old, w = 1 - cache.slot, cache.pending_tokens
         spans = [(0, len(cache.pending))] if len(layers) == len(cache.pending) else [(i, i + 1) for i in layers]
         for lo, hi in spans:
-            self._gdn_commit(cache.ssm[lo:hi], cache.z_slots[old, lo:hi, :, :w], cache.k_slots[old, lo:hi, :, :w],
-                             cache.g_slots[old, lo:hi, :, :w], cache.accepted)
-        cache.pending = [False] * len(cache.pending)
+            self._gdn_commit(cache.ssm[lo:hi], *cache.pending_span(lo, hi))
+        cache.mark_committed()
 
     # ---------------------------------------------------------------- prefill
     @torch.no_grad()

@@ -6,7 +6,7 @@ import pytest
 from rich.console import Console
 
 from hybridspec.artifacts.artifact import load_artifact
-from hybridspec.workflow import CAMPAIGN, DemoConfig, read_metrics, run_demo_workflow
+from hybridspec.demo import CAMPAIGN, DemoConfig, run_demo_workflow
 
 
 @pytest.fixture(scope="module")
@@ -41,14 +41,3 @@ def test_the_served_answer_and_its_round_statistics(demo):
     assert metrics["generation_tokens_total"] == response["usage"]["completion_tokens"]
     assert sum(metrics["verification_lengths"].values()) == metrics["rounds_total"] > 0
     assert "server stopped" in text and (out / "serve.log").is_file()
-
-
-def test_read_metrics_turns_cumulative_buckets_into_counts():
-    page = "\n".join([
-        "# HELP hybridspec_rounds_total x", "hybridspec_rounds_total 5", "hybridspec_acceptance_length 2.5",
-        'hybridspec_verification_length_bucket{le="1"} 0', 'hybridspec_verification_length_bucket{le="2"} 3',
-        'hybridspec_verification_length_bucket{le="3"} 3', 'hybridspec_verification_length_bucket{le="4"} 5',
-        'hybridspec_verification_length_bucket{le="+Inf"} 5'])
-    values = read_metrics(page)
-    assert values["rounds_total"] == 5 and values["acceptance_length"] == 2.5
-    assert values["verification_lengths"] == {2: 3, 4: 2}

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hybridspec.artifacts.artifact import ArtifactError, save_artifact
-from hybridspec.collectors.offline import (AVERAGE, ESTIMATE_COLUMNS, OfflineError, compare_with_measured,
+from hybridspec.evaluation.offline import (AVERAGE, ESTIMATE_COLUMNS, OfflineError, compare_with_measured,
                                            estimate_policies)
 from hybridspec.runtime.policies import make_policy
 from hybridspec.workbench.store import RunSpec, Store

@@ -2,15 +2,15 @@
 
     capture (quick) → fit → eval (quick) → serve + one request with the `openai` client → report
 
-Every step is the library function behind its CLI command, on the embedded default pair unless a
-model is given; the console shows the command each step stands for. `fit_artifact` is also what
-`hybridspec fit` runs. This module sits beside `cli.py` (it may import every package of ours).
+Every step is the library function behind its CLI command, on the embedded default pair; the
+console shows the command each step stands for. This module sits beside `cli.py` (it may import
+every package of ours).
 """
 
 from __future__ import annotations
 
+import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -19,11 +19,22 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+from openai import OpenAI
 from rich.console import Console
 from rich.table import Table
 
-from .artifacts.artifact import save_artifact
-from .artifacts.params import AcceptanceModel, PolicyParameters
+from .collectors.campaign import run_campaign
+from .collectors.common import ALL_PASSES, CaptureConfig
+from .collectors.eval_output import print_eval
+from .collectors.evaluate import EvalConfig, run_eval
+from .collectors.progress import RichReporter, summary_table
+from .fitters.export import fit_artifact
+from .fitters.fit_output import print_fit
+from .report import build_report, summary
+from .runtime.session import EMBEDDED, default_model
+from .serve.metrics import read_metrics
+from .workbench.prompts import load_prompts
 
 CAMPAIGN = "demo"
 SERVER_START_S = 180.0  # loading the pair and warming up takes a few seconds on a CPU
@@ -36,45 +47,6 @@ class DemoConfig:
     categories: int | None = None  # None: every category of the prompt set (tests use fewer)
     capture_tokens: int | None = None  # None: capture --quick's default
     eval_tokens: int | None = None  # None: eval --quick's default
-
-
-def fit_artifact(db: Path, name: str, out: Path):
-    """`hybridspec fit`: fit a campaign of the store and write the artifact; (fit, metadata)."""
-    from .fitters.campaign import fit_campaign
-
-    result = fit_campaign(db, name)
-    meta = save_artifact(out, policy_parameters(result), model_id=result.model_id,
-                         drafter_id=result.drafter_id or "", device=result.device,
-                         store_digest=result.store_digest, diagnostics=result.diagnostics())
-    return result, meta
-
-
-def policy_parameters(result) -> PolicyParameters:
-    """A campaign fit as the runtime's policy parameters."""
-    acc = result.acceptance
-    model = AcceptanceModel(iso_x=tuple(tuple(map(float, x)) for x in acc.iso_x_),
-                            iso_y=tuple(tuple(map(float, y)) for y in acc.iso_y_), coef=tuple(map(float, acc.coef_)))
-    return PolicyParameters(
-        draft_len=result.draft_len, lengths=result.lengths,
-        cost=tuple(map(float, result.cost.table(result.draft_len + 1))),
-        fixed_cost=result.cost.fixed_cost_, rho=result.rho, s=result.stage0.slope_, eta=result.moe.slope_,
-        nbar_all=tuple(map(float, result.routing.nbar_all_)),
-        nbar_cond=tuple(tuple(map(float, row)) for row in result.routing.nbar_cond_), acceptance=model)
-
-
-def print_fit(console: Console, result, out: Path, meta: dict) -> None:
-    console.print(f"[bold]artifact[/] {out}  ({meta['content_sha256'][:19]}…)")
-    console.print(f"ρ = {result.rho:.2f} tokens/s   s = {result.stage0.slope_ * 1e6:.2f} µs/token   "
-                  f"η = {result.moe.slope_ * 1e6:.2f} µs/expert (r = {result.moe.correlation_:.3f})   "
-                  f"fixed = {result.cost.fixed_cost_ * 1e3:.2f} ms   Dinkelbach iterations {len(result.iterations)}")
-    table = result.cost.table(result.draft_len + 1)
-    console.print("C_tgt(w) ms: " + "  ".join(f"{w}:{table[w] * 1e3:.2f}" for w in result.lengths))
-    metrics = Table("estimate", "log-loss", "Brier", "ECE", "rows", title="acceptance, held-out rounds")
-    for name, m in result.metrics.items():
-        metrics.add_row(name, f"{m['log_loss']:.4f}", f"{m['brier']:.4f}", f"{m['ece']:.4f}", str(m["rows"]))
-    console.print(metrics)
-    for warning in result.warnings:
-        console.print(f"[yellow]warning:[/] {warning}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -104,8 +76,6 @@ class Server:
             raise
 
     def __enter__(self) -> "Server":
-        import httpx
-
         deadline = time.monotonic() + SERVER_START_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -136,27 +106,8 @@ class Server:
         return self.proc.returncode
 
 
-def read_metrics(text: str) -> dict:
-    """The round statistics of a Prometheus page of `hybridspec serve`."""
-    values = {}
-    for line in text.splitlines():
-        match = re.match(r"^hybridspec_([a-z_]+)(\{[^}]*\})? ([0-9.eE+-]+)$", line)
-        if match and not match.group(2):
-            values[match.group(1)] = float(match.group(3))
-    buckets = {int(le): float(v) for le, v in
-               re.findall(r'^hybridspec_verification_length_bucket\{le="(\d+)"\} ([0-9.]+)$', text, re.M)}
-    histogram, previous = {}, 0.0
-    for le in sorted(buckets):  # cumulative buckets → rounds per executed length
-        histogram[le], previous = buckets[le] - previous, buckets[le]
-    values["verification_lengths"] = {w: int(n) for w, n in histogram.items() if n}
-    return values
-
-
 def ask_server(base: str, prompt: str, max_tokens: int) -> tuple[dict, dict]:
     """One greedy completion with the official `openai` client, then the server's /metrics."""
-    import httpx
-    from openai import OpenAI
-
     client = OpenAI(base_url=base + "/v1", api_key="unused")
     model = client.models.list().data[0].id
     response = client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0)
@@ -169,6 +120,14 @@ def ask_server(base: str, prompt: str, max_tokens: int) -> tuple[dict, dict]:
 # ---------------------------------------------------------------------------------------------
 
 
+def demo_prompt() -> tuple[str | None, str | None]:
+    """(text, ids) of the demo: a test prompt of the embedded set, or ids for the random fallback."""
+    if default_model()[1] is None:
+        return None, "1,2,3,4,5,6,7,8"
+    prompts = load_prompts(EMBEDDED / "prompts.jsonl", split="test")
+    return next(p.text for p in prompts if p.category == "test"), None
+
+
 def _step(console: Console, title: str, command: str) -> float:
     console.rule(f"[bold]{title}")
     console.print(f"[dim]$ {command}[/]")
@@ -179,8 +138,6 @@ def _prompt_subset(path: Path, categories: int | None, out: Path) -> Path | None
     """The first `categories` categories of the embedded prompt set (a smaller demo for tests)."""
     if categories is None:
         return None
-    import json
-
     lines = path.read_text().splitlines()
     line_categories = [json.loads(line)["category"] for line in lines]
     chosen = set(list(dict.fromkeys(line_categories))[:categories])
@@ -191,15 +148,6 @@ def _prompt_subset(path: Path, categories: int | None, out: Path) -> Path | None
 
 def run_demo_workflow(config: DemoConfig, console: Console) -> dict:
     """Run every step into `config.out`; returns what each step produced (for tests)."""
-    from .collectors.campaign import run_campaign
-    from .collectors.common import ALL_PASSES, CaptureConfig
-    from .collectors.eval_output import print_eval
-    from .collectors.evaluate import EvalConfig, run_eval
-    from .collectors.progress import RichReporter, summary_table
-    from .report import build_report, summary
-    from .runtime.generation import demo_prompt
-    from .runtime.session import EMBEDDED
-
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     db, artifact, report_dir = out / "store.duckdb", out / "policy.safetensors", out / "report"

@@ -17,10 +17,11 @@ uvicorn = pytest.importorskip("uvicorn")
 
 from hybridspec.artifacts.artifact import save_artifact  # noqa: E402
 from hybridspec.runtime.generation import GenerateRequest, run_generate  # noqa: E402
-from hybridspec.runtime.server import create_app, open_service  # noqa: E402
+from hybridspec.serve.app import create_app  # noqa: E402
+from hybridspec.serve.service import open_service  # noqa: E402
 from hybridspec.runtime.session import default_model, model_identity  # noqa: E402
 
-from .helpers import policy_parameters  # noqa: E402
+from tests.runtime.helpers import policy_parameters  # noqa: E402
 
 KEY = "test-key"
 PROMPT = "def add(a, b):\n    return"
