@@ -1,4 +1,4 @@
-"""bench/drafter_sweep.py end to end on CPU (--smoke: the tiny recipe's settings, seconds per
+"""bench/training/drafter_sweep.py end to end on CPU (--smoke: the tiny recipe's settings, seconds per
 process): a continued and a fresh recipe are trained at once against the shipped target, then
 measured with the shipped drafter, and the best is copied out."""
 
@@ -9,8 +9,8 @@ import tarfile
 
 import pytest
 
-from bench import drafter_sweep as sweep
-from bench import embedded_metrics
+from bench.training import drafter_sweep as sweep
+from bench.training import embedded_metrics
 from hybridspec.runtime.session import EMBEDDED
 
 pytestmark = pytest.mark.skipif(not (EMBEDDED / "drafter" / "config.json").is_file(), reason="embedded pair absent")

@@ -3,10 +3,10 @@
 Acceptance length by category, ROC AUC of the drafter's confidence per draft position, Layer-0
 expert reuse, and decode tokens/s.
 
-Usage: python bench/embedded_metrics.py [--per-category N] [--tokens T] [--out FILE.json]
+Usage: python bench/training/embedded_metrics.py [--per-category N] [--tokens T] [--out FILE.json]
            [--device cpu|cuda] [--backend auto|torch|triton] [--drafter DIR] [--prompts FILE]
            [--policies ar,full] [--categories a,b]
-The defaults measure the shipped pair on CPU with both policies; `bench/drafter_sweep.py` runs
+The defaults measure the shipped pair on CPU with both policies; `bench/training/drafter_sweep.py` runs
 this script with `--device cuda --policies full`, one process per drafter and group of categories."""
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -22,10 +21,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from hybridspec.runtime.policies import make_policy  # noqa: E402
-from hybridspec.runtime.session import EMBEDDED, Session, open_session  # noqa: E402
-from hybridspec.workbench.prompts import Prompt, load_prompts  # noqa: E402
+from hybridspec.runtime.policies import make_policy
+from hybridspec.runtime.session import EMBEDDED, Session, open_session
+from hybridspec.workbench.prompts import Prompt, load_prompts
 
 
 def roc_auc(scores: list[float], labels: list[int]) -> float | None:

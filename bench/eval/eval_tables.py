@@ -1,7 +1,7 @@
 """Markdown tables of an eval run (for bench/results/eval.md): the measured Table 1, the offline
 estimates stored beside it and estimate − measured, read from the store (nothing is decoded).
 
-    .venv/bin/python bench/eval_tables.py STORE [--name default]
+    .venv/bin/python bench/eval/eval_tables.py STORE [--name default]
 """
 
 from __future__ import annotations
@@ -11,11 +11,9 @@ import json
 
 import polars as pl
 
-from hybridspec.collectors.evaluate import measured_table
-from hybridspec.collectors.offline import AVERAGE, compare_with_measured
+from hybridspec.evaluation.offline import AVERAGE, compare_with_measured
+from hybridspec.evaluation.tables import COLUMNS, EVAL_PASS, measured_table
 from hybridspec.workbench.store import Store, run_id_for
-
-COLUMNS = (("tps", "TPS", "{:.1f}"), ("sr", "SR", "{:.2f}×"), ("al", "AL", "{:.2f}"), ("mean_w", "w", "{:.2f}"))
 
 
 def markdown(frame: pl.DataFrame, policies: list[str], signed: bool = False) -> str:
@@ -38,7 +36,7 @@ def main() -> None:
     args = parser.parse_args()
     measured = measured_table(args.store, args.name)
     with Store(args.store, read_only=True) as store:
-        run = store.run_row(run_id_for(args.name, "eval"))
+        run = store.run_row(run_id_for(args.name, EVAL_PASS))
         estimates = store.frame("SELECT * FROM offline_estimates WHERE run_id = ?", [run["run_id"]])
     policies = json.loads(run["params"])["policies"]
     for group in (policies[:4], policies[4:]):  # two tables of ≤ 4 policies each stay readable

@@ -1,16 +1,16 @@
 """Train several drafter recipes at once on one GPU, measure each, and name the best.
 
-    python bench/drafter_sweep.py --out DIR --stdlib /tmp/std/python3.11 [--export $OUT]   # one H200, < 9 min
-    python bench/drafter_sweep.py --out DIR --smoke                                        # CPU, tiny recipe
+    python bench/training/drafter_sweep.py --out DIR --stdlib /tmp/std/python3.11 [--export $OUT]   # one H200, < 9 min
+    python bench/training/drafter_sweep.py --out DIR --smoke                                        # CPU, tiny recipe
 
 Each recipe is one `python -m hybridspec.training.embedded` process against the frozen shipped
 target, continuing the shipped drafter or training a fresh one; all start together, share the
 GPU, and stop by `--train-minutes` (the training loop ends early enough for its evaluation and
 save; a process still running a little later is killed). Then every trained drafter, and the
-shipped one for reference, is measured by `bench/embedded_metrics.py` (`full`, D = 15, greedy,
+shipped one for reference, is measured by `bench/training/embedded_metrics.py` (`full`, D = 15, greedy,
 fp32, the test prompts), one process per drafter and group of categories, all at once, killed at
 `--measure-minutes`. The measurement runs on the host's CPU cores by default: batch-1 decoding of
-this 7.6 M-parameter pair is launch-bound on the GPU (bench/results/gpu_exactness.log: 4 prompts
+this 7.6 M-parameter pair is launch-bound on the GPU (`gpu_exactness.log` of the device runs: 4 prompts
 × 48 tokens of `static:4` in 9.1 s, ≈ 60 ms a round with the prefills; ≈ 21 ms a round on 2 CPU
 threads), and ~15 processes sharing one GPU would queue their small kernels behind each other;
 `--measure-device cuda` measures on the GPU instead (TF32 off).
@@ -35,10 +35,11 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-from hybridspec.runtime.session import EMBEDDED  # noqa: E402
-from hybridspec.workbench.prompts import load_prompts  # noqa: E402
+from hybridspec.runtime.session import EMBEDDED
+from hybridspec.workbench.prompts import load_prompts
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent  # the training processes run from the checkout
 
 ASSET_BUDGET_BYTES = 24 * 2**20
 KILL_GRACE_S = 20.0  # a training process still running this long after --train-minutes is killed
@@ -125,7 +126,7 @@ def train_job(recipe: SweepRecipe, run: Path, args) -> Job:
 def measure_jobs(name: str, drafter: Path, run: Path, groups: list[list[str]], args) -> list[Job]:
     jobs = []
     for i, group in enumerate(groups):
-        command = [sys.executable, str(REPO / "bench" / "embedded_metrics.py"), "--device", args.measure_device,
+        command = [sys.executable, str(HERE / "embedded_metrics.py"), "--device", args.measure_device,
                    "--backend", args.backend, "--model", str(args.target_dir), "--drafter", str(drafter),
                    "--prompts", str(args.prompts), "--policies", "full", "--per-category", str(args.per_category),
                    "--tokens", str(args.tokens), "--categories", ",".join(group), "--threads", "1",

@@ -1,20 +1,18 @@
 """Load test of `hybridspec serve`: C concurrent `openai` clients × R requests per policy.
 
-    .venv/bin/python bench/serve_load.py [--clients 8] [--requests 10] [--max-tokens 32]
+    .venv/bin/python bench/serving/serve_load.py --artifact demo/policy.safetensors [--clients 8] [--requests 10] [--max-tokens 32]
 
-Starts the server in-process on a free loopback port (the embedded pair, an artifact built from
-hand-set parameters unless --artifact is given), runs the load once per policy, checks that every
-request succeeded and that /metrics totals equal the responses' usage, and prints a Markdown table.
+Starts the server in-process on a free loopback port (the embedded pair; `--artifact`, the output of
+`hybridspec fit`, e.g. `make demo`'s demo/policy.safetensors, for the calibrated policies), runs
+the load once per policy, checks that every request succeeded and that /metrics totals equal the
+responses' usage, and prints a Markdown table.
 """
 
 from __future__ import annotations
 
 import argparse
 import platform
-import re
 import socket
-import sys
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -27,17 +25,16 @@ import openai
 import torch
 import uvicorn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from hybridspec.artifacts.artifact import save_artifact  # noqa: E402
-from hybridspec.runtime.server import create_app, open_service  # noqa: E402
-from hybridspec.runtime.session import default_model, model_identity  # noqa: E402
-from tests.runtime.helpers import policy_parameters  # noqa: E402
+from hybridspec.runtime.policies import NEEDS_PARAMETERS
+from hybridspec.runtime.session import EMBEDDED
+from hybridspec.serve.app import create_app
+from hybridspec.serve.metrics import read_metrics
+from hybridspec.serve.service import open_service
+from hybridspec.workbench.prompts import load_prompts
+
 
 def test_prompts(per_category: int = 2) -> list[str]:
     """The first test prompts of each category of the embedded set (stdlib source, ≤ 512 tokens)."""
-    from hybridspec.runtime.session import EMBEDDED
-    from hybridspec.workbench.prompts import load_prompts
-
     seen: dict[str, int] = {}
     out = []
     for p in load_prompts(EMBEDDED / "prompts.jsonl", split="test"):
@@ -50,13 +47,12 @@ def test_prompts(per_category: int = 2) -> list[str]:
 PROMPTS = test_prompts()
 
 
-def metrics(base: str) -> dict[str, float]:
-    text = httpx.get(f"{base}/metrics").text
-    return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(hybridspec_\S+) (\S+)$", text, re.M)}
+def metrics(base: str) -> dict:
+    return read_metrics(httpx.get(f"{base}/metrics").text)
 
 
-def start(artifact: Path) -> tuple[uvicorn.Server, str]:
-    service = open_service(artifact=artifact, policy="hybridspec", max_context=1024)
+def start(artifact: Path | None) -> tuple[uvicorn.Server, str]:
+    service = open_service(artifact=artifact, policy="hybridspec" if artifact else "ar", max_context=1024)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -83,10 +79,9 @@ def load(base: str, policy: str, clients: int, requests: int, max_tokens: int) -
     after = metrics(base)
     generated = sum(u.completion_tokens for u in usages)
     assert len(usages) == clients * requests
-    assert after["hybridspec_generation_tokens_total"] - before["hybridspec_generation_tokens_total"] == generated
-    assert after["hybridspec_prompt_tokens_total"] - before["hybridspec_prompt_tokens_total"] == sum(
-        u.prompt_tokens for u in usages)
-    rounds = after["hybridspec_rounds_total"] - before["hybridspec_rounds_total"]
+    assert after["generation_tokens_total"] - before["generation_tokens_total"] == generated
+    assert after["prompt_tokens_total"] - before["prompt_tokens_total"] == sum(u.prompt_tokens for u in usages)
+    rounds = after["rounds_total"] - before["rounds_total"]
     return {"policy": policy, "requests": len(usages), "seconds": seconds, "rps": len(usages) / seconds,
             "tps": generated / seconds, "generated": generated, "rounds": rounds,
             "al": (generated - len(usages)) / rounds if rounds else 0.0}
@@ -100,21 +95,17 @@ def main() -> None:
     parser.add_argument("--artifact", type=Path)
     parser.add_argument("--policies", default="ar,full,hybridspec")
     args = parser.parse_args()
-    artifact = args.artifact
-    if artifact is None:
-        model, drafter = default_model()
-        model_id, drafter_id = model_identity(model, drafter)
-        artifact = Path(tempfile.mkdtemp()) / "policy.safetensors"
-        save_artifact(artifact, policy_parameters(), model_id=model_id, drafter_id=drafter_id, device="cpu",
-                      store_digest="none", diagnostics={})
-    server, base = start(artifact)
+    calibrated = [p for p in args.policies.split(",") if p in NEEDS_PARAMETERS]
+    if calibrated and args.artifact is None:
+        parser.error(f"--policies {','.join(calibrated)} need --artifact (the output of `hybridspec fit`)")
+    server, base = start(args.artifact)
     load(base, "ar", 2, 1, 4)  # warm-up
     rows = [load(base, p, args.clients, args.requests, args.max_tokens) for p in args.policies.split(",")]
     server.should_exit = True
     print(f"date {datetime.now(timezone.utc).isoformat(timespec='seconds')}; python {platform.python_version()}, "
           f"torch {torch.__version__}, fastapi {fastapi.__version__}, uvicorn {uvicorn.__version__}, "
           f"openai {openai.__version__}; {torch.get_num_threads()} torch threads, {platform.processor() or platform.machine()}")
-    print(f"command: python bench/serve_load.py --clients {args.clients} --requests {args.requests} "
+    print(f"command: python bench/serving/serve_load.py --clients {args.clients} --requests {args.requests} "
           f"--max-tokens {args.max_tokens}" + (f" --artifact {args.artifact}" if args.artifact else ""))
     print("\n| policy | requests | seconds | requests/s | generated tokens | tokens/s | rounds | AL |")
     print("|---|---|---|---|---|---|---|---|")
