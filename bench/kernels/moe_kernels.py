@@ -41,6 +41,7 @@ from hybridspec.collectors.moe import routing_with_distinct
 from hybridspec.kernels.moe import SharedExpert
 from hybridspec.kernels.moe import reference as moe_reference
 from hybridspec.kernels.moe import triton as moe_triton
+from hybridspec.kernels.moe.down import column_tiles
 from hybridspec.kernels.moe.gate_up import launch_gate_up
 from hybridspec.kernels.moe.routing import expert_slots, workspace_size
 from hybridspec.kernels.moe.tuning import MOE_TUNING, MoETuning, tuning_for
@@ -55,11 +56,13 @@ MODELS = {  # name: (E, k, hidden, moe_intermediate, shared_intermediate)
 LENGTHS = (1, 2, 4, 8, 12, 16)
 DISTINCT = (8, 16, 32, 48, 64, 80, 96, 112, 128)
 SWEEP = {  # tuning variants timed beside the shipped table (name: MoETuning applied at every T)
-    "gu16-dn32": MoETuning(gate_up_bn=16, down_bh=32, down_bk=256),
     "gu64-dn128": MoETuning(gate_up_bn=64, gate_up_bk=128, gate_up_stages=4, down_bh=128, down_bk=64,
                             down_stages=4),
-    "w8-bk512": MoETuning(gate_up_bk=512, gate_up_warps=8, gate_up_stages=2, down_bk=256, down_stages=2),
-    "s4-dn32w2": MoETuning(gate_up_stages=4, down_bh=32, down_warps=2, down_stages=4),
+    "one-step-a": MoETuning(gate_up_bn=16, gate_up_bk=512, gate_up_stages=2, down_bh=32, down_bk=512,
+                            down_stages=1),
+    "one-step-b": MoETuning(gate_up_bk=512, gate_up_warps=8, gate_up_stages=2, down_bh=32, down_bk=256,
+                            down_stages=2),
+    "dn16-512": MoETuning(down_bh=16, down_bk=512, down_stages=1),
 }
 
 
@@ -130,12 +133,13 @@ def ours_part(stages: int):
     def make(layer: Layer, inp: Inputs):
         n, k = inp.ids.shape
         e, i = layer.gate_up.shape[0], layer.gate_up.shape[1] // 2
-        workspace = torch.empty(workspace_size(n, k, e, 16), dtype=torch.int32, device="cuda")
+        tiles = column_tiles(inp.x.shape[1], tuning_for(n))[1]
+        workspace = torch.empty(workspace_size(n, k, e, 16, tiles), dtype=torch.int32, device="cuda")
         act = torch.empty((n, k + 1, max(i, layer.shared.gate.shape[0])), dtype=inp.x.dtype, device="cuda")
         tuning = tuning_for(n)
 
         def call():
-            slots = expert_slots(inp.ids, workspace, e, 16)
+            slots = expert_slots(inp.ids, workspace, e, 16, tiles)
             if stages > 1:
                 launch_gate_up(inp.x, inp.weights, layer.gate_up, layer.shared, slots, act, 16, tuning, False)
         return call
@@ -303,17 +307,17 @@ def fit_eta(rows: list[dict], impl: str, model: str) -> dict | None:
                 correlation=round(statistics.correlation(xs, ys), 5))
 
 
-def runtime_rounds(log, tokens: int) -> list[dict]:
-    session = open_session("qwen3.6-35b-a3b", "random", device="cuda", dtype="bfloat16", backend="triton",
-                           max_context=1024)
+def runtime_rounds(log, tokens: int, model: str = "qwen3.6-35b-a3b", device: str = "cuda",
+                   dtype: str = "bfloat16") -> list[dict]:
+    session = open_session(model, "random", device=device, dtype=dtype, backend="triton", max_context=1024)
     moes = [layer.mlp for layer in session.target.layers if layer.is_moe]
-    prompt = torch.randint(0, 1000, (128,), generator=torch.Generator().manual_seed(0)).tolist()
+    prompt = torch.randint(0, session.target.cfg.vocab_size, (128,), generator=torch.Generator().manual_seed(0)).tolist()
     rows = []
     for experts, op in (("torch_loop", moe_reference.moe_experts), ("hybridspec", moe_triton.moe_experts)):
         for moe in moes:
             moe.experts_op = op
         for policy in ("ar", "static:4", "full"):
-            p = make_policy(policy, session.drafter.block_size - 1 if session.drafter else 15)
+            p = make_policy(policy, session.drafter.draft_len)
             session.engine.generate(prompt, policy=p, max_new_tokens=4)  # compiles every kernel it meets
             result = session.engine.generate(prompt, policy=p, max_new_tokens=tokens)
             row = dict(experts=experts, policy=policy, rounds=len(result.rounds),
@@ -403,7 +407,7 @@ def main(argv=None) -> int:
     log = lambda line: print(line, flush=True)  # noqa: E731
     result = dict(device=torch.cuda.get_device_name(), date=dt.date.today().isoformat(),
                   command="python3 bench/kernels/moe_kernels.py " + " ".join(argv or sys.argv[1:]),
-                  versions=versions(), models=args.models.split(","), tuning={str(k): asdict(v) for k, v in MOE_TUNING.items()},
+                  versions=versions(), models=[m for m in args.models.split(",") if m], tuning={str(k): asdict(v) for k, v in MOE_TUNING.items()},
                   checks=[], rows=[], eta=[], runtime=[])
     log(f"{result['device']} {result['versions']}")
     impls = {"hybridspec": ours()}

@@ -52,12 +52,13 @@ def test_tuning_is_taken_as_given():
     _check("small tiles", args, tuning=tuning)
 
 
-def test_expert_slots_are_the_sorted_distinct_experts_with_each_tokens_position():
+def test_expert_slots_are_the_sorted_distinct_experts_with_each_tokens_position_and_zeroed_arrivals():
     args = moe_inputs(7, 3, 20, 8, 8, 0, seed=3)
     ids = args["ids"]
     n, k = ids.shape
-    workspace = torch.full((workspace_size(n, k, 20, 16),), -7, dtype=torch.int32)
-    slot_expert, slot_kpos, count = expert_slots(ids, workspace, 20, 16)
+    workspace = torch.full((workspace_size(n, k, 20, 16, 3),), -7, dtype=torch.int32)
+    slot_expert, slot_kpos, count, arrivals = expert_slots(ids, workspace, 20, 16, 3)
+    assert arrivals.tolist() == [0, 0, 0]
     distinct = torch.unique(ids)
     assert count.tolist() == [len(distinct)]
     assert slot_expert[: len(distinct)].tolist() == distinct.tolist()

@@ -1,14 +1,16 @@
 """Second half of the experts: y[n, j] = act[n, j] W_down_e^T for each distinct expert e and each
 token n that routes to it (j: the token's position among its k experts; the shared expert's at
-j = k), then out_n = sum_j y[n, j] in a fixed order.
+j = k), and out_n = sum_j y[n, j] summed in the order j = 0..k.
 
 Grid (N·k + 1, ceil(H / BH)), as the gate_up kernel's: program (s, t) with s < count runs distinct
 expert slot_expert[s] (its [BH, I] tile of down weights read once, for all its tokens at once),
 s in count..N·k−1 return at once, s = N·k is the shared expert. act already carries each routing
-weight, so the k + 1 rows of a token only need summing; they are stored in fp32 and summed by the
-launcher in order j = 0..k (no atomics: the result does not depend on the order programs run).
+weight, so a token's k + 1 rows only need summing. Each program stores its rows of y (fp32), then
+arrives at its column tile's counter; the program that arrives last (count + 1 arrivals, the
+shared expert's included) sums the tile's rows of y and stores out. The sum's order is fixed, so
+the result does not depend on the order programs run (no atomics on the data).
 
-    act [N, k + 1, max(I, Is)]   down [E, H, I]   shared down [H, Is]   y [N, k + 1, H] fp32
+    act [N, k + 1, max(I, Is)]   down [E, H, I]   shared down [H, Is]   y [N, k + 1, H] fp32   out [N, H]
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ def _down_products(p_a, p_d, a_ok, h_ok, I: tl.constexpr, BM: tl.constexpr, BH: 
 
 
 @triton.jit
-def _moe_down_kernel(act_ptr, d_ptr, sd_ptr, slot_expert_ptr, slot_kpos_ptr, count_ptr, y_ptr,
-                     stride_an, stride_ak, stride_de, stride_dh, stride_sdh, stride_yn, stride_yk,
+def _moe_down_kernel(act_ptr, d_ptr, sd_ptr, slot_expert_ptr, slot_kpos_ptr, count_ptr, arrivals_ptr, y_ptr, out_ptr,
+                     stride_an, stride_ak, stride_de, stride_dh, stride_sdh, stride_yn, stride_yk, stride_on,
                      N, K: tl.constexpr, H: tl.constexpr, I: tl.constexpr, IS: tl.constexpr,
                      BM: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr,
                      WIDEN: tl.constexpr):
@@ -45,41 +47,56 @@ def _moe_down_kernel(act_ptr, d_ptr, sd_ptr, slot_expert_ptr, slot_kpos_ptr, cou
     o_h = i_t * BH + tl.arange(0, BH)
     o_c = tl.arange(0, BK)
     h_ok = o_h < H
-    if i_s < N * K:
-        if i_s < tl.load(count_ptr):
+    m_ok = o_m < N
+    n_active = tl.load(count_ptr)
+    if (i_s >= N * K) | (i_s < n_active):
+        if i_s < N * K:
             e = tl.load(slot_expert_ptr + i_s).to(tl.int64)
             b_kpos = tl.load(slot_kpos_ptr + i_s * BM + o_m)  # [BM] position among the token's k, or -1
             hit = b_kpos >= 0
             p_a = act_ptr + o_m[:, None] * stride_an + b_kpos[:, None] * stride_ak + o_c[None, :]
             p_d = d_ptr + e * stride_de + o_h[:, None] * stride_dh + o_c[None, :]
             acc = _down_products(p_a, p_d, hit, h_ok, I, BM, BH, BK, PRECISION, WIDEN)
-            p_y = y_ptr + o_m[:, None] * stride_yn + b_kpos[:, None] * stride_yk + o_h[None, :]
-            tl.store(p_y, acc, mask=hit[:, None] & h_ok[None, :])
-    else:
-        m_ok = o_m < N
-        p_a = act_ptr + o_m[:, None] * stride_an + K * stride_ak + o_c[None, :]
-        p_d = sd_ptr + o_h[:, None] * stride_sdh + o_c[None, :]
-        acc = _down_products(p_a, p_d, m_ok, h_ok, IS, BM, BH, BK, PRECISION, WIDEN)
-        tl.store(y_ptr + o_m[:, None] * stride_yn + K * stride_yk + o_h[None, :], acc,
-                 mask=m_ok[:, None] & h_ok[None, :])
+        else:
+            b_kpos = tl.full([BM], K, dtype=tl.int32)
+            hit = m_ok
+            p_a = act_ptr + o_m[:, None] * stride_an + K * stride_ak + o_c[None, :]
+            p_d = sd_ptr + o_h[:, None] * stride_sdh + o_c[None, :]
+            acc = _down_products(p_a, p_d, hit, h_ok, IS, BM, BH, BK, PRECISION, WIDEN)
+        p_y = y_ptr + o_m[:, None] * stride_yn + b_kpos[:, None] * stride_yk + o_h[None, :]
+        tl.store(p_y, acc, mask=hit[:, None] & h_ok[None, :])
+        tl.debug_barrier()  # every thread's rows of y stored before the release below
+        arrived = tl.atomic_add(arrivals_ptr + i_t, 1, sem="acq_rel")
+        if arrived == n_active + (IS > 0) - 1:  # the last program of this column tile
+            total = tl.zeros([BM, BH], dtype=tl.float32)
+            for j in tl.static_range(K + (IS > 0)):
+                total += tl.load(y_ptr + o_m[:, None] * stride_yn + j * stride_yk + o_h[None, :],
+                                 mask=m_ok[:, None] & h_ok[None, :], other=0.0, cache_modifier=".cg")
+            tl.store(out_ptr + o_m[:, None] * stride_on + o_h[None, :], total.to(out_ptr.dtype.element_ty),
+                     mask=m_ok[:, None] & h_ok[None, :])
+
+
+def column_tiles(hidden: int, tuning) -> tuple[int, int]:
+    """(BH, number of column tiles) of the down kernel for a hidden size."""
+    bh = min(tuning.down_bh, max(16, triton.next_power_of_2(hidden)))
+    return bh, triton.cdiv(hidden, bh)
 
 
 def launch_down(act, down, shared, slots, out, block_m: int, tuning, widen: bool) -> None:
     """act [N, k + 1, max(I, Is)] from the gate_up kernel, down [E, H, I], shared (or None),
-    slots from `routing.expert_slots`, out [N, H] (written); widen: under the interpreter."""
+    slots from `routing.expert_slots` (its arrivals zeroed, one per column tile), out [N, H]
+    (written); widen: under the interpreter."""
     n, k1 = act.shape[:2]
     e, h, i = down.shape
     i_s = shared.down.shape[1] if shared is not None else 0
     sd = shared.down if shared is not None else down[0]
-    slot_expert, slot_kpos, count = slots
-    bh = min(tuning.down_bh, max(16, triton.next_power_of_2(h)))
+    slot_expert, slot_kpos, count, arrivals = slots
+    bh, tiles = column_tiles(h, tuning)
     bk = min(tuning.down_bk, max(16, triton.next_power_of_2(max(i, i_s))))
-    y = torch.empty((n, k1 if shared is not None else k1 - 1, h), dtype=torch.float32, device=act.device)
-    grid = (n * (k1 - 1) + (shared is not None), triton.cdiv(h, bh))
-    _moe_down_kernel[grid](
-        act, down, sd, slot_expert, slot_kpos, count, y,
+    y = torch.empty((n, k1, h), dtype=torch.float32, device=act.device)  # [N, k + 1, H]
+    _moe_down_kernel[(n * (k1 - 1) + (shared is not None), tiles)](
+        act, down, sd, slot_expert, slot_kpos, count, arrivals, y, out,
         act.stride(0), act.stride(1), down.stride(0), down.stride(1), sd.stride(0), y.stride(0), y.stride(1),
-        N=n, K=k1 - 1, H=h, I=i, IS=i_s, BM=block_m, BH=bh, BK=bk,
+        out.stride(0), N=n, K=k1 - 1, H=h, I=i, IS=i_s, BM=block_m, BH=bh, BK=bk,
         PRECISION="ieee" if act.dtype == torch.float32 else "tf32", WIDEN=widen,
         num_warps=tuning.down_warps, num_stages=tuning.down_stages)
-    torch.sum(y, dim=1, out=out) if out.dtype == torch.float32 else out.copy_(y.sum(dim=1))

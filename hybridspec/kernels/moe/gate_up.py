@@ -89,7 +89,7 @@ def launch_gate_up(x, weights, gate_up, shared, slots, act, block_m: int, tuning
     n, k = weights.shape
     i = gate_up.shape[1] // 2
     i_s = shared.gate.shape[0] if shared is not None else 0
-    slot_expert, slot_kpos, count = slots
+    slot_expert, slot_kpos, count, _ = slots
     sg, su, sgw = (shared.gate, shared.up, shared.gate_weight) if shared is not None else (gate_up,) * 3
     bn = min(tuning.gate_up_bn, max(16, triton.next_power_of_2(max(i, i_s))))
     bk = min(tuning.gate_up_bk, max(16, triton.next_power_of_2(x.shape[1])))

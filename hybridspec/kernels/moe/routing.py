@@ -4,6 +4,7 @@ From ids [N, k] it writes, into an int32 workspace:
     slot_expert [N·k]    the distinct experts in increasing id order (entries >= count unused)
     slot_kpos   [N·k, BM] for slot s and token n, the position j with ids[n, j] = slot_expert[s], or -1
     count       [1]      the number of distinct experts
+    arrivals    [tiles]  zeroed: the down kernel's per-column-tile arrival counters
 so that the expert kernels run one slot per distinct expert (each expert's weights read once) over
 a grid fixed by (N, k), and the host reads nothing. Phases are separated by CTA barriers: the
 expert-presence map is scattered into global scratch [E], turned into slots by an exclusive prefix
@@ -17,7 +18,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _moe_slots_kernel(ids_ptr, scratch_ptr, slot_expert_ptr, slot_kpos_ptr, count_ptr,
+def _moe_slots_kernel(ids_ptr, scratch_ptr, slot_expert_ptr, slot_kpos_ptr, count_ptr, arrivals_ptr, TILES,
                       N, K: tl.constexpr, E: tl.constexpr, EP: tl.constexpr,
                       NKP: tl.constexpr, BM: tl.constexpr, FILL: tl.constexpr):
     o_e = tl.arange(0, EP)
@@ -28,6 +29,8 @@ def _moe_slots_kernel(ids_ptr, scratch_ptr, slot_expert_ptr, slot_kpos_ptr, coun
     o_f = tl.arange(0, FILL)
     for r in range(0, N * K * BM, FILL):
         tl.store(slot_kpos_ptr + r + o_f, tl.full([FILL], -1, tl.int32), mask=r + o_f < N * K * BM)
+    for r in range(0, TILES, FILL):
+        tl.store(arrivals_ptr + r + o_f, tl.zeros([FILL], tl.int32), mask=r + o_f < TILES)
     tl.debug_barrier()
     tl.store(scratch_ptr + b_ids, tl.full([NKP], 1, tl.int32), mask=a_ok)
     tl.debug_barrier()
@@ -42,22 +45,23 @@ def _moe_slots_kernel(ids_ptr, scratch_ptr, slot_expert_ptr, slot_kpos_ptr, coun
     tl.store(slot_kpos_ptr + b_s * BM + o_a // K, o_a % K, mask=a_ok)
 
 
-def expert_slots(ids, workspace, n_experts: int, block_m: int):
-    """ids [N, k] (contiguous, N <= block_m) → (slot_expert [N·k], slot_kpos [N·k, BM], count [1])
-    views of `workspace` (int32, at least E + N·k·(BM + 1) + 1 entries), written by one launch.
-    N is a runtime argument: one compiled kernel serves every N up to block_m."""
+def expert_slots(ids, workspace, n_experts: int, block_m: int, tiles: int):
+    """ids [N, k] (contiguous, N <= block_m) → (slot_expert [N·k], slot_kpos [N·k, BM], count [1],
+    arrivals [tiles]) views of `workspace` (int32, `workspace_size` entries), written by one
+    launch. N is a runtime argument: one compiled kernel serves every N up to block_m."""
     n, k = ids.shape
     nk = n * k
     scratch, rest = workspace[:n_experts], workspace[n_experts:]
     slot_expert, slot_kpos = rest[:nk], rest[nk : nk + nk * block_m].view(nk, block_m)
     count = rest[nk + nk * block_m : nk + nk * block_m + 1]
-    _moe_slots_kernel[(1,)](ids, scratch, slot_expert, slot_kpos, count, N=n, K=k, E=n_experts,
+    arrivals = rest[nk + nk * block_m + 1 : nk + nk * block_m + 1 + tiles]
+    _moe_slots_kernel[(1,)](ids, scratch, slot_expert, slot_kpos, count, arrivals, tiles, N=n, K=k, E=n_experts,
                             EP=triton.next_power_of_2(n_experts), NKP=triton.next_power_of_2(block_m * k),
                             BM=block_m, FILL=1024, num_warps=4)
-    return slot_expert, slot_kpos, count
+    return slot_expert, slot_kpos, count, arrivals
 
 
-def workspace_size(n_tokens: int, top_k: int, n_experts: int, block_m: int) -> int:
+def workspace_size(n_tokens: int, top_k: int, n_experts: int, block_m: int, tiles: int) -> int:
     """int32 entries `expert_slots` needs."""
     nk = n_tokens * top_k
-    return n_experts + nk * (block_m + 1) + 1
+    return n_experts + nk * (block_m + 1) + 1 + tiles
