@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from ...kernels.gdn import reference as gdn_reference
+from ...kernels.moe import reference as moe_reference
 from ..cache import TargetCache
 from ..config import ConfigError, TargetConfig
 from ..layers.attention import GatedAttention
@@ -73,8 +74,22 @@ def gdn_ops(backend: str) -> tuple[Callable, Callable]:
     return verify, commit
 
 
+def moe_experts_op(backend: str) -> Callable:
+    """The experts' implementation of a backend (`kernels/moe`): the reference (one matmul pair per
+    distinct expert, a host read per call) or the Triton kernels (no host read, any token count)."""
+    if backend == "torch":
+        return moe_reference.moe_experts
+    if backend != "triton":
+        raise ConfigError(f"unknown backend {backend!r} (torch or triton)")
+    try:
+        from ...kernels.moe import triton as moe_triton
+    except ImportError as exc:
+        raise ConfigError(f"the triton backend needs triton ({exc})") from exc
+    return moe_triton.moe_experts
+
+
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: TargetConfig, index: int, verify: Callable):
+    def __init__(self, cfg: TargetConfig, index: int, verify: Callable, experts: Callable):
         super().__init__()
         self.is_gdn = cfg.layer_types[index] == "linear_attention"
         if self.is_gdn:
@@ -82,7 +97,7 @@ class DecoderLayer(nn.Module):
         else:
             self.self_attn = GatedAttention(cfg)
         dense = index in cfg.dense_layers
-        self.mlp = DenseMLP(cfg.hidden_size, cfg.intermediate_size) if dense else SparseMoE(cfg)
+        self.mlp = DenseMLP(cfg.hidden_size, cfg.intermediate_size) if dense else SparseMoE(cfg, experts)
         self.input_layernorm = OffsetRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.post_attention_layernorm = OffsetRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
 
@@ -104,7 +119,8 @@ class HybridTarget(nn.Module):
         self.backend = backend
         verify, self._gdn_commit = gdn_ops(backend)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, verify) for i in range(cfg.num_hidden_layers))
+        experts = moe_experts_op(backend)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, verify, experts) for i in range(cfg.num_hidden_layers))
         self.norm = OffsetRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
