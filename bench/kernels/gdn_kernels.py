@@ -74,7 +74,6 @@ import math
 import os
 import platform
 import re
-import statistics
 import sys
 import traceback
 import types
@@ -84,6 +83,7 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+from cuda_timing import capture, copy_bandwidth, median_us
 from torch import Tensor
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -607,37 +607,6 @@ def correctness_table(rows: list[dict]) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def capture(rounds: list[Callable[[], None]]) -> torch.cuda.CUDAGraph:
-    """One graph of all rounds, after a warm-up on a side stream (compiles, autotunes)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for fn in rounds:
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for fn in rounds:
-            fn()
-    return graph
-
-
-def median_us(graph: torch.cuda.CUDAGraph, rounds: int, samples: int, replays: int) -> float:
-    """Median over samples of (replays graph replays) per round, in microseconds."""
-    graph.replay()
-    torch.cuda.synchronize()
-    per_round = []
-    for _ in range(samples):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        per_round.append(start.elapsed_time(end) * 1e3 / (replays * rounds))
-    return statistics.median(per_round)
-
-
 def time_impl(name: str | Callable, problems: list[Problem], w: int, m: int, samples: int, replays: int) -> float:
     """Median us per round of one CUDA graph of ROTATIONS rounds (name as in `check_one`)."""
     make = IMPLS[name] if isinstance(name, str) else name
@@ -648,22 +617,6 @@ def time_impl(name: str | Callable, problems: list[Problem], w: int, m: int, sam
     del graph, impls
     torch.cuda.empty_cache()
     return result
-
-
-def copy_bandwidth(samples: int, nbytes: int = 1 << 30) -> float:
-    """Device-to-device copy_ bandwidth in bytes/s, counting read + write."""
-    src = torch.empty(nbytes // 4, device="cuda")
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    times = []
-    for _ in range(samples):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e-3)
-    return 2 * nbytes / statistics.median(times)
 
 
 def floor_us(setting: Setting, w: int, bandwidth: float) -> float:

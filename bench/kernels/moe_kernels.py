@@ -36,6 +36,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from cuda_timing import capture, copy_bandwidth, median_us
 
 from hybridspec.collectors.moe import routing_with_distinct
 from hybridspec.kernels.moe import SharedExpert
@@ -176,29 +177,10 @@ class SGLang:
 
 def graph_us(calls, samples: int, replays: int) -> float:
     """Median µs per call of one CUDA graph holding `calls` in order (warm-up on a side stream)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for fn in calls:
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for fn in calls:
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(samples):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / (replays * len(calls)))
+    graph = capture(calls)
+    result = median_us(graph, len(calls), samples, replays)
     del graph
-    return statistics.median(times)
+    return result
 
 
 def eager_us(calls, samples: int) -> float:
@@ -213,22 +195,6 @@ def eager_us(calls, samples: int) -> float:
         torch.cuda.synchronize()
         times.append((time.perf_counter() - t0) * 1e6 / len(calls))
     return statistics.median(times)
-
-
-def copy_bandwidth(nbytes: int = 1 << 30) -> float:
-    """Device-to-device copy bandwidth in bytes/s (read + write)."""
-    src = torch.empty(nbytes // 4, device="cuda")
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    times = []
-    for _ in range(10):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e-3)
-    return 2 * nbytes / statistics.median(times)
 
 
 def floor_us(model: str, distinct: float, bandwidth: float) -> float:
@@ -420,7 +386,7 @@ def main(argv=None) -> int:
     if args.sweep:
         impls.update({f"hybridspec[{name}]": ours({64: t}) for name, t in SWEEP.items()})
         impls.update({"hybridspec[slots]": ours_part(1), "hybridspec[slots+gate_up]": ours_part(2)})
-    bandwidth = copy_bandwidth()
+    bandwidth = copy_bandwidth(samples=10)
     result["copy_bandwidth_GBps"] = bandwidth / 1e9
     log(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s")
     samples, replays = (5, 5) if args.quick else (20, 10)

@@ -1,0 +1,55 @@
+"""CUDA-graph and copy-bandwidth timing shared by the kernel benchmarks (GPU only)."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+
+import torch
+
+
+def capture(rounds: list[Callable[[], None]]) -> torch.cuda.CUDAGraph:
+    """One graph of all rounds, after a warm-up on a side stream (compiles, autotunes)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for fn in rounds:
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in rounds:
+            fn()
+    return graph
+
+
+def median_us(graph: torch.cuda.CUDAGraph, rounds: int, samples: int, replays: int) -> float:
+    """Median over samples of (replays graph replays) per round, in microseconds."""
+    graph.replay()
+    torch.cuda.synchronize()
+    per_round = []
+    for _ in range(samples):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        per_round.append(start.elapsed_time(end) * 1e3 / (replays * rounds))
+    return statistics.median(per_round)
+
+
+def copy_bandwidth(samples: int, nbytes: int = 1 << 30) -> float:
+    """Device-to-device copy_ bandwidth in bytes/s, counting read + write."""
+    src = torch.empty(nbytes // 4, device="cuda")
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(samples):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e-3)
+    return 2 * nbytes / statistics.median(times)
