@@ -128,6 +128,7 @@ def test_models_health_and_auth(server, client):
     ({"prompt": PROMPT, "max_tokens": -1}, "max_tokens"),
     ({"prompt": PROMPT, "temperature": -0.5}, "temperature"),
     ({"prompt": PROMPT, "policy": "bogus"}, "policy"),
+    ({"prompt": PROMPT, "policy": "static:1"}, "policy"),
     ({"prompt": PROMPT, "n": 2}, "n"),
     ({"prompt": "x " * 600, "max_tokens": 2}, "prompt"),
     ({"prompt": PROMPT, "max_tokens": 600}, "max_tokens"),
