@@ -18,7 +18,9 @@ import json
 import sys
 from pathlib import Path
 
-import gdn_kernels as gk  # this script's folder, bench/kernels, is on sys.path
+from gdn_impls import HybridSpec  # this script's folder, bench/kernels, is on sys.path
+import gdn_kernels as gk
+from gdn_problems import QWEN36, ROTATIONS, TOLERANCE, make_problem, oracle
 import torch
 
 from hybridspec.kernels.gdn import triton as gdn
@@ -46,19 +48,19 @@ def main() -> int:
     gk.require_gpu()
     rows = []
     for w in map(int, args.widths.split(",")):
-        problems = [gk.make_problem(gk.QWEN36, w, torch.bfloat16, seed=1000 + r, device="cuda")
-                    for r in range(gk.ROTATIONS)]
+        problems = [make_problem(QWEN36, w, torch.bfloat16, seed=1000 + r, device="cuda")
+                    for r in range(ROTATIONS)]
         m_check = (w + 1) // 2
         checks = {}
         for dtype in (torch.bfloat16, torch.float32):
-            p = gk.make_problem(gk.QWEN36, w, dtype, seed=w, device="cuda")
-            checks[dtype] = (p, *gk.oracle(p, m_check))
+            p = make_problem(QWEN36, w, dtype, seed=w, device="cuda")
+            checks[dtype] = (p, *oracle(p, m_check))
         shipped = gdn.SHIPPED.verify[w]
         for tuning, raw in variants(w):
-            make = functools.partial(gk.HybridSpec, tuning=gdn.SHIPPED.replace(verify={w: tuning}), raw_keys=raw)
+            make = functools.partial(HybridSpec, tuning=gdn.SHIPPED.replace(verify={w: tuning}), raw_keys=raw)
             errors = {str(dtype).removeprefix("torch."): gk.check_one(make, p, w, m_check, o_ref, s_ref)
                       for dtype, (p, o_ref, s_ref) in checks.items()}
-            passed = all(max(e.values()) < gk.TOLERANCE[getattr(torch, d)] for d, e in errors.items())
+            passed = all(max(e.values()) < TOLERANCE[getattr(torch, d)] for d, e in errors.items())
             times = [gk.time_impl(make, problems, w, w, args.samples, 10) for _ in range(args.repeat)]
             us = min(times)
             rows.append(dict(w=w, us=round(us, 2), times=[round(t, 2) for t in times], raw_keys=raw,

@@ -23,41 +23,45 @@ import json
 import sys
 from pathlib import Path
 
-import gdn_kernels as gk  # this script's folder, bench/kernels, is on sys.path
+from cuda_timing import capture, median_us  # this script's folder, bench/kernels, is on sys.path
+from gdn_impls import HybridSpecCommit
+import gdn_kernels as gk
+from gdn_problems import QWEN36, ROTATIONS, make_problem
+from gdn_report import versions
 import torch
 
 from hybridspec.kernels.gdn import triton as gdn
 from hybridspec.kernels.gdn.tuning import COMMIT_LOOP
 
 
-def timed(parts: list[gk.HybridSpecCommit], method: str, samples: int, replays: int) -> float:
-    graph = gk.capture([getattr(x, method) for x in parts])
-    result = gk.median_us(graph, len(parts), samples, replays)
+def timed(parts: list[HybridSpecCommit], method: str, samples: int, replays: int) -> float:
+    graph = capture([getattr(x, method) for x in parts])
+    result = median_us(graph, len(parts), samples, replays)
     del graph
     return result
 
 
 def measure(w: int, samples: int, replays: int, tuning: gdn.Tuning) -> dict[str, float]:
-    problems = [gk.make_problem(gk.QWEN36, w, torch.bfloat16, 1000 + r, "cuda") for r in range(gk.ROTATIONS)]
+    problems = [make_problem(QWEN36, w, torch.bfloat16, 1000 + r, "cuda") for r in range(ROTATIONS)]
     row: dict[str, float] = {}
-    parts = [gk.HybridSpecCommit(p, w, w, tuning=tuning) for p in problems]
+    parts = [HybridSpecCommit(p, w, w, tuning=tuning) for p in problems]
     for x in parts:
         x.verify()  # round buffers filled for the commit-only graph
     row["verify"] = timed(parts, "verify", samples, replays)
     row["commit"] = timed(parts, "commit", samples, replays)
-    parts = [gk.HybridSpecCommit(p, w, w, tuning=tuning) for p in problems]
+    parts = [HybridSpecCommit(p, w, w, tuning=tuning) for p in problems]
     row["round"] = timed(parts, "round", samples, replays)
-    graph = gk.capture([x.round for x in parts])
+    graph = capture([x.round for x in parts])
     for _ in range(200):
         graph.replay()
     torch.cuda.synchronize()
     del graph
     row["verify-evolved"] = timed(parts, "verify", samples, replays)
     no_pdl = tuning.replace(verify={T: dataclasses.replace(t, pdl=False) for T, t in tuning.verify.items()})
-    row["round-no-pdl"] = timed([gk.HybridSpecCommit(p, w, w, tuning=no_pdl) for p in problems], "round", samples,
+    row["round-no-pdl"] = timed([HybridSpecCommit(p, w, w, tuning=no_pdl) for p in problems], "round", samples,
                                 replays)
     loop = tuning.replace(commit={T: COMMIT_LOOP for T in tuning.commit})
-    row["round-loop"] = timed([gk.HybridSpecCommit(p, w, w, tuning=loop) for p in problems], "round", samples, replays)
+    row["round-loop"] = timed([HybridSpecCommit(p, w, w, tuning=loop) for p in problems], "round", samples, replays)
     row["verify + commit"] = row["verify"] + row["commit"]
     return {k: round(v, 2) for k, v in row.items()}
 
@@ -83,7 +87,7 @@ def main(argv=None) -> int:
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         result = dict(device=torch.cuda.get_device_name(), date=datetime.datetime.now().isoformat(timespec="seconds"),
-                      command=" ".join(sys.argv), versions=gk.versions(), rows=rows)
+                      command=" ".join(sys.argv), versions=versions(), rows=rows)
         (args.out / "gdn_round_parts.json").write_text(json.dumps(result, indent=2))
     return 0
 

@@ -30,7 +30,10 @@ import multiprocessing
 import sys
 from pathlib import Path
 
-import gdn_kernels as gk  # this script's folder, bench/kernels, is on sys.path
+from cuda_timing import capture, median_us  # this script's folder, bench/kernels, is on sys.path
+import gdn_kernels as gk
+from gdn_problems import QWEN36, ROTATIONS, TOLERANCE, Problem, make_problem, oracle, relative_error
+from gdn_report import versions
 import torch
 import triton
 import triton.language as tl
@@ -39,7 +42,7 @@ from hybridspec.kernels.gdn import triton as gdn
 
 SWEEP_LENGTHS = (2, 3, 4, 6, 8, 12, 16)
 COMMIT_M = (1, 8, 16)
-L = gk.QWEN36.layers
+L = QWEN36.layers
 
 
 def verify_variants() -> list[gdn.VerifyTuning]:
@@ -75,7 +78,7 @@ def _empty_kernel(x, N: tl.constexpr):
 class Buffers:
     """One rotation: inputs of all layers, a state pool, round buffers."""
 
-    p: gk.Problem
+    p: Problem
     states: torch.Tensor  # [L, 1, HV, dv, dk]
     o: list[torch.Tensor]  # per layer [1, T, HV, dv], the last verify's outputs
     z: torch.Tensor  # [L, 1, 16, HV, dv]
@@ -84,7 +87,7 @@ class Buffers:
 
 
 def buffers(T: int, dtype: torch.dtype, seed: int) -> Buffers:
-    p = gk.make_problem(gk.QWEN36, T, dtype, seed, "cuda")
+    p = make_problem(QWEN36, T, dtype, seed, "cuda")
     _, _, _, HV, dv = p.v.shape
     return Buffers(p, p.state.clone(), [],
                    torch.zeros(L, 1, 16, HV, dv, device="cuda"), torch.zeros(L, 1, 16, HV, device="cuda"),
@@ -110,16 +113,16 @@ def check(T: int, verify: gdn.VerifyTuning, commit: gdn.CommitTuning, m: int,
     """Relative errors (outputs, committed state) against float64 Eq. 1 from the same inputs
     (fp32, or bf16 as the model has them)."""
     b = buffers(T, dtype, seed=7)
-    o_ref, s_ref = gk.oracle(b.p, m)
+    o_ref, s_ref = oracle(b.p, m)
     verify_all(b, T, verify)
     commit_all(b, T, torch.full((1,), m, dtype=torch.long, device="cuda"), commit)
     torch.cuda.synchronize()
-    return gk.relative_error(torch.stack(b.o)[:, 0], o_ref), gk.relative_error(b.states[:, 0], s_ref)
+    return relative_error(torch.stack(b.o)[:, 0], o_ref), relative_error(b.states[:, 0], s_ref)
 
 
 def time_graph(rounds, samples: int, replays: int) -> float:
-    graph = gk.capture(rounds)
-    result = gk.median_us(graph, len(rounds), samples, replays)
+    graph = capture(rounds)
+    result = median_us(graph, len(rounds), samples, replays)
     del graph
     return result
 
@@ -181,20 +184,20 @@ def main(argv=None) -> int:
 
     # launch floor: 30 empty kernels (128 programs each) in one graph
     x = torch.zeros(1, device="cuda")
-    launch = time_graph([lambda: [_empty_kernel[(128,)](x, N=1 << 20) for _ in range(L)]] * gk.ROTATIONS,
+    launch = time_graph([lambda: [_empty_kernel[(128,)](x, N=1 << 20) for _ in range(L)]] * ROTATIONS,
                         args.samples, args.replays)
     rows.append(dict(kind="launch", T=None, tuning=None, median_us=round(launch, 2)))
     print(f"30 empty launches: {launch:.1f} us", flush=True)
 
     for T in SWEEP_LENGTHS:
-        rot = [buffers(T, torch.bfloat16, seed=100 + r) for r in range(gk.ROTATIONS)]
+        rot = [buffers(T, torch.bfloat16, seed=100 + r) for r in range(ROTATIONS)]
         for v in verify:
             row = dict(kind="verify", T=T, tuning=dataclasses.asdict(v), median_us=None)
             try:
                 row["error_o"], row["error_s"] = check(T, v, gdn.SHIPPED.commit[T], m=T)
                 row["error_o_bf16"], row["error_s_bf16"] = check(T, v, gdn.SHIPPED.commit[T], m=T, dtype=torch.bfloat16)
-                row["passed"] = (max(row["error_o"], row["error_s"]) < gk.TOLERANCE[torch.float32]
-                                 and max(row["error_o_bf16"], row["error_s_bf16"]) < gk.TOLERANCE[torch.bfloat16])
+                row["passed"] = (max(row["error_o"], row["error_s"]) < TOLERANCE[torch.float32]
+                                 and max(row["error_o_bf16"], row["error_s_bf16"]) < TOLERANCE[torch.bfloat16])
                 row["median_us"] = round(time_graph([lambda b=b: verify_all(b, T, v) for b in rot],
                                                     args.samples, args.replays), 2)
             except Exception as error:  # a variant that does not compile or run is a row, not a crash
@@ -205,7 +208,7 @@ def main(argv=None) -> int:
         del rot
 
     for T, ms in ((16, COMMIT_M), (2, (1, 2))):
-        rot = [buffers(T, torch.bfloat16, seed=200 + r) for r in range(gk.ROTATIONS)]
+        rot = [buffers(T, torch.bfloat16, seed=200 + r) for r in range(ROTATIONS)]
         for r in rot:
             verify_all(r, T, gdn.SHIPPED.verify[T])
         for c in commit:
@@ -214,7 +217,7 @@ def main(argv=None) -> int:
                 row = dict(kind="commit", T=T, m=m, tuning=dataclasses.asdict(c), median_us=None)
                 try:
                     row["error_o"], row["error_s"] = check(T, gdn.SHIPPED.verify[T], c, m=m)
-                    row["passed"] = row["error_s"] < gk.TOLERANCE[torch.float32]
+                    row["passed"] = row["error_s"] < TOLERANCE[torch.float32]
                     row["median_us"] = round(time_graph([lambda b=b: commit_all(b, T, accepted, c) for b in rot],
                                                         args.samples, args.replays), 2)
                 except Exception as error:
@@ -226,7 +229,7 @@ def main(argv=None) -> int:
 
     chosen = choose(rows)
     result = dict(device=torch.cuda.get_device_name(), date=datetime.datetime.now().isoformat(timespec="seconds"),
-                  versions=gk.versions(), command=" ".join(sys.argv),
+                  versions=versions(), command=" ".join(sys.argv),
                   launch_floor_us=launch, chosen=chosen, rows=rows)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gdn_tuning.json").write_text(json.dumps(result, indent=2))
