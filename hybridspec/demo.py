@@ -120,12 +120,13 @@ def ask_server(base: str, prompt: str, max_tokens: int) -> tuple[dict, dict]:
 # ---------------------------------------------------------------------------------------------
 
 
-def demo_prompt() -> tuple[str | None, str | None]:
-    """(text, ids) of the demo: a test prompt of the embedded set, or ids for the random fallback."""
+def demo_prompt() -> str:
+    """The served request's prompt: the first `test` prompt of the embedded set (a fixed line of
+    code when the embedded pair is not installed)."""
     if default_model()[1] is None:
-        return None, "1,2,3,4,5,6,7,8"
+        return "def fibonacci(n):\n"
     prompts = load_prompts(EMBEDDED / "prompts.jsonl", split="test")
-    return next(p.text for p in prompts if p.category == "test"), None
+    return next(p.text for p in prompts if p.category == "test")
 
 
 def _step(console: Console, title: str, command: str) -> float:
@@ -178,8 +179,7 @@ def run_demo_workflow(config: DemoConfig, console: Console) -> dict:
     port = free_port()
     t = _step(console, "4/5 serve", f"hybridspec serve --artifact {artifact} --port {port}   "
               "(+ one request with the openai client)")
-    text, _ = demo_prompt()
-    prompt = text or "def fibonacci(n):\n"
+    prompt = demo_prompt()
     with Server(["--artifact", str(artifact)], port, out / "serve.log") as server:
         response, metrics = ask_server(server.base, prompt, config.max_new_tokens)
     console.print(f"[bold]prompt[/] (last lines)\n{prompt[-300:]}")
