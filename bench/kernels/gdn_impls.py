@@ -22,12 +22,22 @@ BASELINES = ROOT / ".baselines" / "site"
 SGLANG_VERSION = "0.5.23"  # what shared/tools/gdn-baselines.sh extracts
 
 
+class LayerCalls:
+    """An implementation that calls its verify once per layer: round() leaves layer l's outputs
+    [B = 1, w, HV, dv] in self.o[l]."""
+
+    o: list[Tensor]
+
+    def outputs(self) -> Tensor:  # [L, w, HV, dv]
+        return torch.stack(self.o)[:, 0]
+
+
 # ---------------------------------------------------------------------------------------------
 # HybridSpec's kernels
 # ---------------------------------------------------------------------------------------------
 
 
-class HybridSpecCommit:
+class HybridSpecCommit(LayerCalls):
     """30 x gdn_verify_gated (norms and gates from the raw a, b inside the kernel, as SGLang's
     kernel does) writing z, g_cum, normalised k into round buffers [L, B, T_max, ...], then one
     gdn_commit: the round with its commit as a launch of its own (`hybridspec_commit` rows).
@@ -65,14 +75,11 @@ class HybridSpecCommit:
         self.gdn.gdn_commit(self.states, self.z[:, :, :w], self.k[:, :, :w], self.g_cum[:, :, :w], self.accepted,
                             tuning=self.tuning)
 
-    def outputs(self) -> Tensor:  # [L, w, HV, dv]
-        return torch.stack(self.o)[:, 0]
-
     def committed(self) -> Tensor:  # [L, HV, dv, dk]
         return self.states[:, 0]
 
 
-class HybridSpec:
+class HybridSpec(LayerCalls):
     """What the runtime runs (`hybridspec` rows): each round's commit is folded into the next round's
     verification of every layer. 30 x gdn_verify_gated(pending=the previous round's z, k, g_cum
     and m): each program applies Eq. 7 to its rows of S, stores them in place, and verifies from
@@ -120,9 +127,6 @@ class HybridSpec:
                   for l in range(len(self.states))]
         self.slot, self.pending = 1 - new, True
 
-    def outputs(self) -> Tensor:  # [L, w, HV, dv]
-        return torch.stack(self.o)[:, 0]
-
     def committed(self) -> Tensor:  # [L, HV, dv, dk]
         if self.pending:
             old, w = 1 - self.slot, self.w
@@ -137,7 +141,20 @@ class HybridSpec:
 # ---------------------------------------------------------------------------------------------
 
 
-class SGLangDefault:
+def gating_verify_arguments(p: Problem, l: int, states: Tensor, slot: Tensor, cu_seqlens: Tensor) -> dict:
+    """The arguments of SGLang's `fused_sigmoid_gating_delta_rule_update` that both of its verify
+    modes (per-token states, raw-input ring) pass for layer l: gates from the raw a, b (softplus
+    beta 1, threshold 20), q and k normalised in the kernel, S_0 read from states[l] at slot and
+    not updated, one sequence of w tokens (cu_seqlens [0, w])."""
+    return dict(
+        A_log=p.A_log[l], a=p.a[l], dt_bias=p.dt_bias[l], softplus_beta=1.0,
+        softplus_threshold=20.0, q=p.q[l], k=p.k[l], v=p.v[l], b=p.b[l],
+        initial_state_source=states[l], initial_state_indices=slot, scale=p.scale,
+        use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens, is_kda=False, disable_state_update=True,
+    )
+
+
+class SGLangDefault(LayerCalls):
     """SGLang's default target verify: the state after every token, then a scatter of step m-1."""
 
     def __init__(self, p: Problem, w: int, m: int):
@@ -156,17 +173,11 @@ class SGLangDefault:
     def round(self) -> None:
         p = self.p
         self.o = [self.verify(
-            A_log=p.A_log[l], a=p.a[l], dt_bias=p.dt_bias[l], softplus_beta=1.0,
-            softplus_threshold=20.0, q=p.q[l], k=p.k[l], v=p.v[l], b=p.b[l],
-            initial_state_source=self.pool[l], initial_state_indices=self.slot, scale=p.scale,
-            use_qk_l2norm_in_kernel=True, cu_seqlens=self.cu_seqlens, is_kda=False,
-            disable_state_update=True, intermediate_states_buffer=self.steps[l],
-            intermediate_state_indices=self.slot, cache_steps=self.w, retrieve_parent_token=None,
+            **gating_verify_arguments(p, l, self.pool, self.slot, self.cu_seqlens),
+            intermediate_states_buffer=self.steps[l], intermediate_state_indices=self.slot, cache_steps=self.w,
+            retrieve_parent_token=None,
         ) for l in range(len(self.pool))]
         self.scatter.fused_mamba_state_scatter_with_mask(self.pool, self.steps, self.slot, self.last_step)
-
-    def outputs(self) -> Tensor:
-        return torch.stack(self.o)[:, 0]
 
     def committed(self) -> Tensor:
         return self.pool[:, 0]
@@ -240,7 +251,7 @@ class SGLangReplaySSM:
         return self.temporal[:, 0]
 
 
-class SGLangReplayFold:
+class SGLangReplayFold(LayerCalls):
     """ReplaySSM fold-every-commit: the default kernel stores raw (k, v, g, beta) of the window in a
     ring; the commit replays the accepted prefix into the checkpoint (gdn_replayssm_spec_fold.py)."""
 
@@ -264,12 +275,9 @@ class SGLangReplayFold:
     def round(self) -> None:
         p = self.p
         self.o = [self.verify(
-            A_log=p.A_log[l], a=p.a[l], dt_bias=p.dt_bias[l], softplus_beta=1.0,
-            softplus_threshold=20.0, q=p.q[l], k=p.k[l], v=p.v[l], b=p.b[l],
-            initial_state_source=self.temporal[l], initial_state_indices=self.slot, scale=p.scale,
-            use_qk_l2norm_in_kernel=True, cu_seqlens=self.cu_seqlens, is_kda=False,
-            disable_state_update=True, cache_ring=True, replayssm_rawv=self.raw_v[l],
-            replayssm_rawk=self.raw_k[l], replayssm_g=self.g[l], replayssm_beta=self.beta[l],
+            **gating_verify_arguments(p, l, self.temporal, self.slot, self.cu_seqlens),
+            cache_ring=True, replayssm_rawv=self.raw_v[l], replayssm_rawk=self.raw_k[l], replayssm_g=self.g[l],
+            replayssm_beta=self.beta[l],
         ) for l in range(len(self.temporal))]
         self.fold.commit_gdn_replayssm_fold_all_layers(
             checkpoint_state=self.temporal, rawv_cache=self.raw_v, rawk_cache=self.raw_k,
@@ -278,14 +286,11 @@ class SGLangReplayFold:
             num_k_heads=self.raw_k.shape[2], use_qk_l2norm_in_kernel=True, null_block_id=-1,
         )
 
-    def outputs(self) -> Tensor:
-        return torch.stack(self.o)[:, 0]
-
     def committed(self) -> Tensor:
         return self.temporal[:, 0]
 
 
-class FlaChunk:
+class FlaChunk(LayerCalls):
     """fla's chunk_gated_delta_rule over the w tokens, then again over the first m for S_m."""
 
     def __init__(self, p: Problem, w: int, m: int):
@@ -306,9 +311,6 @@ class FlaChunk:
         self.o = [self._run(l, w, final=False)[0] for l in range(L)]
         for l in range(L):
             self.states[l].copy_(self._run(l, self.m, final=True)[1])
-
-    def outputs(self) -> Tensor:
-        return torch.stack(self.o)[:, 0]
 
     def committed(self) -> Tensor:
         return self.states[:, 0]
