@@ -9,6 +9,7 @@ from torch import Tensor
 
 from hybridspec.kernels.gdn import tiles
 from hybridspec.kernels.gdn.reference import L2_EPS
+from hybridspec.kernels.gdn.tuning import VerifyTuning
 
 BLOCK_T = 16  # tokens padded to the smallest tl.dot tile
 
@@ -48,11 +49,15 @@ def fold_args(state: Tensor, pending) -> tuple:
     return (z_p, k_p, g_p, accepted, z_p.shape[1], *z_p.stride()[:3], *k_p.stride()[:3], *g_p.stride()[:2])
 
 
-def verify_arguments(q, k, v, g, beta, state, scale, o, z, g_cum, block_v: int, *, gates=None, k_out=None,
-                     pending=None, raw_keys=False) -> tuple[tuple, tuple, dict]:
-    """(grid, positional arguments, shape constants) of either verify kernel. gates = (A_log,
-    dt_bias): q, k are raw and g, beta hold the raw a, b; pending = (z, k, g_cum, accepted) of the
-    previous round (T' <= 16 tokens), committed into state first."""
+def verify_arguments(q, k, v, g, beta, state, scale, o, z, g_cum, tuning: VerifyTuning, method: str, *, gates=None,
+                     k_out=None, pending=None, raw_keys=False) -> tuple[tuple, tuple, dict, int]:
+    """(grid, positional arguments, shape constants, T') of the verify kernel `method` (checked
+    against tuning.method), on arguments that `triton.gdn_verify` / `gdn_verify_gated` have
+    validated. gates = (A_log, dt_bias): q, k are raw and g, beta hold the raw a, b; pending = (z,
+    k, g_cum, accepted) of the previous round (T' <= 16 tokens, 0 without), committed into state first."""
+    if tuning.method != method:
+        raise ValueError(f"launch_verify_{method}: tuning.method={tuning.method!r}, expected {method}")
+    block_v = tuning.block_v
     B, T, HK, _ = q.shape
     HV, dv, dk = v.shape[2], v.shape[3], q.shape[3]
     if raw_keys and gates is None:
@@ -67,4 +72,4 @@ def verify_arguments(q, k, v, g, beta, state, scale, o, z, g_cum, block_v: int, 
     shape = dict(T=T, HV=HV, GROUP=HV // HK, DK=dk, DV=dv, BK=key_block(dk), BV=block_v,
                  GATED=gates is not None, WRITE_K=k_out is not None, EPS=L2_EPS, RAW_KEYS=raw_keys,
                  FOLD=pending is not None)
-    return grid, args, shape
+    return grid, args, shape, pending[0].shape[1] if pending is not None else 0

@@ -152,14 +152,10 @@ def gdn_verify_recurrent_kernel(
 
 def launch_verify_recurrent(q, k, v, g, beta, state, scale, o, z, g_cum, tuning: VerifyTuning, *, gates=None,
                             k_out=None, pending=None, raw_keys=False) -> None:
-    """One launch of `gdn_verify_recurrent_kernel` on arguments that `triton.gdn_verify` /
-    `gdn_verify_gated` have validated (same shapes and roles; gates = (A_log, dt_bias) with raw q,
-    k, a, b; pending = (z, k, g_cum, accepted) with T' <= 16)."""
-    if tuning.method != "recurrent":
-        raise ValueError(f"launch_verify_recurrent: tuning.method={tuning.method!r}, expected recurrent")
-    grid, args, shape = verify_arguments(q, k, v, g, beta, state, scale, o, z, g_cum, tuning.block_v, gates=gates,
-                                         k_out=k_out, pending=pending, raw_keys=raw_keys)
-    pt = pending[0].shape[1] if pending is not None else 0
+    """One launch of `gdn_verify_recurrent_kernel`, arguments as `launch.verify_arguments`; the
+    tokens padded to BT = T rounded up to a power of two, the pending ones to BJ likewise."""
+    grid, args, shape, pt = verify_arguments(q, k, v, g, beta, state, scale, o, z, g_cum, tuning, "recurrent",
+                                             gates=gates, k_out=k_out, pending=pending, raw_keys=raw_keys)
     gdn_verify_recurrent_kernel[grid](*args, **shape, BT=triton.next_power_of_2(q.shape[1]),
                                       BJ=triton.next_power_of_2(max(pt, 1)), num_warps=tuning.num_warps,
                                       num_stages=1, **launch_options(tuning.pdl, state))

@@ -293,14 +293,10 @@ def gdn_verify_split_kernel(
 
 def launch_verify_split(q, k, v, g, beta, state, scale, o, z, g_cum, tuning: VerifyTuning, *, gates=None,
                         k_out=None, pending=None, raw_keys=False) -> None:
-    """One launch of `gdn_verify_split_kernel` on arguments that `triton.gdn_verify` /
-    `gdn_verify_gated` have validated (same shapes and roles; gates = (A_log, dt_bias) with raw q,
-    k, a, b; pending = (z, k, g_cum, accepted) with T' <= 16)."""
-    if tuning.method != "split":
-        raise ValueError(f"launch_verify_split: tuning.method={tuning.method!r}, expected split")
-    grid, args, shape = verify_arguments(q, k, v, g, beta, state, scale, o, z, g_cum, tuning.block_v, gates=gates,
-                                         k_out=k_out, pending=pending, raw_keys=raw_keys)
-    pt = pending[0].shape[1] if pending is not None else 0
+    """One launch of `gdn_verify_split_kernel`, arguments as `launch.verify_arguments`; the tokens
+    padded to one tl.dot tile (BLOCK_T), bf16 q and k as bf16 pieces, interpreted: widened products."""
+    grid, args, shape, pt = verify_arguments(q, k, v, g, beta, state, scale, o, z, g_cum, tuning, "split",
+                                             gates=gates, k_out=k_out, pending=pending, raw_keys=raw_keys)
     gdn_verify_split_kernel[grid](*args, **shape, BT=BLOCK_T, BJ=max(BLOCK_T, triton.next_power_of_2(pt)),
                                   LATE_KEYS=tuning.late_keys, PIECES=q.dtype == k.dtype == torch.bfloat16,
                                   WIDEN=interpreted(), FENCE=not interpreted(), num_warps=tuning.num_warps,
