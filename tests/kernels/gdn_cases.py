@@ -9,6 +9,7 @@ from hybridspec.kernels.gdn import reference
 from hybridspec.kernels.gdn.checks import MAX_TOKENS
 from hybridspec.kernels.gdn.tuning import SHIPPED, SPLIT, Tuning, VerifyTuning
 from tests.kernels.test_gdn_reference import REGIMES, gated_oracle, gated_steps, make_inputs, raw_inputs
+from tests.tolerance import assert_close
 
 # awkward sizes: grouped value heads with dk, dv not powers of two (dv = 40 spans a full and a
 # masked block of 32 rows), and plain multi-head (HV = HK) with a single masked block
@@ -112,3 +113,47 @@ def first_round(T1: int, seed: int, dtype=torch.float32, raw_keys=False, **shape
     _, z, g_cum = reference.gdn_verify_gated(**dict(first, state=first["state"].clone()), k_out=k_out,
                                              raw_keys=raw_keys)
     return first, (z.contiguous(), k_out, g_cum.contiguous())
+
+
+def check_verify(verify, inputs: dict, tuning: Tuning) -> None:
+    """verify(**inputs, tuning=tuning) (a `gdn_verify`) against the reference: o, z and g_cum in
+    fp32 to FP32_RATIO, its state argument left as it was."""
+    state_before = inputs["state"].clone()
+    o_ref, z_ref, g_ref = reference.gdn_verify(**inputs)
+
+    o, z, g_cum = verify(**inputs, tuning=tuning)
+
+    assert o.dtype == z.dtype == g_cum.dtype == torch.float32
+    assert_close("o", o_ref, o, FP32_RATIO)
+    assert_close("z", z_ref, z, FP32_RATIO)
+    assert_close("g_cum", g_ref, g_cum, FP32_RATIO)
+    assert torch.equal(inputs["state"], state_before), "gdn_verify modified its state argument"
+
+
+def check_gated_verify(verify_gated, inputs: dict, tuning: Tuning) -> None:
+    """verify_gated(**inputs, k_out=..., tuning=tuning) (a `gdn_verify_gated` on fp32 raw
+    projections) against the float64 oracle: o, z, g_cum and the normalised k to FP32_RATIO."""
+    o_ref, z_ref, g_ref, k_ref = gated_oracle(inputs)
+    k_out = torch.full(inputs["k"].shape, float("nan"))
+
+    o, z, g_cum = verify_gated(**inputs, k_out=k_out, tuning=tuning)
+
+    assert_close("o", o_ref, o, FP32_RATIO)
+    assert_close("z", z_ref, z, FP32_RATIO)
+    assert_close("g_cum", g_ref, g_cum, FP32_RATIO)
+    assert_close("k_out", k_ref, k_out, FP32_RATIO)
+
+
+def round_buffers(inputs: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """NaN-filled round buffers [L = 2, B, T_max = 16, ...] for these inputs: z [.., HV, dv] and
+    g_cum [.., HV] in fp32, k [.., HK, dk] in bf16; a test writes slot 1's first T tokens."""
+    B, _, HK, dk = inputs["k"].shape
+    HV, dv = inputs["v"].shape[2:]
+    z_buf, g_buf = torch.full((2, B, 16, HV, dv), float("nan")), torch.full((2, B, 16, HV), float("nan"))
+    return z_buf, g_buf, torch.full((2, B, 16, HK, dk), float("nan"), dtype=torch.bfloat16)
+
+
+def assert_slices_only(T: int, *buffers: torch.Tensor) -> None:
+    """Nothing outside slot 1's first T tokens of each round buffer (`round_buffers`) was written."""
+    for buf in buffers:
+        assert buf[0].isnan().all() and buf[1, :, T:].isnan().all(), "a kernel wrote outside its slice"

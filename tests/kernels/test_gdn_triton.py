@@ -19,15 +19,9 @@ from hybridspec.kernels.gdn import reference  # noqa: E402
 from hybridspec.kernels.gdn import triton as gdn_triton  # noqa: E402
 from hybridspec.kernels.gdn.launch import interpreted, launch_options  # noqa: E402
 from hybridspec.kernels.gdn.tuning import SHIPPED, CommitTuning, Tuning, VerifyTuning  # noqa: E402
-from tests.kernels.gdn_cases import (  # noqa: E402
-    BF16_ROUNDING,
-    FP32_RATIO,
-    PIECES_RATIO,
-    SHAPES,
-    bf16_gates,
-    mixed_inputs,
-    verify_table,
-)
+from tests.kernels.gdn_cases import BF16_ROUNDING, FP32_RATIO, PIECES_RATIO, SHAPES  # noqa: E402
+from tests.kernels.gdn_cases import bf16_gates, mixed_inputs, round_buffers, verify_table  # noqa: E402
+from tests.kernels.gdn_cases import assert_slices_only, check_gated_verify, check_verify  # noqa: E402
 from tests.kernels.test_gdn_reference import STEP_ERRORS, gated_oracle, make_inputs, raw_inputs  # noqa: E402
 from tests.tolerance import assert_close  # noqa: E402
 
@@ -56,17 +50,7 @@ def test_signatures_match_reference():
 @pytest.mark.parametrize("T", range(1, 17))
 @pytest.mark.parametrize("shape", SHAPES)
 def test_verify_matches_reference(shape, T):
-    inputs = mixed_inputs(T, T, **SHAPES[shape])
-    state_before = inputs["state"].clone()
-    o_ref, z_ref, g_ref = reference.gdn_verify(**inputs)
-
-    o, z, g_cum = gdn_triton.gdn_verify(**inputs, tuning=SPLIT)
-
-    assert o.dtype == z.dtype == g_cum.dtype == torch.float32
-    assert_close("o", o_ref, o, FP32_RATIO)
-    assert_close("z", z_ref, z, FP32_RATIO)
-    assert_close("g_cum", g_ref, g_cum, FP32_RATIO)
-    assert torch.equal(inputs["state"], state_before), "gdn_verify modified its state argument"
+    check_verify(gdn_triton.gdn_verify, mixed_inputs(T, T, **SHAPES[shape]), SPLIT)
 
 
 @pytest.mark.parametrize("T", [1, 6, 16])
@@ -129,16 +113,7 @@ GATED_CASES = [("grouped", T) for T in range(1, 17)] + [("ungrouped", T) for T i
 
 @pytest.mark.parametrize(("shape", "T"), GATED_CASES)
 def test_gated_verify_matches_oracle(shape, T):
-    inputs = raw_inputs(400 + T, B=2, T=T, **SHAPES[shape])
-    o_ref, z_ref, g_ref, k_ref = gated_oracle(inputs)
-    k_out = torch.full(inputs["k"].shape, float("nan"))
-
-    o, z, g_cum = gdn_triton.gdn_verify_gated(**inputs, k_out=k_out, tuning=SPLIT)
-
-    assert_close("o", o_ref, o, FP32_RATIO)
-    assert_close("z", z_ref, z, FP32_RATIO)
-    assert_close("g_cum", g_ref, g_cum, FP32_RATIO)
-    assert_close("k_out", k_ref, k_out, FP32_RATIO)
+    check_gated_verify(gdn_triton.gdn_verify_gated, raw_inputs(400 + T, B=2, T=T, **SHAPES[shape]), SPLIT)
 
 
 @pytest.mark.parametrize("variant", ["split", "recurrent-8x1", "recurrent-32x4"])
@@ -148,10 +123,7 @@ def test_gated_verify_bf16_projections_into_round_buffers(variant):
     T = 6
     inputs = raw_inputs(450, B=2, T=T, dtype=torch.bfloat16, **SHAPES["grouped"])
     o_ref, z_ref, g_ref, k_ref = gated_oracle(inputs)  # from the same bf16 values, in float64
-    B, _, HK, dk = inputs["k"].shape
-    HV, dv = inputs["v"].shape[2:]
-    z_buf, g_buf = torch.full((2, B, 16, HV, dv), float("nan")), torch.full((2, B, 16, HV), float("nan"))
-    k_buf = torch.full((2, B, 16, HK, dk), float("nan"), dtype=torch.bfloat16)
+    z_buf, g_buf, k_buf = round_buffers(inputs)
 
     o, _, _ = gdn_triton.gdn_verify_gated(**inputs, z_out=z_buf[1, :, :T], g_out=g_buf[1, :, :T],
                                           k_out=k_buf[1, :, :T], tuning=verify_table(variant))
@@ -161,8 +133,7 @@ def test_gated_verify_bf16_projections_into_round_buffers(variant):
     assert_close("z", z_ref, z_buf[1, :, :T], FP32_RATIO)
     assert_close("g_cum", g_ref, g_buf[1, :, :T], FP32_RATIO)
     assert_close("k_out (bf16)", k_ref, k_buf[1, :, :T], BF16_ROUNDING)
-    for buf in (z_buf, g_buf, k_buf):
-        assert buf[0].isnan().all() and buf[1, :, T:].isnan().all()
+    assert_slices_only(T, z_buf, g_buf, k_buf)
 
 
 @pytest.mark.parametrize("T", [2, 7, 16])
@@ -172,10 +143,7 @@ def test_split_gated_verify_matches_oracle(T):
     the normalised k written out, every output in slices of the round buffers."""
     inputs = raw_inputs(700 + T, B=2, T=T, dtype=torch.bfloat16, **SHAPES["grouped"])
     o_ref, z_ref, g_ref, k_ref = gated_oracle(inputs)
-    B, _, HK, dk = inputs["k"].shape
-    HV, dv = inputs["v"].shape[2:]
-    z_buf, g_buf = torch.full((2, B, 16, HV, dv), float("nan")), torch.full((2, B, 16, HV), float("nan"))
-    k_buf = torch.full((2, B, 16, HK, dk), float("nan"), dtype=torch.bfloat16)
+    z_buf, g_buf, k_buf = round_buffers(inputs)
 
     o, _, _ = gdn_triton.gdn_verify_gated(**inputs, z_out=z_buf[1, :, :T], g_out=g_buf[1, :, :T],
                                           k_out=k_buf[1, :, :T], tuning=SPLIT)
@@ -184,8 +152,7 @@ def test_split_gated_verify_matches_oracle(T):
     assert_close("z", z_ref, z_buf[1, :, :T], PIECES_RATIO)
     assert_close("g_cum", g_ref, g_buf[1, :, :T], FP32_RATIO)
     assert_close("k_out", k_ref, k_buf[1, :, :T], BF16_ROUNDING)
-    for buf in (z_buf, g_buf, k_buf):
-        assert buf[0].isnan().all() and buf[1, :, T:].isnan().all()
+    assert_slices_only(T, z_buf, g_buf, k_buf)
 
 
 @pytest.mark.parametrize("variant", ["reference", "split", "split-late-keys", "recurrent-8x1", "recurrent-32x4"])

@@ -15,16 +15,8 @@ pytest.importorskip("triton")
 
 from hybridspec.kernels.gdn import reference  # noqa: E402
 from hybridspec.kernels.gdn import triton as gdn_triton  # noqa: E402
-from tests.kernels.gdn_cases import (  # noqa: E402
-    BF16_ROUNDING,
-    FP32_RATIO,
-    PIECES_RATIO,
-    SHAPES,
-    first_round,
-    second_round,
-    two_rounds_oracle,
-    verify_table,
-)
+from tests.kernels.gdn_cases import BF16_ROUNDING, FP32_RATIO, PIECES_RATIO, SHAPES  # noqa: E402
+from tests.kernels.gdn_cases import first_round, second_round, two_rounds_oracle, verify_table  # noqa: E402
 from tests.kernels.test_gdn_reference import gated_steps, raw_inputs  # noqa: E402
 from tests.tolerance import assert_close  # noqa: E402
 
