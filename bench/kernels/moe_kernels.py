@@ -42,8 +42,8 @@ from hybridspec.collectors.moe import routing_with_distinct
 from hybridspec.kernels.moe import SharedExpert
 from hybridspec.kernels.moe import reference as moe_reference
 from hybridspec.kernels.moe import triton as moe_triton
-from hybridspec.kernels.moe import down as down_kernel
-from hybridspec.kernels.moe import gate_up as gate_up_kernel
+from hybridspec.kernels.moe.down import column_tiles
+from hybridspec.kernels.moe.gate_up import launch_gate_up
 from hybridspec.kernels.moe.routing import expert_slots, workspace_size
 from hybridspec.kernels.moe.tuning import MOE_TUNING, MoETuning, tuning_for
 from hybridspec.runtime.policies import make_policy
@@ -57,10 +57,10 @@ MODELS = {  # name: (E, k, hidden, moe_intermediate, shared_intermediate)
 LENGTHS = (1, 2, 4, 8, 12, 16)
 DISTINCT = (8, 16, 32, 48, 64, 80, 96, 112, 128)
 SWEEP = {  # tuning variants timed beside the shipped table (name: MoETuning applied at every T)
-    "dn-split2": MoETuning(down_split=2),
-    "dn-split4": MoETuning(down_split=4),
-    "gu-split2-dn-split4": MoETuning(gate_up_split=2, down_split=4),
-    "gu-split4-dn-split4": MoETuning(gate_up_split=4, down_split=4),
+    "split2": MoETuning(down_split=2),
+    "split4": MoETuning(down_split=4),
+    "split4-bh32": MoETuning(down_bh=32, down_split=4),
+    "gu16-split4": MoETuning(gate_up_bn=16, gate_up_bk=128, gate_up_stages=4, down_split=4),
 }
 
 
@@ -127,21 +127,19 @@ def ours(tuning=MOE_TUNING):
 
 def ours_part(stages: int):
     """The first `stages` launches of ours alone (1: the expert slots; 2: and gate_up), to take a
-    call apart: down = whole - (slots + gate_up)."""
+    call apart: down + sum = whole - (slots + gate_up)."""
     def make(layer: Layer, inp: Inputs):
         n, k = inp.ids.shape
-        e, i_max = layer.gate_up.shape[0], max(layer.gate_up.shape[1] // 2, layer.shared.gate.shape[0])
-        tuning = tuning_for(n)
-        down_tiles = down_kernel.column_tiles(inp.x.shape[1], tuning)[1]
-        tiles = down_tiles + gate_up_kernel.column_tiles(n, k, i_max, True, tuning)[1]
+        e, i = layer.gate_up.shape[0], layer.gate_up.shape[1] // 2
+        tiles = column_tiles(inp.x.shape[1], tuning_for(n))[1]
         workspace = torch.empty(workspace_size(n, k, e, 16, tiles), dtype=torch.int32, device="cuda")
-        act = torch.empty((n, k + 1, i_max), dtype=inp.x.dtype, device="cuda")
+        act = torch.empty((n, k + 1, max(i, layer.shared.gate.shape[0])), dtype=inp.x.dtype, device="cuda")
+        tuning = tuning_for(n)
 
         def call():
             slots = expert_slots(inp.ids, workspace, e, 16, tiles)
             if stages > 1:
-                gate_up_kernel.launch_gate_up(inp.x, inp.weights, layer.gate_up, layer.shared, slots,
-                                              slots[3][down_tiles:], act, 16, tuning, False)
+                launch_gate_up(inp.x, inp.weights, layer.gate_up, layer.shared, slots, act, 16, tuning, False)
         return call
     return make
 

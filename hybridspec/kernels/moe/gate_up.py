@@ -23,15 +23,13 @@ from hybridspec.kernels.moe.tiles import dot_bt
 
 
 @triton.jit
-def _gated_products(p_x, p_g, p_u, x_ok, n_ok, i_p, H: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                    BK: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr):
-    """[BM, BN] fp32 products x W_gate^T and x W_up^T over part i_p of SPLIT of the hidden
-    dimension, in steps of BK."""
-    PART: tl.constexpr = (H + SPLIT * BK - 1) // (SPLIT * BK) * BK
+def _gated_products(p_x, p_g, p_u, x_ok, n_ok, H: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                    BK: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr):
+    """[BM, BN] fp32 products x W_gate^T and x W_up^T over the hidden dimension in steps of BK."""
     o_c = tl.arange(0, BK)
     acc_g = tl.zeros([BM, BN], dtype=tl.float32)
     acc_u = tl.zeros([BM, BN], dtype=tl.float32)
-    for c in range(i_p * PART, tl.minimum(i_p * PART + PART, H), BK):
+    for c in range(0, H, BK):
         c_ok = c + o_c < H
         b_x = tl.load(p_x + c, mask=x_ok[:, None] & c_ok[None, :], other=0.0)  # [BM, BK]
         b_g = tl.load(p_g + c, mask=n_ok[:, None] & c_ok[None, :], other=0.0)  # [BN, BK]
@@ -39,31 +37,6 @@ def _gated_products(p_x, p_g, p_u, x_ok, n_ok, i_p, H: tl.constexpr, BM: tl.cons
         acc_g = dot_bt(b_x, b_g, acc_g, PRECISION, WIDEN)
         acc_u = dot_bt(b_x, b_u, acc_u, PRECISION, WIDEN)
     return acc_g, acc_u
-
-
-@triton.jit
-def _gate_up_sums(acc_g, acc_u, acc_s, part_ptr, arrivals_ptr, i_s, i_t, i_p, o_m, o_n,
-                  IMAX: tl.constexpr, BM: tl.constexpr, SPLIT: tl.constexpr):
-    """The sums over the SPLIT parts of the hidden dimension, or None in all but the last program
-    of a (slot, column tile) to arrive: each stores its partial products in part [slots, SPLIT, 3,
-    BM, IMAX] fp32 (gate, up, and the shared gate's dot in column 0), then arrives at the tile's
-    counter; the last adds the parts in order p = 0..SPLIT-1."""
-    p_part = part_ptr + (i_s * SPLIT + i_p) * 3 * BM * IMAX + o_m[:, None] * IMAX + o_n[None, :]
-    tl.store(p_part, acc_g, mask=o_n[None, :] < IMAX)
-    tl.store(p_part + BM * IMAX, acc_u, mask=o_n[None, :] < IMAX)
-    tl.store(part_ptr + ((i_s * SPLIT + i_p) * 3 + 2) * BM * IMAX + o_m * IMAX, acc_s)
-    tl.debug_barrier()  # every thread's partials stored before the release below
-    last = tl.atomic_add(arrivals_ptr + i_s * tl.num_programs(1) + i_t, 1, sem="acq_rel") == SPLIT - 1
-    if last:
-        acc_g = tl.zeros_like(acc_g)
-        acc_u = tl.zeros_like(acc_u)
-        acc_s = tl.zeros_like(acc_s)
-        for p in tl.static_range(SPLIT):
-            q_part = part_ptr + (i_s * SPLIT + p) * 3 * BM * IMAX + o_m[:, None] * IMAX + o_n[None, :]
-            acc_g += tl.load(q_part, mask=o_n[None, :] < IMAX, other=0.0, cache_modifier=".cg")
-            acc_u += tl.load(q_part + BM * IMAX, mask=o_n[None, :] < IMAX, other=0.0, cache_modifier=".cg")
-            acc_s += tl.load(part_ptr + ((i_s * SPLIT + p) * 3 + 2) * BM * IMAX + o_m * IMAX, cache_modifier=".cg")
-    return acc_g, acc_u, acc_s, last
 
 
 @triton.jit
@@ -75,78 +48,56 @@ def _store_act(act_ptr, acc_g, acc_u, scale, o_m, b_kpos, m_ok, o_n, n_ok, strid
 
 @triton.jit
 def _moe_gate_up_kernel(x_ptr, rw_ptr, gu_ptr, sg_ptr, su_ptr, sgw_ptr, slot_expert_ptr, slot_kpos_ptr,
-                        count_ptr, arrivals_ptr, part_ptr, act_ptr, stride_xn, stride_ge, stride_gn, stride_sgn,
-                        stride_sun, stride_an, stride_ak, N, K: tl.constexpr, H: tl.constexpr,
-                        I: tl.constexpr, IS: tl.constexpr, IMAX: tl.constexpr, BM: tl.constexpr,
-                        BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr):
-    i_s, i_t, i_p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+                        count_ptr, act_ptr, stride_xn, stride_ge, stride_gn, stride_sgn, stride_sun,
+                        stride_an, stride_ak, N, K: tl.constexpr, H: tl.constexpr,
+                        I: tl.constexpr, IS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                        BK: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr):
+    i_s, i_t = tl.program_id(0), tl.program_id(1)
     o_m = tl.arange(0, BM)
     o_n = i_t * BN + tl.arange(0, BN)
     o_c = tl.arange(0, BK)
     p_x = x_ptr + o_m[:, None] * stride_xn + o_c[None, :]
-    is_shared = i_s == N * K
-    if is_shared | (i_s < tl.load(count_ptr)):
-        acc_s = tl.zeros([BM], dtype=tl.float32)  # the shared gate's dot x · gate_weight
-        if is_shared:
-            hit = o_m < N
-            b_kpos = tl.full([BM], K, dtype=tl.int32)
-            n_ok = o_n < IS
-            p_g = sg_ptr + o_n[:, None] * stride_sgn + o_c[None, :]
-            p_u = su_ptr + o_n[:, None] * stride_sun + o_c[None, :]
-            PART: tl.constexpr = (H + SPLIT * BK - 1) // (SPLIT * BK) * BK
-            for c in range(i_p * PART, tl.minimum(i_p * PART + PART, H), BK):
-                c_ok = c + o_c < H
-                b_x = tl.load(p_x + c, mask=hit[:, None] & c_ok[None, :], other=0.0).to(tl.float32)
-                acc_s += tl.sum(b_x * tl.load(sgw_ptr + c + o_c, mask=c_ok, other=0.0).to(tl.float32)[None, :], 1)
-        else:
+    if i_s < N * K:
+        if i_s < tl.load(count_ptr):
             e = tl.load(slot_expert_ptr + i_s).to(tl.int64)
             b_kpos = tl.load(slot_kpos_ptr + i_s * BM + o_m)  # [BM] position among the token's k, or -1
             hit = b_kpos >= 0
             n_ok = o_n < I
             p_g = gu_ptr + e * stride_ge + o_n[:, None] * stride_gn + o_c[None, :]
-            p_u = p_g + I * stride_gn
-        acc_g, acc_u = _gated_products(p_x, p_g, p_u, hit, n_ok, i_p, H, BM, BN, BK, SPLIT, PRECISION, WIDEN)
-        if SPLIT > 1:
-            acc_g, acc_u, acc_s, last = _gate_up_sums(acc_g, acc_u, acc_s, part_ptr, arrivals_ptr, i_s, i_t, i_p,
-                                                      o_m, o_n, IMAX, BM, SPLIT)
-        else:
-            last = True
-        if last:
-            if is_shared:
-                scale = tl.sigmoid(acc_s)
-            else:
-                scale = tl.load(rw_ptr + o_m * K + b_kpos, mask=hit, other=0.0).to(tl.float32)  # [BM]
-            _store_act(act_ptr, acc_g, acc_u, scale, o_m, b_kpos, hit, o_n, n_ok, stride_an, stride_ak)
+            acc_g, acc_u = _gated_products(p_x, p_g, p_g + I * stride_gn, hit, n_ok, H, BM, BN, BK,
+                                             PRECISION, WIDEN)
+            b_w = tl.load(rw_ptr + o_m * K + b_kpos, mask=hit, other=0.0).to(tl.float32)  # [BM]
+            _store_act(act_ptr, acc_g, acc_u, b_w, o_m, b_kpos, hit, o_n, n_ok, stride_an, stride_ak)
+    else:
+        m_ok = o_m < N
+        n_ok = o_n < IS
+        p_g = sg_ptr + o_n[:, None] * stride_sgn + o_c[None, :]
+        p_u = su_ptr + o_n[:, None] * stride_sun + o_c[None, :]
+        acc_g, acc_u = _gated_products(p_x, p_g, p_u, m_ok, n_ok, H, BM, BN, BK, PRECISION, WIDEN)
+        acc_s = tl.zeros([BM], dtype=tl.float32)
+        for c in range(0, H, BK):
+            c_ok = c + o_c < H
+            b_x = tl.load(p_x + c, mask=m_ok[:, None] & c_ok[None, :], other=0.0).to(tl.float32)
+            acc_s += tl.sum(b_x * tl.load(sgw_ptr + c + o_c, mask=c_ok, other=0.0).to(tl.float32)[None, :], 1)
+        b_kpos = tl.full([BM], K, dtype=tl.int32)
+        _store_act(act_ptr, acc_g, acc_u, tl.sigmoid(acc_s), o_m, b_kpos, m_ok, o_n, n_ok, stride_an, stride_ak)
 
 
-def column_tiles(n_tokens: int, top_k: int, i_max: int, has_shared: bool, tuning) -> tuple[int, int]:
-    """(BN, counters) of the gate_up kernel: its (slot, column tile) arrival counters when its
-    hidden dimension is split (`gate_up_split` > 1), else none."""
-    bn = min(tuning.gate_up_bn, max(16, triton.next_power_of_2(i_max)))
-    slots = n_tokens * top_k + has_shared
-    return bn, slots * triton.cdiv(i_max, bn) if tuning.gate_up_split > 1 else 0
-
-
-def launch_gate_up(x, weights, gate_up, shared, slots, arrivals, act, block_m: int, tuning, widen: bool) -> None:
+def launch_gate_up(x, weights, gate_up, shared, slots, act, block_m: int, tuning, widen: bool) -> None:
     """x [N, H], weights [N, k], gate_up [E, 2I, H], shared (SharedExpert or None), slots from
-    `routing.expert_slots`, arrivals: zeroed counters (`column_tiles`), act [N, k + 1, max(I, Is)]
-    (written); widen: under the interpreter."""
+    `routing.expert_slots`, act [N, k + 1, max(I, Is)] (written); widen: under the interpreter."""
     n, k = weights.shape
     i = gate_up.shape[1] // 2
     i_s = shared.gate.shape[0] if shared is not None else 0
-    i_max = max(i, i_s)
     slot_expert, slot_kpos, count, _ = slots
     sg, su, sgw = (shared.gate, shared.up, shared.gate_weight) if shared is not None else (gate_up,) * 3
-    bn = column_tiles(n, k, i_max, shared is not None, tuning)[0]
+    bn = min(tuning.gate_up_bn, max(16, triton.next_power_of_2(max(i, i_s))))
     bk = min(tuning.gate_up_bk, max(16, triton.next_power_of_2(x.shape[1])))
-    split = tuning.gate_up_split
-    grid = (n * k + (shared is not None), triton.cdiv(i_max, bn), split)
-    part = act  # unused without a split
-    if split > 1:  # [slots, split, 3, BM, max(I, Is)]: partial gate, up, shared-gate products
-        part = torch.empty(grid[0] * split * 3 * block_m * i_max, dtype=torch.float32, device=x.device)
+    grid = (n * k + (shared is not None), triton.cdiv(max(i, i_s), bn))
     _moe_gate_up_kernel[grid](
-        x, weights, gate_up, sg, su, sgw, slot_expert, slot_kpos, count, arrivals, part, act,
+        x, weights, gate_up, sg, su, sgw, slot_expert, slot_kpos, count, act,
         x.stride(0), gate_up.stride(0), gate_up.stride(1), sg.stride(0), su.stride(0), act.stride(0), act.stride(1),
-        N=n, K=k, H=x.shape[1], I=i, IS=i_s, IMAX=i_max, BM=block_m, BN=bn, BK=bk, SPLIT=split,
+        N=n, K=k, H=x.shape[1], I=i, IS=i_s, BM=block_m, BN=bn, BK=bk,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32", WIDEN=widen,
         num_warps=tuning.gate_up_warps, num_stages=tuning.gate_up_stages)
+

@@ -14,8 +14,8 @@ import triton
 from torch import Tensor
 
 from hybridspec.kernels.moe.checks import SharedExpert, check_moe_args
-from hybridspec.kernels.moe import down as down_kernel
-from hybridspec.kernels.moe import gate_up as gate_up_kernel
+from hybridspec.kernels.moe.down import column_tiles, launch_down
+from hybridspec.kernels.moe.gate_up import launch_gate_up
 from hybridspec.kernels.moe.routing import expert_slots, workspace_size
 from hybridspec.kernels.moe.tiles import interpreted
 from hybridspec.kernels.moe.tuning import MOE_TUNING, tuning_for
@@ -57,12 +57,10 @@ def _moe_piece(x, ids, weights, gate_up, down, shared, out, tuning) -> None:
     n, k = ids.shape
     block_m = max(16, triton.next_power_of_2(n))
     i_max = max(gate_up.shape[1] // 2, shared.gate.shape[0] if shared is not None else 0)
-    down_tiles = down_kernel.column_tiles(x.shape[1], tuning)[1]
-    gate_up_tiles = gate_up_kernel.column_tiles(n, k, i_max, shared is not None, tuning)[1]
-    workspace = torch.empty(workspace_size(n, k, gate_up.shape[0], block_m, down_tiles + gate_up_tiles),
-                            dtype=torch.int32, device=x.device)
-    slots = expert_slots(ids, workspace, gate_up.shape[0], block_m, down_tiles + gate_up_tiles)
+    tiles = column_tiles(x.shape[1], tuning)[1]
+    workspace = torch.empty(workspace_size(n, k, gate_up.shape[0], block_m, tiles), dtype=torch.int32,
+                            device=x.device)
+    slots = expert_slots(ids, workspace, gate_up.shape[0], block_m, tiles)
     act = torch.empty((n, k + 1, i_max), dtype=x.dtype, device=x.device)  # [N, k + 1, max(I, Is)]
-    gate_up_kernel.launch_gate_up(x, weights, gate_up, shared, slots, slots[3][down_tiles:], act, block_m, tuning,
-                                  interpreted())
-    down_kernel.launch_down(act, down, shared, slots, out, block_m, tuning, interpreted())
+    launch_gate_up(x, weights, gate_up, shared, slots, act, block_m, tuning, interpreted())
+    launch_down(act, down, shared, slots, out, block_m, tuning, interpreted())

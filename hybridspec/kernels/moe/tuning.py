@@ -8,8 +8,7 @@ from types import MappingProxyType
 
 @dataclass(frozen=True)
 class MoETuning:
-    """gate_up_*: tile of BN intermediate columns (gate and up rows) over BK hidden columns per step,
-    the hidden dimension in `gate_up_split` parts (programs);
+    """gate_up_*: tile of BN intermediate columns (gate and up rows) over BK hidden columns per step;
     down_*: tile of BH hidden outputs over BK intermediate columns per step, the intermediate
     dimension in `down_split` parts (programs)."""
 
@@ -17,7 +16,6 @@ class MoETuning:
     gate_up_bk: int = 256
     gate_up_warps: int = 4
     gate_up_stages: int = 3
-    gate_up_split: int = 1
     down_bh: int = 64
     down_bk: int = 128
     down_warps: int = 4
@@ -32,7 +30,7 @@ class MoETuning:
         for name in ("gate_up_warps", "down_warps"):
             if getattr(self, name) not in (1, 2, 4, 8):
                 raise ValueError(f"MoETuning.{name} = {getattr(self, name)}: 1, 2, 4 or 8")
-        for name in ("gate_up_stages", "gate_up_split", "down_stages", "down_split"):
+        for name in ("gate_up_stages", "down_stages", "down_split"):
             if getattr(self, name) < 1:
                 raise ValueError(f"MoETuning.{name} must be >= 1")
 
