@@ -57,10 +57,13 @@ MODELS = {  # name: (E, k, hidden, moe_intermediate, shared_intermediate)
 LENGTHS = (1, 2, 4, 8, 12, 16)
 DISTINCT = (8, 16, 32, 48, 64, 80, 96, 112, 128)
 SWEEP = {  # tuning variants timed beside the shipped table (name: MoETuning applied at every T)
-    "split2": MoETuning(down_split=2),
-    "split4": MoETuning(down_split=4),
-    "split4-bh32": MoETuning(down_bh=32, down_split=4),
-    "gu16-split4": MoETuning(gate_up_bn=16, gate_up_bk=128, gate_up_stages=4, down_split=4),
+    "gu64-dn128": MoETuning(gate_up_bn=64, gate_up_bk=128, gate_up_stages=4, down_bh=128, down_bk=64,
+                            down_stages=4),
+    "one-step-a": MoETuning(gate_up_bn=16, gate_up_bk=512, gate_up_stages=2, down_bh=32, down_bk=512,
+                            down_stages=1),
+    "one-step-b": MoETuning(gate_up_bk=512, gate_up_warps=8, gate_up_stages=2, down_bh=32, down_bk=256,
+                            down_stages=2),
+    "dn16-512": MoETuning(down_bh=16, down_bk=512, down_stages=1),
 }
 
 

@@ -46,11 +46,10 @@ def test_shapes_and_routings(name, shape, route, dtype):
     _check(name, moe_inputs(*shape, dtype=dtype, **route))
 
 
-@pytest.mark.parametrize("split", [1, 3])
-def test_tuning_is_taken_as_given(split):
+def test_tuning_is_taken_as_given():
     args = moe_inputs(6, 2, 16, 80, 40, 24)
-    tuning = {64: MoETuning(gate_up_bn=16, gate_up_bk=32, down_bh=32, down_bk=16, down_stages=1, down_split=split)}
-    _check(f"small tiles, down in {split} parts", args, tuning=tuning)
+    tuning = {64: MoETuning(gate_up_bn=16, gate_up_bk=32, down_bh=32, down_bk=16, down_stages=1)}
+    _check("small tiles", args, tuning=tuning)
 
 
 def test_expert_slots_are_the_sorted_distinct_experts_with_each_tokens_position_and_zeroed_arrivals():

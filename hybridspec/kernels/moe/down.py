@@ -2,17 +2,15 @@
 token n that routes to it (j: the token's position among its k experts; the shared expert's at
 j = k), and out_n = sum_j y[n, j] summed in the order j = 0..k.
 
-Grid (N·k + 1, ceil(H / BH), split): program (s, t, p) with s < count runs distinct expert
-slot_expert[s] (its [BH, I] tile of down weights read once, for all its tokens at once), s in
-count..N·k−1 return at once, s = N·k is the shared expert. With split > 1 each program takes one
-part p of the intermediate dimension (more, shorter programs for short calls). act already
-carries each routing weight, so a token's rows only need summing: each program stores its
-(partial) rows of y in fp32 and arrives at its column tile's counter; the program that arrives
-last ((count + 1) · split arrivals, the shared expert's included) sums the tile's rows of y in a
-fixed order and stores out, so the result does not depend on the order programs run.
+Grid (N·k + 1, ceil(H / BH)), as the gate_up kernel's: program (s, t) with s < count runs distinct
+expert slot_expert[s] (its [BH, I] tile of down weights read once, for all its tokens at once),
+s in count..N·k−1 return at once, s = N·k is the shared expert. act already carries each routing
+weight, so a token's k + 1 rows only need summing. Each program stores its rows of y (fp32), then
+arrives at its column tile's counter; the program that arrives last (count + 1 arrivals, the
+shared expert's included) sums the tile's rows of y and stores out. The sum's order is fixed, so
+the result does not depend on the order programs run (no atomics on the data).
 
-    act [N, k + 1, max(I, Is)]   down [E, H, I]   shared down [H, Is]
-    y [N, (k + 1)·split, H] fp32 (row j·split + p)   out [N, H]
+    act [N, k + 1, max(I, Is)]   down [E, H, I]   shared down [H, Is]   y [N, k + 1, H] fp32   out [N, H]
 """
 
 from __future__ import annotations
@@ -25,14 +23,12 @@ from hybridspec.kernels.moe.tiles import dot_bt
 
 
 @triton.jit
-def _down_products(p_a, p_d, a_ok, h_ok, i_p, I: tl.constexpr, BM: tl.constexpr, BH: tl.constexpr,
-                   BK: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr):
-    """[BM, BH] fp32 product act W_down^T over part i_p of SPLIT of the intermediate dimension, in
-    steps of BK."""
-    PART: tl.constexpr = (I + SPLIT * BK - 1) // (SPLIT * BK) * BK
+def _down_products(p_a, p_d, a_ok, h_ok, I: tl.constexpr, BM: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr,
+                   PRECISION: tl.constexpr, WIDEN: tl.constexpr):
+    """[BM, BH] fp32 product act W_down^T over the intermediate dimension in steps of BK."""
     o_c = tl.arange(0, BK)
     acc = tl.zeros([BM, BH], dtype=tl.float32)
-    for c in range(i_p * PART, tl.minimum(i_p * PART + PART, I), BK):
+    for c in range(0, I, BK):
         c_ok = c + o_c < I
         b_a = tl.load(p_a + c, mask=a_ok[:, None] & c_ok[None, :], other=0.0)  # [BM, BK]
         b_d = tl.load(p_d + c, mask=h_ok[:, None] & c_ok[None, :], other=0.0)  # [BH, BK]
@@ -44,9 +40,9 @@ def _down_products(p_a, p_d, a_ok, h_ok, i_p, I: tl.constexpr, BM: tl.constexpr,
 def _moe_down_kernel(act_ptr, d_ptr, sd_ptr, slot_expert_ptr, slot_kpos_ptr, count_ptr, arrivals_ptr, y_ptr, out_ptr,
                      stride_an, stride_ak, stride_de, stride_dh, stride_sdh, stride_yn, stride_yk, stride_on,
                      N, K: tl.constexpr, H: tl.constexpr, I: tl.constexpr, IS: tl.constexpr,
-                     BM: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr,
-                     PRECISION: tl.constexpr, WIDEN: tl.constexpr):
-    i_s, i_t, i_p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+                     BM: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr,
+                     WIDEN: tl.constexpr):
+    i_s, i_t = tl.program_id(0), tl.program_id(1)
     o_m = tl.arange(0, BM)
     o_h = i_t * BH + tl.arange(0, BH)
     o_c = tl.arange(0, BK)
@@ -60,20 +56,20 @@ def _moe_down_kernel(act_ptr, d_ptr, sd_ptr, slot_expert_ptr, slot_kpos_ptr, cou
             hit = b_kpos >= 0
             p_a = act_ptr + o_m[:, None] * stride_an + b_kpos[:, None] * stride_ak + o_c[None, :]
             p_d = d_ptr + e * stride_de + o_h[:, None] * stride_dh + o_c[None, :]
-            acc = _down_products(p_a, p_d, hit, h_ok, i_p, I, BM, BH, BK, SPLIT, PRECISION, WIDEN)
+            acc = _down_products(p_a, p_d, hit, h_ok, I, BM, BH, BK, PRECISION, WIDEN)
         else:
             b_kpos = tl.full([BM], K, dtype=tl.int32)
             hit = m_ok
             p_a = act_ptr + o_m[:, None] * stride_an + K * stride_ak + o_c[None, :]
             p_d = sd_ptr + o_h[:, None] * stride_sdh + o_c[None, :]
-            acc = _down_products(p_a, p_d, hit, h_ok, i_p, IS, BM, BH, BK, SPLIT, PRECISION, WIDEN)
-        p_y = y_ptr + o_m[:, None] * stride_yn + (b_kpos * SPLIT + i_p)[:, None] * stride_yk + o_h[None, :]
+            acc = _down_products(p_a, p_d, hit, h_ok, IS, BM, BH, BK, PRECISION, WIDEN)
+        p_y = y_ptr + o_m[:, None] * stride_yn + b_kpos[:, None] * stride_yk + o_h[None, :]
         tl.store(p_y, acc, mask=hit[:, None] & h_ok[None, :])
         tl.debug_barrier()  # every thread's rows of y stored before the release below
         arrived = tl.atomic_add(arrivals_ptr + i_t, 1, sem="acq_rel")
-        if arrived == (n_active + (IS > 0)) * SPLIT - 1:  # the last program of this column tile
+        if arrived == n_active + (IS > 0) - 1:  # the last program of this column tile
             total = tl.zeros([BM, BH], dtype=tl.float32)
-            for j in tl.static_range((K + (IS > 0)) * SPLIT):
+            for j in tl.static_range(K + (IS > 0)):
                 total += tl.load(y_ptr + o_m[:, None] * stride_yn + j * stride_yk + o_h[None, :],
                                  mask=m_ok[:, None] & h_ok[None, :], other=0.0, cache_modifier=".cg")
             tl.store(out_ptr + o_m[:, None] * stride_on + o_h[None, :], total.to(out_ptr.dtype.element_ty),
@@ -97,11 +93,10 @@ def launch_down(act, down, shared, slots, out, block_m: int, tuning, widen: bool
     slot_expert, slot_kpos, count, arrivals = slots
     bh, tiles = column_tiles(h, tuning)
     bk = min(tuning.down_bk, max(16, triton.next_power_of_2(max(i, i_s))))
-    split = tuning.down_split
-    y = torch.empty((n, k1 * split, h), dtype=torch.float32, device=act.device)  # [N, (k + 1)·split, H]
-    _moe_down_kernel[(n * (k1 - 1) + (shared is not None), tiles, split)](
+    y = torch.empty((n, k1, h), dtype=torch.float32, device=act.device)  # [N, k + 1, H]
+    _moe_down_kernel[(n * (k1 - 1) + (shared is not None), tiles)](
         act, down, sd, slot_expert, slot_kpos, count, arrivals, y, out,
         act.stride(0), act.stride(1), down.stride(0), down.stride(1), sd.stride(0), y.stride(0), y.stride(1),
-        out.stride(0), N=n, K=k1 - 1, H=h, I=i, IS=i_s, BM=block_m, BH=bh, BK=bk, SPLIT=split,
+        out.stride(0), N=n, K=k1 - 1, H=h, I=i, IS=i_s, BM=block_m, BH=bh, BK=bk,
         PRECISION="ieee" if act.dtype == torch.float32 else "tf32", WIDEN=widen,
         num_warps=tuning.down_warps, num_stages=tuning.down_stages)

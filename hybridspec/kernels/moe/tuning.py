@@ -9,8 +9,7 @@ from types import MappingProxyType
 @dataclass(frozen=True)
 class MoETuning:
     """gate_up_*: tile of BN intermediate columns (gate and up rows) over BK hidden columns per step;
-    down_*: tile of BH hidden outputs over BK intermediate columns per step, the intermediate
-    dimension in `down_split` parts (programs)."""
+    down_*: tile of BH hidden outputs over BK intermediate columns per step."""
 
     gate_up_bn: int = 32
     gate_up_bk: int = 256
@@ -20,7 +19,6 @@ class MoETuning:
     down_bk: int = 128
     down_warps: int = 4
     down_stages: int = 3
-    down_split: int = 1
 
     def __post_init__(self):
         for name in ("gate_up_bn", "gate_up_bk", "down_bh", "down_bk"):
@@ -30,7 +28,7 @@ class MoETuning:
         for name in ("gate_up_warps", "down_warps"):
             if getattr(self, name) not in (1, 2, 4, 8):
                 raise ValueError(f"MoETuning.{name} = {getattr(self, name)}: 1, 2, 4 or 8")
-        for name in ("gate_up_stages", "down_stages", "down_split"):
+        for name in ("gate_up_stages", "down_stages"):
             if getattr(self, name) < 1:
                 raise ValueError(f"MoETuning.{name} must be >= 1")
 
