@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from hybridspec.kernels.moe.tiles import dot_bt
+from hybridspec.kernels.moe.tuning import step_width
 
 
 @triton.jit
@@ -92,7 +93,7 @@ def launch_down(act, down, shared, slots, out, block_m: int, tuning, widen: bool
     sd = shared.down if shared is not None else down[0]
     slot_expert, slot_kpos, count, arrivals = slots
     bh, tiles = column_tiles(h, tuning)
-    bk = min(tuning.down_bk, max(16, triton.next_power_of_2(max(i, i_s))))
+    bk = step_width(tuning.down_bk, max(i, i_s), block_m + bh, act.element_size(), tuning.down_stages)
     y = torch.empty((n, k1, h), dtype=torch.float32, device=act.device)  # [N, k + 1, H]
     _moe_down_kernel[(n * (k1 - 1) + (shared is not None), tiles)](
         act, down, sd, slot_expert, slot_kpos, count, arrivals, y, out,

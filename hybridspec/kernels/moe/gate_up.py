@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from hybridspec.kernels.moe.tiles import dot_bt
+from hybridspec.kernels.moe.tuning import step_width
 
 
 @triton.jit
@@ -92,7 +93,7 @@ def launch_gate_up(x, weights, gate_up, shared, slots, act, block_m: int, tuning
     slot_expert, slot_kpos, count, _ = slots
     sg, su, sgw = (shared.gate, shared.up, shared.gate_weight) if shared is not None else (gate_up,) * 3
     bn = min(tuning.gate_up_bn, max(16, triton.next_power_of_2(max(i, i_s))))
-    bk = min(tuning.gate_up_bk, max(16, triton.next_power_of_2(x.shape[1])))
+    bk = step_width(tuning.gate_up_bk, x.shape[1], block_m + 2 * bn, x.element_size(), tuning.gate_up_stages)
     grid = (n * k + (shared is not None), triton.cdiv(max(i, i_s), bn))
     _moe_gate_up_kernel[grid](
         x, weights, gate_up, sg, su, sgw, slot_expert, slot_kpos, count, act,

@@ -45,3 +45,16 @@ def tuning_for(n_tokens: int, table=MOE_TUNING) -> MoETuning:
         if n_tokens <= limit:
             return table[limit]
     return table[max(table)]
+
+
+SHARED_MEMORY = 160 * 1024  # bytes of pipelined tiles a program may hold (Hopper: 227 KB per block)
+
+
+def step_width(bk: int, depth: int, rows: int, element_size: int, stages: int) -> int:
+    """The step width BK for tiles of `rows` rows: the tuning's, no wider than the depth (a power
+    of two >= 16), halved until `stages` buffered steps fit SHARED_MEMORY (fp32 tiles take twice
+    the bytes of the bf16 ones a tuning is measured with)."""
+    bk = min(bk, max(16, 1 << (depth - 1).bit_length()))
+    while bk > 16 and stages * rows * bk * element_size > SHARED_MEMORY:
+        bk //= 2
+    return bk
