@@ -43,7 +43,7 @@ def moe_experts(x: Tensor, ids: Tensor, weights: Tensor, gate_up: Tensor, down: 
                 shared: SharedExpert | None = None, *, tuning=MOE_TUNING) -> Tensor:
     """x [N, H], ids / weights [N, k], gate_up [E, 2I, H], down [E, H, I] → [N, H] (layouts in
     `checks.py`): sum_j weights[n, j] · expert_{ids[n, j]}(x_n) + the gated shared expert."""
-    n, k, e, i = check_moe_args("moe_experts", x, ids, weights, gate_up, down, shared)
+    n = check_moe_args("moe_experts", x, ids, weights, gate_up, down, shared)[0]
     _check_layout(x, gate_up, down, shared)
     out = torch.empty_like(x)
     for start in range(0, n, MAX_TOKENS):
