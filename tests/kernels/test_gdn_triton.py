@@ -17,7 +17,8 @@ pytest.importorskip("triton")
 
 from hybridspec.kernels.gdn import reference  # noqa: E402
 from hybridspec.kernels.gdn import triton as gdn_triton  # noqa: E402
-from hybridspec.kernels.gdn.launch import interpreted, launch_options  # noqa: E402
+from hybridspec.kernels.gdn.launch import launch_options  # noqa: E402
+from hybridspec.kernels.interpreter import interpreted  # noqa: E402
 from hybridspec.kernels.gdn.tuning import SHIPPED, CommitTuning, Tuning, VerifyTuning  # noqa: E402
 from tests.kernels.gdn_cases import BF16_ROUNDING, FP32_RATIO, PIECES_RATIO, SHAPES  # noqa: E402
 from tests.kernels.gdn_cases import bf16_gates, mixed_inputs, round_buffers, verify_table  # noqa: E402

@@ -1,5 +1,5 @@
-"""What the GDN launchers share: the interpreter test, launch options, and the verify kernels'
-common arguments (the recurrent and split kernels take the same pointers, strides and shapes)."""
+"""What the GDN launchers share: launch options and the verify kernels' common arguments (the
+recurrent and split kernels take the same pointers, strides and shapes)."""
 
 import functools
 
@@ -7,18 +7,11 @@ import torch
 import triton
 from torch import Tensor
 
-from hybridspec.kernels.gdn import tiles
 from hybridspec.kernels.gdn.reference import L2_EPS
 from hybridspec.kernels.gdn.tuning import VerifyTuning
+from hybridspec.kernels.interpreter import interpreted
 
 BLOCK_T = 16  # tokens padded to the smallest tl.dot tile
-
-
-@functools.cache
-def interpreted() -> bool:
-    """The kernels run under TRITON_INTERPRET=1 (set before triton was imported): fixed at import,
-    so looked up once, not at every launch of the decoding round."""
-    return type(tiles.log1p).__name__ == "InterpretedFunction"
 
 
 @functools.cache

@@ -29,7 +29,7 @@ from hybridspec.kernels.gdn.checks import (
     check_step_inputs,
 )
 from hybridspec.kernels.gdn.commit import launch_commit
-from hybridspec.kernels.gdn.launch import interpreted
+from hybridspec.kernels.interpreter import interpreted
 from hybridspec.kernels.gdn.reference import gdn_commit as reference_commit
 from hybridspec.kernels.gdn.tuning import SHIPPED, CommitTuning, Tuning, VerifyTuning
 from hybridspec.kernels.gdn.verify_recurrent import launch_verify_recurrent

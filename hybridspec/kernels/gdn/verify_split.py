@@ -36,7 +36,8 @@ import torch
 import triton
 import triton.language as tl
 
-from hybridspec.kernels.gdn.launch import BLOCK_T, interpreted, launch_options, verify_arguments
+from hybridspec.kernels.gdn.launch import BLOCK_T, launch_options, verify_arguments
+from hybridspec.kernels.interpreter import interpreted
 from hybridspec.kernels.gdn.tiles import (
     dot_bt,
     grid_dependency,

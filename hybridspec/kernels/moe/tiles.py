@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-
 import triton
 import triton.language as tl
 
@@ -17,9 +15,3 @@ def dot_bt(b_a, b_b, acc, PRECISION: tl.constexpr, WIDEN: tl.constexpr):
         return tl.dot(b_a.to(tl.float32), tl.trans(b_b.to(tl.float32)), acc, input_precision="ieee")
     return tl.dot(b_a, tl.trans(b_b), acc, input_precision=PRECISION)
 
-
-@functools.cache
-def interpreted() -> bool:
-    """The kernels run under TRITON_INTERPRET=1 (set before triton was imported): fixed at import,
-    so looked up once, not at every launch."""
-    return type(dot_bt).__name__ == "InterpretedFunction"

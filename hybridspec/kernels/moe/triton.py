@@ -13,11 +13,11 @@ import torch
 import triton
 from torch import Tensor
 
+from hybridspec.kernels.interpreter import interpreted
 from hybridspec.kernels.moe.checks import SharedExpert, check_moe_args
 from hybridspec.kernels.moe.down import column_tiles, launch_down
 from hybridspec.kernels.moe.gate_up import launch_gate_up
 from hybridspec.kernels.moe.routing import expert_slots, workspace_size
-from hybridspec.kernels.moe.tiles import interpreted
 from hybridspec.kernels.moe.tuning import MOE_TUNING, tuning_for
 
 MAX_TOKENS = 64  # tokens per launch: one [BM <= 64, BK] activation tile per expert
