@@ -3,7 +3,7 @@
     capture (quick) → fit → eval (quick) → serve + one request with the `openai` client → report
 
 Every step is the library function behind its CLI command, on the embedded default pair; the
-console shows the command each step stands for. This module sits beside `cli.py` (it may import
+console shows the command each step stands for. This module sits beside `cli/` (it may import
 every package of ours).
 """
 

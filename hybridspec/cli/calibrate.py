@@ -1,0 +1,161 @@
+"""Commands that calibrate and analyse: capture, merge, fit, eval, report, inspect."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from .common import ArtifactOpt, BackendOpt, DeviceOpt, DrafterOpt, DtypeOpt, ModelOpt, _fail, app, console
+
+
+@app.command()
+def capture(
+    model: ModelOpt = None,
+    drafter: DrafterOpt = None,
+    prompts: Annotated[Optional[Path], typer.Option("--prompts", help="Prompt set (JSONL); default: the embedded set.")] = None,
+    split: Annotated[str, typer.Option("--split", help="calib or test.")] = "calib",
+    db: Annotated[Path, typer.Option("--db", help="The campaign's DuckDB file (created or extended).")] = Path("capture.duckdb"),
+    name: Annotated[str, typer.Option("--name", help="Campaign name; with the pass it identifies a run.")] = "default",
+    passes: Annotated[str, typer.Option("--passes", help="capture,fixed,stage0,moe,routing or all.")] = "all",
+    max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", help="Per prompt (default 128; 64 with --quick).")] = None,
+    device: DeviceOpt = "cpu",
+    dtype: DtypeOpt = "float32",
+    backend: BackendOpt = "auto",
+    quick: Annotated[bool, typer.Option("--quick", help="2 prompts per category, fewer lengths and samples.")] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue a run of this name, skipping finished units.")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a run of this name.")] = False,
+    shard: Annotated[str, typer.Option("--shard", help="i/n: this process takes every n-th unit from i (0-based).")] = "0/1",
+) -> None:
+    """Run calibration passes through the real runtime and record every round and timing in DuckDB."""
+    from ..collectors.campaign import run_campaign
+    from ..collectors.common import CaptureConfig, parse_passes, parse_shard
+    from ..collectors.progress import RichReporter, summary_table
+
+    try:
+        config = CaptureConfig(model=model, drafter=drafter, prompts=prompts, split=split, db=db, name=name,
+                               passes=parse_passes(passes), max_new_tokens=max_new_tokens, device=device,
+                               dtype=dtype, backend=backend, quick=quick, resume=resume, overwrite=overwrite,
+                               shard=parse_shard(shard))
+        with RichReporter(console) as reporter:
+            summaries = run_campaign(config, reporter)
+    except ValueError as exc:  # CaptureConfigError, StoreError, PromptFileError, ConfigError
+        _fail(str(exc))
+    console.print(summary_table(summaries, db))
+
+
+@app.command()
+def merge(
+    out: Annotated[Path, typer.Argument(help="The merged store (created or extended).")],
+    inputs: Annotated[list[Path], typer.Argument(help="Shard stores to combine.")],
+) -> None:
+    """Combine stores written by several processes or hosts (`capture --shard i/n`) into one."""
+    from ..workbench.store import merge_stores
+
+    try:
+        counts = merge_stores(out, inputs)
+    except ValueError as exc:
+        _fail(str(exc))
+    table = Table("table", "rows", title=f"merged {len(inputs)} stores into {out}")
+    for name, rows in counts.items():
+        table.add_row(name, str(rows))
+    console.print(table)
+
+
+@app.command()
+def fit(
+    db: Annotated[Path, typer.Option("--db", help="Calibration store written by `hybridspec capture`.")],
+    out: Annotated[Path, typer.Option("--out", help="Artifact file to write.")],
+    run: Annotated[str, typer.Option("--run", help="Campaign name (capture's --name).")] = "default",
+) -> None:
+    """Fit the acceptance model, C_tgt, s, η, the routing tables and ρ; write the frozen artifact."""
+    from ..fitters.campaign import FitError
+    from ..workbench.store import StoreError
+    from ..fitters.export import fit_artifact
+    from ..fitters.fit_output import print_fit
+
+    if not db.is_file():
+        _fail(f"--db {db}: no such store")
+    try:
+        result, meta = fit_artifact(db, run, out)
+    except (FitError, StoreError) as exc:
+        _fail(str(exc))
+    print_fit(console, result, out, meta)
+
+
+@app.command("eval")
+def eval_(
+    model: ModelOpt = None,
+    drafter: DrafterOpt = None,
+    artifact: ArtifactOpt = None,
+    prompts: Annotated[Optional[Path], typer.Option("--prompts", help="Prompt set (JSONL); default: the embedded set.")] = None,
+    split: Annotated[str, typer.Option("--split", help="calib or test.")] = "test",
+    policies: Annotated[Optional[str], typer.Option("--policies", help="Comma-separated (default ar,full,static:7 and, with --artifact, ratio,ratio4,nominal,hybridspec); ar always runs.")] = None,
+    db: Annotated[Path, typer.Option("--db", help="The campaign's DuckDB file (created or extended).")] = Path("capture.duckdb"),
+    name: Annotated[str, typer.Option("--name", help="Campaign name (capture's --name: its capture run gives the offline estimates).")] = "default",
+    max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", help="Per prompt (default 128; 32 with --quick).")] = None,
+    temperature: Annotated[float, typer.Option("--temperature", min=0.0, help="0: greedy, outputs compared with ar.")] = 0.0,
+    device: DeviceOpt = "cpu",
+    dtype: DtypeOpt = "float32",
+    backend: BackendOpt = "auto",
+    quick: Annotated[bool, typer.Option("--quick", help="2 prompts per category, 32 new tokens.")] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue an eval run of this name, skipping finished units.")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an eval run of this name.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Use an artifact fitted for another model/drafter.")] = False,
+) -> None:
+    """Decode a prompt split with each policy, record every request and round, print Table 1 (TPS, SR, AL, w)."""
+    from ..collectors.eval_output import print_eval
+    from ..collectors.evaluate import EvalConfig, parse_policies, run_eval
+    from ..collectors.progress import RichReporter
+
+    try:
+        config = EvalConfig(model=model, drafter=drafter, artifact=artifact, prompts=prompts, split=split,
+                            policies=parse_policies(policies), db=db, name=name, max_new_tokens=max_new_tokens,
+                            temperature=temperature, device=device, dtype=dtype, backend=backend, quick=quick,
+                            resume=resume, overwrite=overwrite, force=force)
+        with RichReporter(console) as reporter:
+            result = run_eval(config, reporter)
+    except ValueError as exc:  # EvalConfigError, PolicyError, ArtifactError, StoreError, PromptFileError, ConfigError
+        _fail(str(exc))
+    print_eval(console, result)
+
+
+@app.command()
+def report(
+    db: Annotated[Path, typer.Option("--db", help="The campaign's DuckDB file.")] = Path("capture.duckdb"),
+    out: Annotated[Path, typer.Option("--out", help="Folder for index.html (self-contained).")] = Path("report"),
+    artifact: ArtifactOpt = None,
+    name: Annotated[Optional[str], typer.Option("--name", help="Campaign (capture's --name); default: the newest.")] = None,
+) -> None:
+    """Diagnostics of a calibration (and its evals) as one HTML page with plots, plus a terminal summary."""
+    from ..report import build_report, summary
+
+    try:
+        result = build_report(db, out, artifact=artifact, campaign=name)
+    except ValueError as exc:  # ReportError, ArtifactError
+        _fail(str(exc))
+    console.print(summary(result))
+    console.print(f"[bold green]report:[/] {result.path.resolve()}")
+
+
+@app.command()
+def inspect(path: Annotated[Path, typer.Argument(help="Artifact file.")]) -> None:
+    """Print an artifact's contents; exit non-zero when it is invalid."""
+    import json as _json
+
+    from ..artifacts.artifact import ArtifactError, load_artifact
+
+    try:
+        params, meta = load_artifact(path)
+    except ArtifactError as exc:
+        _fail(str(exc))
+    shown = {k: v for k, v in meta.items() if k != "diagnostics"}
+    console.print_json(_json.dumps(shown))
+    table = Table("w", "C_tgt ms", "n̄_all", title=f"{path.name}: per length")
+    for w in params.lengths:
+        table.add_row(str(w), f"{params.cost[w] * 1e3:.3f}", f"{params.nbar_all[w]:.2f}")
+    console.print(table)
+    console.print(f"acceptance coefficients {[round(c, 4) for c in params.acceptance.coef]}; "
+                  f"warnings: {meta['diagnostics'].get('warnings', [])}")

@@ -1,0 +1,137 @@
+"""Commands that decode: generate, serve, demo, train-embedded."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from .common import ArtifactOpt, BackendOpt, DeviceOpt, DrafterOpt, DtypeOpt, ModelOpt, PolicyOpt, _fail, app, console
+
+
+@app.command()
+def generate(
+    model: ModelOpt = None,
+    drafter: DrafterOpt = None,
+    prompt: Annotated[Optional[str], typer.Option("--prompt", help="Prompt text.")] = None,
+    prompt_ids: Annotated[Optional[str], typer.Option("--prompt-ids", help="Prompt token ids, comma-separated.")] = None,
+    policy: PolicyOpt = "hybridspec",
+    artifact: ArtifactOpt = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1)] = 64,
+    temperature: Annotated[float, typer.Option("--temperature", min=0.0)] = 0.0,
+    top_p: Annotated[float, typer.Option("--top-p")] = 1.0,
+    top_k: Annotated[int, typer.Option("--top-k", min=0)] = 0,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    device: DeviceOpt = "cpu",
+    dtype: DtypeOpt = "float32",
+    backend: BackendOpt = "auto",
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Use an artifact fitted for another model/drafter.")] = False,
+) -> None:
+    """Generate from one prompt with a length policy and print the tokens and round statistics."""
+    from ..runtime.generation import GenerateRequest, run_generate
+
+    request = GenerateRequest(model=model, drafter=drafter, prompt=prompt, prompt_ids=prompt_ids, policy=policy,
+                              artifact=artifact, max_new_tokens=max_new_tokens, temperature=temperature,
+                              top_p=top_p, top_k=top_k, seed=seed, device=device, dtype=dtype, backend=backend,
+                              force=force)
+    try:
+        summary = run_generate(request)
+    except ValueError as exc:  # ConfigError, PolicyError, ArtifactError, bad sampling values
+        _fail(str(exc))
+    if as_json:
+        print(json.dumps(summary))
+        return
+    _print_summary(summary)
+
+
+def _print_summary(summary: dict) -> None:
+    if summary["random_weights"]:
+        console.print(f"[yellow]model {summary['model']!r} has random weights: tokens are meaningless, "
+                      "acceptance is near zero[/]")
+    console.print(f"[bold]tokens[/] {summary['token_ids']}")
+    if summary["text"]:
+        console.print(f"[bold]text[/] {summary['text']}")
+    table = Table("policy", "tokens", "rounds", "AL", "mean w", "decode s", "tok/s", title="generation")
+    table.add_row(summary["policy"], str(len(summary["token_ids"])), str(summary["rounds"]),
+                  f"{summary['acceptance_length']:.2f}", f"{summary['mean_verification_length']:.2f}",
+                  f"{summary['decode_seconds']:.3f}", f"{summary['decode_tokens_per_second']:.1f}")
+    console.print(table)
+
+
+@app.command()
+def demo(
+    out: Annotated[Path, typer.Option("--out", help="Folder for the store, the artifact, the server log and the report.")] = Path("demo"),
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1, help="Of the one served request.")] = 48,
+    threads: Annotated[Optional[int], typer.Option("--threads", min=1, help="CPU threads of torch in every step and the server (default: OMP_NUM_THREADS, else 1).")] = None,
+) -> None:
+    """The whole workflow on the embedded default: capture (quick) → fit → eval → serve + one request → report."""
+    import os
+
+    import torch
+
+    from ..demo import DemoConfig, run_demo_workflow
+
+    # one thread unless told otherwise: on small CPUs a thread team that waits for a descheduled
+    # member stalls rounds of the fixed pass, and calibration and eval must share the thread count
+    count = threads or int(os.environ.get("OMP_NUM_THREADS") or 1)
+    os.environ["OMP_NUM_THREADS"] = str(count)  # the server process inherits it
+    torch.set_num_threads(count)
+    console.print(f"torch CPU threads: {count} (--threads or OMP_NUM_THREADS to change)")
+    try:
+        run_demo_workflow(DemoConfig(out=out, max_new_tokens=max_new_tokens), console)
+    except (ValueError, RuntimeError) as exc:  # config, store, fit, artifact and server errors name what failed
+        _fail(str(exc))
+
+
+@app.command()
+def serve(
+    artifact: ArtifactOpt = None,
+    model: ModelOpt = None,
+    drafter: DrafterOpt = None,
+    host: Annotated[str, typer.Option("--host", help="Interface to bind (0.0.0.0 exposes the server).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=0, max=65535)] = 30000,
+    policy: Annotated[str, typer.Option("--policy", help="Default policy; ar, full and static:N need no --artifact.")] = "hybridspec",
+    api_key: Annotated[Optional[str], typer.Option("--api-key", help="Require `Authorization: Bearer KEY` on /v1/*.")] = None,
+    served_model_name: Annotated[Optional[str], typer.Option("--served-model-name", help="The `model` clients send (default: --model, or hybridspec-embedded).")] = None,
+    device: DeviceOpt = "cpu",
+    dtype: DtypeOpt = "float32",
+    backend: BackendOpt = "auto",
+    max_context: Annotated[int, typer.Option("--max-context", min=2, help="Prompt + generated tokens per request.")] = 4096,
+    force: Annotated[bool, typer.Option("--force", help="Use an artifact fitted for another model/drafter.")] = False,
+) -> None:
+    """Serve the model over an OpenAI-compatible HTTP API (completions, chat, models, health, metrics)."""
+    from ..serve.app import serve as run_server
+    from ..serve.service import open_service
+
+    try:
+        service = open_service(artifact=artifact, model=model, drafter=drafter, policy=policy, device=device,
+                               dtype=dtype, backend=backend, max_context=max_context, force=force,
+                               model_name=served_model_name)
+    except ValueError as exc:  # ConfigError, PolicyError, ArtifactError
+        _fail(str(exc))
+    console.print(f"serving [bold]{service.model_name}[/] (policy {policy}) on http://{host}:{port}/v1")
+    run_server(service, host=host, port=port, api_key=api_key)
+
+
+@app.command("train-embedded")
+def train_embedded(
+    out: Annotated[Path, typer.Option("--out", help="Output directory (target/, drafter/, prompts.jsonl).")],
+    recipe: Annotated[str, typer.Option("--recipe", help="full (GPU) or tiny (CPU smoke).")] = "full",
+    device: Annotated[Optional[str], typer.Option("--device")] = None,
+    target_dir: Annotated[Optional[Path], typer.Option("--target-dir", help="Reuse a trained target.")] = None,
+    drafter_init: Annotated[Optional[Path], typer.Option("--drafter-init", help="With --target-dir: continue training this drafter.")] = None,
+    stdlib: Annotated[Optional[Path], typer.Option("--stdlib", help="Standard-library folder to read (default: this interpreter's).")] = None,
+    target_minutes: Annotated[Optional[float], typer.Option("--target-minutes", help="Cap on target training time.")] = None,
+    drafter_minutes: Annotated[Optional[float], typer.Option("--drafter-minutes", help="Cap on drafter training time.")] = None,
+) -> None:
+    """Train the embedded default pair from a Python standard library (this interpreter's by default)."""
+    from ..training.embedded import main as train_main
+
+    options = {"--device": device, "--target-dir": target_dir, "--drafter-init": drafter_init, "--stdlib": stdlib,
+               "--target-minutes": target_minutes, "--drafter-minutes": drafter_minutes}
+    train_main(["--out", str(out), "--recipe", recipe]
+               + [str(x) for flag, value in options.items() if value is not None for x in (flag, value)])
