@@ -1,15 +1,36 @@
-"""Text ↔ ids through a model directory's `tokenizer.json` (the `tokenizers` library)."""
+"""Text ↔ ids through a model directory's `tokenizer.json` (the `tokenizers` library), and chat
+messages → prompt text through the tokenizer's own `chat_template`.
+
+The template is read as transformers reads it: `chat_template.jinja` when present, else the
+`chat_template` field of `tokenizer_config.json` (a string, or a list of named templates of which
+`default` is used). It is rendered by transformers' sandboxed Jinja environment with the special
+tokens of `tokenizer_config.json` (`bos_token`, `eos_token`, …) and `add_generation_prompt=True`,
+as `apply_chat_template(messages, tokenize=False, add_generation_prompt=True)` does.
+"""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from .config import ConfigError
+
+SPECIAL_TOKEN_FIELDS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")
+
+
+class ChatTemplateError(ConfigError):
+    """The model has no chat template, or the template refused the messages."""
+
 
 class TextCodec:
-    def __init__(self, tokenizer: Tokenizer):
+    def __init__(self, tokenizer: Tokenizer, chat_template: str | None = None,
+                 special_tokens: dict[str, str] | None = None, source: str = "tokenizer"):
         self.tokenizer = tokenizer
+        self.chat_template = chat_template
+        self.special_tokens = dict(special_tokens or {})
+        self.source = source
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
@@ -17,9 +38,53 @@ class TextCodec:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
+    def render_chat(self, messages: list[dict]) -> str:
+        """The prompt text of OpenAI-style `messages` ({"role", "content"}; a content list keeps its text
+        parts) under the tokenizer's chat template, ending with the assistant's turn opened."""
+        if self.chat_template is None:
+            raise ChatTemplateError(f"{self.source}: no chat_template (chat_template.jinja or tokenizer_config.json); "
+                                    "use plain completions")
+        from jinja2.exceptions import TemplateError
+        from transformers.utils.chat_template_utils import render_jinja_template
+
+        chat = [{**m, "content": _text(m.get("content"))} for m in messages]
+        try:
+            rendered, _ = render_jinja_template([chat], chat_template=self.chat_template, add_generation_prompt=True,
+                                                **self.special_tokens)
+        except TemplateError as exc:
+            raise ChatTemplateError(f"{self.source}: the chat template refused the messages: {exc}") from exc
+        return rendered[0]
+
+
+def _text(content) -> str:
+    """A message's content as text: a string as is, the text parts of a content list joined."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+
+
+def read_chat_template(directory: Path) -> tuple[str | None, dict[str, str]]:
+    """(chat template or None, special tokens by field name) of a tokenizer directory."""
+    config_file = directory / "tokenizer_config.json"
+    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    template = config.get("chat_template")
+    if isinstance(template, list):  # named templates: the default one
+        template = {t["name"]: t["template"] for t in template}.get("default")
+    if (directory / "chat_template.jinja").is_file():
+        template = (directory / "chat_template.jinja").read_text()
+    special = {}
+    for field in SPECIAL_TOKEN_FIELDS:
+        value = config.get(field)
+        value = value.get("content") if isinstance(value, dict) else value
+        if isinstance(value, str):
+            special[field] = value
+    return template, special
+
 
 def load_codec(directory: Path | None) -> TextCodec | None:
-    """The directory's tokenizer, or None when it has none (random presets)."""
+    """The directory's tokenizer and chat template, or None when it has no tokenizer (random presets)."""
     if directory is None or not (Path(directory) / "tokenizer.json").is_file():
         return None
-    return TextCodec(Tokenizer.from_file(str(Path(directory) / "tokenizer.json")))
+    directory = Path(directory)
+    template, special = read_chat_template(directory)
+    return TextCodec(Tokenizer.from_file(str(directory / "tokenizer.json")), template, special, str(directory))

@@ -1,0 +1,58 @@
+"""Chat messages → prompt text through the tokenizer's own chat template, as transformers renders it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from hybridspec.runtime.session import EMBEDDED
+from hybridspec.runtime.tokenizer import ChatTemplateError, load_codec
+
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "def f(x):"},
+            {"role": "assistant", "content": "return x"}, {"role": "user", "content": [{"type": "text", "text": "again"}]}]
+CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+          "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+def test_embedded_template_equals_transformers_apply_chat_template():
+    from transformers import AutoTokenizer
+
+    codec = load_codec(EMBEDDED / "target")
+    plain = [{**m, "content": m["content"] if isinstance(m["content"], str) else "again"} for m in MESSAGES]
+    oracle = AutoTokenizer.from_pretrained(EMBEDDED / "target").apply_chat_template(
+        plain, tokenize=False, add_generation_prompt=True)
+    assert codec.render_chat(MESSAGES) == oracle
+    assert oracle == "Be brief.\n<|user|>def f(x):\n<|assistant|>return x\n<|user|>again\n<|assistant|>"
+
+
+def test_chat_template_file_wins_over_tokenizer_config(tmp_path):
+    """transformers' order: `chat_template.jinja` replaces the `chat_template` field of tokenizer_config.json."""
+    shutil.copy(EMBEDDED / "target" / "tokenizer.json", tmp_path)
+    shutil.copy(EMBEDDED / "target" / "tokenizer_config.json", tmp_path)
+    (tmp_path / "chat_template.jinja").write_text(CHATML)
+    text = load_codec(tmp_path).render_chat([{"role": "user", "content": "hi"}])
+    assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_named_templates_use_default_and_special_tokens_reach_the_template(tmp_path):
+    shutil.copy(EMBEDDED / "target" / "tokenizer.json", tmp_path)
+    config = {"eos_token": {"content": "<|endoftext|>"},
+              "chat_template": [{"name": "tool_use", "template": "tools"},
+                                {"name": "default", "template": "{{ messages[0]['content'] + eos_token }}"}]}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    assert load_codec(tmp_path).render_chat([{"role": "user", "content": "hi"}]) == "hi<|endoftext|>"
+
+
+def test_a_tokenizer_without_a_template_is_named(tmp_path):
+    shutil.copy(EMBEDDED / "target" / "tokenizer.json", tmp_path)
+    with pytest.raises(ChatTemplateError, match="no chat_template"):
+        load_codec(tmp_path).render_chat([{"role": "user", "content": "hi"}])
+
+
+def test_a_template_that_raises_is_named(tmp_path):
+    shutil.copy(EMBEDDED / "target" / "tokenizer.json", tmp_path)
+    (tmp_path / "chat_template.jinja").write_text("{{ raise_exception('roles must alternate') }}")
+    with pytest.raises(ChatTemplateError, match="roles must alternate"):
+        load_codec(tmp_path).render_chat([{"role": "user", "content": "hi"}])
