@@ -70,6 +70,9 @@ class RunSpec:
     model: str | None = None
     drafter: str | None = None
     shard_count: int = 1
+    threads: int | None = None  # torch CPU threads of the process (recorded, not part of the identity)
+    host_cpu: str | None = None
+    host_gpu: str | None = None
 
     @property
     def run_id(self) -> str:
@@ -87,9 +90,12 @@ class Store:
         try:
             self.con = duckdb.connect(str(self.path), read_only=read_only)
         except duckdb.Error as exc:
-            raise StoreError(f"{self.path}: cannot open the store ({exc})") from None
+            raise StoreError(f"{self.path}: cannot open the store ({_one_line(exc)})") from None
         try:
             self.version = self._migrate(read_only)
+        except duckdb.Error as exc:  # a damaged catalog or schema_version table
+            self.con.close()
+            raise StoreError(f"{self.path}: damaged store: {_one_line(exc)}") from None
         except BaseException:
             self.con.close()
             raise
@@ -136,6 +142,24 @@ class Store:
 
         return _Tx()
 
+    def verify(self) -> "Store":
+        """Read every row of every table once, so that a file damaged in its data blocks (truncated,
+        overwritten) is refused here, naming the file and DuckDB's message, before anything is
+        fitted or written. DuckDB checks each block's checksum as it reads it."""
+        tables = [t for (t,) in self.con.execute("SELECT table_name FROM duckdb_tables() WHERE NOT internal "
+                                                 "ORDER BY table_name").fetchall()]
+        for table in tables:
+            try:
+                self.con.execute(f"SELECT count(*), max(hash(t)) FROM {table} AS t").fetchall()
+            except duckdb.Error as exc:
+                raise StoreError(f"{self.path}: damaged store (table {table}): {_one_line(exc)}") from None
+        return self
+
+    def campaigns(self) -> list[str]:
+        """Names of the calibration campaigns (runs of any pass but eval), sorted."""
+        return [n for (n,) in self.con.execute("SELECT DISTINCT name FROM runs WHERE pass <> 'eval' "
+                                               "ORDER BY name").fetchall()]
+
     # ---------------------------------------------------------------- runs
     def run_row(self, run_id: str) -> dict | None:
         cur = self.con.execute("SELECT * FROM runs WHERE run_id = ?", [run_id])
@@ -172,11 +196,12 @@ class Store:
             if existing is None:
                 self.con.execute(
                     "INSERT INTO runs (run_id, name, pass, status, model_id, drafter_id, model, drafter, device, dtype, "
-                    "backend, versions, params, shard_count, started_at) VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, "
-                    "?, ?, ?, ?, ?)",
+                    "backend, versions, params, shard_count, started_at, threads, host_cpu, host_gpu) VALUES (?, ?, ?, "
+                    "'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [run_id, spec.name, spec.pass_name, spec.model_id, spec.drafter_id, spec.model, spec.drafter,
                      spec.device, spec.dtype, spec.backend, json.dumps(spec.versions, sort_keys=True),
-                     json.dumps(spec.params, sort_keys=True), spec.shard_count, _now()])
+                     json.dumps(spec.params, sort_keys=True), spec.shard_count, _now(), spec.threads, spec.host_cpu,
+                     spec.host_gpu])
             else:
                 self._check_identity(existing, spec)
             if self.shard_status(run_id, shard_index) is None:
@@ -256,6 +281,27 @@ class Store:
         where, args = ("WHERE run_id = ?", [run_id]) if run_id else ("", [])
         return {t: self.con.execute(f"SELECT count(*) FROM {t} {where}", args).fetchone()[0]
                 for t in ("runs", *DATA_TABLES)}
+
+
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())
+
+
+def resolve_campaign(db: Path, name: str | None, *, fallback: str | None = None) -> str:
+    """`name`, or the store's only campaign when `name` is None. With several campaigns (or none)
+    and no name: `fallback` when given, else a StoreError naming them."""
+    if name is not None:
+        return name
+    names = []
+    if Path(db).is_file():
+        with Store(db, read_only=True) as store:
+            names = store.campaigns()
+    if len(names) == 1:
+        return names[0]
+    if fallback is not None:
+        return fallback
+    listed = ", ".join(repr(n) for n in names) or "none"
+    raise StoreError(f"{db}: name the campaign with --name (campaigns in the store: {listed})")
 
 
 def _column(values: list) -> np.ndarray:

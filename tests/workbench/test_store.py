@@ -47,11 +47,11 @@ def test_a_version_1_store_is_upgraded_in_place(tmp_path):
     with Store(path, read_only=True) as old:  # reading does not migrate
         assert old.version == 1
     with Store(path) as store:
-        assert store.version == 2 == schema.SCHEMA_VERSION
-        assert [v for (v,) in store.query("SELECT version FROM schema_version ORDER BY 1")] == [1, 2]
+        assert store.version == 3 == schema.SCHEMA_VERSION
+        assert [v for (v,) in store.query("SELECT version FROM schema_version ORDER BY 1")] == [1, 2, 3]
         tables = {t for (t,) in store.query("SELECT table_name FROM information_schema.tables")}
         assert {"eval_requests", "eval_rounds", "offline_estimates"} <= tables and set(schema.KEYS) <= tables
-        assert store.query("SELECT * FROM stage0_timings") == [("r", 3, 0, 12.5, 8)]
+        assert store.query("SELECT * FROM stage0_timings") == [("r", 3, 0, 12.5, 8, None, None)]  # block unknown
         assert store.counts()["eval_requests"] == 0
 
 
@@ -146,4 +146,55 @@ def test_content_identities(tmp_path, qwen35_dir):
     assert model_identity(str(copy), None)[0] != model_identity(str(qwen35_dir), None)[0]
     assert model_identity("random-tiny", None, seed=0) == model_identity("random-tiny", None, seed=0)
     assert model_identity("random-tiny", None, seed=0) != model_identity("random-tiny", None, seed=1)
-    assert {"python", "torch", "transformers", "hybridspec", "duckdb"} <= set(software_versions())
+    assert {"python", "torch", "transformers", "hybridspec", "duckdb", "numpy", "scipy", "scikit-learn",
+            "statsmodels", "polars"} <= set(software_versions())
+
+
+def test_run_rows_record_threads_and_host(tmp_path):
+    with Store(tmp_path / "s.duckdb") as store:
+        run = store.start_run(_spec(threads=1, host_cpu="cpu model", host_gpu=None))
+        row = store.run_row(run)
+        assert (row["threads"], row["host_cpu"], row["host_gpu"]) == (1, "cpu model", None)
+
+
+def _damage(path, how: str) -> None:
+    import os
+
+    size = os.path.getsize(path)
+    if how == "truncated":
+        os.truncate(path, size // 2)
+    else:  # the second half overwritten, the size kept
+        with open(path, "r+b") as f:
+            f.seek(size // 2)
+            f.write(bytes(range(256)) * ((size - size // 2) // 256))
+
+
+@pytest.mark.parametrize("how", ["truncated", "overwritten"])
+def test_a_store_damaged_in_its_data_blocks_is_refused_naming_the_file(tmp_path, how):
+    path = tmp_path / "s.duckdb"
+    with Store(path) as store:
+        run = store.start_run(_spec())
+        for u in range(1, 60):
+            store.commit_unit(run, f"u={u}", _timings(run, u, n=500))
+    with Store(path, read_only=True) as store:
+        store.verify()  # intact
+    _damage(path, how)
+    with pytest.raises(StoreError, match=rf"{path}: (damaged store|cannot open)"):
+        with Store(path, read_only=True) as store:
+            store.verify()
+
+
+def test_resolve_campaign_takes_the_only_one(tmp_path):
+    from hybridspec.workbench.store import resolve_campaign
+
+    path = tmp_path / "s.duckdb"
+    with Store(path) as store:
+        store.start_run(_spec(name="calib", pass_name="capture"))
+        store.start_run(_spec(name="calib", pass_name="fixed"))
+        store.start_run(_spec(name="ev", pass_name="eval"))  # eval runs are not campaigns
+    assert resolve_campaign(path, None) == "calib" and resolve_campaign(path, "x") == "x"
+    with Store(path) as store:
+        store.start_run(_spec(name="other", pass_name="capture"))
+    with pytest.raises(StoreError, match="--name .*'calib', 'other'"):
+        resolve_campaign(path, None)
+    assert resolve_campaign(path, None, fallback="default") == "default"
