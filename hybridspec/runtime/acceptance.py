@@ -33,27 +33,35 @@ def acceptance_features(calibrated: Tensor, entropy: Tensor) -> Tensor:
 
 
 def _interp(x: Tensor, xp: Tensor, fp: Tensor) -> Tensor:
-    """Piecewise-linear interpolation clipped at the ends (isotonic prediction)."""
-    x = x.clamp(xp[0], xp[-1])
-    hi = torch.searchsorted(xp, x, right=True).clamp(1, len(xp) - 1)
+    """Piecewise-linear interpolation clipped at the ends (isotonic prediction), row by row:
+    x [D], xp, fp [D, K] increasing thresholds and values per row → [D]. Rows shorter than K are
+    padded by repeating their last point (a zero-width span that returns that point's value)."""
+    x = torch.minimum(torch.maximum(x, xp[:, 0]), xp[:, -1])[:, None]  # [D, 1]
+    hi = torch.searchsorted(xp, x, right=True).clamp(1, xp.shape[1] - 1)  # [D, 1]
     lo = hi - 1
-    span = (xp[hi] - xp[lo]).clamp_min(1e-12)
-    t = ((x - xp[lo]) / span).clamp(0, 1)
-    return torch.where(xp[hi] == xp[lo], fp[hi], fp[lo] + t * (fp[hi] - fp[lo]))
+    x_lo, x_hi, f_lo, f_hi = xp.gather(1, lo), xp.gather(1, hi), fp.gather(1, lo), fp.gather(1, hi)
+    span = (x_hi - x_lo).clamp_min(1e-12)
+    t = ((x - x_lo) / span).clamp(0, 1)
+    return torch.where(x_hi == x_lo, f_hi, f_lo + t * (f_hi - f_lo))[:, 0]
+
+
+def _padded(rows: tuple[tuple[float, ...], ...], device) -> Tensor:
+    """Ragged rows → [D, K] fp32, each row padded with its last value."""
+    width = max(len(r) for r in rows)
+    return torch.tensor([list(r) + [r[-1]] * (width - len(r)) for r in rows], dtype=torch.float32, device=device)
 
 
 class AcceptanceEstimator:
-    """Evaluates an `AcceptanceModel` on a device."""
+    """Evaluates an `AcceptanceModel` on a device, with a number of kernels that does not depend
+    on the isotonic tables (all positions interpolated at once)."""
 
     def __init__(self, model: AcceptanceModel, device: torch.device | str = "cpu"):
-        f32 = torch.float32
-        self.iso = [(torch.tensor(x, dtype=f32, device=device), torch.tensor(y, dtype=f32, device=device))
-                    for x, y in zip(model.iso_x, model.iso_y)]
-        self.coef = torch.tensor(model.coef, dtype=f32, device=device)
+        self.iso_x, self.iso_y = _padded(model.iso_x, device), _padded(model.iso_y, device)  # [D, K]
+        self.coef = torch.tensor(model.coef, dtype=torch.float32, device=device)
 
     def conditional(self, confidence: Tensor, entropy: Tensor) -> Tensor:
         """ĉ_i = P(A_D ≥ i | A_D ≥ i−1): confidence, entropy [D] → [D]."""
-        calibrated = torch.stack([_interp(confidence[i].float(), *self.iso[i]) for i in range(len(self.iso))])
+        calibrated = _interp(confidence.float(), self.iso_x, self.iso_y)
         logit = self.coef[0] + acceptance_features(calibrated, entropy.float()) @ self.coef[1:]
         return torch.sigmoid(logit)
 

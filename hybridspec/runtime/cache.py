@@ -12,6 +12,14 @@ factors therefore live in two slots: a pass writes `slot`; a commit flips it, so
 round's factors stay in the other slot, `pending[layer]` marks each layer whose state still waits
 for them and `accepted` holds their m on the device. `ssm` holds committed states only where
 nothing is pending; `HybridTarget.flush` commits what is (before the states are read or copied).
+
+Positions live on the device (`position`, the committed length), so that KV writes, the attention
+mask and RoPE read them there; `length` is the host's copy. Eager decoding keeps both in step at
+every commit. The GPU-resident round (`runtime/resident.py`, DESIGN B.9) advances only `position`
+inside a round and updates `length` once the round's tokens are read; it reads keys over a static
+span (`key_span`) masked on the device and folds pending commits over a fixed number of round
+tokens (`pending_span`, the tokens past m weigh exactly 0 in Eq. 7), so that every tensor shape
+of a round is fixed and the round can be captured as a CUDA graph.
 """
 
 from __future__ import annotations
@@ -35,7 +43,10 @@ class TargetCache:
     g_slots: Tensor  # [2, n_gdn, B, T_max, HV] fp32
     conv_in: Tensor  # [n_gdn, B, T_max, conv_dim]   … and conv inputs of the tokens in flight
     accepted: Tensor  # [B] long, m of the pending commit
-    length: int = 0  # committed tokens
+    position: Tensor  # [B] long, committed tokens, on the device
+    length: int = 0  # committed tokens, the host's copy
+    key_span: int | None = None  # keys attention reads: None → length + T (host-known), else this static span
+    fixed_pending: int | None = None  # round tokens a pending commit covers: None → pending_tokens
     slot: int = 0  # the factor slot the next pass writes
     pending: list[bool] = field(default_factory=list)  # per GDN layer: a commit waits in 1 - slot
     pending_tokens: int = 0  # w of the pass whose commit is pending
@@ -68,14 +79,14 @@ class TargetCache:
         """(z, k, g_cum [B, w, ...], accepted [B]) of the commit still waiting for GDN layer `layer`."""
         if not self.pending[layer]:
             return None
-        old, w = 1 - self.slot, self.pending_tokens
+        old, w = 1 - self.slot, self.fixed_pending or self.pending_tokens
         return (self.z_slots[old, layer, :, :w], self.k_slots[old, layer, :, :w], self.g_slots[old, layer, :, :w],
                 self.accepted)
 
     def pending_span(self, start: int, stop: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """(z, k, g_cum [stop − start, B, w, ...], accepted [B]) of the pending commit for the GDN layers
         start … stop − 1."""
-        old, w = 1 - self.slot, self.pending_tokens
+        old, w = 1 - self.slot, self.fixed_pending or self.pending_tokens
         return (self.z_slots[old, start:stop, :, :w], self.k_slots[old, start:stop, :, :w],
                 self.g_slots[old, start:stop, :, :w], self.accepted)
 
@@ -90,18 +101,43 @@ class TargetCache:
         else:
             self.pending[layer] = False
 
-    def defer_commit(self, w: int, m: int) -> None:
-        """Leave the pass's factors (w tokens, m accepted) for every GDN layer's next verification."""
+    def defer_commit(self, w: int, m: int | Tensor) -> None:
+        """Leave the pass's factors (w tokens, m accepted: a number, or [B] long on the device) for
+        every GDN layer's next verification."""
         if any(self.pending):
             raise RuntimeError("a GDN commit is still pending; flush it before deferring another")
-        self.accepted.fill_(m)
+        if isinstance(m, Tensor):
+            self.accepted.copy_(m)
+        else:
+            self.accepted.fill_(m)
+        self.flip(w)
+
+    def flip(self, w: int) -> None:
+        """The host side of a deferred commit: the next pass writes the other factor slot, and every
+        GDN layer waits for the factors of this pass (w tokens)."""
         self.slot, self.pending_tokens = 1 - self.slot, w
+        self.pending = [True] * len(self.pending)
+
+    def null_commit(self, span: int) -> None:
+        """Make every GDN layer wait for a commit that leaves its state as it is (m = 1 over a token
+        whose factors z = 0, g_cum = 0: S_1 = e^0 S_0 + 0), over `span` round tokens. The resident
+        round starts from it after a flush, so that its first pass folds a pending commit of the
+        same shape as every later one."""
+        if any(self.pending):
+            raise RuntimeError("a GDN commit is still pending; flush it first")
+        old = 1 - self.slot
+        self.z_slots[old, :, :, :span].zero_()
+        self.g_slots[old, :, :, :span].zero_()
+        self.accepted.fill_(1)
+        self.pending_tokens = span
         self.pending = [True] * len(self.pending)
 
     def reset(self) -> None:
         self.conv.zero_()
         self.ssm.zero_()
+        self.position.zero_()
         self.length = 0
+        self.key_span = self.fixed_pending = None
         self.mark_committed()
 
     @classmethod
@@ -123,4 +159,5 @@ class TargetCache:
             g_slots=torch.zeros(2, n_gdn, batch, tokens_per_pass, hv, dtype=f32, device=device),
             conv_in=torch.zeros(n_gdn, batch, tokens_per_pass, cfg.gdn_conv_dim, dtype=dtype, device=device),
             accepted=torch.ones(batch, dtype=torch.long, device=device),
+            position=torch.zeros(batch, dtype=torch.long, device=device),
         )

@@ -5,6 +5,11 @@ Context: the target's hidden states after the layers in `target_layer_ids`, conc
 cached, advancing only through committed tokens. A block is `[anchor, MASK × (block_size − 1)]`
 at the positions after the context; the block attends (non-causally) to the context and to
 itself; one pass gives D = block_size − 1 draft tokens with top-1 confidence and entropy.
+
+The context length lives on the device (`position`; `length` is the host's copy), as the target's
+does (`cache.py`): a proposal writes the block's K/V right after the context and attends to the
+cache up to a host-known bound, or over a static span masked on the device (`key_span`, the
+GPU-resident round); `extend` writes the features of all w verified tokens and advances by m.
 """
 
 from __future__ import annotations
@@ -45,15 +50,14 @@ class DraftAttention(nn.Module):
         k = apply_rope(self.k_norm(self.k_proj(x).view(B, T, self.n_kv, self.head_dim)), *rope)
         return k, self.v_proj(x).view(B, T, self.n_kv, self.head_dim)
 
-    def forward(self, x: Tensor, ctx_k: Tensor, ctx_v: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
+    def forward(self, x: Tensor, keys: Tensor, values: Tensor, rope: tuple[Tensor, Tensor],
+                visible: Tensor | None) -> Tensor:
+        """x [B, T, hidden]; keys, values [B, S, n_kv, hd] (context then this block, its K/V already
+        written); visible [T, S] bool or None (all)."""
         B, T, _ = x.shape
         q = apply_rope(self.q_norm(self.q_proj(x).view(B, T, self.n_heads, self.head_dim)), *rope)
-        k, v = self.key_value(x, rope)
-        keys = torch.cat((ctx_k, k), dim=1).transpose(1, 2)  # [B, n_kv, S+T, hd]
-        values = torch.cat((ctx_v, v), dim=1).transpose(1, 2)
-        groups = self.n_heads // self.n_kv
-        keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values)  # non-causal
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
+                                             attn_mask=visible, enable_gqa=True)  # non-causal within the block
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -78,9 +82,11 @@ class DFlashDrafter(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta), persistent=False)
         self._target = (embed, lm_head)  # not registered: not the drafter's weights
-        self.ctx_k: Tensor | None = None  # [n_layers, B, max_len, n_kv, hd]
+        self.ctx_k: Tensor | None = None  # [n_layers, B, max_len + block_size, n_kv, hd]
         self.ctx_v: Tensor | None = None
-        self.length = 0
+        self.position: Tensor | None = None  # [1] long, context length on the device
+        self.length = 0  # the host's copy
+        self.key_span: int | None = None  # static key span of the resident round (None: host-known)
 
     @property
     def draft_len(self) -> int:
@@ -91,44 +97,67 @@ class DFlashDrafter(nn.Module):
         return self.cfg.target_layer_ids
 
     def reset(self, max_len: int) -> None:
-        """Allocate (or reuse) the context cache for a request of at most max_len positions."""
+        """Allocate (or reuse) the context cache for a request of at most max_len positions (plus
+        room for the block drafted after them)."""
         p = self.fc.weight
-        shape = (len(self.layers), 1, max_len, self.cfg.num_key_value_heads, self.cfg.head_dim)
-        if self.ctx_k is None or self.ctx_k.shape[2] < max_len:
+        size = max_len + self.cfg.block_size
+        shape = (len(self.layers), 1, size, self.cfg.num_key_value_heads, self.cfg.head_dim)
+        if self.ctx_k is None or self.ctx_k.shape[2] < size:
             self.ctx_k = torch.zeros(shape, dtype=p.dtype, device=p.device)
             self.ctx_v = torch.zeros(shape, dtype=p.dtype, device=p.device)
-        self.length = 0
+            self.position = torch.zeros(1, dtype=torch.long, device=p.device)
+        self.position.zero_()
+        self.length, self.key_span = 0, None
 
-    def _rope(self, start: int, count: int) -> tuple[Tensor, Tensor]:
-        positions = torch.arange(start, start + count, device=self.inv_freq.device)
+    def _rope(self, count: int) -> tuple[Tensor, Tensor]:
+        positions = self.position[0] + torch.arange(count, device=self.inv_freq.device)
         return rope_cos_sin(positions, self.inv_freq, self.fc.weight.dtype)
 
     @torch.no_grad()
-    def extend(self, features: Tensor) -> None:
-        """Append committed tokens' target features [1, m, n_taps·hidden] to the context."""
-        m = features.shape[1]
-        if self.length + m > self.ctx_k.shape[2]:
-            raise ValueError(f"drafter context of {self.length + m} positions exceeds its cache ({self.ctx_k.shape[2]})")
+    def extend(self, features: Tensor, accepted: Tensor | None = None) -> None:
+        """Append committed tokens' target features [1, w, n_taps·hidden] to the context: all w, or
+        the first `accepted` ([1] long on the device; the rest is written and later overwritten)."""
+        w = features.shape[1]
+        if self.length + w > self.ctx_k.shape[2]:
+            raise ValueError(f"drafter context of {self.length + w} positions exceeds its cache ({self.ctx_k.shape[2]})")
         ctx = self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
-        rope = self._rope(self.length, m)
+        rope = self._rope(w)
+        positions = self.position[0] + torch.arange(w, device=ctx.device)
         for i, layer in enumerate(self.layers):
             k, v = layer.self_attn.key_value(ctx, rope)
-            self.ctx_k[i, :, self.length : self.length + m] = k
-            self.ctx_v[i, :, self.length : self.length + m] = v
-        self.length += m
+            self.ctx_k[i].index_copy_(1, positions, k)
+            self.ctx_v[i].index_copy_(1, positions, v)
+        if accepted is None:
+            self.position.add_(w)
+            self.length += w
+        else:
+            self.position.add_(accepted)
 
     @torch.no_grad()
-    def propose(self, anchor: int) -> DraftOutput:
-        """Draft D tokens after the anchor, which sits at the position right after the context."""
+    def propose(self, anchor: int | Tensor) -> DraftOutput:
+        """Draft D tokens after the anchor (a number, or [1] long on the device), which sits at the
+        position right after the context."""
         embed, lm_head = self._target
         bs = self.cfg.block_size
-        block = torch.full((1, bs), self.cfg.mask_token_id, dtype=torch.long, device=self.fc.weight.device)
-        block[0, 0] = anchor
+        device = self.fc.weight.device
+        block = torch.full((1, bs), self.cfg.mask_token_id, dtype=torch.long, device=device)
+        if isinstance(anchor, Tensor):
+            block = torch.cat((anchor.view(1, 1), block[:, 1:]), dim=1)
+        else:
+            block[0, 0] = anchor
         x = embed(block).to(self.fc.weight.dtype)  # [1, bs, hidden]
-        rope = self._rope(self.length, bs)
+        rope = self._rope(bs)
+        positions = self.position[0] + torch.arange(bs, device=device)  # [bs]
+        span = self.key_span or self.length + bs
+        # the context (positions < p) and the whole block; beyond p + bs only stale keys
+        visible = None if self.key_span is None else torch.arange(span, device=device)[None, :] <= positions[-1]
         for i, layer in enumerate(self.layers):
-            ctx_k, ctx_v = self.ctx_k[i, :, : self.length], self.ctx_v[i, :, : self.length]
-            x = x + layer.self_attn(layer.input_layernorm(x), ctx_k, ctx_v, rope)
+            h = layer.input_layernorm(x)
+            k, v = layer.self_attn.key_value(h, rope)
+            self.ctx_k[i].index_copy_(1, positions, k)
+            self.ctx_v[i].index_copy_(1, positions, v)
+            keys, values = self.ctx_k[i, :, :span], self.ctx_v[i, :, :span]
+            x = x + layer.self_attn(h, keys, values, rope, visible)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         logits = lm_head(self.norm(x[0, 1:])).float()  # [D, V]
         logp = torch.log_softmax(logits, dim=-1)

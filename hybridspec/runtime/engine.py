@@ -6,6 +6,12 @@ One speculative round, as pure steps over the target, the drafter and the policy
           → accept (greedy or point-mass) → commit m = A + 1 tokens
 
 Batch size one, as the paper. Every round leaves a `RoundRecord` for the collectors.
+
+Two implementations of the round share the model: the host-driven one below (decisions read back
+to the host between phases; the oracle, and the only one that samples or records routing), and
+the GPU-resident one of `resident.py` (decisions on the device, CUDA graphs on a GPU), which
+greedy requests use when the engine is built with `resident=True` (the default on CUDA with the
+Triton backend).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from torch import Tensor
 from .drafter import DFlashDrafter, DraftOutput
 from .models.hybrid import HybridTarget, PassOutput
 from .policies import Policy
+from .resident import Report, ResidentDecoder
 from .sampling import SamplingParams, choose, verify_greedy, verify_point_mass
 
 
@@ -75,7 +82,11 @@ class Clock:
 
 
 class Engine:
-    def __init__(self, target: HybridTarget, drafter: DFlashDrafter | None = None, *, max_context: int = 4096):
+    def __init__(self, target: HybridTarget, drafter: DFlashDrafter | None = None, *, max_context: int = 4096,
+                 resident: bool | None = None, graphs: bool | None = None):
+        """resident: greedy requests decode with the GPU-resident round (default: on CUDA with the
+        Triton backend, whose MoE reads nothing back); graphs: capture its phases as CUDA graphs
+        (default: whenever resident runs on CUDA; False keeps it eager, the graphs' oracle)."""
         self.target, self.drafter, self.max_context = target, drafter, max_context
         self.device = target.embed_tokens.weight.device
         self.clock = Clock(self.device)
@@ -84,6 +95,18 @@ class Engine:
             raise ValueError(f"the drafter reads target layers {tuple(drafter.feature_layers)}; the target was built "
                              f"to expose {target.feature_layers} (load_target(feature_layers=...))")
         self.cache = target.new_cache(max_len=max_context + width, tokens_per_pass=max(64, width))
+        cuda = self.device.type == "cuda"
+        if resident is None:
+            resident = cuda and target.backend == "triton"
+        if graphs is None:
+            graphs = resident and cuda
+        self.resident = ResidentDecoder(target, drafter, self.cache, graphs=graphs) if resident else None
+
+    def prepare(self, policy: Policy) -> None:
+        """Capture the policy's CUDA graphs now (a server does this at start-up; otherwise the
+        first request of each policy does it before its prefill)."""
+        if self.resident is not None:
+            self.resident.prepare(policy)
 
     # ---------------------------------------------------------------- public
     def generate(self, prompt_ids: list[int], *, policy: Policy, max_new_tokens: int,
@@ -120,6 +143,9 @@ class Engine:
         """Decode round by round: yields ([anchor], None) after the prefill, then (emitted ids, record)
         per round. Closing the generator early stops decoding (the next request resets the cache)."""
         self.check(prompt_ids, policy=policy, max_new_tokens=max_new_tokens)
+        resident = self.resident if self.resident is not None and sampling.greedy and not record_routing else None
+        if resident is not None:
+            resident.prepare(policy)  # graphs are captured before this request's caches are filled
         generator = torch.Generator().manual_seed(sampling.seed)
         self.cache.reset()
         prompt = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
@@ -130,9 +156,13 @@ class Engine:
         last, produced = choose(out.logits[0, -1], sampling, generator), 1
         yield [last], None
         eos = set(eos_ids)
+        if resident is not None and last not in eos and produced < max_new_tokens:
+            resident.begin(policy, last, max_new_tokens - produced)
         while last not in eos and produced < max_new_tokens:
             remaining = max_new_tokens - produced
-            if policy.speculative:
+            if resident is not None:
+                new, record = _resident_record(resident.round(remaining), policy)
+            elif policy.speculative:
                 new, record = self._speculative_round(last, policy, remaining, sampling, generator, record_routing)
             else:
                 new, record = self._autoregressive_step(last, sampling, generator)
@@ -194,6 +224,22 @@ class Engine:
 
     def _ids(self, ids: list[int]) -> Tensor:
         return torch.tensor([ids], dtype=torch.long, device=self.device)
+
+
+def _resident_record(report: Report, policy: Policy) -> tuple[list[int], RoundRecord]:
+    """A resident round's report as the host round's (tokens, record); Stage 0 ran the whole block
+    (u = W) under the routing correction."""
+    if not policy.speculative:
+        return report.tokens, RoundRecord(None, 1, 1, 0, None, 1, False, seconds=report.seconds)
+    W = policy.max_length
+    u = W if policy.corrects_routing else report.w
+    record = RoundRecord(
+        w0=report.w0, u=u, w=report.w, accepted=report.accepted,
+        accepted_full=report.accepted if report.w == W else None, emitted=0,
+        truncated=report.w < report.w_c,  # the output budget shortened the round
+        draft_tokens=report.draft_tokens, confidence=report.confidence, entropy=report.entropy,
+        seconds=report.seconds)
+    return report.tokens, record
 
 
 def _truncate(new: list[int], remaining: int, eos: set[int]) -> tuple[list[int], bool]:

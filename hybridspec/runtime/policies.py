@@ -67,7 +67,16 @@ class Policy:
 
     def select(self, confidence: Tensor, entropy: Tensor) -> tuple[int, Tensor | None]:
         """Nominal length w0 from the draft of one request ([D] each) and p̂ when the policy has it."""
+        w0, p_hat = self.nominal_length(confidence, entropy)
+        return int(w0), p_hat
+
+    def nominal_length(self, confidence: Tensor, entropy: Tensor) -> tuple[Tensor, Tensor | None]:
+        """`select` on the device: w0 as a 0-d long tensor beside the draft, nothing read back."""
         raise NotImplementedError
+
+    def to(self, device) -> "Policy":
+        """This policy with its tensors on `device` (the GPU-resident round decides there)."""
+        return self
 
 
 class AutoregressivePolicy(Policy):
@@ -84,18 +93,26 @@ class FixedPolicy(Policy):
     def select(self, confidence, entropy):
         return self.length, None
 
+    def nominal_length(self, confidence, entropy):
+        return torch.full((), self.length, dtype=torch.long, device=confidence.device), None
+
 
 class RatioPolicy(Policy):
     """argmax_w G(w) / (C_tgt(w) + fixed) with p_i = Π_{j≤i} conf_j (raw confidences)."""
 
-    def __init__(self, name: str, draft_len: int, params: PolicyParameters, lengths: tuple[int, ...]):
+    def __init__(self, name: str, draft_len: int, params: PolicyParameters, lengths: tuple[int, ...], device="cpu"):
         super().__init__(name, draft_len)
-        self.lengths = torch.tensor(lengths)
-        self.latency = torch.tensor([params.cost[w] + params.fixed_cost for w in lengths], dtype=torch.float64)
+        self.params, self.candidates = params, lengths
+        self.lengths = torch.tensor(lengths, device=device)
+        self.latency = torch.tensor([params.cost[w] + params.fixed_cost for w in lengths], dtype=torch.float64,
+                                    device=device)
 
-    def select(self, confidence, entropy):
-        gain = expected_tokens(torch.cumprod(confidence.double().cpu(), 0))[self.lengths]
-        return int(best_length(gain / self.latency, self.lengths)), None
+    def nominal_length(self, confidence, entropy):
+        gain = expected_tokens(torch.cumprod(confidence.double().to(self.latency.device), 0))[self.lengths]
+        return best_length(gain / self.latency, self.lengths), None
+
+    def to(self, device):
+        return RatioPolicy(self.name, self.draft_len, self.params, self.candidates, device)
 
 
 class NominalPolicy(Policy):
@@ -109,11 +126,21 @@ class NominalPolicy(Policy):
         self.estimator = AcceptanceEstimator(params.acceptance, device)
         self.lengths = torch.tensor(sorted(params.lengths), device=device)
         self.cost = torch.tensor(params.cost, dtype=torch.float32, device=device)
+        # Eq. 6 in float64, the same operations as `added_latency` on the host
+        f64 = torch.float64
+        width = max(len(row) for row in params.nbar_cond)
+        self.cost64 = torch.tensor(params.cost, dtype=f64, device=device)  # [W + 1]
+        self.nbar_all64 = torch.tensor(params.nbar_all, dtype=f64, device=device)  # [W + 1]
+        self.nbar_cond64 = torch.tensor([list(r) + [r[-1]] * (width - len(r)) for r in params.nbar_cond],
+                                        dtype=f64, device=device)  # [W + 1, n_max + 1], rows padded with their last
 
-    def select(self, confidence, entropy):
+    def nominal_length(self, confidence, entropy):
         p_hat = self.estimator.prefix(confidence, entropy)  # [D]
         scores = expected_tokens(p_hat)[self.lengths] - self.params.rho * self.cost[self.lengths]
-        return int(best_length(scores, self.lengths)), p_hat
+        return best_length(scores, self.lengths), p_hat
+
+    def to(self, device):
+        return type(self)(self.name, self.draft_len, self.params, device)
 
 
 class HybridSpecPolicy(NominalPolicy):
@@ -129,6 +156,25 @@ class HybridSpecPolicy(NominalPolicy):
     def expands(self, w0: int, p_hat: Tensor, n_new: int) -> bool:
         """Eq. 6's test p̂_{w0} > ρ ΔL_c, for a token d_{w0} that adds `n_new` new Layer-0 experts."""
         return float(p_hat[w0 - 1]) > self.params.rho * self.added_latency(w0, n_new)
+
+    def corrected_length(self, w0: Tensor, p_hat: Tensor, layer0_experts: Tensor, w_rem: Tensor,
+                         num_experts: int) -> Tensor:
+        """`correct` on the device: w0, w_rem 0-d long; layer0_experts [u, k] with u > w0 whenever
+        w0 < W and w_rem > w0 (the rows past w0 + 1 are never read). Returns w_c, 0-d long."""
+        u, prm = layer0_experts.shape[0], self.params
+        device = layer0_experts.device
+        # n_new = U0(w0+1) − U0(w0): experts of token w0+1 that no earlier token selected
+        present = torch.zeros(u, num_experts, device=device).scatter_(1, layer0_experts, 1.0)  # [u, E]
+        earlier = (present * (torch.arange(u, device=device) < w0)[:, None]).amax(0)  # [E]
+        row = present.index_select(0, w0.clamp(max=u - 1).view(1))[0]  # [E]
+        n_new = (row * (1 - earlier)).sum().long()
+        # ΔL_c of Eq. 6, the host's float64 operations in the host's order
+        w0c = w0.clamp(max=self.max_length - 1)
+        table = self.nbar_cond64[w0c]
+        extra = prm.eta * (table[n_new.clamp(max=table.shape[0] - 1)] - self.nbar_all64[w0c])
+        added = self.cost64[w0c + 1] - self.cost64[w0c] - prm.s + extra
+        expand = (p_hat.double()[(w0c - 1).clamp(min=0)] > prm.rho * added) & (w0 < self.max_length) & (w_rem > w0)
+        return w0 + expand.long()
 
     def added_latency(self, w0: int, n_new: int) -> float:
         """ΔL_c of Eq. 6 (seconds): what verifying d_{w0} adds once Stage 0 has run it."""
@@ -153,9 +199,9 @@ def make_policy(name: str, draft_len: int, params: PolicyParameters | None = Non
     if name in NEEDS_PARAMETERS and params is None:
         raise PolicyError(f"policy {name!r} needs calibrated parameters (an artifact from `hybridspec fit`)")
     if name == "ratio":
-        return RatioPolicy(name, draft_len, params, tuple(range(2, draft_len + 2)))
+        return RatioPolicy(name, draft_len, params, tuple(range(2, draft_len + 2)), device)
     if name == "ratio4":
-        return RatioPolicy(name, draft_len, params, tuple(w for w in (4, 8, 12, 16) if w <= draft_len + 1))
+        return RatioPolicy(name, draft_len, params, tuple(w for w in (4, 8, 12, 16) if w <= draft_len + 1), device)
     if name == "nominal":
         return NominalPolicy(name, draft_len, params, device)
     if name == "hybridspec":

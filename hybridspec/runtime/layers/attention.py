@@ -25,20 +25,22 @@ class GatedAttention(nn.Module):
         self.k_norm = OffsetRMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
 
     def forward(self, x: Tensor, cache: TargetCache, slot: int, rope: tuple[Tensor, Tensor]) -> Tensor:
-        """x [B, T, hidden] at positions length … length+T−1; writes their K/V into the cache."""
+        """x [B, T, hidden] at positions p … p+T−1 (p = cache.position, on the device); writes their
+        K/V into the cache. Keys are read up to `cache.key_span` (static, masked on the device) or,
+        when the host knows the length, up to length + T."""
         B, T, _ = x.shape
-        start = cache.length
+        positions = cache.position[0] + torch.arange(T, device=x.device)  # [T]
         q, gate = self.q_proj(x).view(B, T, self.n_heads, 2 * self.head_dim).chunk(2, dim=-1)
         q = apply_rope(self.q_norm(q), *rope)
         k = apply_rope(self.k_norm(self.k_proj(x).view(B, T, self.n_kv, self.head_dim)), *rope)
-        cache.key[slot, :, start : start + T] = k
-        cache.value[slot, :, start : start + T] = self.v_proj(x).view(B, T, self.n_kv, self.head_dim)
-        keys = cache.key[slot, :, : start + T].transpose(1, 2)  # [B, n_kv, S, hd]
-        values = cache.value[slot, :, : start + T].transpose(1, 2)
-        groups = self.n_heads // self.n_kv
-        keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
-        # token i (position start+i) sees keys 0 … start+i
-        visible = torch.arange(start + T, device=x.device)[None, :] <= (start + torch.arange(T, device=x.device))[:, None]
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=visible)  # [B, H, T, hd]
+        cache.key[slot].index_copy_(1, positions, k)
+        cache.value[slot].index_copy_(1, positions, self.v_proj(x).view(B, T, self.n_kv, self.head_dim))
+        span = cache.key_span or cache.length + T
+        keys = cache.key[slot, :, :span].transpose(1, 2)  # [B, n_kv, S, hd]
+        values = cache.value[slot, :, :span].transpose(1, 2)
+        # token i (position p+i) sees keys 0 … p+i; GQA: head h reads kv head h // (n_heads / n_kv)
+        visible = torch.arange(span, device=x.device)[None, :] <= positions[:, None]  # [T, S]
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=visible,
+                                             enable_gqa=True)  # [B, H, T, hd]
         out = out.transpose(1, 2).reshape(B, T, -1) * torch.sigmoid(gate.reshape(B, T, -1))
         return self.o_proj(out)

@@ -138,10 +138,12 @@ class HybridTarget(nn.Module):
                                     dtype=p.dtype, device=p.device, batch=batch)
 
     def _rope(self, cache: TargetCache, tokens: int) -> tuple[Tensor, Tensor]:
-        positions = torch.arange(cache.length, cache.length + tokens, device=self.inv_freq.device)
+        positions = cache.position[0] + torch.arange(tokens, device=self.inv_freq.device)  # [T] on the device
         return rope_cos_sin(positions, self.inv_freq, self.embed_tokens.weight.dtype)
 
     def _check_room(self, cache: TargetCache, tokens: int) -> None:
+        """Host-side bounds from the host's copy of the length (the resident round checks its
+        budget once per request instead: every position it can reach fits the cache)."""
         if tokens > cache.max_tokens_per_pass:
             raise ValueError(f"{tokens} tokens in one pass; the cache's round buffers hold {cache.max_tokens_per_pass}")
         if cache.length + tokens > cache.max_len:
@@ -196,18 +198,25 @@ class HybridTarget(nn.Module):
 
     # ---------------------------------------------------------------- commit
     @torch.no_grad()
-    def commit(self, cache: TargetCache, w: int, accepted: int) -> None:
-        """Advance every cache through the first `accepted` (= m) of the w tokens just verified.
+    def commit(self, cache: TargetCache, w: int, accepted: int | Tensor) -> None:
+        """Advance every cache through the first `accepted` (= m) of the w tokens just verified: a
+        number (the host advances its length too), or [B] long on the device (nothing read back:
+        the caller advances `cache.length` once it reads m).
 
         The GDN states advance at each layer's next verification, which folds this commit into its
         launch (`TargetCache.defer_commit`); `flush` applies it now where the states are needed."""
-        if not 1 <= accepted <= w:
+        if isinstance(accepted, int) and not 1 <= accepted <= w:
             raise ValueError(f"commit of {accepted} tokens after a pass of {w}")
         self.flush(cache)  # a layer not verified since the last commit (none in a decoding round)
         cache.defer_commit(w, accepted)
-        window = torch.cat((cache.conv, cache.conv_in[:, :, :accepted].transpose(-1, -2)), dim=-1)
-        cache.conv.copy_(window[..., accepted:])  # the last K−1 conv inputs
-        cache.length += accepted
+        # the conv windows keep the last K−1 inputs before token m: window columns m … m+K−2
+        window = torch.cat((cache.conv, cache.conv_in[:, :, :w].transpose(-1, -2)), dim=-1)  # [n, B, C, K−1+w]
+        keep = cache.conv.shape[-1]
+        index = cache.accepted.view(1, -1, 1, 1) + torch.arange(keep, device=window.device)  # [1, B, 1, K−1]
+        cache.conv.copy_(window.gather(-1, index.expand(*window.shape[:-1], keep)))
+        cache.position.add_(cache.accepted)
+        if isinstance(accepted, int):
+            cache.length += accepted
 
     @torch.no_grad()
     def flush(self, cache: TargetCache) -> None:

@@ -1,0 +1,240 @@
+"""GPU-resident rounds (CUDA graphs) against the host-driven rounds, on a CUDA machine.
+
+Correctness first, then timing, for the embedded pair (fp32) and a random-weight preset (bf16):
+
+1. exactness: the graph path emits the tokens of its eager run (`graphs=False`) for every policy,
+   and, on the embedded pair in fp32, the tokens of `ar` on the host path;
+2. per policy and path (`graph`: resident rounds as CUDA graphs; `eager`: the host-driven rounds):
+   ms per round and per emitted token over one request, host synchronisations and host launches
+   per round (from a profiler trace of a few rounds);
+3. one verification pass of w tokens (the target alone, as a graph, after a prefill of the
+   context) against its floor: the bytes it must read (the weights of every layer except the
+   experts no token routes to, the distinct experts' weights, the KV cache up to the context, the
+   GDN states read and written, the LM head) over the device copy bandwidth of the same run.
+
+    python3 bench/gpu_round.py --out DIR [--models embedded,qwen3.6-35b-a3b] [--context 1024]
+
+Writes DIR/gpu_round.json ({"device", "date", "versions", "rows": [...]}) and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.kernels.cuda_timing import copy_bandwidth, median_us  # noqa: E402
+from hybridspec.runtime.engine import Engine  # noqa: E402
+from hybridspec.runtime.policies import make_policy  # noqa: E402
+from hybridspec.runtime.session import open_session  # noqa: E402
+from tests.runtime.helpers import policy_parameters  # noqa: E402
+
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
+LAUNCH_CALLS = ("cudaGraphLaunch", "cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC",
+                "cudaMemcpyAsync", "cudaMemsetAsync")
+
+
+def log(line: str) -> None:
+    print(line, flush=True)
+
+
+def engines(session, max_context: int) -> dict[str, Engine]:
+    t, d = session.target, session.drafter
+    return {"graph": Engine(t, d, max_context=max_context, resident=True, graphs=True),
+            "resident_eager": Engine(t, d, max_context=max_context, resident=True, graphs=False),
+            "eager": Engine(t, d, max_context=max_context, resident=False)}
+
+
+def prompts_for(session, model: str, context: int, count: int) -> list[list[int]]:
+    if session.codec is not None:
+        from hybridspec.workbench.prompts import load_prompts
+
+        path = Path(session.model) / ".." / "prompts.jsonl"
+        test = load_prompts(path.resolve(), split="test")
+        return [session.codec.encode(p.text) for p in test[:: max(1, len(test) // count)][:count]]
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randint(0, session.target.cfg.vocab_size, (context,), generator=gen).tolist() for _ in range(count)]
+
+
+def exactness(session, model: str, runs: dict[str, Engine], prompts, policies, tokens: int, fp32: bool) -> list[dict]:
+    rows = []
+    ar = make_policy("ar", session.drafter.draft_len)
+    reference = [runs["eager"].generate(p, policy=ar, max_new_tokens=tokens).token_ids for p in prompts] if fp32 else None
+    for name in policies:
+        policy = make_policy(name, session.drafter.draft_len, policy_parameters(session.drafter.draft_len))
+        graph = [runs["graph"].generate(p, policy=policy, max_new_tokens=tokens).token_ids for p in prompts]
+        eager = [runs["resident_eager"].generate(p, policy=policy, max_new_tokens=tokens).token_ids for p in prompts]
+        row = dict(model=model, policy=name, prompts=len(prompts), tokens=tokens, graph_equals_eager=graph == eager)
+        if reference is not None:
+            row["graph_equals_ar"] = graph == reference
+        rows.append(row)
+        log(f"  exactness {model} {name:10s} {row}")
+    return rows
+
+
+def profile_round_counts(engine: Engine, prompt, policy, rounds: int) -> tuple[float, float]:
+    """Host synchronisations and host launches per round over `rounds` rounds (prefill excluded)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    steps = engine.stream(prompt, policy=policy, max_new_tokens=4 * rounds + 64)
+    next(steps)
+    next(steps)  # the first round (its begin() work is set-up, not a round)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        done = sum(1 for _, _ in zip(range(rounds), steps))
+        torch.cuda.synchronize()
+    steps.close()
+    counts = {e.key: e.count for e in prof.key_averages()}
+    syncs = sum(counts.get(name, 0) for name in SYNC_CALLS) - 1  # the synchronize closing the window
+    launches = sum(counts.get(name, 0) for name in LAUNCH_CALLS)
+    return syncs / done, launches / done
+
+
+def decode_rows(session, model: str, runs: dict[str, Engine], prompt, policies, tokens: int, eager_tokens: int) -> list[dict]:
+    rows = []
+    for name in policies:
+        policy = make_policy(name, session.drafter.draft_len, policy_parameters(session.drafter.draft_len))
+        for path in ("graph", "eager"):
+            engine = runs[path]
+            t0 = time.perf_counter()
+            engine.prepare(policy)
+            prepare_s = time.perf_counter() - t0
+            n = tokens if path == "graph" else eager_tokens
+            engine.generate(prompt, policy=policy, max_new_tokens=min(n, 8))  # compiles what the prefill meets
+            result = engine.generate(prompt, policy=policy, max_new_tokens=n)
+            syncs, launches = profile_round_counts(engine, prompt, policy, rounds=4 if path == "eager" else 16)
+            by_w: dict[int, list[float]] = {}
+            for record in result.rounds:
+                by_w.setdefault(record.w, []).append(record.seconds["total"])
+            row = dict(model=model, path=path, policy=name, rounds=len(result.rounds),
+                       ms_per_round=round(result.decode_seconds * 1e3 / len(result.rounds), 3),
+                       ms_per_token=round(result.decode_seconds * 1e3 / max(1, result.decode_tokens), 3),
+                       w=round(result.mean_verification_length, 2),
+                       ms_per_round_by_w={w: round(statistics.median(v) * 1e3, 3) for w, v in sorted(by_w.items())},
+                       host_syncs_per_round=round(syncs, 2), host_launches_per_round=round(launches, 2),
+                       prepare_s=round(prepare_s, 2))
+            rows.append(row)
+            log(f"  decode {model} {path:6s} {name:10s} {row}")
+    return rows
+
+
+def pass_bytes(target, cache, routing: list[torch.Tensor], context: int) -> int:
+    """Bytes a verification pass must move: every weight except unrouted experts, the distinct
+    experts of each MoE layer, the KV cache up to the context, GDN states read and written."""
+    total = 0
+    for name, p in target.named_parameters():
+        if name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj") or "embed_tokens" in name:
+            continue
+        total += p.numel() * p.element_size()
+    if target.lm_head.weight is target.embed_tokens.weight:
+        total += target.lm_head.weight.numel() * target.lm_head.weight.element_size()
+    moes = [layer.mlp for layer in target.layers if layer.is_moe]
+    for moe, ids in zip(moes, routing):
+        distinct = int(ids.unique().numel())
+        per_expert = (moe.experts.gate_up_proj[0].numel() + moe.experts.down_proj[0].numel()) * moe.experts.down_proj.element_size()
+        total += distinct * per_expert
+    kv = cache.key[:, :, :context]
+    total += 2 * kv.numel() * kv.element_size()
+    total += 2 * cache.ssm.numel() * cache.ssm.element_size()
+    return total
+
+
+def verification_rows(session, model: str, context_prompt, widths, bandwidth: float) -> list[dict]:
+    """One target pass of w tokens as a CUDA graph after a prefill of the context, vs its floor."""
+    target = session.target
+    W = max(widths)
+    engine = Engine(target, None, max_context=len(context_prompt) + 2 * W, resident=False)
+    cache = engine.cache
+    cache.reset()
+    target.prefill(torch.tensor([context_prompt], device="cuda"), cache)
+    target.flush(cache)
+    cache.null_commit(W)
+    cache.fixed_pending, cache.key_span = W, cache.max_len
+    gen = torch.Generator().manual_seed(1)
+    block = torch.randint(0, target.cfg.vocab_size, (1, W), generator=gen).cuda()
+    rows = []
+    for w in widths:
+        routing = target.forward_pass(block[:, :w], cache, record_routing=True).expert_ids
+        cache.pending = [True] * len(cache.pending)
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            target.forward_pass(block[:, :w], cache)
+        torch.cuda.current_stream().wait_stream(stream)
+        cache.pending = [True] * len(cache.pending)
+        with torch.cuda.graph(graph):
+            target.forward_pass(block[:, :w], cache)
+        cache.pending = [True] * len(cache.pending)
+        us = median_us(graph, 1, samples=7, replays=10)
+        floor_us = pass_bytes(target, cache, routing, len(context_prompt)) / bandwidth * 1e6
+        rows.append(dict(model=model, path="graph", policy=f"verify:{w}", w=w, ms_per_round=round(us / 1e3, 3),
+                         floor_ms=round(floor_us / 1e3, 3), ratio=round(us / floor_us, 2)))
+        log(f"  verify {model} w={w:2d} {us / 1e3:8.3f} ms  floor {floor_us / 1e3:7.3f} ms  ×{us / floor_us:.2f}")
+        del graph
+    return rows
+
+
+def versions() -> dict:
+    import triton
+
+    return dict(python=platform.python_version(), torch=torch.__version__, cuda=str(torch.version.cuda),
+                triton=triton.__version__)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--models", default="embedded,qwen3.6-35b-a3b")
+    ap.add_argument("--context", type=int, default=1024, help="prompt tokens of the random-weight preset")
+    ap.add_argument("--tokens", type=int, default=64, help="new tokens per request on the graph path")
+    ap.add_argument("--eager-tokens", type=int, default=12, help="new tokens per request on the host path (slow)")
+    ap.add_argument("--policies", default="ar,static:4,full,nominal,hybridspec")
+    ap.add_argument("--no-exactness", action="store_true")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("gpu_round.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    policies = [p for p in args.policies.split(",") if p]
+    result = dict(device=torch.cuda.get_device_name(), date=dt.date.today().isoformat(),
+                  command="python3 bench/gpu_round.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+                  versions=versions(), checks=[], rows=[])
+    bandwidth = copy_bandwidth(samples=9)
+    result["copy_bandwidth_TBps"] = round(bandwidth / 1e12, 3)
+    log(f"{result['device']} {result['versions']} copy {bandwidth / 1e12:.2f} TB/s")
+    args.out.mkdir(parents=True, exist_ok=True)
+    for model in [m for m in args.models.split(",") if m]:
+        embedded = model == "embedded"
+        dtype = "float32" if embedded else "bfloat16"
+        t0 = time.perf_counter()
+        session = open_session(None if embedded else model, None if embedded else "random", device="cuda",
+                               dtype=dtype, backend="triton", max_context=args.context + 4 * args.tokens)
+        log(f"{model}: loaded in {time.perf_counter() - t0:.1f} s")
+        runs = engines(session, args.context + 4 * args.tokens)
+        prompts = prompts_for(session, model, args.context, 6 if embedded else 2)
+        if not args.no_exactness:
+            result["checks"] += exactness(session, model, runs, prompts if embedded else prompts[:1], policies,
+                                          48 if embedded else 16, fp32=embedded)
+        result["rows"] += decode_rows(session, model, runs, prompts[0], policies, args.tokens, args.eager_tokens)
+        if not embedded:
+            result["rows"] += verification_rows(session, model, prompts[0], (1, 2, 4, 8, 12, 16), bandwidth)
+        (args.out / "gpu_round.json").write_text(json.dumps(result, indent=1))
+        del runs, session
+        torch.cuda.empty_cache()
+    print(json.dumps(result["checks"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

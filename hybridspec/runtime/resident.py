@@ -1,0 +1,374 @@
+"""The GPU-resident round (DESIGN B.9): every decision of a round on the device, each phase one
+CUDA graph, and the host reading what it must once per phase that needs it.
+
+One round, by policy (the graphs are captured by `prepare`, before the request's prefill):
+
+    ar           step         anchor → target pass of 1 → argmax → commit                  1 graph
+    static, full round(w)     draft → target pass of w → accept → commit               1 graph
+    nominal, …   select       draft → Eq. 5 → w = min(w0, w_rem)              → read w
+                 verify(w)    target pass of w → accept → commit              2 graphs
+    hybridspec   select       draft → Eq. 5 → Stage 0 on the whole block → Eq. 6 → read w
+                 resume(w)    Stage 1 on w → accept → commit                  2 graphs
+
+and then one copy of the round's report (emitted tokens, their count, w0, w, the draft) to the
+host. `w_rem` (the longest length the output budget allows) is kept on the device.
+
+Stage 0 runs over the whole block (u = W) rather than u = min(w0 + 1, w_rem), so that the round
+needs one read (w) instead of two (u, then w): GDN and routing are causal, so the first u rows of
+a W-token Stage 0 are those of a u-token one, and Stage 1 reads only its first w ≤ u rows
+(DESIGN A.6's condition). On a GPU the Layer-0 GDN and router cost the same at 5 and 16 tokens.
+
+Shapes are static: attention reads the whole key cache under a mask built from device positions
+(`TargetCache.key_span`), a pending GDN commit always covers `W` round tokens (Eq. 7 gives the
+tokens past m weight exactly 0), and all data that passes between graphs lives in buffers
+allocated before any capture. The target's factor slot alternates every pass, so each graph that
+runs the target is captured once per slot parity; host state (`slot`, `pending`) is advanced by
+`_launch` after each replay (the host half of a commit).
+
+Without graphs (`graphs=False`, and on CPU) the same functions run eagerly: that is the oracle
+the graph path is tested against, and the path the CPU tests exercise.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from .cache import TargetCache
+from .drafter import DFlashDrafter
+from .models.hybrid import HybridTarget, Stage0
+from .policies import AutoregressivePolicy, FixedPolicy, HybridSpecPolicy, Policy
+
+
+def accept_greedy(draft: Tensor, logits: Tensor) -> tuple[Tensor, Tensor]:
+    """Greedy acceptance on the device: draft [w−1], logits [w, V] → (A [1] long, y [w]) with
+    y_i the target argmax after (x0, d1 … d_{i−1}) and A the number of leading drafts equal to it."""
+    y = torch.argmax(logits, dim=-1)  # [w]
+    matches = (draft == y[:-1]).long()
+    accepted = torch.cumprod(matches, 0).sum(0, keepdim=True)  # [1]
+    return accepted, y
+
+
+@dataclass
+class Buffers:
+    """Everything a round passes between graphs or to the host, allocated before any capture."""
+
+    anchor: Tensor  # [1] long   the next anchor x0
+    block: Tensor  # [1, W] long  (x0, d1 … dD)
+    confidence: Tensor  # [D] fp32
+    entropy: Tensor  # [D] fp32
+    w0: Tensor  # [1] long
+    w_c: Tensor  # [1] long   after the routing correction
+    w: Tensor  # [1] long   executed length: min(w_c, w_rem)
+    remaining: Tensor  # [1] long   output budget (tokens still to emit)
+    report: Tensor  # [4 + W + 3D] fp32: m, w0, w_c, w, emitted tokens [W], drafts, confidence, entropy [D]
+    host_report: Tensor  # the same, pinned host memory on CUDA
+    stage0: Stage0 | None = None  # static copies of Stage 0's retained values (hybridspec)
+
+    @classmethod
+    def allocate(cls, draft_len: int, device: torch.device) -> "Buffers":
+        W, D = draft_len + 1, draft_len
+        long = dict(dtype=torch.long, device=device)
+        size = 4 + W + 3 * D
+        pinned = device.type == "cuda"
+        return cls(anchor=torch.zeros(1, **long), block=torch.zeros(1, W, **long),
+                   confidence=torch.zeros(D, device=device), entropy=torch.zeros(D, device=device),
+                   w0=torch.zeros(1, **long), w_c=torch.zeros(1, **long), w=torch.zeros(1, **long), remaining=torch.zeros(1, **long),
+                   report=torch.zeros(size, device=device),
+                   host_report=torch.zeros(size, pin_memory=pinned))
+
+
+@dataclass
+class Report:
+    """The host's view of one round, from its report."""
+
+    accepted: int  # A
+    tokens: list[int]  # emitted, untruncated: d1 … dA, x_new
+    w0: int | None
+    w_c: int | None
+    w: int
+    draft_tokens: list[int] = field(default_factory=list)
+    confidence: list[float] = field(default_factory=list)
+    entropy: list[float] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+class Graphs:
+    """CUDA graphs by key, captured once (after one eager warm-up run that compiles every kernel)
+    into one shared memory pool; replays are counted, captures too (a test checks that decoding
+    captures nothing)."""
+
+    def __init__(self) -> None:
+        self.pool = torch.cuda.graph_pool_handle()
+        self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+        self.captures = 0
+
+    def capture(self, key: tuple, run: Callable[[], None], restore: Callable[[], None]) -> None:
+        """Warm up `run` on a side stream, restore the host state it advanced, capture it."""
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            run()
+        torch.cuda.current_stream().wait_stream(stream)
+        restore()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            run()
+        restore()
+        self.graphs[key] = graph
+        self.captures += 1
+
+    def replay(self, key: tuple) -> None:
+        graph = self.graphs.get(key)
+        if graph is None:
+            raise RuntimeError(f"no CUDA graph captured for {key}; prepare() the policy before its request")
+        graph.replay()
+
+
+class ResidentDecoder:
+    """Greedy decoding rounds whose decisions stay on the device (see the module docstring)."""
+
+    def __init__(self, target: HybridTarget, drafter: DFlashDrafter | None, cache: TargetCache, *,
+                 graphs: bool):
+        self.target, self.drafter, self.cache = target, drafter, cache
+        self.device = cache.key.device
+        if graphs and self.device.type != "cuda":
+            raise ValueError("CUDA graphs need a CUDA device")
+        self.graphs = Graphs() if graphs else None
+        D = drafter.draft_len if drafter is not None else 0
+        self.buffers = Buffers.allocate(D, self.device)
+        self.one = torch.ones(1, dtype=torch.long, device=self.device)
+        self.prepared: dict[str, Policy] = {}  # policy name → its device copy
+        self.policy: Policy | None = None
+        self.span = 1  # round tokens a pending commit covers (W, or 1 for ar)
+
+    # ------------------------------------------------------------ set-up
+    def prepare(self, policy: Policy) -> Policy:
+        """The policy's device copy; with graphs, capture every graph it can launch (run once
+        before the policy's first request: the warm-ups overwrite the caches)."""
+        if policy.name in self.prepared:
+            return self.prepared[policy.name]
+        on_device = policy.to(self.device)
+        if isinstance(policy, HybridSpecPolicy) and self.buffers.stage0 is None:
+            self.buffers.stage0 = self._stage0_buffers(policy.max_length)
+        if self.graphs is not None:
+            self._capture_all(on_device)
+        self.prepared[policy.name] = on_device
+        return on_device
+
+    def begin(self, policy: Policy, anchor: int, remaining: int) -> None:
+        """Switch a prefilled request to resident rounds: positions and budget on the device, the
+        pending commit flushed and replaced by a null one over the round span."""
+        if policy.name not in self.prepared:
+            raise RuntimeError(f"policy {policy.name!r} was not prepared before its request's prefill")
+        self.policy = self.prepared[policy.name]
+        self.span = 1 if not policy.speculative else policy.max_length
+        self._enter_static(self.span)
+        self.buffers.anchor.fill_(anchor)
+        self.buffers.remaining.fill_(remaining)
+
+    def _stage0_buffers(self, W: int) -> Stage0:
+        """Static copies of what Stage 0 retains for a block of W tokens ([1, W, ...])."""
+        cfg, dtype = self.target.cfg, self.target.embed_tokens.weight.dtype
+        hidden = torch.zeros(1, W, cfg.hidden_size, dtype=dtype, device=self.device)
+        k = cfg.num_experts_per_tok
+        return Stage0(W, hidden, torch.zeros_like(hidden), torch.zeros(1, W, k, dtype=torch.long, device=self.device),
+                      torch.zeros(1, W, k, dtype=dtype, device=self.device))
+
+    def _enter_static(self, span: int) -> None:
+        cache = self.cache
+        self.target.flush(cache)
+        cache.null_commit(span)
+        cache.fixed_pending, cache.key_span = span, cache.max_len
+        if self.drafter is not None and self.drafter.ctx_k is not None:
+            self.drafter.key_span = self.drafter.ctx_k.shape[2]
+
+    # ------------------------------------------------------------ one round
+    def round(self, remaining: int) -> Report:
+        """Run one round; `remaining` is the host's copy of the output budget (it chooses a fixed
+        policy's length near the end of the output without a read)."""
+        policy, timer = self.policy, _Timer(self.device)
+        if not policy.speculative:
+            self._launch(("step",), self._step)
+            timer.mark("step")
+            w = 1
+        elif isinstance(policy, FixedPolicy):
+            w = max(2, min(remaining, policy.length))
+            self._launch(("round", w), lambda: self._round_fixed(w))
+            timer.mark("round")
+        else:
+            self._launch(("select",), self._select, commits=False)
+            timer.mark("select")
+            w = int(self.buffers.w)  # the round's one read besides its report
+            phase = "resume" if policy.corrects_routing else "verify"
+            self._launch((phase, w), lambda: self._finish(w))
+            timer.mark(phase)
+        return self._read_report(w, timer)
+
+    def _launch(self, key: tuple, run: Callable[[], None], *, commits: bool = True) -> None:
+        """Run a phase eagerly, or replay its graph and then do on the host what running it would
+        have done there (the graph holds only the device work)."""
+        if self.graphs is None:
+            run()
+            return
+        self.graphs.replay((*key, self.cache.slot))
+        if commits:
+            self.cache.flip(self.span)  # the host half of the commit: the next pass writes the other slot
+        elif isinstance(self.policy, HybridSpecPolicy):
+            self.cache.mark_committed(0)  # Stage 0 folded Layer 0's pending commit
+
+    # ------------------------------------------------------------ device work (captured)
+    def _step(self) -> None:
+        """ar: one token through the target, its argmax the next anchor."""
+        buf, target, cache = self.buffers, self.target, self.cache
+        out = target.forward_pass(buf.anchor.view(1, 1), cache)
+        token = torch.argmax(out.logits[0, 0]).view(1)
+        target.commit(cache, 1, self.one)
+        buf.report[:5].copy_(torch.cat((self.one, self.one, self.one, self.one, token)).float())
+        buf.anchor.copy_(token)
+        buf.remaining.sub_(1)
+
+    def _draft(self) -> None:
+        buf = self.buffers
+        draft = self.drafter.propose(buf.anchor)
+        buf.block.copy_(torch.cat((buf.anchor, draft.tokens)).view(1, -1))
+        buf.confidence.copy_(draft.confidence)
+        buf.entropy.copy_(draft.entropy)
+
+    def _w_rem(self) -> Tensor:
+        """The longest length the output budget allows, at least 2 (0-d long)."""
+        return self.buffers.remaining[0].clamp(2, self.policy.max_length)
+
+    def _select(self) -> None:
+        """Draft, Eq. 5, and for hybridspec Stage 0 over the whole block and Eq. 6."""
+        buf, policy = self.buffers, self.policy
+        self._draft()
+        w0, p_hat = policy.nominal_length(buf.confidence, buf.entropy)
+        w_rem = self._w_rem()
+        w_c = w0
+        if isinstance(policy, HybridSpecPolicy):
+            s0 = self.target.stage0(buf.block, self.cache)
+            if buf.stage0 is None:
+                raise RuntimeError("stage-0 buffers missing")
+            for name in ("residual", "moe_input", "expert_ids", "expert_weights"):
+                getattr(buf.stage0, name).copy_(getattr(s0, name))
+            w_c = policy.corrected_length(w0, p_hat, s0.expert_ids[0], w_rem, self.target.cfg.num_experts)
+        buf.w0.copy_(w0.view(1))
+        buf.w_c.copy_(w_c.view(1))
+        buf.w.copy_(torch.minimum(w_c, w_rem).view(1))
+
+    def _round_fixed(self, w: int) -> None:
+        self._draft()
+        for length in (self.buffers.w0, self.buffers.w_c):
+            length.fill_(self.policy.length)
+        self.buffers.w.fill_(w)
+        self._finish(w)
+
+    def _finish(self, w: int) -> None:
+        """Target pass of w tokens (Stage 1 after a Stage 0 in `_select`, or both stages), greedy
+        acceptance, commit of m = A + 1 tokens, the drafter's context, the report."""
+        buf, target, cache = self.buffers, self.target, self.cache
+        if isinstance(self.policy, HybridSpecPolicy):
+            out = target.stage1(buf.stage0, w, cache)
+        else:
+            out = target.forward_pass(buf.block[:, :w], cache)
+        W = self.policy.max_length
+        drafts = buf.block[0, 1:]  # [D]
+        accepted, y = accept_greedy(drafts[: w - 1], out.logits[0])
+        m = accepted + 1  # [1]
+        x_new = y.gather(0, accepted)  # [1]
+        target.commit(cache, w, m)
+        self.drafter.extend(out.features, m)
+        # emitted: d1 … dA then x_new at index A (positions past it unused)
+        index = torch.arange(W, device=drafts.device)
+        emitted = torch.where(index < accepted, torch.cat((drafts, x_new)), x_new)  # [W]
+        head = torch.cat((m, buf.w0, buf.w_c, buf.w)).float()
+        buf.report.copy_(torch.cat((head, emitted.float(), drafts.float(), buf.confidence, buf.entropy)))
+        buf.anchor.copy_(x_new)
+        buf.remaining.sub_(m)
+
+    # ------------------------------------------------------------ host side
+    def _read_report(self, w: int, timer: "_Timer") -> Report:
+        buf = self.buffers
+        buf.host_report.copy_(buf.report, non_blocking=True)
+        timer.finish()
+        values = buf.host_report.tolist()
+        m = int(values[0])
+        self.cache.length += m
+        if self.drafter is not None and self.policy.speculative:
+            self.drafter.length += m
+        if not self.policy.speculative:
+            return Report(0, [int(values[4])], None, None, 1, seconds=timer.seconds)
+        W, D = self.policy.max_length, self.drafter.draft_len
+        tokens = [int(x) for x in values[4 : 4 + m]]
+        rest = values[4 + W :]
+        return Report(m - 1, tokens, int(values[1]), int(values[2]), int(values[3]), [int(x) for x in rest[:D]],
+                      rest[D : 2 * D], rest[2 * D : 3 * D], timer.seconds)
+
+    def _capture_all(self, policy: Policy) -> None:
+        """Capture every graph `round` can launch for this policy, for both factor slots, each in
+        the host state the round reaches it in (every GDN layer waiting for a commit; Layer 0's
+        already folded by Stage 0 before a `resume`)."""
+        cache, drafter, buf = self.cache, self.drafter, self.buffers
+        previous, self.policy = self.policy, policy
+        self.span = 1 if not policy.speculative else policy.max_length
+        if not policy.speculative:
+            plan = [(("step",), self._step, False)]
+        elif isinstance(policy, FixedPolicy):
+            plan = [(("round", w), lambda w=w: self._round_fixed(w), False) for w in range(2, policy.length + 1)]
+        else:
+            phase, after_stage0 = ("resume", True) if policy.corrects_routing else ("verify", False)
+            plan = [(("select",), self._select, False)]
+            plan += [((phase, w), lambda w=w: self._finish(w), after_stage0) for w in range(2, policy.max_length + 1)]
+        cache.reset()
+        if drafter is not None and policy.speculative:
+            drafter.reset(cache.max_len)
+        self._enter_static(self.span)
+        for slot in (0, 1):
+            for key, run, after_stage0 in plan:
+                def restore(slot=slot, after_stage0=after_stage0):
+                    """The round's host state at this phase, positions and budget back at the start."""
+                    cache.slot, cache.pending_tokens = slot, self.span
+                    cache.pending = [not (after_stage0 and layer == 0) for layer in range(len(cache.pending))]
+                    cache.position.zero_()
+                    if drafter is not None and drafter.position is not None:
+                        drafter.position.zero_()
+                    buf.remaining.fill_(policy.max_length)
+
+                restore()
+                self.graphs.capture((*key, slot), run, restore)
+        cache.reset()
+        self.policy = previous
+
+class _Timer:
+    """Per-phase times: CUDA events recorded between launches and read after the round's one
+    synchronisation (GPU time, nothing waits between phases), or the wall clock on CPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks: list[tuple[str, object]] = [("start", self._now())]
+        self.seconds: dict[str, float] = {}
+
+    def _now(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def mark(self, phase: str) -> None:
+        self.marks.append((phase, self._now()))
+
+    def finish(self) -> None:
+        """Wait for the round and its report's copy (the one host synchronisation) and turn the
+        marks into seconds."""
+        if self.cuda:
+            self._now().synchronize()
+        for (_, a), (phase, b) in zip(self.marks, self.marks[1:]):
+            self.seconds[phase] = (a.elapsed_time(b) / 1e3) if self.cuda else b - a
+        first, last = self.marks[0][1], self.marks[-1][1]
+        self.seconds["total"] = (first.elapsed_time(last) / 1e3) if self.cuda else last - first
