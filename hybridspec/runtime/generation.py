@@ -11,6 +11,15 @@ from .sampling import SamplingParams
 from .session import Session, open_session
 
 
+POLICY_WITHOUT_ARTIFACT = "static:7"  # fastest artifact-free policy on the embedded pair (bench/results/eval.md)
+
+
+def default_policy(artifact: Path | None) -> str:
+    """The policy `generate` and `serve` use when none is named: `hybridspec` with an artifact,
+    else `static:7` (the calibrated policies need one; `static:7` beats `full` and `ar` without)."""
+    return "hybridspec" if artifact is not None else POLICY_WITHOUT_ARTIFACT
+
+
 @dataclass(frozen=True)
 class GenerateRequest:
     model: str | None = None

@@ -1,7 +1,7 @@
 """`hybridspec serve`: an OpenAI-compatible HTTP server on the HybridSpec engine (DESIGN B.1).
 
-    api.py      request bodies, the chat template, RequestError
-    metrics.py  the /metrics counters, their Prometheus text and its parser
+    api.py      request bodies, the refused sampling fields, RequestError
+    metrics.py  the Prometheus metrics (prometheus_client) and the demo's reader of /metrics
     service.py  the model, its policies, the FIFO queue and one request's decoding
-    app.py      the routes, the app factory and `serve` (what the CLI runs)
+    app.py      the routes, the gate middleware (auth, body cap, status counts, access log), `serve`
 """

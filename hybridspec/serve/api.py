@@ -1,15 +1,17 @@
-"""Request bodies of the OpenAI-compatible API and the chat template.
+"""Request bodies of the OpenAI-compatible API and the fields it refuses.
 
-Chat template (the embedded tokenizer has none; tokenizer chat templates are not read): a system
-message is prepended as plain text plus a newline, a user message becomes `<|user|>{content}\\n`, an
-assistant message `<|assistant|>{content}\\n`, and the prompt ends with `<|assistant|>`.
+Every string a client sends must be encodable as UTF-8 (JSON admits lone surrogates such as
+`"\\ud800"`, which no tokenizer accepts); `seed` is a signed 64-bit integer, as in vLLM. Chat
+messages are rendered by the model's own chat template (`TextCodec.render_chat`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # torch.Generator.manual_seed takes a 64-bit integer
 
 
 class RequestError(ValueError):
@@ -20,25 +22,62 @@ class RequestError(ValueError):
         self.param, self.status = param, status
 
 
+def _utf8(text: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"not valid Unicode text ({exc.reason} at character {exc.start})") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_utf8)]
+
+# OpenAI and vLLM fields this server does not implement, with the value that means "off": any
+# other value is answered 400 naming the field rather than silently ignored.
+UNSUPPORTED: dict[str, Any] = {
+    "presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1, "logit_bias": None,
+    "best_of": 1, "echo": False, "logprobs": None, "top_logprobs": None, "suffix": None, "min_p": 0,
+    "min_tokens": 0, "tools": None, "tool_choice": None, "functions": None, "function_call": None,
+    "response_format": None, "guided_json": None, "guided_regex": None, "guided_choice": None,
+    "prediction": None, "audio": None, "stop_token_ids": None,
+}
+_OFF_EQUIVALENTS = (None, {}, [], False, "none", "auto", {"type": "text"})  # also "off" for the fields above
+
+
+def _off(value: Any, off: Any) -> bool:
+    if isinstance(value, bool):  # True == 1 would pass for best_of and repetition_penalty
+        return value is False
+    return any(value == v for v in (off, *_OFF_EQUIVALENTS))
+
+
+def refuse_unsupported(body: BaseModel) -> None:
+    """RequestError naming the first field of `UNSUPPORTED` that `body` sets to anything but "off"."""
+    for name, value in (body.model_extra or {}).items():
+        if name in UNSUPPORTED and not _off(value, UNSUPPORTED[name]):
+            raise RequestError(f"{name} is not supported by this server", name)
+
+
 class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
 class RequestBody(BaseModel):
-    """The fields completions and chat completions share."""
+    """The fields completions and chat completions share. Other fields land in `model_extra`:
+    those of `UNSUPPORTED` are refused by `refuse_unsupported`, the rest (such as `user`) ignored."""
 
-    model_config = ConfigDict(extra="ignore")
-    model: str | None = None
+    model_config = ConfigDict(extra="allow")
+    model: Text | None = None
     max_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0.0)  # OpenAI's default; 0 is greedy
+    temperature: float = Field(1.0, ge=0.0, allow_inf_nan=False)  # OpenAI's default; 0 is greedy
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=-1)  # 0 or -1: off
-    stop: str | list[str] | None = None
-    seed: int | None = None
+    stop: Text | list[Text] | None = None
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    policy: str | None = None  # extension: one of the engine's policy names
+    policy: Text | None = None  # extension: one of the engine's policy names
+    spec_decode_stats: bool = False  # extension: add the request's round statistics to the response
 
     @field_validator("n")
     @classmethod
@@ -57,26 +96,19 @@ class RequestBody(BaseModel):
 
 
 class CompletionRequest(RequestBody):
-    prompt: str | list[int] | list[str]
-    echo: bool = False
-    logprobs: int | None = None
+    prompt: Text | list[int] | list[Text]
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: Text
 
 
 class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[dict[str, Any]]
+    content: Text | list[TextPart]
 
 
 class ChatRequest(RequestBody):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    logprobs: bool | None = None
-
-
-def chat_prompt(messages: list[ChatMessage]) -> str:
-    """The simple template of the module docstring."""
-    parts = []
-    for m in messages:
-        text = m.content if isinstance(m.content, str) else "".join(p.get("text", "") for p in m.content)
-        parts.append({"user": f"<|user|>{text}\n", "assistant": f"<|assistant|>{text}\n"}.get(m.role, f"{text}\n"))
-    return "".join(parts) + "<|assistant|>"

@@ -3,36 +3,140 @@
     POST /v1/completions, POST /v1/chat/completions   (both with `stream: true` as SSE chunks)
     GET  /v1/models, /health, /metrics (Prometheus text)
 
-Only /v1/* asks for the API key (as vLLM does). Errors are OpenAI error objects naming the field.
+`Gate`, an ASGI middleware around the whole app, answers what must not reach the routes (a missing
+or wrong API key on /v1/*, as vLLM asks it; a body over `max_request_bytes`), turns any unhandled
+exception into a 500, counts every response by status in /metrics and writes one access-log line
+per request. Every 4xx/5xx body is an OpenAI error object naming the field where one is at fault.
+A stream starts only after the request is validated, and always ends with `[DONE]`, after an error
+event when the engine fails mid-stream.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
+import logging
 import time
 import uuid
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException
 
-from .api import ChatRequest, CompletionRequest, RequestBody, RequestError, chat_prompt
+from .api import ChatRequest, CompletionRequest, RequestBody, RequestError, refuse_unsupported
 from .service import Decoding, Service
+
+access_log = logging.getLogger("hybridspec.access")
+error_log = logging.getLogger("hybridspec.serve")
+MAX_REQUEST_BYTES = 1 << 20  # default cap on a request body, checked before any parsing or tokenizing
+INTERNAL = "internal server error (the server log has the traceback)"
+CLIENT_CLOSED = 499  # the status logged and counted for a request whose client went away (nginx's)
+ERROR_TYPES = {401: "authentication_error", 404: "not_found_error", 405: "invalid_request_error",
+               413: "invalid_request_error"}
+
+
+def error_body(message: str, param: str | None, status: int) -> dict:
+    kind = ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 
 
 def _error(message: str, param: str | None, status: int) -> JSONResponse:
-    kind = {401: "authentication_error", 404: "not_found_error"}.get(status, "invalid_request_error")
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}}, status)
+    return JSONResponse(error_body(message, param, status), status)
 
 
 def _validation_param(exc: RequestValidationError) -> tuple[str, str]:
     first = exc.errors()[0] if exc.errors() else {}
     loc = [str(x) for x in first.get("loc", ()) if x != "body"]
     if first.get("type") == "json_invalid":
-        return "body", f"invalid JSON: {first.get('msg', '')}"
+        return "body", f"invalid JSON: {first.get('ctx', {}).get('error') or first.get('msg', '')}"
     param = loc[0] if loc else "body"
     return param, f"{'.'.join(loc) or 'body'}: {first.get('msg', 'invalid value')}"
+
+
+class Gate:
+    """The ASGI middleware of the module docstring."""
+
+    def __init__(self, app, service: Service, api_key: str | None, max_request_bytes: int):
+        self.app, self.service, self.max_request_bytes = app, service, max_request_bytes
+        self.expected = f"bearer {api_key}".encode() if api_key is not None else None
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        start, status, sent = time.monotonic(), [500], [False]
+
+        async def send_and_note(message) -> None:
+            if message["type"] == "http.response.start":
+                status[0], sent[0] = message["status"], True
+            await send(message)
+
+        async def reply(response: Response) -> None:
+            await response(scope, receive, send_and_note)
+
+        scope.setdefault("state", {})
+        try:
+            refusal = self._authorize(scope)
+            body_or_refusal = refusal or await self._read_body(scope, receive)
+            if isinstance(body_or_refusal, Response):
+                await reply(body_or_refusal)
+            else:
+                await self.app(scope, body_or_refusal, send_and_note)
+        except Exception:
+            error_log.exception("%s %s failed", scope["method"], scope["path"])
+            if not sent[0]:
+                await reply(_error(INTERNAL, None, 500))
+        finally:
+            decoding: Decoding | None = scope["state"].get("decoding")
+            if decoding is not None and decoding.finish_reason is None and not decoding.failed and status[0] < 400:
+                status[0] = CLIENT_CLOSED
+            self.service.metrics.response(scope["method"], scope["path"], status[0])
+            tokens = (f" tokens={len(decoding.prompt_ids)}+{len(decoding.ids)}" if decoding is not None else "")
+            access_log.info('%s "%s %s" %d%s %.3fs', _client(scope), scope["method"], scope["path"], status[0],
+                            tokens, time.monotonic() - start)
+
+    def _authorize(self, scope) -> Response | None:
+        if self.expected is None or not scope["path"].startswith("/v1"):
+            return None
+        given = dict(scope["headers"]).get(b"authorization", b"")
+        scheme, _, key = given.partition(b" ")
+        if not hmac.compare_digest(scheme.lower() + b" " + key.strip(), self.expected):
+            return _error("missing or wrong API key (Authorization: Bearer KEY)", None, 401)
+        return None
+
+    async def _read_body(self, scope, receive):
+        """The whole body, read before the app sees it, or a 413 once it passes the cap; returns
+        a `receive` that hands the app the body and then the client's own messages."""
+        limit = self.max_request_bytes
+        too_large = _error(f"the request body exceeds {limit} bytes (serve --max-request-bytes)", "body", 413)
+        length = dict(scope["headers"]).get(b"content-length", b"")
+        if length.isdigit() and int(length) > limit:
+            return too_large
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client left before sending it all
+                replay = [message]
+                break
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > limit:
+                return too_large
+            if not message.get("more_body", False):
+                replay = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+                break
+
+        async def replayed():
+            return replay.pop() if replay else await receive()
+
+        return replayed
+
+
+def _client(scope) -> str:
+    client = scope.get("client")
+    return f"{client[0]}:{client[1]}" if client else "-"
 
 
 class _ClosingStream(StreamingResponse):
@@ -49,16 +153,20 @@ def _sse(obj: dict | str) -> str:
     return f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n"
 
 
-async def _respond(service: Service, decoding: Decoding, body: RequestBody, chat: bool):
+async def _respond(service: Service, decoding: Decoding, body: RequestBody, chat: bool, request: Request):
+    request.state.decoding = decoding  # for the access log and the cancellation count
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     base = {"id": rid, "created": int(time.time()), "model": service.model_name}
+    stats = lambda: {"spec_decode_stats": decoding.stats()} if body.spec_decode_stats else {}  # noqa: E731
     if not body.stream:
-        text = "".join([t async for t in service.run(decoding)])
+        text = "".join([t async for t in service.run(decoding, request.is_disconnected)])
+        if decoding.finish_reason is None:  # the client went away; nobody reads this
+            return _error("the client closed the request", None, CLIENT_CLOSED)
         choice = ({"index": 0, "message": {"role": "assistant", "content": text}} if chat
                   else {"index": 0, "text": text, "logprobs": None})
         choice["finish_reason"] = decoding.finish_reason
         obj = "chat.completion" if chat else "text_completion"
-        return JSONResponse({**base, "object": obj, "choices": [choice], "usage": decoding.usage()})
+        return JSONResponse({**base, "object": obj, "choices": [choice], "usage": decoding.usage(), **stats()})
     obj = "chat.completion.chunk" if chat else "text_completion"
     include_usage = body.stream_options is not None and body.stream_options.include_usage
 
@@ -71,40 +179,49 @@ async def _respond(service: Service, decoding: Decoding, body: RequestBody, chat
         return {**base, "object": obj, "choices": [choice]} | ({"usage": None} if include_usage else {})
 
     async def events():
-        if chat:
-            yield _sse(chunk(None, None, first=True))
-        async for text in service.run(decoding):
-            yield _sse(chunk(text, None))
-        yield _sse(chunk(None, decoding.finish_reason))
-        if include_usage:
-            yield _sse({**base, "object": obj, "choices": [], "usage": decoding.usage()})
+        try:
+            if chat:
+                yield _sse(chunk(None, None, first=True))
+            async for text in service.run(decoding, request.is_disconnected):
+                yield _sse(chunk(text, None))
+            if decoding.finish_reason is None:  # the client went away
+                return
+            yield _sse(chunk(None, decoding.finish_reason) | stats())
+            if include_usage:
+                yield _sse({**base, "object": obj, "choices": [], "usage": decoding.usage()})
+        except Exception:  # the engine failed mid-stream: the status is sent, so an error event says it
+            error_log.exception("stream %s failed", rid)
+            yield _sse(error_body(INTERNAL, None, 500))
+        finally:
+            service.discard(decoding)
         yield _sse("[DONE]")
 
     return _ClosingStream(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
-def create_app(service: Service, *, api_key: str | None = None) -> FastAPI:
-    """The FastAPI app over one `Service`; with `api_key`, /v1/* needs `Authorization: Bearer KEY`."""
-    app = FastAPI(title="hybridspec", docs_url=None, redoc_url=None)
-
-    @app.middleware("http")
-    async def authorize(request: Request, call_next):
-        if api_key is not None and request.url.path.startswith("/v1"):
-            if request.headers.get("authorization", "") != f"Bearer {api_key}":
-                service.metrics.errors += 1
-                return _error("missing or wrong API key (Authorization: Bearer KEY)", None, 401)
-        return await call_next(request)
+def create_app(service: Service, *, api_key: str | None = None, max_request_bytes: int = MAX_REQUEST_BYTES):
+    """The ASGI app over one `Service`: FastAPI routes inside `Gate`. With `api_key`, /v1/* needs
+    `Authorization: Bearer KEY` (the scheme in any case)."""
+    app = FastAPI(title="hybridspec", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError):
         param, message = _validation_param(exc)
-        service.metrics.errors += 1
         return _error(message, param, 400)
 
     @app.exception_handler(RequestError)
     async def refused(request: Request, exc: RequestError):
-        service.metrics.errors += 1
         return _error(str(exc), exc.param, exc.status)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException):  # 404, 405, an unparsable body
+        response = _error(str(exc.detail), "body" if exc.status_code == 400 else None, exc.status_code)
+        response.headers.update(exc.headers or {})
+        return response
+
+    @app.exception_handler(Exception)
+    async def failed(request: Request, exc: Exception):  # Starlette answers with it, then re-raises to `Gate`
+        return _error(INTERNAL, None, 500)
 
     @app.get("/health")
     async def health():
@@ -112,7 +229,7 @@ def create_app(service: Service, *, api_key: str | None = None) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics():
-        return PlainTextResponse(service.metrics.render(), media_type="text/plain; version=0.0.4")
+        return Response(service.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def models():
@@ -121,31 +238,34 @@ def create_app(service: Service, *, api_key: str | None = None) -> FastAPI:
         return {"object": "list", "data": [card]}
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest):
-        if body.echo:
-            raise RequestError("echo is not supported", "echo")
-        if body.logprobs is not None:
-            raise RequestError("logprobs are not supported", "logprobs")
+    async def completions(body: CompletionRequest, request: Request):
+        arrived = time.monotonic()
+        refuse_unsupported(body)
         prompt = body.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
             if len(prompt) != 1:
                 raise RequestError("one prompt per request (batch size one)", "prompt")
             prompt = prompt[0]
-        ids = service.encode(prompt, "prompt") if isinstance(prompt, str) else list(prompt)
-        decoding = service.start(body, ids, body.max_tokens if body.max_tokens is not None else 16, "prompt")
-        return await _respond(service, decoding, body, chat=False)
+        ids = await service.encode(prompt, "prompt") if isinstance(prompt, str) else list(prompt)
+        max_tokens = body.max_tokens if body.max_tokens is not None else 16
+        decoding = service.start(body, ids, max_tokens, "prompt", arrived)
+        return await _respond(service, decoding, body, False, request)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatRequest):
-        if body.logprobs:
-            raise RequestError("logprobs are not supported", "logprobs")
-        ids = service.encode(chat_prompt(body.messages), "messages")
-        decoding = service.start(body, ids, body.max_completion_tokens or body.max_tokens, "messages")
-        return await _respond(service, decoding, body, chat=True)
+    async def chat_completions(body: ChatRequest, request: Request):
+        arrived = time.monotonic()
+        refuse_unsupported(body)
+        ids = await service.encode_chat([m.model_dump() for m in body.messages])
+        decoding = service.start(body, ids, body.max_completion_tokens or body.max_tokens, "messages", arrived)
+        return await _respond(service, decoding, body, True, request)
 
-    return app
+    return Gate(app, service, api_key, max_request_bytes)
 
 
-def serve(service: Service, *, host: str, port: int, api_key: str | None = None) -> None:
-    """Run the app on host:port until interrupted (what `hybridspec serve` runs)."""
-    uvicorn.run(create_app(service, api_key=api_key), host=host, port=port, log_level="warning")
+def serve(service: Service, *, host: str, port: int, api_key: str | None = None,
+          max_request_bytes: int = MAX_REQUEST_BYTES, log_level: str = "info") -> None:
+    """Run the app on host:port until interrupted (what `hybridspec serve` runs). Logs (the access
+    log at info) go to stderr through `logging`."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = create_app(service, api_key=api_key, max_request_bytes=max_request_bytes)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)

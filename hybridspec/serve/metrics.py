@@ -1,92 +1,109 @@
-"""The server's counters, rendered as Prometheus text for /metrics, and the parser that reads
-such a page back (the demo's round statistics). Every sample is named `hybridspec_<name>`."""
+"""The server's Prometheus metrics (`prometheus_client`: its registry, collectors and exposition),
+named and labelled as vLLM names its own (`vllm:spec_decode_num_drafts_total` …) with the prefix
+`hybridspec:`, and `read_metrics`, which reads a /metrics page back with the library's parser.
+
+Request and token counters carry `model_name` and `policy`; the spec-decode counters count
+speculative rounds only (the `ar` policy drafts nothing):
+
+    spec_decode_num_drafts_total            speculative rounds
+    spec_decode_num_draft_tokens_total      draft tokens verified (w − 1 per round)
+    spec_decode_num_accepted_tokens_total   draft tokens accepted (A per round)
+    spec_decode_num_accepted_tokens_per_pos_total{position}   rounds that accepted position i
+    verification_length                     executed w per round (histogram, buckets 1 … W)
+    round_seconds                           wall time of one round (histogram)
+
+`http_responses_total{method, path, status}` counts every HTTP response the server sends, errors
+included; paths outside the API's routes are counted as `path="other"`.
+"""
 
 from __future__ import annotations
 
-import re
-import threading
-from dataclasses import dataclass, field
+from prometheus_client import (CollectorRegistry, Counter, Gauge, GCCollector, Histogram, PlatformCollector,
+                               ProcessCollector, generate_latest)
+from prometheus_client.parser import text_string_to_metric_families
 
-PREFIX = "hybridspec_"
-HISTOGRAM = "verification_length"  # executed w per round; buckets le="1" … le="W", "+Inf"
-_SAMPLE = re.compile(rf"^{PREFIX}([a-z_]+)(\{{[^}}]*\}})? ([0-9.eE+-]+|[+-]?Inf|NaN)$")
-_BUCKET = re.compile(r'^\{le="(\d+)"\}$')
-
-
-@dataclass
-class Metrics:
-    """Counters for /metrics; written from the worker thread, read under `lock`."""
-
-    max_length: int  # W, the histogram's largest bucket
-    requests: int = 0
-    cancelled: int = 0
-    errors: int = 0
-    prompt_tokens: int = 0
-    generation_tokens: int = 0
-    decode_tokens: int = 0  # tokens from rounds (after the prefill anchor)
-    decode_seconds: float = 0.0
-    rounds: int = 0
-    verification: dict[int, int] = field(default_factory=dict)  # executed w → rounds
-    waiting: int = 0
-    running: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def render(self) -> str:
-        with self.lock:
-            al = self.decode_tokens / self.rounds if self.rounds else 0.0
-            tps = self.decode_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
-            lines = [
-                *metric_lines("requests_total", "counter", "Finished generation requests.", self.requests),
-                *metric_lines("requests_cancelled_total", "counter", "Requests whose client went away.",
-                              self.cancelled),
-                *metric_lines("request_errors_total", "counter", "Requests answered with a 4xx/5xx.", self.errors),
-                *metric_lines("prompt_tokens_total", "counter", "Prompt tokens of served requests.",
-                              self.prompt_tokens),
-                *metric_lines("generation_tokens_total", "counter", "Generated tokens (usage.completion_tokens).",
-                              self.generation_tokens),
-                *metric_lines("rounds_total", "counter", "Decoding rounds (AR steps or speculative rounds).",
-                              self.rounds),
-                *metric_lines("acceptance_length", "gauge", "Decode tokens per round, all requests.", al),
-                *metric_lines("decode_tokens_per_second", "gauge", "Decode tokens per decode second, all requests.",
-                              tps),
-                *metric_lines("queue_depth", "gauge", "Requests waiting for the engine.", self.waiting),
-                *metric_lines("requests_running", "gauge", "Requests on the engine (0 or 1).", self.running),
-                f"# HELP {PREFIX}{HISTOGRAM} Executed verification length w per round.",
-                f"# TYPE {PREFIX}{HISTOGRAM} histogram",
-            ]
-            cumulative = 0
-            for w in range(1, self.max_length + 1):
-                cumulative += self.verification.get(w, 0)
-                lines.append(f'{PREFIX}{HISTOGRAM}_bucket{{le="{w}"}} {cumulative}')
-            lines += [f'{PREFIX}{HISTOGRAM}_bucket{{le="+Inf"}} {self.rounds}',
-                      f"{PREFIX}{HISTOGRAM}_sum {sum(w * c for w, c in self.verification.items())}",
-                      f"{PREFIX}{HISTOGRAM}_count {self.rounds}"]
-        return "\n".join(lines) + "\n"
+PREFIX = "hybridspec:"
+ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
+METHODS = ("GET", "POST", "HEAD", "PUT", "PATCH", "DELETE", "OPTIONS")
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0, 160.0, 640.0)  # vLLM's time_to_first_token buckets
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+               480.0, 960.0, 1920.0)  # vLLM's e2e_request_latency buckets
+ROUND_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
-def metric_lines(name: str, kind: str, help: str, value: float) -> list[str]:
-    return [f"# HELP {PREFIX}{name} {help}", f"# TYPE {PREFIX}{name} {kind}", f"{PREFIX}{name} {value}"]
+class ServerMetrics:
+    """Every metric of one server in its own registry (tests run several servers in one process).
+    The metrics are thread-safe: the engine thread writes, the event loop renders."""
 
+    def __init__(self, model_name: str, max_length: int):
+        self.model_name = model_name
+        self.registry = registry = CollectorRegistry()
+        for collector in (ProcessCollector, PlatformCollector, GCCollector):
+            collector(registry=registry)
+        request = ("model_name", "policy")
 
-def parse_samples(text: str) -> dict[tuple[str, str], float]:
-    """(name without the prefix, labels as written or "") → value, for every sample of a page."""
-    samples = {}
-    for line in text.splitlines():
-        match = _SAMPLE.match(line)
-        if match:
-            samples[match.group(1), match.group(2) or ""] = float(match.group(3))
-    return samples
+        def counter(name: str, help: str, labels=request) -> Counter:
+            return Counter(PREFIX + name, help, labels, registry=registry)
+
+        self.request_success = counter("request_success", "Requests that finished.", (*request, "finished_reason"))
+        self.request_cancelled = counter("request_cancelled", "Requests whose client went away (queued or running).")
+        self.request_failed = counter("request_failed", "Requests the engine failed on (answered 500 or an error event).")
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of requests that reached the engine.")
+        self.generation_tokens = counter("generation_tokens", "Generated tokens (usage.completion_tokens).")
+        self.decode_tokens = counter("decode_tokens", "Tokens emitted by rounds (after the prefill anchor).")
+        self.num_drafts = counter("spec_decode_num_drafts", "Speculative rounds.")
+        self.num_draft_tokens = counter("spec_decode_num_draft_tokens", "Draft tokens verified (w - 1 per round).")
+        self.num_accepted_tokens = counter("spec_decode_num_accepted_tokens", "Draft tokens accepted.")
+        self.accepted_per_pos = counter("spec_decode_num_accepted_tokens_per_pos",
+                                        "Speculative rounds that accepted the draft token at this position.",
+                                        (*request, "position"))
+        self.verification_length = Histogram(PREFIX + "verification_length", "Executed verification length w "
+                                             "per round (counts the anchor; 1 for ar).", request,
+                                             buckets=tuple(range(1, max_length + 1)), registry=registry)
+        self.round_seconds = Histogram(PREFIX + "round_seconds", "Wall time of one decoding round.", request,
+                                       buckets=ROUND_BUCKETS, registry=registry)
+        self.time_to_first_token = Histogram(PREFIX + "time_to_first_token_seconds", "From the request's "
+                                             "arrival to its first token (queue and prefill included).", request,
+                                             buckets=TTFT_BUCKETS, registry=registry)
+        self.e2e_latency = Histogram(PREFIX + "e2e_request_latency_seconds", "From the request's arrival to its "
+                                     "last token, finished requests.", request, buckets=E2E_BUCKETS,
+                                     registry=registry)
+        self.running = Gauge(PREFIX + "num_requests_running", "Requests on the engine (0 or 1).", ("model_name",),
+                             registry=registry).labels(model_name)
+        self.waiting = Gauge(PREFIX + "num_requests_waiting", "Requests waiting for the engine.", ("model_name",),
+                             registry=registry).labels(model_name)
+        self.http_responses = Counter(PREFIX + "http_responses", "HTTP responses sent, by status.",
+                                      ("method", "path", "status"), registry=registry)
+
+    def response(self, method: str, path: str, status: int) -> None:
+        self.http_responses.labels(method if method in METHODS else "other", path if path in ROUTES else "other",
+                                   str(status)).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
 
 
 def read_metrics(text: str) -> dict:
-    """The unlabelled samples of a page by name (without the prefix), and `verification_lengths`:
-    rounds per executed length w, from the histogram's cumulative buckets (lengths with no round left out)."""
-    samples = parse_samples(text)
-    values = {name: value for (name, labels), value in samples.items() if not labels}
-    buckets = {int(m.group(1)): value for (name, labels), value in samples.items()
-               if name == f"{HISTOGRAM}_bucket" and (m := _BUCKET.match(labels))}
+    """The demo's summary of a /metrics page, over every label: `rounds_total`,
+    `acceptance_length` (decode tokens per round), `decode_tokens_per_second`, and
+    `verification_lengths` (rounds per executed w, lengths with no round left out)."""
+    totals: dict[str, float] = {}
+    buckets: dict[float, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if not sample.name.startswith(PREFIX) or sample.name.endswith("_created"):
+                continue
+            name = sample.name.removeprefix(PREFIX)
+            if name == "verification_length_bucket" and sample.labels["le"] != "+Inf":
+                buckets[float(sample.labels["le"])] = buckets.get(float(sample.labels["le"]), 0.0) + sample.value
+            elif "le" not in sample.labels:
+                totals[name] = totals.get(name, 0.0) + sample.value
+    rounds = totals.get("round_seconds_count", 0.0)
     histogram, previous = {}, 0.0
     for le in sorted(buckets):  # cumulative buckets → rounds per executed length
-        histogram[le], previous = buckets[le] - previous, buckets[le]
-    values["verification_lengths"] = {w: int(n) for w, n in histogram.items() if n}
-    return values
+        histogram[int(le)], previous = buckets[le] - previous, buckets[le]
+    seconds = totals.get("round_seconds_sum", 0.0)
+    return {"rounds_total": rounds, "acceptance_length": totals.get("decode_tokens_total", 0.0) / rounds if rounds else 0.0,
+            "decode_tokens_per_second": totals.get("decode_tokens_total", 0.0) / seconds if seconds else 0.0,
+            "verification_lengths": {w: int(n) for w, n in histogram.items() if n}, **totals}

@@ -1,8 +1,10 @@
 """The model behind `hybridspec serve`, its policies, and the FIFO queue in front of the engine.
 
 One model instance, batch size one (as the paper): requests wait for an `asyncio.Lock` (FIFO) and
-the engine runs round by round (`Engine.stream`) in one worker thread, so a client that disconnects
-mid-stream cancels its remaining rounds.
+the engine runs round by round (`Engine.stream`) in one worker thread. A client that goes away is
+noticed while its request waits (it leaves the queue) and before each round (the remaining rounds
+are cancelled); either way the request is counted as cancelled. Tokenizing runs in a thread too,
+so that a long prompt never holds up the event loop (/health, other clients).
 """
 
 from __future__ import annotations
@@ -10,34 +12,42 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ..artifacts.params import PolicyParameters
+from ..runtime.generation import default_policy
 from ..runtime.policies import Policy, make_policy, resolve_policy
 from ..runtime.sampling import SamplingParams
 from ..runtime.session import Session, open_session
+from ..runtime.tokenizer import ChatTemplateError, TextCodec
 from .api import RequestBody, RequestError
-from .metrics import Metrics
+from .metrics import ServerMetrics
 
 EMBEDDED_NAME = "hybridspec-embedded"  # the served model name of the default pair
+SAMPLING_EPS = 1e-5  # temperatures below it decode greedily (logits / T would overflow)
+QUEUE_POLL_S = 0.1  # how often a queued request checks that its client is still there
+Abandoned = Callable[[], Awaitable[bool]]  # True once the client has gone away
 
 
 class Decoding:
     """One request on the engine: its round stream, the decoded text, stop sequences and usage.
     `advance` and `close` run in the worker thread only."""
 
-    def __init__(self, service: Service, prompt_ids: list[int], policy: Policy, max_tokens: int,
-                 sampling: SamplingParams, stops: list[str]):
-        self.service, self.prompt_ids, self.stops = service, prompt_ids, stops or []
+    def __init__(self, service: Service, prompt_ids: list[int], policy: Policy, policy_name: str, max_tokens: int,
+                 sampling: SamplingParams, stops: list[str], arrived: float):
+        self.service, self.prompt_ids, self.stops, self.arrived = service, prompt_ids, stops or [], arrived
+        self.labels = {"model_name": service.model_name, "policy": policy_name}
         self.steps = service.session.engine.stream(prompt_ids, policy=policy, max_new_tokens=max_tokens,
                                                    sampling=sampling, eos_ids=service.session.eos_ids)
         self.ids: list[int] = []
         self.text, self.sent = "", 0  # visible text; characters already handed out
         self.finish_reason: str | None = None
-        self.rounds, self.decode_tokens, self.decode_seconds = 0, 0, 0.0
+        self.rounds, self.decode_tokens, self.draft_tokens, self.accepted_tokens = 0, 0, 0, 0
         self.verification: dict[int, int] = {}
         self.closed = False
+        self.failed = False  # the engine raised: counted as failed, not cancelled
 
     def advance(self) -> None:
         """Run the prefill or one round; sets `finish_reason` when done."""
@@ -47,16 +57,32 @@ class Decoding:
             self.finish_reason = "stop" if eos else "length"
             return
         new, record = step
-        if record is not None:
-            self.rounds += 1
-            self.decode_tokens += record.emitted
-            self.decode_seconds += record.seconds.get("total", 0.0)
-            self.verification[record.w] = self.verification.get(record.w, 0) + 1
+        if record is None:  # the prefill's anchor: the first token
+            self.service.metrics.time_to_first_token.labels(**self.labels).observe(time.monotonic() - self.arrived)
+        else:
+            self._count_round(record)
         start = len(self.ids)
         self.ids.extend(new)
         self.text = self.service.visible_text(self.ids)
         if self.stops and self._stop_within(start):
             self.finish_reason = "stop"
+
+    def _count_round(self, record) -> None:
+        m, labels = self.service.metrics, self.labels
+        self.rounds += 1
+        self.decode_tokens += record.emitted
+        self.verification[record.w] = self.verification.get(record.w, 0) + 1
+        m.decode_tokens.labels(**labels).inc(record.emitted)
+        m.verification_length.labels(**labels).observe(record.w)
+        m.round_seconds.labels(**labels).observe(record.seconds.get("total", 0.0))
+        if record.w0 is not None:  # a speculative round: w − 1 draft tokens verified, A accepted
+            self.draft_tokens += record.w - 1
+            self.accepted_tokens += record.accepted
+            m.num_drafts.labels(**labels).inc()
+            m.num_draft_tokens.labels(**labels).inc(record.w - 1)
+            m.num_accepted_tokens.labels(**labels).inc(record.accepted)
+            for position in range(1, record.accepted + 1):
+                m.accepted_per_pos.labels(**labels, position=str(position)).inc()
 
     def _stop_within(self, start: int) -> bool:
         """Cut ids and text at the first stop sequence, keeping the fewest ids that produce it."""
@@ -89,21 +115,27 @@ class Decoding:
             return
         self.closed = True
         self.steps.close()
-        m = self.service.metrics
-        with m.lock:
-            m.requests += self.finish_reason is not None
-            m.cancelled += self.finish_reason is None
-            m.prompt_tokens += len(self.prompt_ids)
-            m.generation_tokens += len(self.ids)
-            m.rounds += self.rounds
-            m.decode_tokens += self.decode_tokens
-            m.decode_seconds += self.decode_seconds
-            for w, count in self.verification.items():
-                m.verification[w] = m.verification.get(w, 0) + count
+        m, labels = self.service.metrics, self.labels
+        if self.failed:
+            m.request_failed.labels(**labels).inc()
+        elif self.finish_reason is None:
+            m.request_cancelled.labels(**labels).inc()
+        else:
+            m.request_success.labels(**labels, finished_reason=self.finish_reason).inc()
+            m.e2e_latency.labels(**labels).observe(time.monotonic() - self.arrived)
+        m.prompt_tokens.labels(**labels).inc(len(self.prompt_ids))
+        m.generation_tokens.labels(**labels).inc(len(self.ids))
 
     def usage(self) -> dict:
         n_prompt, n_out = len(self.prompt_ids), len(self.ids)
         return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
+
+    def stats(self) -> dict:
+        """The request's round statistics (the `spec_decode_stats` extension of a response)."""
+        return {"policy": self.labels["policy"], "rounds": self.rounds, "decode_tokens": self.decode_tokens,
+                "acceptance_length": self.decode_tokens / self.rounds if self.rounds else 0.0,
+                "num_draft_tokens": self.draft_tokens, "num_accepted_tokens": self.accepted_tokens,
+                "verification_lengths": {str(w): n for w, n in sorted(self.verification.items())}}
 
 
 def _first_stop(text: str, stops: list[str]) -> int | None:
@@ -118,10 +150,11 @@ class Service:
         self.session, self.params, self.model_name = session, params, model_name
         self.draft_len = session.drafter.draft_len if session.drafter is not None else 0
         self.policies: dict[str, Policy] = {}
+        self.default_policy_name = policy
         self.default_policy = self.policy(policy)  # fails at start-up on a bad default
         self.lock = asyncio.Lock()  # FIFO: waiters are woken in arrival order
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
-        self.metrics = Metrics(max_length=self.draft_len + 1)
+        self.metrics = ServerMetrics(model_name, max_length=self.draft_len + 1)
         self.created = int(time.time())
 
     def policy(self, name: str) -> Policy:
@@ -135,12 +168,29 @@ class Service:
         codec = self.session.codec
         return codec.decode([i for i in ids if i not in self.session.eos_ids]) if codec else ""
 
-    def encode(self, text: str, param: str) -> list[int]:
+    async def encode(self, text: str, param: str) -> list[int]:
+        """Token ids of `text`, tokenized in a thread (the tokenizer releases the GIL)."""
+        return await asyncio.to_thread(self._codec(param).encode, text)
+
+    async def encode_chat(self, messages: list[dict]) -> list[int]:
+        """Token ids of chat messages under the model's chat template, rendered and tokenized in a thread."""
+        codec = self._codec("messages")
+
+        def render() -> list[int]:
+            try:
+                return codec.encode(codec.render_chat(messages))
+            except ChatTemplateError as exc:  # no template, or the template refused the messages
+                raise RequestError(str(exc), "messages") from None
+
+        return await asyncio.to_thread(render)
+
+    def _codec(self, param: str) -> TextCodec:
         if self.session.codec is None:
             raise RequestError(f"model {self.model_name!r} has no tokenizer; give the prompt as token ids", param)
-        return self.session.codec.encode(text)
+        return self.session.codec
 
-    def start(self, body: RequestBody, prompt_ids: list[int], max_tokens: int | None, param: str) -> Decoding:
+    def start(self, body: RequestBody, prompt_ids: list[int], max_tokens: int | None, param: str,
+              arrived: float | None = None) -> Decoding:
         """Validate against the model and build the request's decoding (nothing runs yet)."""
         if body.model is not None and body.model != self.model_name:
             raise RequestError(f"the model {body.model!r} does not exist; this server serves {self.model_name!r}",
@@ -158,48 +208,89 @@ class Service:
         if max_tokens is not None and max_tokens > room:
             raise RequestError(f"max_tokens ({max_tokens}) + prompt ({len(prompt_ids)} tokens) exceeds the context "
                                f"of {engine.max_context} tokens", "max_tokens")
+        name = body.policy if body.policy is not None else self.default_policy_name
         try:
-            policy = self.policy(body.policy) if body.policy is not None else self.default_policy
+            policy = self.policy(name)
         except ValueError as exc:  # make_policy's PolicyError
+            raise RequestError(str(exc), "policy") from None
+        try:
+            engine.check(prompt_ids, policy=policy, max_new_tokens=max_tokens or room)
+        except ValueError as exc:  # a speculative policy on a model served without a drafter
             raise RequestError(str(exc), "policy") from None
         if body.stop and self.session.codec is None:
             raise RequestError("stop sequences need a tokenizer", "stop")
         seed = body.seed if body.seed is not None else random.randrange(2**31)
-        top_k = max(body.top_k, 0)
-        sampling = SamplingParams(body.temperature, top_k, body.top_p, seed)
-        return Decoding(self, prompt_ids, policy, max_tokens or room, sampling, body.stop)
-
-    async def run(self, decoding: Decoding):
-        """Async generator of text deltas; waits its turn, then runs each round in the worker thread.
-        Leaving early (client gone) closes the decoding, which cancels the remaining rounds."""
-        loop = asyncio.get_running_loop()
-        self.metrics.waiting += 1
-        queued = True
+        temperature = body.temperature if body.temperature >= SAMPLING_EPS else 0.0  # as vLLM: greedy below it
         try:
-            async with self.lock:
-                self.metrics.waiting, queued = self.metrics.waiting - 1, False
-                self.metrics.running = 1
-                try:
-                    while decoding.finish_reason is None:
-                        await loop.run_in_executor(self.executor, decoding.advance)
-                        text = decoding.delta()
-                        if text:
-                            yield text
-                    await loop.run_in_executor(self.executor, decoding.close)
-                finally:
-                    self.metrics.running = 0
-                    if not decoding.closed:  # queued behind a round still running, never beside it
-                        self.executor.submit(decoding.close)
+            sampling = SamplingParams(temperature, max(body.top_k, 0), body.top_p, seed)
+        except ValueError as exc:
+            raise RequestError(str(exc), None) from None
+        arrived = time.monotonic() if arrived is None else arrived
+        return Decoding(self, prompt_ids, policy, name, max_tokens or room, sampling, body.stop, arrived)
+
+    def discard(self, decoding: Decoding) -> None:
+        """Count a decoding that will not run (or not run on) as cancelled, behind any round in flight."""
+        if not decoding.closed:
+            self.executor.submit(decoding.close)
+
+    async def _acquire(self, abandoned: Abandoned | None) -> bool:
+        """Wait for the engine in arrival order; False, and out of the queue, once `abandoned()`."""
+        waiter = asyncio.ensure_future(self.lock.acquire())
+        acquired = False
+        try:
+            while not waiter.done():
+                await asyncio.wait({waiter}, timeout=QUEUE_POLL_S)
+                if not waiter.done() and abandoned is not None and await abandoned():
+                    return False
+            acquired = waiter.result()
+            return acquired
         finally:
-            if queued:
-                self.metrics.waiting -= 1
+            if not acquired:  # leaving the queue: a lock granted meanwhile goes to the next waiter
+                waiter.cancel()
+                waiter.add_done_callback(lambda f: None if f.cancelled() or f.exception() else self.lock.release())
+
+    async def run(self, decoding: Decoding, abandoned: Abandoned | None = None):
+        """Async generator of text deltas; waits its turn, then runs each round in the worker thread.
+        Leaving early (client gone: `abandoned()` or the generator closed) closes the decoding,
+        which cancels the remaining rounds and counts the request as cancelled."""
+        loop = asyncio.get_running_loop()
+        self.metrics.waiting.inc()
+        acquired = False
+        try:
+            acquired = await self._acquire(abandoned)
+        finally:
+            self.metrics.waiting.dec()
+            if not acquired:
+                self.discard(decoding)
+        if not acquired:
+            return
+        self.metrics.running.inc()
+        try:
+            while decoding.finish_reason is None:
+                if abandoned is not None and await abandoned():
+                    break
+                try:
+                    await loop.run_in_executor(self.executor, decoding.advance)
+                except Exception:
+                    decoding.failed = True
+                    raise
+                text = decoding.delta()
+                if text:
+                    yield text
+            await loop.run_in_executor(self.executor, decoding.close)
+        finally:
+            self.metrics.running.dec()
+            self.discard(decoding)  # queued behind a round still running, never beside it
+            self.lock.release()
 
 
 def open_service(*, artifact: Path | None = None, model: str | None = None, drafter: str | None = None,
-                 policy: str = "hybridspec", device: str = "cpu", dtype: str = "float32", backend: str = "auto",
+                 policy: str | None = None, device: str = "cpu", dtype: str = "float32", backend: str = "auto",
                  max_context: int = 4096, force: bool = False, model_name: str | None = None) -> Service:
     """Load the model, the drafter and the artifact for `serve` (`resolve_policy`: the default policy
-    needs an artifact when it needs parameters; one fitted for another pair is refused unless `force`)."""
+    needs an artifact when it needs parameters; one fitted for another pair is refused unless `force`).
+    Without `policy`: `hybridspec` with an artifact, else `default_policy`'s choice."""
+    policy = policy or default_policy(artifact)
     session = open_session(model, drafter, device=device, dtype=dtype, backend=backend, max_context=max_context)
     params, _ = resolve_policy(policy, artifact, session, force)
     name = model_name or (model if model is not None else EMBEDDED_NAME)

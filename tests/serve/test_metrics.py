@@ -1,24 +1,32 @@
-"""The /metrics page: the server's renderer and the parser the demo reads it with."""
+"""The /metrics page: prometheus_client's exposition of `ServerMetrics`, and the demo's reader."""
 
-from hybridspec.serve.metrics import Metrics, read_metrics
-
-
-def test_read_metrics_turns_cumulative_buckets_into_counts():
-    page = "\n".join([
-        "# HELP hybridspec_rounds_total x", "hybridspec_rounds_total 5", "hybridspec_acceptance_length 2.5",
-        'hybridspec_verification_length_bucket{le="1"} 0', 'hybridspec_verification_length_bucket{le="2"} 3',
-        'hybridspec_verification_length_bucket{le="3"} 3', 'hybridspec_verification_length_bucket{le="4"} 5',
-        'hybridspec_verification_length_bucket{le="+Inf"} 5'])
-    values = read_metrics(page)
-    assert values["rounds_total"] == 5 and values["acceptance_length"] == 2.5
-    assert values["verification_lengths"] == {2: 3, 4: 2}
+from hybridspec.serve.metrics import ServerMetrics, read_metrics
+from tests.serve.scrape import samples, scrape
 
 
-def test_a_rendered_page_reads_back():
-    metrics = Metrics(max_length=4, requests=2, generation_tokens=9, decode_tokens=7, rounds=3,
-                      verification={1: 1, 4: 2})
-    values = read_metrics(metrics.render())
-    assert values["requests_total"] == 2 and values["generation_tokens_total"] == 9
-    assert values["rounds_total"] == 3 and values["acceptance_length"] == 7 / 3
-    assert values["verification_lengths"] == {1: 1, 4: 2}
-    assert values["verification_length_count"] == 3 and values["verification_length_sum"] == 9
+def _page() -> str:
+    metrics = ServerMetrics("m", max_length=4)
+    for policy, ws in (("full", (4, 4, 2)), ("ar", (1,))):
+        for w in ws:
+            metrics.verification_length.labels("m", policy).observe(w)
+            metrics.round_seconds.labels("m", policy).observe(0.01)
+        metrics.decode_tokens.labels("m", policy).inc(7 if policy == "full" else 1)
+    metrics.response("POST", "/v1/completions", 200)
+    metrics.response("BREW", "/coffee", 418)
+    return metrics.render().decode()
+
+
+def test_read_metrics_turns_cumulative_buckets_into_counts_over_every_label():
+    values = read_metrics(_page())
+    assert values["rounds_total"] == 4 and values["acceptance_length"] == 8 / 4
+    assert values["verification_lengths"] == {1: 1, 2: 1, 4: 2}
+    assert abs(values["decode_tokens_per_second"] - 8 / 0.04) < 1e-6
+
+
+def test_names_labels_and_unknown_paths_are_bounded():
+    page = _page()
+    names = {name for name, _, _ in samples(page)}
+    assert {"hybridspec:verification_length_bucket", "hybridspec:round_seconds_count",
+            "hybridspec:decode_tokens_total", "process_cpu_seconds_total"} <= names  # process metrics too
+    assert scrape(page, policy="full")["hybridspec:verification_length_count"] == 3
+    assert scrape(page, path="other", method="other", status="418")["hybridspec:http_responses_total"] == 1

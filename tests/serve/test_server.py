@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
-import socket
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -17,21 +14,16 @@ uvicorn = pytest.importorskip("uvicorn")
 
 from hybridspec.artifacts.artifact import save_artifact  # noqa: E402
 from hybridspec.runtime.generation import GenerateRequest, run_generate  # noqa: E402
-from hybridspec.serve.app import create_app  # noqa: E402
 from hybridspec.serve.service import open_service  # noqa: E402
 from hybridspec.runtime.session import default_model, model_identity  # noqa: E402
 
 from tests.runtime.helpers import policy_parameters  # noqa: E402
+from tests.serve.live import live_server  # noqa: E402
+from tests.serve.scrape import scrape  # noqa: E402
 
 KEY = "test-key"
 PROMPT = "def add(a, b):\n    return"
 MODEL = "hybridspec-embedded"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -47,18 +39,8 @@ def artifact(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(artifact):
     service = open_service(artifact=artifact, policy="hybridspec", max_context=512)
-    port = _free_port()
-    config = uvicorn.Config(create_app(service, api_key=KEY), host="127.0.0.1", port=port, log_level="warning")
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not srv.started:
-        assert time.monotonic() < deadline, "server did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    thread.join(timeout=10)
+    with live_server(service, api_key=KEY) as (base, _):
+        yield base
 
 
 @pytest.fixture(scope="module")
@@ -67,9 +49,8 @@ def client(server):
 
 
 def _metrics(server: str) -> dict[str, float]:
-    """Sample name (with labels) → value, from the Prometheus text of /metrics."""
-    text = httpx.get(f"{server}/metrics").text
-    return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(hybridspec_\S+) (\S+)$", text, re.M)}
+    """Sample name → value summed over its labels, read with prometheus_client's parser."""
+    return scrape(httpx.get(f"{server}/metrics").text)
 
 
 def test_completion_greedy_equals_generate(client, artifact):
@@ -151,11 +132,12 @@ def test_disconnect_mid_stream_cancels(server, client):
         lines = response.iter_lines()
         assert next(line for line in lines if line.startswith("data:"))
     deadline = time.monotonic() + 20
-    while _metrics(server)["hybridspec_requests_cancelled_total"] == before["hybridspec_requests_cancelled_total"]:
+    cancelled = "hybridspec:request_cancelled_total"
+    while _metrics(server).get(cancelled, 0) == before.get(cancelled, 0):
         assert time.monotonic() < deadline, "the disconnected request was not cancelled"
         time.sleep(0.05)
     after = _metrics(server)
-    assert after["hybridspec_generation_tokens_total"] - before["hybridspec_generation_tokens_total"] < 400
+    assert after["hybridspec:generation_tokens_total"] - before["hybridspec:generation_tokens_total"] < 400
     assert httpx.get(f"{server}/health").status_code == 200
     assert client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3).usage.completion_tokens >= 1
 
@@ -179,13 +161,13 @@ def test_load_all_succeed_and_metrics_equal_usage(server, client):
         usages = [u for us in pool.map(worker, range(8)) for u in us]
     assert len(usages) == 80
     after = _metrics(server)
-    diff = {k: after[k] - before[k] for k in ("hybridspec_requests_total", "hybridspec_prompt_tokens_total",
-                                              "hybridspec_generation_tokens_total")}
-    assert diff == {"hybridspec_requests_total": 80,
-                    "hybridspec_prompt_tokens_total": sum(u.prompt_tokens for u in usages),
-                    "hybridspec_generation_tokens_total": sum(u.completion_tokens for u in usages)}
-    assert after["hybridspec_queue_depth"] == 0
-    assert after['hybridspec_verification_length_bucket{le="+Inf"}'] == after["hybridspec_rounds_total"]
+    diff = {k: after[k] - before.get(k, 0) for k in ("hybridspec:request_success_total", "hybridspec:prompt_tokens_total",
+                                                     "hybridspec:generation_tokens_total")}
+    assert diff == {"hybridspec:request_success_total": 80,
+                    "hybridspec:prompt_tokens_total": sum(u.prompt_tokens for u in usages),
+                    "hybridspec:generation_tokens_total": sum(u.completion_tokens for u in usages)}
+    assert after["hybridspec:num_requests_waiting"] == 0
+    assert after["hybridspec:verification_length_count"] == after["hybridspec:round_seconds_count"]
 
 
 def test_start_up_refuses_a_foreign_artifact(tmp_path):

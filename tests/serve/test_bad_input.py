@@ -1,0 +1,205 @@
+"""Bad input never crashes the server: every case gets a 4xx (or a 500 / an error event when the
+engine itself fails) as an OpenAI error object naming the field, the server keeps answering, and
+/metrics counts every response by status."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+
+pytest.importorskip("uvicorn")
+
+from hybridspec.serve.service import open_service  # noqa: E402
+from tests.serve.live import live_server  # noqa: E402
+from tests.serve.scrape import scrape  # noqa: E402
+
+KEY = "k-secret"
+CAP = 32 * 1024
+AUTH = {"Authorization": f"Bearer {KEY}"}
+PROMPT = "def add(a, b):\n    return"
+
+
+@pytest.fixture(scope="module")
+def service():
+    return open_service(policy="ar", max_context=256)
+
+
+@pytest.fixture(scope="module")
+def live(service):
+    with live_server(service, api_key=KEY, max_request_bytes=CAP) as (base, thread):
+        yield base, thread
+
+
+@pytest.fixture(scope="module")
+def server(live):
+    return live[0]
+
+
+def _post(server: str, path: str, body, headers=None, **kw) -> httpx.Response:
+    content = body if isinstance(body, (str, bytes)) or hasattr(body, "__next__") else json.dumps(body)
+    return httpx.post(f"{server}{path}", content=content, timeout=60,
+                      headers={**AUTH, "Content-Type": "application/json", **(headers or {})}, **kw)
+
+
+def _metrics(server: str, **labels) -> dict[str, float]:
+    return scrape(httpx.get(f"{server}/metrics").text, **labels)
+
+
+def _assert_error(response: httpx.Response, status: int, param: str | None) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["code"] == status
+    assert error["param"] == param, error
+    return error
+
+
+COMPLETION = "/v1/completions"
+CHAT = "/v1/chat/completions"
+SURROGATE = '"\\ud800"'  # JSON text of a lone surrogate
+
+
+@pytest.mark.parametrize("path, body, param", [
+    (COMPLETION, {"prompt": PROMPT, "seed": 2**70}, "seed"),
+    (COMPLETION, {"prompt": PROMPT, "seed": -(2**63) - 1}, "seed"),
+    (COMPLETION, {"prompt": PROMPT, "seed": 2**70, "stream": True}, "seed"),
+    (CHAT, {"messages": [{"role": "user", "content": "x"}], "seed": 2**64, "stream": True}, "seed"),
+    (COMPLETION, '{"prompt": ' + SURROGATE + '}', "prompt"),
+    (COMPLETION, '{"prompt": ["a", ' + SURROGATE + ']}', "prompt"),
+    (COMPLETION, '{"prompt": "x", "stop": ' + SURROGATE + '}', "stop"),
+    (CHAT, '{"messages": [{"role": "user", "content": ' + SURROGATE + '}]}', "messages"),
+    (CHAT, '{"stream": true, "messages": [{"role": "user", "content": [{"type": "text", "text": '
+     + SURROGATE + '}]}]}', "messages"),
+    (CHAT, {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, "messages"),
+    (CHAT, {"messages": [{"role": "user", "content": [{"type": "text", "text": None}]}]}, "messages"),
+    (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "messages"),
+    (CHAT, {"messages": [{"role": "user", "content": None}]}, "messages"),
+    (COMPLETION, {"prompt": PROMPT, "temperature": float("nan")}, "temperature"),
+    (COMPLETION, "[1, 2]", "body"),
+    (COMPLETION, b'{"prompt": "\xff\xfe"}', "body"),  # not UTF-8: the body cannot be parsed
+    (COMPLETION, "[" * 10_000 + "]" * 10_000, "body"),  # deeper than the JSON parser's recursion
+])
+def test_bad_bodies_get_400_naming_the_field(server, path, body, param):
+    before = _metrics(server, status="400")
+    _assert_error(_post(server, path, body), 400, param)
+    assert _metrics(server, status="400")["hybridspec:http_responses_total"] == \
+        before.get("hybridspec:http_responses_total", 0) + 1
+    assert httpx.get(f"{server}/health").status_code == 200
+
+
+@pytest.mark.parametrize("field, value", [
+    ("presence_penalty", 1.0), ("frequency_penalty", -0.5), ("repetition_penalty", 1.2), ("logit_bias", {"5": 10}),
+    ("best_of", 2), ("echo", True), ("logprobs", 2), ("top_logprobs", 3), ("suffix", "x"), ("min_p", 0.1),
+    ("min_tokens", 4), ("tools", [{"type": "function"}]), ("tool_choice", "required"),
+    ("response_format", {"type": "json_object"}), ("stop_token_ids", [3]), ("n", 2),
+])
+def test_unsupported_sampling_fields_are_refused_by_name(server, field, value):
+    for path, body in ((COMPLETION, {"prompt": PROMPT}), (CHAT, {"messages": [{"role": "user", "content": "x"}]})):
+        _assert_error(_post(server, path, {**body, "max_tokens": 1, field: value}), 400, field)
+
+
+def test_fields_at_their_off_value_seed_and_stop_keep_working(server):
+    off = {"presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}, "best_of": 1, "echo": False,
+           "logprobs": None, "n": 1, "tools": [], "tool_choice": "none", "user": "me"}
+    body = {"prompt": PROMPT, "max_tokens": 8, "temperature": 1.0, "seed": 2**63 - 1, **off}
+    first, second = (_post(server, COMPLETION, body).json() for _ in range(2))
+    assert first["choices"][0]["text"] == second["choices"][0]["text"]
+    stop = first["choices"][0]["text"].strip()[:2] or "\n"
+    cut = _post(server, COMPLETION, {**body, "stop": [stop]}).json()["choices"][0]
+    assert stop not in cut["text"]
+
+
+def test_a_tiny_temperature_decodes_greedily(server):
+    out = [_post(server, COMPLETION, {"prompt": PROMPT, "max_tokens": 6, "temperature": t}).json()
+           for t in (0, 1e-300)]
+    assert out[0]["choices"][0]["text"] == out[1]["choices"][0]["text"]
+
+
+def test_405_404_and_bearer_in_any_case(server):
+    wrong_method = httpx.get(f"{server}{COMPLETION}", headers=AUTH)
+    _assert_error(wrong_method, 405, None)
+    assert "POST" in wrong_method.headers["allow"]
+    _assert_error(httpx.get(f"{server}/v1/nothing", headers=AUTH), 404, None)
+    for scheme in ("bearer", "BEARER", "Bearer"):
+        headers = {"Authorization": f"{scheme} {KEY}"}
+        assert httpx.get(f"{server}/v1/models", headers=headers).status_code == 200
+    _assert_error(httpx.get(f"{server}/v1/models", headers={"Authorization": "Bearer k-secreT"}), 401, None)
+    _assert_error(httpx.get(f"{server}/v1/models", headers={"Authorization": KEY}),
+                  401, None)
+
+
+def test_body_over_the_cap_is_413_before_parsing_with_or_without_a_length(server):
+    big = {"prompt": "x" * CAP}
+    _assert_error(_post(server, COMPLETION, big), 413, "body")
+
+    def chunks():
+        data = json.dumps(big).encode()
+        for i in range(0, len(data), 4096):
+            yield data[i:i + 4096]
+
+    _assert_error(_post(server, COMPLETION, chunks()), 413, "body")  # chunked: no Content-Length
+    assert _post(server, COMPLETION, {"prompt": PROMPT, "max_tokens": 2}).status_code == 200
+
+
+def test_tokenizing_runs_off_the_event_loop(live, service, monkeypatch):
+    server, loop_thread = live
+    seen = []
+    encode = service.session.codec.encode
+    monkeypatch.setattr(service.session.codec, "encode", lambda text: seen.append(threading.current_thread())
+                        or encode(text))
+    assert _post(server, COMPLETION, {"prompt": PROMPT, "max_tokens": 1}).status_code == 200
+    assert _post(server, CHAT, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}).status_code == 200
+    assert len(seen) == 2 and loop_thread not in seen
+
+
+def _wait_for(condition, what: str, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_clients_that_leave_are_cancelled_running_or_queued(server, service):
+    cancelled = "hybridspec:request_cancelled_total"
+    before = _metrics(server).get(cancelled, 0)
+    long_body = {"prompt": PROMPT, "max_tokens": 200, "temperature": 0}
+    with httpx.stream("POST", f"{server}{COMPLETION}", headers=AUTH, json={**long_body, "stream": True},
+                      timeout=60) as running:  # holds the engine
+        lines = running.iter_lines()  # kept open: a closed iterator would close the stream
+        next(line for line in lines if line.startswith("data:"))
+        with pytest.raises(httpx.TimeoutException):  # queued behind it, then gone
+            httpx.post(f"{server}{COMPLETION}", headers=AUTH, json=long_body, timeout=0.5)
+        _wait_for(lambda: _metrics(server).get(cancelled, 0) == before + 1, "the queued request was not dropped")
+        assert _metrics(server)["hybridspec:num_requests_waiting"] == 0
+        assert _metrics(server)["hybridspec:num_requests_running"] == 1  # the stream still runs
+    _wait_for(lambda: _metrics(server).get(cancelled, 0) == before + 2, "the stream was not cancelled")
+    tokens = _metrics(server)["hybridspec:generation_tokens_total"]
+    with pytest.raises(httpx.TimeoutException):  # running, not streamed, then gone
+        httpx.post(f"{server}{COMPLETION}", headers=AUTH, json=long_body, timeout=0.3)
+    _wait_for(lambda: _metrics(server).get(cancelled, 0) == before + 3, "the running request was not cancelled")
+    assert _metrics(server)["hybridspec:generation_tokens_total"] - tokens < 200
+    assert _metrics(server, status="499")["hybridspec:http_responses_total"] >= 2
+    assert _post(server, COMPLETION, {"prompt": PROMPT, "max_tokens": 2}).status_code == 200
+
+
+def test_engine_failures_are_500_objects_or_an_error_event_then_done(server, service, monkeypatch):
+    def broken_stream(*args, **kwargs):
+        yield [1], None
+        raise RuntimeError("engine broke")
+
+    monkeypatch.setattr(service.session.engine, "stream", broken_stream)
+    before = _metrics(server)
+    error = _assert_error(_post(server, COMPLETION, {"prompt": PROMPT, "max_tokens": 4}), 500, None)
+    assert error["type"] == "server_error"
+    events = [line for line in _post(server, COMPLETION, {"prompt": PROMPT, "max_tokens": 4, "stream": True})
+              .text.splitlines() if line.startswith("data: ")]
+    assert json.loads(events[-2].removeprefix("data: "))["error"]["code"] == 500 and events[-1] == "data: [DONE]"
+    after = _metrics(server)
+    assert after["hybridspec:request_failed_total"] - before.get("hybridspec:request_failed_total", 0) == 2
+    assert after.get("hybridspec:request_cancelled_total", 0) == before.get("hybridspec:request_cancelled_total", 0)
+    assert _metrics(server, status="500")["hybridspec:http_responses_total"] >= 1
+    monkeypatch.undo()
+    assert _post(server, COMPLETION, {"prompt": PROMPT, "max_tokens": 2}).status_code == 200
