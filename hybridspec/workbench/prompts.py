@@ -1,6 +1,6 @@
 """Prompt sets: JSONL with `id`, `category`, `split` (`calib` or `test`) and `prompt` (text) or
-`prompt_ids` (token ids, for models without a tokenizer). Validated on load; errors name the file
-and line."""
+`prompt_ids` (token ids, for models without a tokenizer). Validated on load; every error, a line
+that is not UTF-8 or JSON included, is a `PromptFileError` naming the file and line."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SPLITS = ("calib", "test")
+MAX_TOKEN_ID = 2**31 - 1  # ids become int64 tensors; anything larger is no vocabulary's
 
 
 class PromptFileError(ValueError):
@@ -30,6 +31,17 @@ def _field(record: dict, name: str, kind: type, where: str):
     value = record[name]
     if not isinstance(value, kind) or (isinstance(value, str) and not value):
         raise PromptFileError(f"{where}: field '{name}' must be a non-empty {kind.__name__}")
+    return _text(value, name, where) if isinstance(value, str) else value
+
+
+def _text(value: str, name: str, where: str) -> str:
+    """`value`, if it is Unicode text (JSON's "\\ud800" escapes decode to lone surrogates, which no
+    tokenizer or database takes)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise PromptFileError(f"{where}: field '{name}' is not valid Unicode text ({exc.reason} at character "
+                              f"{exc.start})") from None
     return value
 
 
@@ -44,8 +56,11 @@ def parse_prompt(record: object, where: str) -> Prompt:
         raise PromptFileError(f"{where}: give exactly one of 'prompt' or 'prompt_ids'")
     if text is not None and (not isinstance(text, str) or not text):
         raise PromptFileError(f"{where}: field 'prompt' must be a non-empty str")
-    if ids is not None and (not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids)):
-        raise PromptFileError(f"{where}: field 'prompt_ids' must be a non-empty list of integers")
+    if text is not None:
+        _text(text, "prompt", where)
+    if ids is not None and (not isinstance(ids, list) or not ids or not all(
+            type(i) is int and 0 <= i <= MAX_TOKEN_ID for i in ids)):
+        raise PromptFileError(f"{where}: field 'prompt_ids' must be a non-empty list of integers in 0 … {MAX_TOKEN_ID}")
     return Prompt(_field(record, "id", str, where), _field(record, "category", str, where), split, text,
                   tuple(ids) if ids is not None else None)
 
@@ -56,14 +71,20 @@ def load_prompts(path: Path, *, split: str | None = None) -> list[Prompt]:
     if not path.is_file():
         raise PromptFileError(f"{path}: no such prompt file")
     prompts, seen = [], {}
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
+        where = f"{path}:{number}"
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise PromptFileError(f"{where}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
         if not line.strip():
             continue
-        where = f"{path}:{number}"
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             raise PromptFileError(f"{where}: invalid JSON ({exc.msg})") from None
+        except (ValueError, RecursionError) as exc:  # an integer of over 4,300 digits; nesting too deep
+            raise PromptFileError(f"{where}: unreadable JSON ({type(exc).__name__}: {exc})") from None
         prompt = parse_prompt(record, where)
         if prompt.id in seen:
             raise PromptFileError(f"{where}: id {prompt.id!r} already used on line {seen[prompt.id]}")
