@@ -41,8 +41,14 @@ def expected_tokens(prefix_acceptance: Tensor) -> Tensor:
 
 
 def best_length(scores: Tensor, lengths: Tensor) -> Tensor:
-    """argmax of scores over candidate lengths; ties go to the shorter length (lengths ascending)."""
-    return lengths[torch.argmax(scores)]
+    """argmax of scores over candidate lengths; ties go to the shorter length (lengths ascending).
+    A 0-d tensor on the scores' device (indexing by a 1-element tensor: no host read)."""
+    return _at(lengths, torch.argmax(scores))
+
+
+def _at(values: Tensor, index: Tensor) -> Tensor:
+    """values[index] for a 0-d device index, without reading the index back to the host."""
+    return values.index_select(0, index.view(1)).squeeze(0)
 
 
 def new_experts_added(expert_ids: Tensor, w0: int, num_experts: int) -> int:
@@ -170,10 +176,11 @@ class HybridSpecPolicy(NominalPolicy):
         n_new = (row * (1 - earlier)).sum().long()
         # ΔL_c of Eq. 6, the host's float64 operations in the host's order
         w0c = w0.clamp(max=self.max_length - 1)
-        table = self.nbar_cond64[w0c]
-        extra = prm.eta * (table[n_new.clamp(max=table.shape[0] - 1)] - self.nbar_all64[w0c])
-        added = self.cost64[w0c + 1] - self.cost64[w0c] - prm.s + extra
-        expand = (p_hat.double()[(w0c - 1).clamp(min=0)] > prm.rho * added) & (w0 < self.max_length) & (w_rem > w0)
+        table = _at(self.nbar_cond64, w0c)  # [n_max + 1]
+        extra = prm.eta * (_at(table, n_new.clamp(max=table.shape[0] - 1)) - _at(self.nbar_all64, w0c))
+        added = _at(self.cost64, w0c + 1) - _at(self.cost64, w0c) - prm.s + extra
+        p_last = _at(p_hat.double(), (w0c - 1).clamp(min=0))  # p̂_{w0}
+        expand = (p_last > prm.rho * added) & (w0 < self.max_length) & (w_rem > w0)
         return w0 + expand.long()
 
     def added_latency(self, w0: int, n_new: int) -> float:
