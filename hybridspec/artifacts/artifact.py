@@ -3,13 +3,16 @@ C_tgt table and the routing tables — whose header metadata holds one JSON obje
 scalars, identities and diagnostics. Numbers only, no pickles.
 
 `content_sha256` covers the canonical JSON of every other metadata field and each tensor's name,
-dtype, shape and bytes; `load_artifact` recomputes it and validates the rest before returning the
-runtime's `PolicyParameters`."""
+dtype, shape and bytes; `load_artifact` recomputes it and validates the rest (every field's type,
+every tensor's dtype, rank and finiteness, then `PolicyParameters`' own checks) before returning the
+runtime's `PolicyParameters`. A hash proves only that the file is as written, not that it is
+sound: a damaged or hand-made file fails with an `ArtifactError` naming the field, never anything else."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -22,10 +25,15 @@ from .params import AcceptanceModel, PolicyParameters
 
 SCHEMA_VERSION = 1
 META_KEY = "hybridspec_artifact"
-REQUIRED_META = ("schema_version", "rho", "s", "eta", "fixed_cost", "draft_len", "lengths", "model_id",
-                 "drafter_id", "device", "store_digest", "created_at", "diagnostics", "content_sha256")
-REQUIRED_TENSORS = ("acceptance.coef", "acceptance.iso_x", "acceptance.iso_y", "acceptance.iso_offsets", "cost",
-                    "nbar_all", "nbar_cond")
+NUMBER, INTEGER = "number", "integer"  # JSON kinds of the numeric fields (never bool, always finite)
+META_TYPES = {"schema_version": INTEGER, "rho": NUMBER, "s": NUMBER, "eta": NUMBER, "fixed_cost": NUMBER,
+              "draft_len": INTEGER, "lengths": list, "model_id": str, "drafter_id": str, "device": str,
+              "store_digest": str, "created_at": str, "diagnostics": dict, "content_sha256": str}
+REQUIRED_META = tuple(META_TYPES)
+TENSOR_SPECS = {"acceptance.coef": (torch.float64, 1), "acceptance.iso_x": (torch.float64, 1),
+                "acceptance.iso_y": (torch.float64, 1), "acceptance.iso_offsets": (torch.int64, 1),
+                "cost": (torch.float64, 1), "nbar_all": (torch.float64, 1), "nbar_cond": (torch.float64, 2)}
+REQUIRED_TENSORS = tuple(TENSOR_SPECS)
 
 
 class ArtifactError(ValueError):
@@ -50,7 +58,7 @@ def content_hash(meta: dict, tensors: dict[str, torch.Tensor]) -> str:
     for name in sorted(tensors):
         t = tensors[name].contiguous()
         digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        digest.update(t.numpy().tobytes())
+        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())  # raw bytes of any dtype
     return "sha256:" + digest.hexdigest()
 
 
@@ -79,13 +87,47 @@ def _read(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
             tensors = {name: f.get_tensor(name) for name in f.keys()}
     except (SafetensorError, OSError, ValueError) as exc:
         raise ArtifactError(f"{path}: not a readable artifact (truncated or corrupt safetensors: {exc})") from None
+    except Exception as exc:  # noqa: BLE001 (safetensors on damaged bytes: a dtype torch lacks, …)
+        raise ArtifactError(f"{path}: not a readable artifact (corrupt safetensors: {type(exc).__name__}: {exc})"
+                            ) from None
     if META_KEY not in header:
         raise ArtifactError(f"{path}: safetensors file without hybridspec metadata ('{META_KEY}')")
     try:
         meta = json.loads(header[META_KEY])
     except json.JSONDecodeError as exc:
         raise ArtifactError(f"{path}: metadata is not valid JSON ({exc.msg} at {exc.pos})") from None
+    except (ValueError, RecursionError) as exc:  # an integer of over 4,300 digits; nesting too deep
+        raise ArtifactError(f"{path}: metadata is not readable JSON ({type(exc).__name__})") from None
+    if not isinstance(meta, dict):
+        raise ArtifactError(f"{path}: metadata is a JSON {type(meta).__name__}, not an object")
     return meta, tensors
+
+
+def _kind_ok(value, kind) -> bool:
+    if kind in (NUMBER, INTEGER):
+        numeric = int if kind == INTEGER else (int, float)
+        return not isinstance(value, bool) and isinstance(value, numeric) and math.isfinite(value)
+    return isinstance(value, kind)
+
+
+def _check_fields(path: Path, meta: dict, tensors: dict[str, torch.Tensor]) -> None:
+    """ArtifactError naming the first metadata field or tensor of the wrong type, dtype or rank, or
+    with a value that is not finite."""
+    for name, kind in META_TYPES.items():
+        if not _kind_ok(meta[name], kind):
+            want = kind if isinstance(kind, str) else f"JSON {kind.__name__}"
+            raise ArtifactError(f"{path}: metadata field {name} must be a finite {want}, got {meta[name]!r:.80}"
+                                if kind in (NUMBER, INTEGER) else
+                                f"{path}: metadata field {name} must be a {want}, got {meta[name]!r:.80}")
+    if not all(_kind_ok(w, INTEGER) for w in meta["lengths"]):
+        raise ArtifactError(f"{path}: metadata field lengths must be a list of integers, got {meta['lengths']!r:.80}")
+    for name, (dtype, ndim) in TENSOR_SPECS.items():
+        t = tensors[name]
+        if t.dtype != dtype or t.dim() != ndim:
+            raise ArtifactError(f"{path}: tensor {name} must be {ndim}-D {dtype}, got {t.dim()}-D {t.dtype} "
+                                f"{tuple(t.shape)}")
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise ArtifactError(f"{path}: tensor {name} holds values that are not finite (NaN or infinity)")
 
 
 def load_artifact(path: Path) -> tuple[PolicyParameters, dict]:
@@ -95,18 +137,21 @@ def load_artifact(path: Path) -> tuple[PolicyParameters, dict]:
     missing = [k for k in REQUIRED_META if k not in meta]
     if missing:
         raise ArtifactError(f"{path}: metadata lacks {', '.join(missing)}")
-    if meta["schema_version"] != SCHEMA_VERSION:
+    if meta["schema_version"] != SCHEMA_VERSION or isinstance(meta["schema_version"], bool):
         raise ArtifactError(f"{path}: schema_version {meta['schema_version']} is not supported "
                             f"(this hybridspec reads version {SCHEMA_VERSION})")
     missing = [k for k in REQUIRED_TENSORS if k not in tensors]
     if missing:
         raise ArtifactError(f"{path}: tensors {', '.join(missing)} missing")
+    _check_fields(path, meta, tensors)
     stored, computed = meta["content_sha256"], content_hash(meta, tensors)
     if stored != computed:
         raise ArtifactError(f"{path}: content hash mismatch (stored {stored}, computed {computed}): "
                             "the file was modified or damaged")
     offsets = tensors["acceptance.iso_offsets"].tolist()
-    if len(offsets) != meta["draft_len"] + 1 or offsets[0] != 0 or offsets[-1] != len(tensors["acceptance.iso_x"]):
+    n_thresholds = len(tensors["acceptance.iso_x"])
+    if (len(offsets) != meta["draft_len"] + 1 or offsets[0] != 0 or offsets[-1] != n_thresholds
+            or any(b < a for a, b in zip(offsets, offsets[1:])) or len(tensors["acceptance.iso_y"]) != n_thresholds):
         raise ArtifactError(f"{path}: acceptance.iso_offsets do not partition the isotonic thresholds")
     split = lambda t: tuple(tuple(t[a:b].tolist()) for a, b in zip(offsets, offsets[1:]))  # noqa: E731
     try:
