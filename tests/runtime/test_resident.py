@@ -1,0 +1,115 @@
+"""The GPU-resident round (runtime/resident.py) run eagerly on CPU, against the host-driven round:
+
+- every policy emits exactly the host path's `ar` tokens (EOS mid-round and output limits too);
+- the device forms of Eq. 5, Eq. 6 and greedy acceptance equal their host forms on random inputs;
+- positions: the device copies equal the host's after every request.
+CUDA-graph capture itself runs in tests/gpu."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hybridspec.runtime.engine import Engine
+from hybridspec.runtime.policies import make_policy
+from hybridspec.runtime.resident import accept_greedy
+from hybridspec.runtime.sampling import verify_greedy
+from hybridspec.runtime.session import open_session
+from tests.runtime.helpers import policy_parameters
+
+POLICIES = ("full", "static:4", "nominal", "hybridspec", "ratio4")
+PROMPTS = ("def fibonacci(n):\n    ", "import os\nimport sys\n\n", "class Config:\n    def __init__(self", "    return ")
+TOKENS = 40
+
+
+@pytest.fixture(scope="module")
+def session():
+    return open_session()  # the embedded pair: a drafter that is accepted often
+
+
+@pytest.fixture(scope="module")
+def engines(session):
+    return (Engine(session.target, session.drafter, max_context=256, resident=False),
+            Engine(session.target, session.drafter, max_context=256, resident=True, graphs=False))
+
+
+@pytest.fixture(scope="module")
+def reference(session, engines):
+    host, _ = engines
+    ar = make_policy("ar", session.drafter.draft_len)
+    prompts = [session.codec.encode(p) for p in PROMPTS]
+    return prompts, [host.generate(p, policy=ar, max_new_tokens=TOKENS).token_ids for p in prompts]
+
+
+@pytest.mark.parametrize("name", ("ar", *POLICIES))
+def test_resident_rounds_emit_the_ar_tokens(session, engines, reference, name):
+    _, resident = engines
+    policy = make_policy(name, session.drafter.draft_len, policy_parameters(session.drafter.draft_len))
+    prompts, outs = reference
+    accepted = set()
+    for prompt, want in zip(prompts, outs):
+        got = resident.generate(prompt, policy=policy, max_new_tokens=TOKENS)
+        assert got.token_ids == want
+        accepted.update(r.accepted for r in got.rounds)
+        # the device positions followed every commit
+        cache = resident.cache
+        assert int(cache.position[0]) == cache.length
+        if policy.speculative:
+            assert int(resident.drafter.position[0]) == resident.drafter.length == cache.length
+    if name == "full":
+        assert max(accepted) >= 3  # rounds with several accepted drafts happened
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_resident_rounds_stop_at_eos_and_the_output_limit(session, engines, reference, name):
+    """An EOS in the middle of a round and a limit shorter than a round truncate as on the host."""
+    host, resident = engines
+    policy = make_policy(name, session.drafter.draft_len, policy_parameters(session.drafter.draft_len))
+    prompts, outs = reference
+    for prompt, out in zip(prompts, outs):
+        eos = next((t for i, t in enumerate(out) if i >= 5 and t not in out[:i]), None)
+        if eos is not None:
+            want = host.generate(prompt, policy=policy, max_new_tokens=TOKENS, eos_ids=(eos,))
+            got = resident.generate(prompt, policy=policy, max_new_tokens=TOKENS, eos_ids=(eos,))
+            assert got.token_ids == want.token_ids == out[: out.index(eos) + 1]
+            assert got.finish_reason == "eos"
+        for limit in (1, 2, 7):
+            got = resident.generate(prompt, policy=policy, max_new_tokens=limit)
+            assert got.token_ids == out[:limit]
+            assert all(r.w <= max(2, limit) or r.w == 1 for r in got.rounds)
+
+
+def test_device_selector_equals_host_selector():
+    """Eq. 5 and Eq. 6 on the device (tensors in, tensors out) against the host forms (ints)."""
+    D, E, k = 15, 32, 4
+    gen = torch.Generator().manual_seed(0)
+    checked = expanded = 0
+    for rho in (60.0, 400.0, 3000.0):
+        nominal = make_policy("nominal", D, policy_parameters(D, rho=rho))
+        hybrid = make_policy("hybridspec", D, policy_parameters(D, rho=rho))
+        for _ in range(60):
+            confidence = torch.rand(D, generator=gen)
+            entropy = torch.rand(D, generator=gen) * 3
+            w0_host, p_host = nominal.select(confidence, entropy)
+            w0_dev, p_dev = nominal.nominal_length(confidence, entropy)
+            assert int(w0_dev) == w0_host and torch.equal(p_dev, p_host)
+            ids = torch.stack([torch.randperm(E, generator=gen)[:k] for _ in range(D + 1)])  # [W, k]
+            for w_rem in (2, w0_host, w0_host + 1, D + 1):
+                w_c_host = hybrid.correct(w0_host, p_host, ids, w_rem, E)
+                w_c_dev = hybrid.corrected_length(torch.tensor(w0_host), p_dev, ids, torch.tensor(w_rem), E)
+                assert int(w_c_dev) == w_c_host
+                checked += 1
+                expanded += w_c_host > w0_host
+    assert checked == 720 and 0 < expanded < checked  # both outcomes of Eq. 6 occurred
+
+
+def test_device_acceptance_equals_host_acceptance():
+    gen = torch.Generator().manual_seed(1)
+    for w in range(1, 17):
+        for _ in range(20):
+            logits = torch.randn(w, 11, generator=gen)
+            y = logits.argmax(-1)
+            draft = torch.where(torch.rand(w - 1, generator=gen) < 0.8, y[:-1], (y[:-1] + 1) % 11)
+            accepted, y_dev = accept_greedy(draft, logits)
+            A, x_new = verify_greedy(draft, logits)
+            assert int(accepted) == A and int(y_dev[A]) == x_new
