@@ -56,3 +56,53 @@ def hf_logits(directory: Path, ids: list[int]) -> torch.Tensor:
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, attn_implementation="eager").eval()
     with torch.no_grad():
         return model(torch.tensor([ids])).logits[0].float()
+
+
+def reshard(source: Path, directory: Path, shards: int) -> Path:
+    """`source`'s checkpoint as `shards` safetensors files with a `model.safetensors.index.json`
+    (as `save_pretrained` writes large models), beside copies of its other files."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    for file in Path(source).iterdir():
+        if file.suffix != ".safetensors":
+            shutil.copy(file, directory / file.name)
+    tensors = load_file(Path(source) / "model.safetensors")
+    names = sorted(tensors)
+    weight_map = {}
+    for i in range(shards):
+        shard = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        part = names[i::shards]
+        save_file({n: tensors[n] for n in part}, directory / shard, metadata={"format": "pt"})
+        weight_map.update({n: shard for n in part})
+    (directory / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return directory
+
+
+def put_in_hub_cache(hub: Path, repo_id: str, source: Path, commit: str, ref: str | None = "main") -> Path:
+    """`source`'s files in the Hugging Face hub cache layout under `hub` (`$HF_HOME/hub`):
+    `models--org--name/blobs/<etag>` (sha256 for safetensors files, stored in LFS on the Hub; the git
+    blob sha1 for the others), `snapshots/<commit>/<name>` relative links to them, `refs/<ref>`."""
+    import hashlib
+    import os
+    import shutil
+
+    repo = Path(hub) / f"models--{repo_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / commit
+    (repo / "blobs").mkdir(parents=True, exist_ok=True)
+    snapshot.mkdir(parents=True, exist_ok=True)
+    for file in sorted(Path(source).iterdir()):
+        data = file.read_bytes()
+        lfs = file.suffix == ".safetensors"
+        etag = hashlib.sha256(data).hexdigest() if lfs else hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+        blob = repo / "blobs" / etag
+        if not blob.exists():
+            shutil.copy(file, blob)
+        (snapshot / file.name).symlink_to(os.path.relpath(blob, snapshot))
+    if ref is not None:
+        (repo / "refs").mkdir(exist_ok=True)
+        (repo / "refs" / ref).write_text(commit)
+    return snapshot

@@ -1,6 +1,9 @@
-"""Load a target or drafter from a Hugging Face directory (config.json + safetensors, single file
-or sharded with an index), build a preset or a drafter with random weights, and save a drafter in
-the DFlash checkpoint format."""
+"""Load a target or drafter from a model reference (a Hugging Face directory with config.json +
+safetensors, single file or sharded with an index; a repo id in the local Hugging Face cache; or a
+preset with random weights), and save a drafter in the DFlash checkpoint format.
+
+Models are built on the meta device and filled straight on the target device in the target dtype
+(`weights.py`), after a check of the device's free memory."""
 
 from __future__ import annotations
 
@@ -9,66 +12,33 @@ import math
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
-from torch import Tensor, nn
+from torch import nn
 
-from .config import (ConfigError, DrafterConfig, TargetConfig, default_target_layer_ids, drafter_config_from_dict,
+from .config import (TARGET_MODEL_TYPES, ConfigError, DrafterConfig, TargetConfig, default_target_layer_ids, drafter_config_from_dict,
                      read_config_json, target_config_from_dict)
 from .drafter import DFlashDrafter
+from .hub import describe, resolve_reference
 from .layers.rope import rope_inv_freq
 from .models import qwen3_5_moe, qwen3_next
-from .models.common import strip_prefixes
+from .models.common import Placement, strip_prefix
 from .models.hybrid import HybridTarget
 from .presets import PRESETS, preset_config
+from .weights import check_memory, materialize_, plan_load, read_checkpoint, stream_, weight_bytes
 
 RANDOM_BLOCK_SIZE = 16  # a random drafter's block: anchor + D = 15 draft tokens
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_MAPPERS = {"qwen3_5_moe_text": qwen3_5_moe.map_weights, "qwen3_5_moe": qwen3_5_moe.map_weights,
-            "qwen3_next": qwen3_next.map_weights}
+_PLACEMENTS = {"qwen3_5_moe_text": qwen3_5_moe.placements, "qwen3_5_moe": qwen3_5_moe.placements,
+               "qwen3_next": qwen3_next.placements}
 
 
-def torch_dtype(name: str) -> torch.dtype:
+def torch_dtype(name: str, device: str | torch.device = "cpu") -> torch.dtype:
+    """A dtype name; `auto` is bfloat16 on CUDA and float32 (the exactness reference) elsewhere."""
+    if name == "auto":
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
     if name not in DTYPES:
-        raise ConfigError(f"dtype {name!r} is not one of {', '.join(DTYPES)}")
+        raise ConfigError(f"dtype {name!r} is not one of auto, {', '.join(DTYPES)}")
     return DTYPES[name]
-
-
-def read_safetensors(directory: Path) -> dict[str, Tensor]:
-    """All tensors of `model.safetensors` or of the shards listed in `model.safetensors.index.json`."""
-    index = directory / "model.safetensors.index.json"
-    if index.is_file():
-        shard_names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        files = [directory / name for name in shard_names]
-    else:
-        files = sorted(directory.glob("*.safetensors"))
-    if not files:
-        raise ConfigError(f"{directory}: no *.safetensors files")
-    tensors = {}
-    for file in files:
-        if not file.is_file():
-            raise ConfigError(f"{index}: lists {file.name}, which does not exist")
-        with safe_open(file, framework="pt") as f:
-            for name in f.keys():
-                tensors[name] = f.get_tensor(name)
-    return tensors
-
-
-def load_state(model: nn.Module, weights: dict[str, Tensor], source: str) -> None:
-    """Copy mapped weights into the model; name every missing, unexpected or mis-shaped tensor."""
-    own = model.state_dict()
-    missing = sorted(set(own) - set(weights) - ({"lm_head.weight"} if _tied(model) else set()))
-    unexpected = sorted(set(weights) - set(own))
-    if missing or unexpected:
-        raise ConfigError(f"{source}: weights do not match the config: missing {missing[:6]}, unexpected {unexpected[:6]}")
-    for name, tensor in weights.items():
-        if tuple(own[name].shape) != tuple(tensor.shape):
-            raise ConfigError(f"{source}: {name} has shape {tuple(tensor.shape)}, config implies {tuple(own[name].shape)}")
-        own[name].copy_(tensor)
-
-
-def _tied(model: nn.Module) -> bool:
-    return getattr(getattr(model, "cfg", None), "tie_word_embeddings", False)
 
 
 def init_random_(model: HybridTarget, seed: int = 0) -> HybridTarget:
@@ -89,31 +59,54 @@ def init_random_(model: HybridTarget, seed: int = 0) -> HybridTarget:
 
 
 def target_config(spec: str | Path) -> TargetConfig:
-    """The config of a model directory (config.json) or of a preset; no weights read."""
-    path = Path(spec)
+    """The config of a model reference (directory, repo id or preset); no weights read."""
+    path = Path(resolve_reference(spec))
     if path.is_dir():
-        return target_config_from_dict(read_config_json(path), str(path / "config.json"))
+        raw = read_config_json(path)
+        if "DFlashDraftModel" in (raw.get("architectures") or []):
+            raise ConfigError(f"{describe(path)}: a DFlash drafter, not a target; give it as --drafter")
+        return target_config_from_dict(raw, f"{describe(path)}: config.json")
     if str(spec) in PRESETS:
         return target_config_from_dict(preset_config(str(spec)), f"preset {spec}")
     if path.exists():
         raise ConfigError(f"{path}: not a model directory (expected config.json + *.safetensors)")
-    raise ConfigError(f"{spec!r} is neither a model directory nor a preset ({', '.join(sorted(PRESETS))})")
+    raise ConfigError(f"{spec!r} is neither a model directory, a preset ({', '.join(sorted(PRESETS))}) "
+                      "nor a Hugging Face repo id (org/name or org/name@revision)")
 
 
-def load_target(spec: str | Path, *, device: str = "cpu", dtype: str = "float32", backend: str = "torch",
-                seed: int = 0, feature_layers: tuple[int, ...] = ()) -> HybridTarget:
-    """A directory with a supported config.json, or a preset name (random weights). `feature_layers`:
-    the layers whose outputs the drafter reads (its `target_layer_ids`; none without a drafter)."""
-    cfg = target_config(spec)
-    if Path(spec).is_dir():
-        model = HybridTarget(cfg, backend=backend, feature_layers=feature_layers)
-        load_state(model, _MAPPERS[cfg.model_type](read_safetensors(Path(spec)), cfg), str(spec))
-        return model.to(device=device, dtype=torch_dtype(dtype)).eval()
+def build_target(cfg: TargetConfig, *, device: str, dtype: str, backend: str, feature_layers: tuple[int, ...],
+                 what: str) -> HybridTarget:
+    """The target with uninitialised weights on `device` in `dtype`, after the memory check."""
+    device, torch_type = torch.device(device), torch_dtype(dtype, device)
     with torch.device("meta"):
         model = HybridTarget(cfg, backend=backend, feature_layers=feature_layers)
-    model = model.to_empty(device=device).to(torch_dtype(dtype))
-    model.inv_freq = rope_inv_freq(cfg.rotary_dim, cfg.rope_theta).to(device)  # to_empty left it unset
-    return init_random_(model, seed).eval()
+    check_memory(weight_bytes(model, torch_type), device, what)
+    materialize_(model, device, torch_type)
+    model.inv_freq = rope_inv_freq(cfg.rotary_dim, cfg.rope_theta).to(device)  # the meta build left it empty
+    return model
+
+
+def load_target(spec: str | Path, *, device: str = "cpu", dtype: str = "auto", backend: str = "torch",
+                seed: int = 0, feature_layers: tuple[int, ...] = ()) -> HybridTarget:
+    """A model reference with a supported config.json (directory or repo id), or a preset name
+    (random weights). `feature_layers`: the layers whose outputs the drafter reads (its
+    `target_layer_ids`; none without a drafter). Checkpoint tensors stream onto `device` in `dtype`."""
+    cfg = target_config(spec)
+    path = Path(resolve_reference(spec))
+    if not path.is_dir():
+        model = build_target(cfg, device=device, dtype=dtype, backend=backend, feature_layers=feature_layers,
+                             what=f"preset {spec}")
+        return init_random_(model, seed).eval()
+    source = describe(path)
+    with torch.device("meta"):  # the headers are checked against the shapes before anything is allocated
+        shapes = HybridTarget(cfg, backend=backend, feature_layers=feature_layers)
+    route = lambda name: _PLACEMENTS[cfg.model_type](name, cfg)  # noqa: E731
+    plan = plan_load(shapes, read_checkpoint(path, source), route, source,
+                     optional=("lm_head.weight",) if cfg.tie_word_embeddings else ())
+    model = build_target(cfg, device=device, dtype=dtype, backend=backend, feature_layers=feature_layers,
+                         what=source)
+    stream_(model, plan, torch.device(device))
+    return model.eval()
 
 
 def random_drafter_layers(cfg: TargetConfig, num_layers: int = 2) -> tuple[int, ...]:
@@ -144,20 +137,37 @@ def random_drafter(target: HybridTarget, *, num_layers: int = 2, block_size: int
     return drafter.eval()
 
 
-def drafter_config(path: str | Path) -> DrafterConfig:
-    """The config of a DFlash drafter directory (config.json); no weights read."""
-    path = Path(path)
-    return drafter_config_from_dict(read_config_json(path), str(path / "config.json"))
+def drafter_config(spec: str | Path) -> DrafterConfig:
+    """The config of a DFlash drafter reference (directory or repo id); no weights read."""
+    path = Path(resolve_reference(spec))
+    if not path.is_dir():
+        raise ConfigError(f"{spec!r}: not a drafter directory nor a Hugging Face repo id (org/name[@revision]), "
+                          "nor `random`")
+    raw = read_config_json(path)
+    if raw.get("model_type") in TARGET_MODEL_TYPES:
+        raise ConfigError(f"{describe(path)}: a {raw['model_type']} target, not a DFlash drafter; give it as --model")
+    return drafter_config_from_dict(raw, f"{describe(path)}: config.json")
 
 
-def load_drafter(path: str | Path, embed: nn.Embedding, lm_head: nn.Linear) -> DFlashDrafter:
-    """A DFlash drafter directory (config.json + safetensors), on the target's device and dtype."""
-    path = Path(path)
-    drafter = DFlashDrafter(drafter_config(path), embed, lm_head)
-    weights = strip_prefixes(read_safetensors(path), ("model.",), ("embed_tokens.", "lm_head.", "model.embed_tokens."))
-    load_state(drafter, weights, str(path))
+def drafter_placements(name: str) -> list[Placement]:
+    """DFlash names, without `model.`; the embeddings and LM head are the target's, not read."""
+    name = strip_prefix(name, ("model.",), ("embed_tokens.", "lm_head.", "model.embed_tokens."))
+    return [] if name is None else [Placement(name)]
+
+
+def load_drafter(spec: str | Path, embed: nn.Embedding, lm_head: nn.Linear) -> DFlashDrafter:
+    """A DFlash drafter (directory or repo id), streamed onto the target's device and dtype."""
+    path = Path(resolve_reference(spec))
+    cfg, source = drafter_config(path), describe(path)
+    with torch.device("meta"):
+        drafter = DFlashDrafter(cfg, embed, lm_head)  # embed and lm_head are the target's, not registered
+    plan = plan_load(drafter, read_checkpoint(path, source), drafter_placements, source)
     p = embed.weight
-    return drafter.to(device=p.device, dtype=p.dtype).eval()
+    check_memory(weight_bytes(drafter, p.dtype), p.device, source)
+    materialize_(drafter, p.device, p.dtype)
+    drafter.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta).to(p.device)  # the meta build left it empty
+    stream_(drafter, plan, p.device)
+    return drafter.eval()
 
 
 def save_drafter(drafter: DFlashDrafter, directory: str | Path, *, num_target_layers: int,

@@ -1,7 +1,12 @@
-"""Everything a command needs to decode: target, drafter, engine, text codec, EOS ids."""
+"""Everything a command needs to decode: target, drafter, engine, text codec, EOS ids.
+
+Every command reaches the models through here (`resolve_pair`, `open_session`, `model_identity`), so
+a model or drafter may be named everywhere by a directory, a preset, or a Hugging Face repo id
+(`org/name[@revision]`, resolved from the local cache by `hub.resolve_reference`)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -9,6 +14,7 @@ from ..artifacts.identity import directory_id, preset_id
 from .config import ConfigError, DrafterConfig, TargetConfig
 from .drafter import DFlashDrafter
 from .engine import Engine
+from .hub import resolve_reference
 from .loading import drafter_config, load_drafter, load_target, random_drafter, random_drafter_layers, target_config
 from .models.hybrid import HybridTarget
 from .presets import PRESETS, preset_config
@@ -26,12 +32,13 @@ def default_model() -> tuple[str, str | None]:
 
 
 def resolve_pair(model: str | None, drafter: str | None) -> tuple[str, str | None]:
-    """The (model, drafter) a command runs: the given model, or the default pair when none is given
-    (a drafter given alone replaces the default one)."""
-    if model is not None:
-        return model, drafter
-    model, default_drafter = default_model()
-    return model, drafter or default_drafter
+    """The (model, drafter) a command runs, as local references: the given model, or the default pair
+    when none is given (a drafter given alone replaces the default one); a repo id becomes its
+    snapshot directory in the Hugging Face cache (`random` and presets stay names)."""
+    if model is None:
+        model, default_drafter = default_model()
+        drafter = drafter or default_drafter
+    return resolve_reference(model), resolve_reference(drafter)
 
 
 def resolve_backend(backend: str, device: str) -> str:
@@ -58,11 +65,13 @@ class Session:
 
 
 def open_session(model: str | None = None, drafter: str | None = None, *, need_drafter: bool = True,
-                 device: str = "cpu", dtype: str = "float32", backend: str = "auto",
+                 device: str = "cpu", dtype: str = "auto", backend: str = "auto",
                  max_context: int = 4096, seed: int = 0) -> Session:
-    """Load the target (directory or preset) and, when needed, the drafter (directory, or `random`
-    for a random one; random presets default to `random`)."""
+    """Load the target (directory, repo id or preset) and, when needed, the drafter (directory, repo id,
+    or `random` for a random one; random presets default to `random`). `dtype` `auto`: bfloat16 on
+    CUDA, float32 elsewhere."""
     backend = resolve_backend(backend, device)
+    name = model if model is not None else default_model()[0]  # as given: what outputs call the model
     model, drafter = resolve_pair(model, drafter)
     cfg = target_config(model)
     random = drafter in (None, "random")
@@ -85,12 +94,25 @@ def open_session(model: str | None = None, drafter: str | None = None, *, need_d
     engine = Engine(target, draft, max_context=max_context)
     model_id, drafter_id = model_identity(model, drafter if draft is not None else None, seed=seed,
                                           with_drafter=draft is not None)
-    return Session(model, target, draft, engine, codec, target.cfg.eos_token_ids, model_id, drafter_id)
+    return Session(name, target, draft, engine, codec, eos_ids(model, target.cfg), model_id, drafter_id)
+
+
+def eos_ids(model: str, cfg: TargetConfig) -> tuple[int, ...]:
+    """The config's EOS ids and those of `generation_config.json` (chat models end a turn with their
+    own token there, e.g. Qwen's `<|im_end|>`)."""
+    ids = list(cfg.eos_token_ids)
+    generation = Path(model) / "generation_config.json"
+    if generation.is_file():
+        extra = json.loads(generation.read_text()).get("eos_token_id")
+        ids += [i for i in (extra if isinstance(extra, list) else [extra]) if i is not None and i not in ids]
+    return tuple(ids)
 
 
 def model_identity(model: str, drafter: str | None, *, seed: int = 0, with_drafter: bool = True) -> tuple[str, str | None]:
-    """(model_id, drafter_id) content identities, computed without loading any weights: sha256 of a
-    directory's config.json + safetensors, or of a preset's config and seed (`random` drafters too)."""
+    """(model_id, drafter_id) content identities, computed without loading any weights: a directory's
+    (or repo id's snapshot's) `directory_id`, or the sha256 of a preset's config and seed (`random`
+    drafters too)."""
+    model, drafter = resolve_reference(model), resolve_reference(drafter)
     model_id = directory_id(Path(model)) if Path(model).is_dir() else preset_id(model, preset_config(model), seed)
     if not with_drafter:
         return model_id, None
