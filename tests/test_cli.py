@@ -18,7 +18,7 @@ runner = CliRunner()
 def _json(args: list[str]) -> dict:
     result = runner.invoke(app, ["generate", *args, "--json"])
     assert result.exit_code == 0, result.output
-    return json.loads(result.output)
+    return json.loads(result.stdout)
 
 
 def test_generate_json_fields_and_ar_equality(tmp_path):
@@ -56,7 +56,7 @@ def test_generate_with_a_checkpoint_directory(qwen35_dir):
     (["--prompt-ids", "1,2", "--policy", "nominal"], "needs --artifact"),
     (["--prompt-ids", "1,2", "--policy", "sometimes"], "unknown policy"),
     (["--prompt-ids", "1,2", "--policy", "static:x"], "static:N needs an integer"),
-    (["--model", "qwen9-unknown", "--prompt-ids", "1", "--policy", "ar"], "neither a model directory nor a preset"),
+    (["--model", "qwen9-unknown", "--prompt-ids", "1", "--policy", "ar"], "is neither a model directory"),
     (["--model", "random-tiny", "--prompt", "hello", "--policy", "ar"], "no tokenizer.json"),
     (["--prompt-ids", "1,2", "--prompt", "x", "--policy", "ar"], "exactly one"),
     (["--prompt-ids", "1,99999", "--policy", "ar"], "outside the vocabulary"),
@@ -105,3 +105,103 @@ def test_demo_sets_one_thread_count_for_every_step_and_the_server(monkeypatch, t
     assert result.exit_code == 0, result.output
     assert seen == {"torch": expected, "env": str(expected), "out": tmp_path / "d"}
     assert f"torch CPU threads: {expected}" in result.output
+
+
+def _one_line_error(result, *needles: str) -> None:
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr
+    assert all(n in lines[0] for n in needles), lines[0]
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize("command", [["generate", "--prompt-ids", "1"], ["serve"], ["capture", "--quick"],
+                                     ["eval", "--quick"]])
+def test_unknown_device_is_one_line_before_any_model_loads(monkeypatch, command):
+    import hybridspec.runtime.session as session
+
+    monkeypatch.setattr(session, "open_session", lambda *a, **k: pytest.fail("a model was loaded"))
+    _one_line_error(runner.invoke(app, [*command, "--device", "tpu"]), "--device 'tpu'", "cpu, cuda, cuda:N")
+
+
+def test_cuda_without_cuda_is_one_line(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for command in (["generate", "--prompt-ids", "1"], ["capture"], ["serve"]):
+        _one_line_error(runner.invoke(app, [*command, "--device", "cuda"]), "--device cuda", "no CUDA device")
+
+
+@pytest.mark.parametrize("command", ["generate", "serve", "capture", "eval"])
+def test_help_lists_the_choices(command):
+    text = " ".join(runner.invoke(app, [command, "--help"], env={"COLUMNS": "220", "TERMINAL_WIDTH": "220"}).stdout.split())
+    for choices in ("[cpu|cuda|cuda:N]", "<float32|bfloat16|float16>", "<auto|torch|triton>"):
+        assert choices in text, (choices, text)
+    if command in ("generate", "serve"):
+        assert "ar, full, static:N, ratio, ratio4, nominal, hybridspec" in text and "else static:7" in text
+
+
+def test_bad_dtype_and_backend_are_usage_errors():
+    for flag, value in (("--dtype", "float64"), ("--backend", "cuda")):
+        result = runner.invoke(app, ["generate", "--prompt-ids", "1", flag, value])
+        assert result.exit_code == 2 and flag in result.output
+
+
+@pytest.mark.parametrize("seed", [str(2**70), str(-(2**63) - 1)])
+def test_seed_out_of_range_names_the_option(seed):
+    result = runner.invoke(app, ["generate", "--prompt-ids", "1", "--policy", "ar", "--seed", seed])
+    assert result.exit_code == 2 and "--seed" in result.output and "Overflow" not in result.output
+
+
+def test_prompt_that_is_not_utf8_is_one_line():
+    # bytes b"\xed\xa0\x80" on the command line reach Python as surrogate escapes
+    result = runner.invoke(app, ["generate", "--prompt", "\udced\udca0\udc80", "--policy", "ar",
+                                 "--max-new-tokens", "2"])
+    _one_line_error(result, "--prompt is not valid UTF-8")
+
+
+def test_version():
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.stdout.startswith("hybridspec ")
+
+
+def test_without_an_artifact_generate_says_which_policy_it_uses():
+    result = runner.invoke(app, ["generate", "--prompt-ids", "3,1,4", "--max-new-tokens", "4", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["policy"] == "static:7"
+    assert "policy static:7 (no --artifact" in result.stderr
+
+
+def test_serve_reads_the_key_from_a_file_or_the_environment(monkeypatch, tmp_path):
+    import hybridspec.serve.app as serve_app
+    import hybridspec.serve.service as serve_service
+
+    seen = {}
+    monkeypatch.setattr(serve_service, "open_service", lambda **kw: seen.update(open=kw) or
+                        type("S", (), {"model_name": "m"})())
+    monkeypatch.setattr(serve_app, "serve", lambda service, **kw: seen.update(serve=kw))
+    (tmp_path / "key").write_text("from-file\n")
+    assert runner.invoke(app, ["serve", "--api-key-file", str(tmp_path / "key")]).exit_code == 0
+    assert seen["serve"]["api_key"] == "from-file" and seen["open"]["policy"] == "static:7"
+    result = runner.invoke(app, ["serve", "--log-level", "warning", "--max-request-bytes", "99"],
+                           env={"HYBRIDSPEC_API_KEY": "from-env"})
+    assert result.exit_code == 0, result.output
+    assert seen["serve"] == {"host": "127.0.0.1", "port": 30000, "api_key": "from-env", "max_request_bytes": 99,
+                             "log_level": "warning"}
+    _one_line_error(runner.invoke(app, ["serve", "--api-key-file", str(tmp_path / "none")]), "--api-key-file")
+
+
+def test_a_missing_extra_is_a_one_line_hint(monkeypatch, capsys):
+    import sys
+
+    from hybridspec.cli.common import main
+
+    for module in ("hybridspec.serve.app", "hybridspec.serve.service", "hybridspec.serve"):
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    monkeypatch.setitem(sys.modules, "fastapi", None)  # `import fastapi` raises ModuleNotFoundError
+    monkeypatch.setattr(sys, "argv", ["hybridspec", "serve"])
+    with pytest.raises(SystemExit) as info:
+        main()
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "[serve] extra" in err and "pip install 'hybridspec[serve]'" in err

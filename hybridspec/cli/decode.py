@@ -4,12 +4,27 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Literal, Optional
 
 import typer
 from rich.table import Table
 
-from .common import ArtifactOpt, BackendOpt, DeviceOpt, DrafterOpt, DtypeOpt, ModelOpt, PolicyOpt, _fail, app, console
+from .common import (ArtifactOpt, BackendOpt, DeviceOpt, DrafterOpt, DtypeOpt, ModelOpt, PolicyOpt, _fail, app, console,
+                     err_console, missing_extra)
+
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # torch.Generator.manual_seed's range
+LogLevel = Literal["debug", "info", "warning", "error"]
+
+
+def _policy_note(policy: str | None, artifact: Path | None) -> str:
+    """The policy a command runs, and why when it was not named (printed to stderr)."""
+    from ..runtime.generation import default_policy
+
+    chosen = policy or default_policy(artifact)
+    if policy is None and artifact is None:
+        err_console.print(f"policy {chosen} (no --artifact: the calibrated policies hybridspec, nominal and ratio "
+                          "need one)", highlight=False)
+    return chosen
 
 
 @app.command()
@@ -18,13 +33,13 @@ def generate(
     drafter: DrafterOpt = None,
     prompt: Annotated[Optional[str], typer.Option("--prompt", help="Prompt text.")] = None,
     prompt_ids: Annotated[Optional[str], typer.Option("--prompt-ids", help="Prompt token ids, comma-separated.")] = None,
-    policy: PolicyOpt = "hybridspec",
+    policy: PolicyOpt = None,
     artifact: ArtifactOpt = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1)] = 64,
     temperature: Annotated[float, typer.Option("--temperature", min=0.0)] = 0.0,
     top_p: Annotated[float, typer.Option("--top-p")] = 1.0,
     top_k: Annotated[int, typer.Option("--top-k", min=0)] = 0,
-    seed: Annotated[int, typer.Option("--seed")] = 0,
+    seed: Annotated[int, typer.Option("--seed", min=SEED_MIN, max=SEED_MAX, help="A 64-bit integer.")] = 0,
     device: DeviceOpt = "cpu",
     dtype: DtypeOpt = "float32",
     backend: BackendOpt = "auto",
@@ -34,6 +49,7 @@ def generate(
     """Generate from one prompt with a length policy and print the tokens and round statistics."""
     from ..runtime.generation import GenerateRequest, run_generate
 
+    policy = _policy_note(policy, artifact)
     request = GenerateRequest(model=model, drafter=drafter, prompt=prompt, prompt_ids=prompt_ids, policy=policy,
                               artifact=artifact, max_new_tokens=max_new_tokens, temperature=temperature,
                               top_p=top_p, top_k=top_k, seed=seed, device=device, dtype=dtype, backend=backend,
@@ -73,7 +89,10 @@ def demo(
 
     import torch
 
-    from ..demo import DemoConfig, run_demo_workflow
+    try:
+        from ..demo import DemoConfig, run_demo_workflow
+    except ModuleNotFoundError as exc:
+        _fail(missing_extra(exc) or str(exc))
 
     # one thread unless told otherwise: on small CPUs a thread team that waits for a descheduled
     # member stalls rounds of the fixed pass, and calibration and eval must share the thread count
@@ -94,8 +113,11 @@ def serve(
     drafter: DrafterOpt = None,
     host: Annotated[str, typer.Option("--host", help="Interface to bind (0.0.0.0 exposes the server).")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=0, max=65535)] = 30000,
-    policy: Annotated[str, typer.Option("--policy", help="Default policy; ar, full and static:N need no --artifact.")] = "hybridspec",
-    api_key: Annotated[Optional[str], typer.Option("--api-key", help="Require `Authorization: Bearer KEY` on /v1/*.")] = None,
+    policy: PolicyOpt = None,
+    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="HYBRIDSPEC_API_KEY", show_envvar=True, help="Require `Authorization: Bearer KEY` on /v1/* (the environment variable keeps it out of `ps`).")] = None,
+    api_key_file: Annotated[Optional[Path], typer.Option("--api-key-file", help="Read the API key from this file (its first line).")] = None,
+    max_request_bytes: Annotated[int, typer.Option("--max-request-bytes", min=1, help="Larger request bodies are answered 413 before they are parsed.")] = 1 << 20,
+    log_level: Annotated[LogLevel, typer.Option("--log-level", help="info writes one access-log line per request (stderr).")] = "info",
     served_model_name: Annotated[Optional[str], typer.Option("--served-model-name", help="The `model` clients send (default: --model, or hybridspec-embedded).")] = None,
     device: DeviceOpt = "cpu",
     dtype: DtypeOpt = "float32",
@@ -104,9 +126,17 @@ def serve(
     force: Annotated[bool, typer.Option("--force", help="Use an artifact fitted for another model/drafter.")] = False,
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API (completions, chat, models, health, metrics)."""
-    from ..serve.app import serve as run_server
-    from ..serve.service import open_service
-
+    try:
+        from ..serve.app import serve as run_server
+        from ..serve.service import open_service
+    except ModuleNotFoundError as exc:
+        _fail(missing_extra(exc) or str(exc))
+    if api_key_file is not None:
+        try:
+            api_key = api_key_file.read_text(encoding="utf-8").splitlines()[0].strip()
+        except (OSError, UnicodeDecodeError, IndexError) as exc:
+            _fail(f"--api-key-file {api_key_file}: cannot read a key ({type(exc).__name__}: {exc})")
+    policy = _policy_note(policy, artifact)
     try:
         service = open_service(artifact=artifact, model=model, drafter=drafter, policy=policy, device=device,
                                dtype=dtype, backend=backend, max_context=max_context, force=force,
@@ -114,7 +144,8 @@ def serve(
     except ValueError as exc:  # ConfigError, PolicyError, ArtifactError
         _fail(str(exc))
     console.print(f"serving [bold]{service.model_name}[/] (policy {policy}) on http://{host}:{port}/v1")
-    run_server(service, host=host, port=port, api_key=api_key)
+    run_server(service, host=host, port=port, api_key=api_key, max_request_bytes=max_request_bytes,
+               log_level=log_level)
 
 
 @app.command("train-embedded")

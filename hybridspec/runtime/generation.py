@@ -26,7 +26,7 @@ class GenerateRequest:
     drafter: str | None = None
     prompt: str | None = None
     prompt_ids: str | None = None  # "1,2,3"
-    policy: str = "hybridspec"
+    policy: str | None = None  # None: default_policy(artifact)
     artifact: Path | None = None
     force: bool = False  # use an artifact fitted for another model/drafter
     max_new_tokens: int = 64
@@ -53,20 +53,27 @@ def _prompt(request: GenerateRequest, session: Session) -> list[int]:
         return ids
     if session.codec is None:
         raise ValueError(f"model {session.model!r} has no tokenizer.json; give prompt ids")
+    try:
+        request.prompt.encode("utf-8")  # a command-line argument of invalid UTF-8 arrives as lone surrogates
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"--prompt is not valid UTF-8 text ({exc.reason} at character {exc.start})") from None
     return session.codec.encode(request.prompt)
 
 
 def run_generate(request: GenerateRequest) -> dict:
     """Load, decode, and summarise as the JSON object `generate --json` prints."""
+    if not -(2**63) <= request.seed < 2**63:
+        raise ValueError(f"--seed must be a 64-bit integer, got {request.seed}")
     sampling = SamplingParams(request.temperature, request.top_k, request.top_p, request.seed)
-    session = open_session(request.model, request.drafter, need_drafter=request.policy != "ar",
+    name = request.policy or default_policy(request.artifact)
+    session = open_session(request.model, request.drafter, need_drafter=name != "ar",
                            device=request.device, dtype=request.dtype, backend=request.backend, seed=request.seed)
-    params, _ = resolve_policy(request.policy, request.artifact, session, request.force)
+    params, _ = resolve_policy(name, request.artifact, session, request.force)
     draft_len = session.drafter.draft_len if session.drafter is not None else 0
-    policy = make_policy(request.policy, draft_len, params, device=request.device)
+    policy = make_policy(name, draft_len, params, device=request.device)
     result = session.engine.generate(_prompt(request, session), policy=policy, max_new_tokens=request.max_new_tokens,
                                      sampling=sampling, eos_ids=session.eos_ids)
-    return summarize(result, session, request.policy)
+    return summarize(result, session, name)
 
 
 def summarize(result: GenerationResult, session: Session, policy: str) -> dict:
