@@ -203,3 +203,83 @@ def test_engine_failures_are_500_objects_or_an_error_event_then_done(server, ser
     assert _metrics(server, status="500")["hybridspec:http_responses_total"] >= 1
     monkeypatch.undo()
     assert _post(server, COMPLETION, {"prompt": PROMPT, "max_tokens": 2}).status_code == 200
+
+
+def _valid(i: int) -> tuple[str, dict]:
+    stream = i % 4 >= 2
+    extra = {"stream": True, "stream_options": {"include_usage": True}} if stream else {}
+    if i % 2:
+        return CHAT, {"messages": [{"role": "user", "content": f"hi {i}"}], "max_tokens": 3, "seed": i, **extra}
+    return COMPLETION, {"prompt": f"{PROMPT} {i}", "max_tokens": 3, "seed": i, **extra}
+
+
+BAD = [  # (path, body, headers, status)
+    (COMPLETION, {"prompt": PROMPT, "seed": 2**70}, {}, 400),
+    (COMPLETION, {"prompt": PROMPT, "seed": 2**70, "stream": True}, {}, 400),
+    (COMPLETION, '{"prompt": ' + SURROGATE + '}', {}, 400),
+    (CHAT, {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, {}, 400),
+    (COMPLETION, {"prompt": PROMPT, "presence_penalty": 1.0}, {}, 400),
+    (COMPLETION, "{not json", {}, 400),
+    (COMPLETION, {"prompt": "x" * CAP}, {}, 413),
+    (COMPLETION, {"prompt": PROMPT}, {"Authorization": "Bearer wrong"}, 401),
+]
+
+
+def _usage(response: httpx.Response, stream: bool) -> dict:
+    if not stream:
+        return response.json()["usage"]
+    events = [line.removeprefix("data: ") for line in response.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    return json.loads(events[-2])["usage"]
+
+
+def test_sixteen_clients_mixing_valid_and_bad_requests(server):
+    from concurrent.futures import ThreadPoolExecutor
+
+    before = httpx.get(f"{server}/metrics").text
+
+    def client(c: int) -> list:
+        out = []
+        for r in range(4):
+            path, body = _valid(c * 4 + r)
+            response = _post(server, path, body)
+            out.append(("valid", response.status_code, _usage(response, body.get("stream", False))
+                        if response.status_code == 200 else response.text))
+            bad_path, bad_body, headers, status = BAD[(c + r) % len(BAD)]
+            out.append(("bad", _post(server, bad_path, bad_body, headers).status_code, status))
+        if c % 4 == 0:
+            out.append(("bad", httpx.get(f"{server}{COMPLETION}", headers=AUTH).status_code, 405))
+        return out
+
+    with ThreadPoolExecutor(16) as pool:
+        results = [r for rs in pool.map(client, range(16)) for r in rs]
+    valid = [usage for kind, status, usage in results if kind == "valid" and status == 200]
+    assert len(valid) == 64, [r for r in results if r[0] == "valid" and r[1] != 200][:3]
+    assert all(status == want for kind, status, want in results if kind == "bad")
+    after = httpx.get(f"{server}/metrics").text
+
+    def delta(name: str, **labels) -> float:
+        return scrape(after, **labels).get(name, 0) - scrape(before, **labels).get(name, 0)
+
+    assert delta("hybridspec:request_success_total") == 64
+    assert delta("hybridspec:prompt_tokens_total") == sum(u["prompt_tokens"] for u in valid)
+    assert delta("hybridspec:generation_tokens_total") == sum(u["completion_tokens"] for u in valid)
+    assert delta("hybridspec:request_cancelled_total") == delta("hybridspec:request_failed_total") == 0
+    responses = "hybridspec:http_responses_total"
+    assert delta(responses, path=COMPLETION, status="200") + delta(responses, path=CHAT, status="200") == 64
+    bad = [want for kind, _, want in results if kind == "bad"]
+    for status in (400, 401, 405, 413):
+        assert delta(responses, status=str(status)) == bad.count(status), status
+    assert scrape(after)["hybridspec:num_requests_waiting"] == 0
+
+
+def test_one_access_log_line_per_request(server, caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="hybridspec.access"):
+        _post(server, COMPLETION, {"prompt": PROMPT, "max_tokens": 2})
+        _post(server, COMPLETION, {"prompt": PROMPT, "seed": 2**70})
+    lines = [r.getMessage() for r in caplog.records if r.name == "hybridspec.access"]
+    assert len(lines) == 2
+    assert '"POST /v1/completions" 200 tokens=' in lines[0] and lines[0].endswith("s")
+    assert '"POST /v1/completions" 400' in lines[1]
