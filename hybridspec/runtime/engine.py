@@ -101,6 +101,7 @@ class Engine:
         if graphs is None:
             graphs = resident and cuda
         self.resident = ResidentDecoder(target, drafter, self.cache, graphs=graphs) if resident else None
+        self._policies: dict[str, tuple[Policy, Policy]] = {}  # name → (as given, on the device)
 
     def prepare(self, policy: Policy) -> None:
         """Capture the policy's CUDA graphs now (a server does this at start-up; otherwise the
@@ -144,6 +145,7 @@ class Engine:
         per round. Closing the generator early stops decoding (the next request resets the cache)."""
         self.check(prompt_ids, policy=policy, max_new_tokens=max_new_tokens)
         resident = self.resident if self.resident is not None and sampling.greedy and not record_routing else None
+        policy = self._on_device(policy)
         if resident is not None:
             resident.prepare(policy)  # graphs are captured before this request's caches are filled
         generator = torch.Generator().manual_seed(sampling.seed)
@@ -171,6 +173,12 @@ class Engine:
             record.emitted = len(new)
             last, produced = new[-1], produced + len(new)
             yield new, record
+
+    def _on_device(self, policy: Policy) -> Policy:
+        """The policy with its tensors on the engine's device (one copy per policy name)."""
+        if policy.name not in self._policies or self._policies[policy.name][0] is not policy:
+            self._policies[policy.name] = (policy, policy.to(self.device))
+        return self._policies[policy.name][1]
 
     # ---------------------------------------------------------------- steps
     def _autoregressive_step(self, anchor: int, sampling, generator) -> tuple[list[int], RoundRecord]:

@@ -99,8 +99,8 @@ class Report:
 
 class Graphs:
     """CUDA graphs by key, captured once (after one eager warm-up run that compiles every kernel)
-    into one shared memory pool; replays are counted, captures too (a test checks that decoding
-    captures nothing)."""
+    into one shared memory pool; captures are counted (a test checks that decoding captures
+    nothing)."""
 
     def __init__(self) -> None:
         self.pool = torch.cuda.graph_pool_handle()
@@ -142,7 +142,7 @@ class ResidentDecoder:
         D = drafter.draft_len if drafter is not None else 0
         self.buffers = Buffers.allocate(D, self.device)
         self.one = torch.ones(1, dtype=torch.long, device=self.device)
-        self.prepared: dict[str, Policy] = {}  # policy name → its device copy
+        self.prepared: dict[str, tuple[Policy, Policy]] = {}  # policy name → (as prepared, its device copy)
         self.policy: Policy | None = None
         self.span = 1  # round tokens a pending commit covers (W, or 1 for ar)
 
@@ -150,22 +150,22 @@ class ResidentDecoder:
     def prepare(self, policy: Policy) -> Policy:
         """The policy's device copy; with graphs, capture every graph it can launch (run once
         before the policy's first request: the warm-ups overwrite the caches)."""
-        if policy.name in self.prepared:
-            return self.prepared[policy.name]
+        if policy.name in self.prepared and self.prepared[policy.name][0] is policy:
+            return self.prepared[policy.name][1]
         on_device = policy.to(self.device)
         if isinstance(policy, HybridSpecPolicy) and self.buffers.stage0 is None:
             self.buffers.stage0 = self._stage0_buffers(policy.max_length)
         if self.graphs is not None:
             self._capture_all(on_device)
-        self.prepared[policy.name] = on_device
+        self.prepared[policy.name] = (policy, on_device)
         return on_device
 
     def begin(self, policy: Policy, anchor: int, remaining: int) -> None:
         """Switch a prefilled request to resident rounds: positions and budget on the device, the
         pending commit flushed and replaced by a null one over the round span."""
-        if policy.name not in self.prepared:
+        if self.prepared.get(policy.name, (None,))[0] is not policy:
             raise RuntimeError(f"policy {policy.name!r} was not prepared before its request's prefill")
-        self.policy = self.prepared[policy.name]
+        self.policy = self.prepared[policy.name][1]
         self.span = 1 if not policy.speculative else policy.max_length
         self._enter_static(self.span)
         self.buffers.anchor.fill_(anchor)
