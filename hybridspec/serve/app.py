@@ -5,8 +5,8 @@
 
 `Gate`, an ASGI middleware around the whole app, answers what must not reach the routes (a missing
 or wrong API key on /v1/*, as vLLM asks it; a body over `max_request_bytes`), turns any unhandled
-exception into a 500, counts every response by status in /metrics and writes one access-log line
-per request. Every 4xx/5xx body is an OpenAI error object naming the field where one is at fault.
+exception into a 500, counts every response by the status it is sent with in /metrics and writes
+one access-log line per request (499 for a client that went away). Every 4xx/5xx body is an OpenAI error object naming the field where one is at fault.
 A stream starts only after the request is validated, and always ends with `[DONE]`, after an error
 event when the engine fails mid-stream.
 """
@@ -69,8 +69,9 @@ class Gate:
         start, status, sent = time.monotonic(), [500], [False]
 
         async def send_and_note(message) -> None:
-            if message["type"] == "http.response.start":
+            if message["type"] == "http.response.start":  # counted before the client can see it
                 status[0], sent[0] = message["status"], True
+                self.service.metrics.response(scope["method"], scope["path"], status[0])
             await send(message)
 
         async def reply(response: Response) -> None:
@@ -91,8 +92,7 @@ class Gate:
         finally:
             decoding: Decoding | None = scope["state"].get("decoding")
             if decoding is not None and decoding.finish_reason is None and not decoding.failed and status[0] < 400:
-                status[0] = CLIENT_CLOSED
-            self.service.metrics.response(scope["method"], scope["path"], status[0])
+                status[0] = CLIENT_CLOSED  # a stream whose client left: logged so, counted as the 200 it was sent
             tokens = (f" tokens={len(decoding.prompt_ids)}+{len(decoding.ids)}" if decoding is not None else "")
             access_log.info('%s "%s %s" %d%s %.3fs', _client(scope), scope["method"], scope["path"], status[0],
                             tokens, time.monotonic() - start)

@@ -279,7 +279,9 @@ def test_one_access_log_line_per_request(server, caplog):
     with caplog.at_level(logging.INFO, logger="hybridspec.access"):
         _post(server, COMPLETION, {"prompt": PROMPT, "max_tokens": 2})
         _post(server, COMPLETION, {"prompt": PROMPT, "seed": 2**70})
-    lines = [r.getMessage() for r in caplog.records if r.name == "hybridspec.access"]
+        access = lambda: [r.getMessage() for r in caplog.records if r.name == "hybridspec.access"]  # noqa: E731
+        _wait_for(lambda: len(access()) >= 2, "no access-log line")  # written just after the response is sent
+    lines = access()
     assert len(lines) == 2
     assert '"POST /v1/completions" 200 tokens=' in lines[0] and lines[0].endswith("s")
     assert '"POST /v1/completions" 400' in lines[1]
