@@ -38,8 +38,7 @@ class RepoRef:
 
 def parse_repo_ref(spec: str) -> RepoRef | None:
     """`org/name` or `org/name@revision` as a RepoRef; None for anything else (paths, presets)."""
-    from huggingface_hub.errors import HFValidationError
-    from huggingface_hub.utils import validate_repo_id
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     repo_id, _, revision = spec.partition("@")
     if repo_id.count("/") != 1 or (_ and not revision):
@@ -71,13 +70,17 @@ def offline() -> bool:
 def snapshot_directory(ref: RepoRef) -> Path:
     """The local snapshot of `ref`: from the cache, else downloaded (not when offline)."""
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import IncompleteSnapshotError, LocalEntryNotFoundError
+    from huggingface_hub.utils import LocalEntryNotFoundError
+    try:
+        from huggingface_hub.errors import IncompleteSnapshotError
+    except ImportError:  # huggingface_hub without a snapshot completeness check
+        IncompleteSnapshotError = ()
 
     cache = hub_cache_dir()
     args = dict(revision=ref.revision, cache_dir=cache, allow_patterns=HUB_FILES)
     try:
         return Path(snapshot_download(ref.repo_id, local_files_only=True, **args))
-    except IncompleteSnapshotError as exc:
+    except IncompleteSnapshotError as exc:  # the cached file listing names files the snapshot lacks
         raise ModelNotFoundError(f"{ref}: the cached snapshot in {cache} is incomplete ({exc}); "
                                  f"complete it with `{ref.download_command}`") from None
     except LocalEntryNotFoundError:
