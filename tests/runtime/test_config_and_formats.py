@@ -81,3 +81,10 @@ def test_mis_shaped_weight_is_named(qwen35_dir, tmp_path):
 
 def test_every_preset_is_listed():
     assert {"qwen3.5-35b-a3b", "qwen3.6-35b-a3b", "qwen3.5-122b-a10b", "qwen3-next-80b-a3b"} <= set(PRESETS)
+
+
+def test_an_unknown_reference_names_the_three_forms():
+    from hybridspec.runtime.loading import target_config
+
+    with pytest.raises(ConfigError, match=r"neither a model directory, a preset \(.*\) nor a Hugging Face repo id"):
+        target_config("no-such-model")

@@ -139,3 +139,13 @@ def test_identity_of_a_large_file_samples_it_and_tells_other_weights_apart(tmp_p
     json.loads((a / "config.json").read_text())  # the config is part of the id, read whole
     (b / "config.json").write_text((a / "config.json").read_text().replace("1e-06", "1e-05"))
     assert directory_id(a) != directory_id(b)
+
+
+def test_eos_ids_include_generation_configs(tmp_path):
+    """Chat models end a turn with a token named in generation_config.json (Qwen: <|im_end|>)."""
+    from hybridspec.runtime.session import open_session
+
+    shutil.copytree(EMBEDDED / "target", tmp_path / "target")
+    (tmp_path / "target" / "generation_config.json").write_text(json.dumps({"eos_token_id": [3, 0]}))
+    session = open_session(str(tmp_path / "target"), need_drafter=False)
+    assert session.eos_ids == (0, 3)
