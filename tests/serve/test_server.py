@@ -146,20 +146,30 @@ def test_load_all_succeed_and_metrics_equal_usage(server, client):
     before = _metrics(server)
     policies = ("ar", "full", "hybridspec", "static:4")
 
+    before_text = httpx.get(f"{server}/metrics").text
+
     def worker(c: int) -> list:
         out = []
         for r in range(10):
             kw = dict(model=MODEL, max_tokens=4, temperature=0.7, seed=c * 10 + r, extra_body={"policy": policies[c % 4]})
             if r % 2:
-                out.append(client.completions.create(prompt=f"{PROMPT} {r}", **kw).usage)
+                out.append((policies[c % 4], client.completions.create(prompt=f"{PROMPT} {r}", **kw).usage))
             else:
-                out.append(client.chat.completions.create(messages=[{"role": "user", "content": f"hi {r}"}],
-                                                          **kw).usage)
+                out.append((policies[c % 4], client.chat.completions.create(
+                    messages=[{"role": "user", "content": f"hi {r}"}], **kw).usage))
         return out
 
     with ThreadPoolExecutor(8) as pool:
-        usages = [u for us in pool.map(worker, range(8)) for u in us]
+        labelled = [u for us in pool.map(worker, range(8)) for u in us]
+    usages = [u for _, u in labelled]
     assert len(usages) == 80
+    after_text = httpx.get(f"{server}/metrics").text
+    for policy in policies:  # per label: each policy's counters equal its own requests' usage
+        mine = [u for p, u in labelled if p == policy]
+        got = {k: scrape(after_text, policy=policy).get(k, 0) - scrape(before_text, policy=policy).get(k, 0)
+               for k in ("hybridspec:request_success_total", "hybridspec:generation_tokens_total")}
+        assert got == {"hybridspec:request_success_total": len(mine),
+                       "hybridspec:generation_tokens_total": sum(u.completion_tokens for u in mine)}, policy
     after = _metrics(server)
     diff = {k: after[k] - before.get(k, 0) for k in ("hybridspec:request_success_total", "hybridspec:prompt_tokens_total",
                                                      "hybridspec:generation_tokens_total")}
