@@ -154,7 +154,8 @@ def measure(directory: Path, device: str, dtype: str, reader: str) -> dict:
             "weights_gib": round(weight_bytes / GIB, 2), "baseline_rss_gib": round(baseline / GIB, 3),
             "peak_rss_gib": round(peak / GIB, 3), "peak_beyond_baseline_gib": round((peak - baseline) / GIB, 3),
             "host_overhead_gib": round((peak - baseline - on_host) / GIB, 3),
-            "peak_rss_anon_gib": round(peaks["RssAnon"] / GIB, 3), "peak_rss_file_gib": round(peaks["RssFile"] / GIB, 3)}
+            "peak_rss_anon_gib": round(peaks["RssAnon"] / GIB, 3),
+            "peak_rss_file_gib": round(peaks["RssFile"] / GIB, 3)}
 
 
 def main() -> None:

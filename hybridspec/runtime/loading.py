@@ -15,8 +15,8 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from .config import (TARGET_MODEL_TYPES, ConfigError, DrafterConfig, TargetConfig, default_target_layer_ids, drafter_config_from_dict,
-                     read_config_json, target_config_from_dict)
+from .config import (TARGET_MODEL_TYPES, ConfigError, DrafterConfig, TargetConfig, default_target_layer_ids,
+                     drafter_config_from_dict, read_config_json, target_config_from_dict)
 from .drafter import DFlashDrafter
 from .hub import describe, resolve_reference
 from .layers.rope import rope_inv_freq

@@ -71,7 +71,8 @@ def read_header(file: Path) -> list[StoredTensor]:
         head = f.read(8)
         (length,) = struct.unpack("<Q", head) if len(head) == 8 else (size,)
         if length > size - 8:
-            raise ConfigError(f"{file}: not a safetensors file ({size} bytes; a Git LFS pointer or a partial download?)")
+            raise ConfigError(f"{file}: not a safetensors file ({size} bytes; a Git LFS pointer or a partial "
+                              "download?)")
         header = json.loads(f.read(length))
     header.pop("__metadata__", None)
     base, tensors = 8 + length, []

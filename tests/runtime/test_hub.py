@@ -99,7 +99,8 @@ def test_a_repo_not_in_the_cache_names_the_download_command():
         target_config("Qwen/Qwen3.6-35B-A3B")
     with pytest.raises(ModelNotFoundError, match=f"`hf download {TARGET} --revision v2`"):
         target_config(f"{TARGET}@v2")
-    failed = runner.invoke(app, ["generate", "--model", "Qwen/Qwen3.6-35B-A3B", "--prompt-ids", "1,2", "--policy", "ar"])
+    failed = runner.invoke(app, ["generate", "--model", "Qwen/Qwen3.6-35B-A3B", "--prompt-ids", "1,2",
+                                 "--policy", "ar"])
     assert failed.exit_code != 0 and "hf download Qwen/Qwen3.6-35B-A3B" in " ".join(failed.output.split())
 
 
