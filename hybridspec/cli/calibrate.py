@@ -6,9 +6,12 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from .common import ArtifactOpt, BackendOpt, DeviceOpt, DrafterOpt, DtypeOpt, ModelOpt, _fail, app, console
+
+ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", min=1, help="torch CPU threads of this process (default: 1 on a CPU device, torch's default on CUDA); recorded with every run.")]
 
 
 @app.command()
@@ -28,6 +31,7 @@ def capture(
     resume: Annotated[bool, typer.Option("--resume", help="Continue a run of this name, skipping finished units.")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a run of this name.")] = False,
     shard: Annotated[str, typer.Option("--shard", help="i/n: this process takes every n-th unit from i (0-based).")] = "0/1",
+    threads: ThreadsOpt = None,
 ) -> None:
     """Run calibration passes through the real runtime and record every round and timing in DuckDB."""
     from ..collectors.campaign import run_campaign
@@ -38,11 +42,11 @@ def capture(
         config = CaptureConfig(model=model, drafter=drafter, prompts=prompts, split=split, db=db, name=name,
                                passes=parse_passes(passes), max_new_tokens=max_new_tokens, device=device,
                                dtype=dtype, backend=backend, quick=quick, resume=resume, overwrite=overwrite,
-                               shard=parse_shard(shard))
+                               shard=parse_shard(shard), threads=threads)
         with RichReporter(console) as reporter:
             summaries = run_campaign(config, reporter)
     except ValueError as exc:  # CaptureConfigError, StoreError, PromptFileError, ConfigError
-        _fail(str(exc))
+        _fail(escape(str(exc)))
     console.print(summary_table(summaries, db))
 
 
@@ -64,25 +68,49 @@ def merge(
     console.print(table)
 
 
+def _threshold_help() -> str:
+    from ..fitters.checks import Thresholds
+
+    defaults = ", ".join(f"{k}={v:g}" for k, v in Thresholds().as_dict().items())
+    return f"NAME=VALUE, repeatable: a fit-quality limit (defaults {defaults}; see fitters/checks.py)."
+
+
 @app.command()
 def fit(
     db: Annotated[Path, typer.Option("--db", help="Calibration store written by `hybridspec capture`.")],
     out: Annotated[Path, typer.Option("--out", help="Artifact file to write.")],
-    run: Annotated[str, typer.Option("--run", help="Campaign name (capture's --name).")] = "default",
+    name: Annotated[Optional[str], typer.Option("--name", help="Campaign (capture's --name); default: the store's only campaign.")] = None,
+    run: Annotated[Optional[str], typer.Option("--run", hidden=True, help="Old name of --name.")] = None,
+    allow_poor_fit: Annotated[bool, typer.Option("--allow-poor-fit", help="Write the artifact even when fit-quality checks fail (recorded in it).")] = False,
+    threshold: Annotated[Optional[list[str]], typer.Option("--threshold", help=_threshold_help())] = None,
 ) -> None:
-    """Fit the acceptance model, C_tgt, s, η, the routing tables and ρ; write the frozen artifact."""
-    from ..fitters.campaign import FitError
-    from ..workbench.store import StoreError
-    from ..fitters.export import fit_artifact
-    from ..fitters.fit_output import print_fit
+    """Fit the acceptance model, C_tgt, s, η, the routing tables and ρ; check the fit; write the frozen artifact.
 
+    Exit 1 with one line per failed fit-quality check (nothing written) unless --allow-poor-fit;
+    exit 2 for unusable input."""
+    from ..fitters.campaign import FitError
+    from ..fitters.checks import Thresholds
+    from ..fitters.export import PoorFitError, fit_artifact
+    from ..fitters.fit_output import print_fit
+    from ..workbench.store import resolve_campaign
+
+    if name is not None and run is not None and name != run:
+        _fail(f"--name {name!r} and --run {run!r} differ (--run is the old name of --name)")
     if not db.is_file():
         _fail(f"--db {db}: no such store")
     try:
-        result, meta = fit_artifact(db, run, out)
-    except (FitError, StoreError) as exc:
-        _fail(str(exc))
+        thresholds = Thresholds.parse(threshold or ())
+        campaign = resolve_campaign(db, name or run)
+        result, meta = fit_artifact(db, campaign, out, thresholds=thresholds, allow_poor_fit=allow_poor_fit)
+    except PoorFitError as exc:
+        print_fit(console, exc.result, None, None)
+        console.print(f"[bold red]error:[/] {escape(str(exc))}")
+        raise typer.Exit(1)
+    except ValueError as exc:  # FitError, StoreError (damaged store), OutputPathError, a bad --threshold
+        _fail(escape(str(exc)))
     print_fit(console, result, out, meta)
+    if meta["diagnostics"].get("allow_poor_fit"):
+        console.print("[bold yellow]written with failed checks (--allow-poor-fit); `inspect` will exit non-zero[/]")
 
 
 @app.command("eval")
@@ -94,7 +122,7 @@ def eval_(
     split: Annotated[str, typer.Option("--split", help="calib or test.")] = "test",
     policies: Annotated[Optional[str], typer.Option("--policies", help="Comma-separated (default ar,full,static:7 and, with --artifact, ratio,ratio4,nominal,hybridspec); ar always runs.")] = None,
     db: Annotated[Path, typer.Option("--db", help="The campaign's DuckDB file (created or extended).")] = Path("capture.duckdb"),
-    name: Annotated[str, typer.Option("--name", help="Campaign name (capture's --name: its capture run gives the offline estimates).")] = "default",
+    name: Annotated[Optional[str], typer.Option("--name", help="Campaign name (capture's --name: its capture run gives the offline estimates); default: the store's only campaign, else `default`.")] = None,
     max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", help="Per prompt (default 128; 32 with --quick).")] = None,
     temperature: Annotated[float, typer.Option("--temperature", min=0.0, help="0: greedy, outputs compared with ar.")] = 0.0,
     device: DeviceOpt = "cpu",
@@ -104,21 +132,24 @@ def eval_(
     resume: Annotated[bool, typer.Option("--resume", help="Continue an eval run of this name, skipping finished units.")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an eval run of this name.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Use an artifact fitted for another model/drafter.")] = False,
+    threads: ThreadsOpt = None,
 ) -> None:
     """Decode a prompt split with each policy, record every request and round, print Table 1 (TPS, SR, AL, w)."""
     from ..collectors.eval_output import print_eval
     from ..collectors.evaluate import EvalConfig, parse_policies, run_eval
     from ..collectors.progress import RichReporter
+    from ..workbench.store import resolve_campaign
 
     try:
         config = EvalConfig(model=model, drafter=drafter, artifact=artifact, prompts=prompts, split=split,
-                            policies=parse_policies(policies), db=db, name=name, max_new_tokens=max_new_tokens,
+                            policies=parse_policies(policies), db=db,
+                            name=resolve_campaign(db, name, fallback="default"), max_new_tokens=max_new_tokens,
                             temperature=temperature, device=device, dtype=dtype, backend=backend, quick=quick,
-                            resume=resume, overwrite=overwrite, force=force)
+                            resume=resume, overwrite=overwrite, force=force, threads=threads)
         with RichReporter(console) as reporter:
             result = run_eval(config, reporter)
     except ValueError as exc:  # EvalConfigError, PolicyError, ArtifactError, StoreError, PromptFileError, ConfigError
-        _fail(str(exc))
+        _fail(escape(str(exc)))
     print_eval(console, result)
 
 
@@ -127,30 +158,39 @@ def report(
     db: Annotated[Path, typer.Option("--db", help="The campaign's DuckDB file.")] = Path("capture.duckdb"),
     out: Annotated[Path, typer.Option("--out", help="Folder for index.html (self-contained).")] = Path("report"),
     artifact: ArtifactOpt = None,
-    name: Annotated[Optional[str], typer.Option("--name", help="Campaign (capture's --name); default: the newest.")] = None,
+    name: Annotated[Optional[str], typer.Option("--name", help="Campaign (capture's --name); default: the store's only campaign, else the newest.")] = None,
 ) -> None:
     """Diagnostics of a calibration (and its evals) as one HTML page with plots, plus a terminal summary."""
     from ..report import build_report, summary
+    from ..workbench.paths import check_output_dir
 
     try:
+        check_output_dir(out)
         result = build_report(db, out, artifact=artifact, campaign=name)
-    except ValueError as exc:  # ReportError, ArtifactError
-        _fail(str(exc))
+    except ValueError as exc:  # ReportError, ArtifactError, StoreError (damaged store), OutputPathError
+        _fail(escape(str(exc)))
     console.print(summary(result))
     console.print(f"[bold green]report:[/] {result.path.resolve()}")
 
 
 @app.command()
-def inspect(path: Annotated[Path, typer.Argument(help="Artifact file.")]) -> None:
-    """Print an artifact's contents; exit non-zero when it is invalid."""
+def inspect(
+    path: Annotated[Path, typer.Argument(help="Artifact file.")],
+    threshold: Annotated[Optional[list[str]], typer.Option("--threshold", help="NAME=VALUE: a limit other than the one the artifact was fitted with.")] = None,
+) -> None:
+    """Print an artifact's contents and fit-quality checks; exit 2 when it is invalid, 1 when a check fails."""
     import json as _json
 
     from ..artifacts.artifact import ArtifactError, load_artifact
+    from ..fitters.checks import Thresholds, checks_from_artifact, failed
+    from ..fitters.fit_output import checks_table
 
     try:
         params, meta = load_artifact(path)
-    except ArtifactError as exc:
-        _fail(str(exc))
+        diagnostics = meta["diagnostics"] if isinstance(meta.get("diagnostics"), dict) else {}
+        thresholds = Thresholds.parse(threshold or (), base=diagnostics.get("thresholds"))
+    except (ArtifactError, ValueError) as exc:
+        _fail(escape(str(exc)))
     shown = {k: v for k, v in meta.items() if k != "diagnostics"}
     console.print_json(_json.dumps(shown))
     table = Table("w", "C_tgt ms", "n̄_all", title=f"{path.name}: per length")
@@ -158,4 +198,35 @@ def inspect(path: Annotated[Path, typer.Argument(help="Artifact file.")]) -> Non
         table.add_row(str(w), f"{params.cost[w] * 1e3:.3f}", f"{params.nbar_all[w]:.2f}")
     console.print(table)
     console.print(f"acceptance coefficients {[round(c, 4) for c in params.acceptance.coef]}; "
-                  f"warnings: {meta['diagnostics'].get('warnings', [])}")
+                  f"warnings: {escape(str(diagnostics.get('warnings', [])))}")
+    checks = checks_from_artifact(params, meta, thresholds)
+    console.print(checks_table(checks))
+    bad = failed(checks)
+    if bad:
+        override = " (written with --allow-poor-fit)" if diagnostics.get("allow_poor_fit") else ""
+        for check in bad:
+            console.print(f"[bold red]failed:[/] {escape(check.line())}")
+        console.print(f"[bold red]{len(bad)} fit-quality check(s) failed{override}[/]")
+        raise typer.Exit(1)
+
+
+@app.command()
+def export(
+    db: Annotated[Path, typer.Option("--db", help="The store to export.")],
+    out: Annotated[Path, typer.Option("--out", help="Directory for one file per table.")],
+    fmt: Annotated[str, typer.Option("--format", help="parquet or csv.")] = "parquet",
+    run: Annotated[Optional[str], typer.Option("--run", "--name", help="Only the runs of this name (every pass).")] = None,
+) -> None:
+    """Write every table of a store (columns as in docs/store.md) as Parquet or CSV, through DuckDB's COPY."""
+    from ..workbench.export import export_store
+    from ..workbench.paths import check_output_dir
+
+    try:
+        check_output_dir(out)
+        counts = export_store(db, out, fmt=fmt, campaign=run)
+    except ValueError as exc:  # StoreError, OutputPathError
+        _fail(escape(str(exc)))
+    table = Table("table", "rows", f"file ({fmt})", title=f"exported {db} → {out}")
+    for name, rows in counts.items():
+        table.add_row(name, str(rows), str(out / f"{name}.{fmt}"))
+    console.print(table)

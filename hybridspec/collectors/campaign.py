@@ -19,8 +19,8 @@ from ..runtime.presets import PRESETS, preset_config
 from ..runtime.session import EMBEDDED, model_identity, open_session, resolve_backend, resolve_pair
 from ..runtime.tokenizer import load_codec
 from ..workbench.prompts import Prompt, load_prompts
-from ..workbench.runinfo import file_digest, software_versions
-from ..workbench.store import RunSpec, Store, check_writable
+from ..workbench.runinfo import cpu_model, file_digest, gpu_model, set_threads, software_versions
+from ..workbench.store import RunSpec, Store, check_writable, open_verified
 from .capture import CapturePass
 from .common import CaptureConfig, CaptureConfigError, CollectorPass, PassContext, PromptIds
 from .fixed import FixedPass, subset_per_category
@@ -114,7 +114,8 @@ def run_campaign(config: CaptureConfig, reporter: Reporter | None = None) -> lis
     shard_index, shard_count = config.shard
     check_writable(config.db)
     prompt_file = Path(config.prompts) if config.prompts is not None else EMBEDDED / "prompts.jsonl"
-    with Store(config.db) as store:  # refuses a store of a newer schema
+    threads = set_threads(config.threads, config.device)
+    with open_verified(config.db) as store:  # refuses a damaged store, or one of a newer schema
         for name in config.passes:
             store.check_name_free(config.name, name, shard_index, resume=config.resume, overwrite=config.overwrite)
         prompts = load_prompts(prompt_file, split=config.split)  # file:line errors
@@ -131,15 +132,15 @@ def run_campaign(config: CaptureConfig, reporter: Reporter | None = None) -> lis
                                backend=backend, seed=config.seed,
                                max_context=max(len(p.ids) for p in ids) + config.new_tokens + 2 * MAX_BLOCK)
         ctx = PassContext(config, session, ids, file_digest(prompt_file))
-        versions = software_versions()
+        host = dict(versions=software_versions(), threads=threads, host_cpu=cpu_model(), host_gpu=gpu_model(config.device))
         summaries = []
         with torch.no_grad():
             for name in config.passes:
                 collector = PASSES[name]()
                 spec = RunSpec(name=config.name, pass_name=name, model_id=models.model_id,
                                drafter_id=models.drafter_id, device=config.device, dtype=config.dtype,
-                               backend=backend, params=collector.params(ctx), versions=versions, model=models.model,
-                               drafter=models.drafter, shard_count=shard_count)
+                               backend=backend, params=collector.params(ctx), model=models.model,
+                               drafter=models.drafter, shard_count=shard_count, **host)
                 summary = run_pass(store, ctx, collector, spec, shard_index, reporter)
                 reporter.pass_finished(summary)
                 summaries.append(summary)

@@ -55,7 +55,8 @@ def parse_shard(text: str) -> tuple[int, int]:
 
 
 def check_run_options(config, error: type[ValueError]) -> None:
-    """The options `capture` and `eval` share: --resume/--overwrite, --name, --max-new-tokens, --split."""
+    """The options `capture` and `eval` share: --resume/--overwrite, --name, --max-new-tokens, --split,
+    --threads."""
     if config.resume and config.overwrite:
         raise error("--resume and --overwrite exclude each other")
     if not config.name or any(c in config.name for c in "\0\n"):
@@ -64,6 +65,8 @@ def check_run_options(config, error: type[ValueError]) -> None:
         raise error(f"--max-new-tokens {config.max_new_tokens}: must be ≥ 2")
     if config.split not in ("calib", "test"):
         raise error(f"--split {config.split!r}: calib or test")
+    if config.threads is not None and config.threads < 1:
+        raise error(f"--threads {config.threads}: must be ≥ 1")
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,7 @@ class CaptureConfig:
     overwrite: bool = False
     shard: tuple[int, int] = (0, 1)
     seed: int = 0
+    threads: int | None = None  # torch CPU threads; None: 1 on a CPU device (workbench.runinfo.set_threads)
 
     def __post_init__(self):
         check_run_options(self, CaptureConfigError)
@@ -152,6 +156,14 @@ class CollectorPass(Protocol):
     def units(self, ctx: PassContext) -> list[Unit]: ...
     def prepare(self, ctx: PassContext) -> None: ...
     def collect(self, ctx: PassContext, item) -> dict[str, list[dict]]: ...
+
+
+def block_order(values: list, seed: int, block: int) -> list:
+    """`values` in a random order drawn from (seed, block): every block measures every value once, and
+    the order differs between blocks, so drift of the machine during a pass spreads over every value
+    alike instead of entering the fit as a function of the value (DESIGN A.9)."""
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + block)
+    return [values[i] for i in torch.randperm(len(values), generator=generator).tolist()]
 
 
 def prompt_row(run_id: str, prompt: PromptIds) -> dict:

@@ -35,8 +35,8 @@ from ..runtime.sampling import SamplingParams
 from ..runtime.session import EMBEDDED, open_session, resolve_backend
 from ..runtime.tokenizer import load_codec
 from ..workbench.prompts import load_prompts
-from ..workbench.runinfo import file_digest, software_versions
-from ..workbench.store import RunSpec, Store, check_writable, run_id_for
+from ..workbench.runinfo import cpu_model, file_digest, gpu_model, set_threads, software_versions
+from ..workbench.store import RunSpec, Store, check_writable, open_verified, run_id_for
 from .campaign import (MAX_BLOCK, NullReporter, PassSummary, Reporter, prompt_ids, read_vocab_size, resolve_models,
                        run_pass)
 from .common import CaptureConfigError, PassContext, PromptIds, Unit, check_run_options, microseconds
@@ -76,6 +76,7 @@ class EvalConfig:
     overwrite: bool = False
     force: bool = False  # use an artifact fitted for another model/drafter
     seed: int = 0
+    threads: int | None = None  # torch CPU threads; None: 1 on a CPU device
 
     def __post_init__(self):
         check_run_options(self, EvalConfigError)
@@ -202,7 +203,8 @@ def run_eval(config: EvalConfig, reporter: Reporter | None = None) -> EvalResult
     check_writable(config.db)
     prompt_file = Path(config.prompts) if config.prompts is not None else EMBEDDED / "prompts.jsonl"
     backend = resolve_backend(config.backend, config.device)  # stored with the run
-    with Store(config.db) as store:
+    threads = set_threads(config.threads, config.device)
+    with open_verified(config.db) as store:  # refuses a damaged store before writing into it
         store.check_name_free(config.name, PASS, 0, resume=config.resume, overwrite=config.overwrite)
         prompts = load_prompts(prompt_file, split=config.split)
         if not prompts:
@@ -219,7 +221,8 @@ def run_eval(config: EvalConfig, reporter: Reporter | None = None) -> EvalResult
                              draft_len)
         spec = RunSpec(name=config.name, pass_name=PASS, model_id=models.model_id, drafter_id=models.drafter_id,
                        device=config.device, dtype=config.dtype, backend=backend, params=collector.params(ctx),
-                       versions=software_versions(), model=models.model, drafter=models.drafter)
+                       versions=software_versions(), model=models.model, drafter=models.drafter, threads=threads,
+                       host_cpu=cpu_model(), host_gpu=gpu_model(config.device))
         with torch.no_grad():
             summary = run_pass(store, ctx, collector, spec, 0, reporter or NullReporter())
         result = EvalResult(summary.run_id, summary, policies, config.temperature == 0, len(ids),

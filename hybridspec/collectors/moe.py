@@ -4,7 +4,8 @@ top-k to min(16·k, E); latency samples of the layer's expert computation (route
 
 The routing is constructed, not computed: assignment j (row j // k, slot j % k) goes to expert
 S[j mod n] of a seeded permutation S, which gives exactly n distinct experts and k distinct
-experts per row whenever k ≤ n ≤ 16·k. A unit is one n.
+experts per row whenever k ≤ n ≤ 16·k. A unit is one measurement block: every n, in a random order
+seeded by (seed, block), `per_block` samples each; `prepare` runs the warm-up calls (unrecorded).
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ import torch
 from torch import Tensor
 
 from ..workbench.timing import sample_latencies
-from .common import PassContext, Unit
+from .common import PassContext, Unit, block_order
 
 ROWS = 16
-SAMPLES, WARMUP = 30, 5
-QUICK_SAMPLES, QUICK_WARMUP, QUICK_POINTS = 8, 2, 6
+BLOCKS, PER_BLOCK, WARMUP = 10, 3, 5  # 30 samples per n
+QUICK_BLOCKS, QUICK_PER_BLOCK, QUICK_WARMUP, QUICK_POINTS = 4, 2, 2, 6
 
 
 def routing_with_distinct(n_rows: int, top_k: int, n_distinct: int, num_experts: int, seed: int = 0) -> Tensor:
@@ -38,8 +39,9 @@ def distinct_sweep(top_k: int, num_experts: int, quick: bool) -> list[int]:
     return sorted({round(low + i * step) for i in range(QUICK_POINTS)})
 
 
-def _counts(ctx: PassContext) -> tuple[int, int]:
-    return (QUICK_SAMPLES, QUICK_WARMUP) if ctx.config.quick else (SAMPLES, WARMUP)
+def _counts(ctx: PassContext) -> tuple[int, int, int]:
+    """(blocks, samples per block, warm-up calls) of the pass."""
+    return (QUICK_BLOCKS, QUICK_PER_BLOCK, QUICK_WARMUP) if ctx.config.quick else (BLOCKS, PER_BLOCK, WARMUP)
 
 
 class MoePass:
@@ -48,16 +50,18 @@ class MoePass:
     def _layer(self, ctx: PassContext) -> int:
         return next(i for i, layer in enumerate(ctx.session.target.layers) if layer.is_moe)
 
+    def _sweep(self, ctx: PassContext) -> list[int]:
+        cfg = ctx.session.target.cfg
+        return distinct_sweep(cfg.num_experts_per_tok, cfg.num_experts, ctx.config.quick)
+
     def params(self, ctx: PassContext) -> dict:
-        cfg, (samples, warmup) = ctx.session.target.cfg, _counts(ctx)
+        cfg, (blocks, per_block, warmup) = ctx.session.target.cfg, _counts(ctx)
         return {**ctx.base_params(), "layer": self._layer(ctx), "n_rows": ROWS, "top_k": cfg.num_experts_per_tok,
-                "num_experts": cfg.num_experts,
-                "distinct": distinct_sweep(cfg.num_experts_per_tok, cfg.num_experts, ctx.config.quick),
-                "samples": samples, "warmup": warmup}
+                "num_experts": cfg.num_experts, "distinct": self._sweep(ctx), "samples": blocks * per_block,
+                "blocks": blocks, "per_block": per_block, "order": "seeded random per block", "warmup": warmup}
 
     def units(self, ctx: PassContext) -> list[Unit]:
-        cfg = ctx.session.target.cfg
-        return [Unit(f"n={n}", n) for n in distinct_sweep(cfg.num_experts_per_tok, cfg.num_experts, ctx.config.quick)]
+        return [Unit(f"block={b}", b) for b in range(_counts(ctx)[0])]
 
     def prepare(self, ctx: PassContext) -> None:
         target = ctx.session.target
@@ -66,14 +70,23 @@ class MoePass:
         p = target.embed_tokens.weight
         gen = torch.Generator().manual_seed(ctx.config.seed)
         self.x = torch.randn(1, ROWS, target.cfg.hidden_size, generator=gen).to(device=p.device, dtype=p.dtype)
+        for n in self._sweep(ctx):  # unrecorded warm-up of every n
+            sample_latencies(self._call(ctx, n), samples=1, warmup=_counts(ctx)[2], device=ctx.device)
 
-    def collect(self, ctx: PassContext, n: int) -> dict[str, list[dict]]:
-        cfg, (samples, warmup) = ctx.session.target.cfg, _counts(ctx)
+    def _call(self, ctx: PassContext, n: int):
+        cfg = ctx.session.target.cfg
         k = cfg.num_experts_per_tok
         ids = routing_with_distinct(ROWS, k, n, cfg.num_experts, ctx.config.seed).to(ctx.device)[None]  # [1, 16, k]
         weights = torch.full(ids.shape, 1.0 / k, dtype=self.x.dtype, device=ctx.device)
-        latencies = sample_latencies(lambda: self.mlp.run_experts(self.x, ids, weights), samples=samples,
-                                     warmup=warmup, device=ctx.device)
-        return {"moe_bench": [{"run_id": ctx.run_id, "layer": self.layer, "n_rows": ROWS, "n_assignments": ROWS * k,
-                               "n_distinct_experts": n, "sample_idx": i, "latency_us": t}
-                              for i, t in enumerate(latencies)]}
+        return lambda: self.mlp.run_experts(self.x, ids, weights)
+
+    def collect(self, ctx: PassContext, block: int) -> dict[str, list[dict]]:
+        _, per_block, _ = _counts(ctx)
+        k = ctx.session.target.cfg.num_experts_per_tok
+        rows = []
+        for order, n in enumerate(block_order(self._sweep(ctx), ctx.config.seed, block)):
+            latencies = sample_latencies(self._call(ctx, n), samples=per_block, warmup=0, device=ctx.device)
+            rows += [{"run_id": ctx.run_id, "layer": self.layer, "n_rows": ROWS, "n_assignments": ROWS * k,
+                      "n_distinct_experts": n, "sample_idx": block * per_block + i, "latency_us": t, "block": block,
+                      "block_order": order} for i, t in enumerate(latencies)]
+        return {"moe_bench": rows}

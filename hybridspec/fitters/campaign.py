@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..workbench.runinfo import file_digest
+from ..workbench.runinfo import file_digest, software_versions
 from ..workbench.store import Store, run_id_for
 from .acceptance import AcceptanceFitter, held_out_report
 from .cost import QuadraticCost, Slope
@@ -37,14 +37,22 @@ class CampaignFit:
     store_digest: str
     metrics: dict
     warnings: list[str] = field(default_factory=list)
+    converged: bool = True  # Dinkelbach reached its fixed point
+    convergence_note: str = ""  # what to do when it did not
+    versions: dict = field(default_factory=software_versions)  # of the fitting process
+    checks: list = field(default_factory=list)  # checks.Check, set by export.fit_artifact
 
     def diagnostics(self) -> dict:
         return {"acceptance": self.metrics, "dinkelbach": self.iterations, "warnings": self.warnings,
+                "dinkelbach_converged": self.converged, "dinkelbach_note": self.convergence_note,
+                "versions": self.versions,
                 "cost": {"coef": self.cost.coef_.tolist(), "conf_int": self.cost.conf_int_.tolist(), "r2": self.cost.r2_,
-                         "constrained": self.cost.constrained_},
-                "s": {"slope": self.stage0.slope_, "conf_int": self.stage0.conf_int_, "r2": self.stage0.r2_},
+                         "constrained": self.cost.constrained_, "statistic": "median per length",
+                         "cells": self.cost.cells_},
+                "s": {"slope": self.stage0.slope_, "conf_int": self.stage0.conf_int_, "r2": self.stage0.r2_,
+                      "cells": self.stage0.cells_},
                 "eta": {"slope": self.moe.slope_, "conf_int": self.moe.conf_int_, "r2": self.moe.r2_,
-                        "correlation": self.moe.correlation_},
+                        "correlation": self.moe.correlation_, "cells": self.moe.cells_},
                 "routing_cell_counts": self.routing.cell_counts_.tolist(),
                 "routing_fitted_cells": self.routing.fitted_cells_.tolist()}
 
@@ -89,8 +97,10 @@ def store_digest(path: Path) -> str:
 
 
 def fit_campaign(db: Path, name: str) -> CampaignFit:
-    """Every fit of DESIGN A.9 over the runs of campaign `name` in the store at `db`."""
+    """Every fit of DESIGN A.9 over the runs of campaign `name` in the store at `db` (StoreError for
+    a damaged store, FitError for missing or unusable runs)."""
     with Store(db, read_only=True) as store:
+        store.verify()
         capture = _run(store, name, "capture")
         arrays = _capture_arrays(store, capture["run_id"])
         fixed = np.array(store.query("SELECT executed_w, latency_us FROM fixed_length_timings WHERE run_id = ? "
@@ -103,26 +113,33 @@ def fit_campaign(db: Path, name: str) -> CampaignFit:
         routing = np.array(store.query("SELECT position, new_l0_experts, new_later_pairs FROM routing_positions "
                                        "WHERE run_id = ?", [_run(store, name, "routing")["run_id"]]), dtype=float)
         top_k = int(max(arrays["n0"].max(), routing[:, 1].max()))
+    for what, rows in (("fixed", fixed), ("stage0", stage0), ("moe", moe), ("routing", routing)):
+        if len(rows) == 0:
+            raise FitError(f"campaign {name!r}: the {what} run in {db} has no usable rows")
     D, train = arrays["D"], ~arrays["held"]
-    acceptance = AcceptanceFitter().fit(arrays["conf"][train], arrays["ent"][train], arrays["a_d"][train])
+    try:
+        acceptance = AcceptanceFitter().fit(arrays["conf"][train], arrays["ent"][train], arrays["a_d"][train])
+        cost = QuadraticCost().fit(fixed[:, 0], fixed[:, 1] * 1e-6)
+        s = Slope(name="s (Stage-0 latency per token)").fit(stage0[:, 0], stage0[:, 1] * 1e-6)
+        eta = Slope(name="eta (MoE latency per distinct expert)").fit(moe[:, 0], moe[:, 1] * 1e-6)
+    except ValueError as exc:  # too few distinct lengths, one class only, …
+        raise FitError(f"campaign {name!r}: {exc}") from None
     held = arrays["held"] if arrays["held"].any() else train
     metrics = held_out_report(acceptance, arrays["conf"][held], arrays["ent"][held], arrays["a_d"][held])
-    cost = QuadraticCost().fit(fixed[:, 0], fixed[:, 1] * 1e-6)
-    s = Slope(name="s (Stage-0 latency per token)").fit(stage0[:, 0], stage0[:, 1] * 1e-6)
-    eta = Slope(name="eta (MoE latency per distinct expert)").fit(moe[:, 0], moe[:, 1] * 1e-6)
     tables = RoutingTables().fit(arrays["n0_pos"], arrays["n0"], routing[:, 0].astype(int),
                                  routing[:, 1].astype(int), routing[:, 2], D, top_k)
     lengths = tuple(range(2, D + 2))
     cost_table = cost.table(D + 1)
     prefix = acceptance.predict_prefix(arrays["conf"], arrays["ent"])
-    try:
-        rho, iterations = dinkelbach(prefix, cost_table, cost.fixed_cost_, lengths)
-    except RuntimeError as exc:  # a cost curve too noisy to rank lengths (e.g. stalled CPU timings)
+    rho, iterations = dinkelbach(prefix, cost_table, cost.fixed_cost_, lengths, strict=False)
+    converged = iterations[-1]["converged"]
+    note = ""
+    if not converged:  # a cost curve too noisy to rank lengths (e.g. stalled CPU timings)
         table = ", ".join(f"{w}: {cost_table[w] * 1e3:.2f}" for w in lengths)
-        raise FitError(f"campaign {name!r}: ρ did not converge ({exc}); the fitted C_tgt(w) in ms is "
-                       f"{table}, fixed {cost.fixed_cost_ * 1e3:.2f} ms. Re-run the fixed pass on a quiet "
-                       "machine (on a CPU, one thread: OMP_NUM_THREADS=1) with --overwrite") from exc
+        note = (f" (last ρ {rho:.4g}); the fitted C_tgt(w) in ms is {table}, fixed {cost.fixed_cost_ * 1e3:.2f} ms: "
+                "re-run the fixed pass on a quiet machine with --threads 1 and --overwrite")
     return CampaignFit(draft_len=D, lengths=lengths, acceptance=acceptance, cost=cost, stage0=s, moe=eta,
                        routing=tables, rho=rho, iterations=iterations, model_id=capture["model_id"],
                        drafter_id=capture["drafter_id"], device=capture["device"], store_digest=store_digest(db),
-                       metrics=metrics, warnings=cost.warnings_ + s.warnings_ + eta.warnings_)
+                       metrics=metrics, warnings=cost.warnings_ + s.warnings_ + eta.warnings_, converged=converged,
+                       convergence_note=note)

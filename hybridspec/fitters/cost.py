@@ -1,8 +1,11 @@
 """Latency models (DESIGN A.9): quadratic `C_tgt(w)` with the fixed per-round cost split off,
 and the slopes `s` (Stage-0 latency per token) and `η` (MoE latency per distinct expert).
 
-All by ordinary least squares (statsmodels), with confidence intervals and R²; a fit with
-R² < 0.9 or a slope that is not positive adds a warning. Verifying more tokens never takes less
+Robust to stalls and drift: each fit is ordinary least squares (statsmodels) over the MEDIAN
+latency of each distinct x (a "cell": one length w, one u, one expert count), with confidence
+intervals and R² of that fit; every cell's count, median and quartiles are kept (`cells_`) so the
+spread is reported beside the fit. A fit with R² < 0.9 or a slope that is not positive adds a
+warning (the fit-quality gates of `checks.py` decide what fails). Verifying more tokens never takes less
 time, so where the unconstrained quadratic falls anywhere on [2, W] (stalled or noisy timings) the
 fit is redone by bounded least squares (scipy) over curves that are non-decreasing on [2, W] and
 positive at w = 2, with a warning: the selector then still ranks lengths sensibly and ρ converges."""
@@ -16,14 +19,29 @@ from scipy.optimize import lsq_linear
 MIN_R2 = 0.9
 
 
+def median_cells(x: np.ndarray, y: np.ndarray, key: str = "x") -> list[dict]:
+    """Per distinct x: {key: x, n, median, q25, q75} of y, sorted by x."""
+    out = []
+    for value in np.unique(x):
+        ys = y[x == value]
+        q25, median, q75 = np.percentile(ys, [25, 50, 75])
+        out.append({key: float(value), "n": int(len(ys)), "median": float(median), "q25": float(q25),
+                    "q75": float(q75)})
+    return out
+
+
 class QuadraticCost:
-    """`fit(w [N], latency_s [N])` of latency = a + b·w + c·w². Learned: `coef_` (a, b, c),
-    `conf_int_` [3, 2] (95 %), `r2_`, `fixed_cost_` (= a), `warnings_`."""
+    """`fit(w [N], latency_s [N])` of the per-length median latency = a + b·w + c·w². Learned:
+    `coef_` (a, b, c), `conf_int_` [3, 2] (95 %), `r2_`, `fixed_cost_` (= a), `cells_` (per w: n,
+    median, quartiles, seconds), `warnings_`."""
 
     def fit(self, w: np.ndarray, latency: np.ndarray) -> "QuadraticCost":
         w, latency = np.asarray(w, float), np.asarray(latency, float)
         if len(np.unique(w)) < 3:
             raise ValueError(f"quadratic cost fit needs at least 3 distinct lengths, got {sorted(set(w.tolist()))}")
+        self.cells_ = median_cells(w, latency, key="w")
+        w = np.array([c["w"] for c in self.cells_])
+        latency = np.array([c["median"] for c in self.cells_])
         result = sm.OLS(latency, np.column_stack((np.ones_like(w), w, w * w))).fit()
         self.coef_, self.conf_int_, self.r2_ = result.params, result.conf_int(0.05), float(result.rsquared)
         self.warnings_ = []
@@ -88,8 +106,9 @@ def _monotone_fit(w: np.ndarray, latency: np.ndarray) -> np.ndarray:
 
 
 class Slope:
-    """`fit(x [N], y [N])` of y = intercept + slope·x. Learned: `slope_`, `intercept_`,
-    `conf_int_` (of the slope), `r2_`, `correlation_`, `warnings_`."""
+    """`fit(x [N], y [N])` of the per-x median y = intercept + slope·x. Learned: `slope_`,
+    `intercept_`, `conf_int_` (of the slope), `r2_`, `correlation_` (of the raw samples), `cells_`
+    (per x: n, median, quartiles), `warnings_`."""
 
     def __init__(self, *, name: str):
         self.name = name
@@ -98,11 +117,14 @@ class Slope:
         x, y = np.asarray(x, float), np.asarray(y, float)
         if len(np.unique(x)) < 2:
             raise ValueError(f"{self.name} fit needs at least 2 distinct x values")
+        self.correlation_ = float(np.corrcoef(x, y)[0, 1])
+        self.cells_ = median_cells(x, y)
+        x = np.array([c["x"] for c in self.cells_])
+        y = np.array([c["median"] for c in self.cells_])
         result = sm.OLS(y, sm.add_constant(x)).fit()
         self.intercept_, self.slope_ = (float(v) for v in result.params)
         self.conf_int_ = tuple(float(v) for v in result.conf_int(0.05)[1])
         self.r2_ = float(result.rsquared)
-        self.correlation_ = float(np.corrcoef(x, y)[0, 1])
         self.warnings_ = []
         if self.slope_ <= 0:
             self.warnings_.append(f"{self.name}: slope {self.slope_:.3g} is not positive")

@@ -1,4 +1,9 @@
-"""A campaign's fits exported as the frozen artifact (DESIGN B.8): what `hybridspec fit` writes."""
+"""A campaign's fits exported as the frozen artifact (DESIGN B.8): what `hybridspec fit` writes.
+
+The fit-quality checks (`checks.py`) run before anything is written: with a failed check and
+without `allow_poor_fit` nothing is written and `PoorFitError` names every failed check. The
+artifact's `diagnostics` carry the checks, their thresholds, the override (`allow_poor_fit`) and
+the fitting process's software versions."""
 
 from __future__ import annotations
 
@@ -6,15 +11,40 @@ from pathlib import Path
 
 from ..artifacts.artifact import save_artifact
 from ..artifacts.params import AcceptanceModel, PolicyParameters
-from .campaign import CampaignFit, fit_campaign
+from ..workbench.paths import check_output_file
+from .campaign import CampaignFit, FitError, fit_campaign
+from .checks import Check, Thresholds, check_rows, failed, quality_checks
 
 
-def fit_artifact(db: Path, name: str, out: Path) -> tuple[CampaignFit, dict]:
-    """Fit the campaign `name` of the store `db` and write the artifact to `out`; (fit, metadata)."""
+class PoorFitError(FitError):
+    """A fit with failed quality checks (nothing written); one line per failed check."""
+
+    def __init__(self, result: CampaignFit, checks: list[Check]):
+        self.result, self.checks = result, checks
+        lines = "\n".join(f"  {c.line()}" for c in failed(checks))
+        super().__init__(f"the fit failed {len(failed(checks))} quality check(s); nothing written "
+                         f"(--allow-poor-fit writes it anyway, --threshold NAME=VALUE changes a limit):\n{lines}")
+
+
+def fit_artifact(db: Path, name: str, out: Path, *, thresholds: Thresholds | None = None,
+                 allow_poor_fit: bool = False) -> tuple[CampaignFit, dict]:
+    """Fit the campaign `name` of the store `db`, check the fit and write the artifact to `out`;
+    (fit, metadata). `out` is checked before fitting."""
+    check_output_file(out)
+    thresholds = thresholds or Thresholds()
     result = fit_campaign(db, name)
-    meta = save_artifact(out, policy_parameters(result), model_id=result.model_id,
-                         drafter_id=result.drafter_id or "", device=result.device,
-                         store_digest=result.store_digest, diagnostics=result.diagnostics())
+    try:
+        params = policy_parameters(result)
+    except ValueError as exc:  # e.g. ρ not positive
+        raise FitError(f"campaign {name!r}: {exc}") from None
+    diagnostics = {**result.diagnostics(), "thresholds": thresholds.as_dict()}
+    result.checks = quality_checks(cost=params.cost, lengths=params.lengths, s=params.s, eta=params.eta,
+                                   diagnostics=diagnostics, thresholds=thresholds)
+    if failed(result.checks) and not allow_poor_fit:
+        raise PoorFitError(result, result.checks)
+    diagnostics.update(checks=check_rows(result.checks), allow_poor_fit=bool(failed(result.checks)))
+    meta = save_artifact(out, params, model_id=result.model_id, drafter_id=result.drafter_id or "",
+                         device=result.device, store_digest=result.store_digest, diagnostics=diagnostics)
     return result, meta
 
 

@@ -1,19 +1,33 @@
-"""Terminal output of `hybridspec fit`: the artifact's id, the fitted scalars, C_tgt(w) and the
-acceptance model's held-out scores."""
+"""Terminal output of `hybridspec fit` and `inspect`: the artifact's id, the fitted scalars, C_tgt(w),
+the acceptance model's held-out scores and the fit-quality checks."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .campaign import CampaignFit
+from .checks import FAILED, OK, Check
+
+STYLE = {OK: "green", FAILED: "bold red"}
 
 
-def print_fit(console: Console, result: CampaignFit, out: Path, meta: dict) -> None:
-    """The artifact's id, the fitted scalars, C_tgt(w) and the acceptance model's held-out scores."""
-    console.print(f"[bold]artifact[/] {out}  ({meta['content_sha256'][:19]}…)")
+def checks_table(checks: Sequence[Check], title: str = "fit-quality checks") -> Table:
+    table = Table("check", "value", "needs", "", title=title)
+    for c in checks:
+        value = c.detail if c.value is not None else "not recorded"
+        table.add_row(c.name, escape(value), escape(c.limit), f"[{STYLE.get(c.status, 'yellow')}]{c.status}[/]")
+    return table
+
+
+def print_fit(console: Console, result: CampaignFit, out: Path | None, meta: dict | None) -> None:
+    """The artifact's id (when written), the fitted scalars, C_tgt(w), the held-out scores, the checks."""
+    if meta is not None:
+        console.print(f"[bold]artifact[/] {out}  ({meta['content_sha256'][:19]}…)")
     console.print(f"ρ = {result.rho:.2f} tokens/s   s = {result.stage0.slope_ * 1e6:.2f} µs/token   "
                   f"η = {result.moe.slope_ * 1e6:.2f} µs/expert (r = {result.moe.correlation_:.3f})   "
                   f"fixed = {result.cost.fixed_cost_ * 1e3:.2f} ms   Dinkelbach iterations {len(result.iterations)}")
@@ -23,5 +37,7 @@ def print_fit(console: Console, result: CampaignFit, out: Path, meta: dict) -> N
     for name, m in result.metrics.items():
         metrics.add_row(name, f"{m['log_loss']:.4f}", f"{m['brier']:.4f}", f"{m['ece']:.4f}", str(m["rows"]))
     console.print(metrics)
+    if result.checks:
+        console.print(checks_table(result.checks))
     for warning in result.warnings:
-        console.print(f"[yellow]warning:[/] {warning}")
+        console.print(f"[yellow]warning:[/] {escape(warning)}")

@@ -27,8 +27,11 @@ def pooled_throughput(gain, cost, fixed: float, chosen: np.ndarray) -> float:
 
 
 def dinkelbach(prefix: np.ndarray, cost: np.ndarray, fixed: float, lengths, *, tol: float = 1e-12,
-               max_iter: int = 100) -> tuple[float, list[dict]]:
-    """(ρ, iterations) for p̂ [N, D], C table [W + 1] (seconds), fixed per-round cost."""
+               max_iter: int = 100, strict: bool = True) -> tuple[float, list[dict]]:
+    """(ρ, iterations) for p̂ [N, D], C table [W + 1] (seconds), fixed per-round cost.
+
+    Without convergence in `max_iter` steps: RuntimeError when `strict`, else the last ρ (the
+    caller sees it in the iterations and in the `rho_converged` check)."""
     lengths = np.asarray(sorted(lengths))
     gain = expected_tokens(np.asarray(prefix, float))
     rho = pooled_throughput(gain, cost, fixed, np.full(len(gain), lengths[-1]))  # start: always W
@@ -36,8 +39,12 @@ def dinkelbach(prefix: np.ndarray, cost: np.ndarray, fixed: float, lengths, *, t
     for step in range(max_iter):
         chosen = select_lengths(gain, cost, lengths, rho)
         new = pooled_throughput(gain, cost, fixed, chosen)
-        iterations.append({"iteration": step, "rho": rho, "next_rho": new, "mean_w0": float(chosen.mean())})
-        if abs(new - rho) <= tol * max(1.0, abs(rho)):
+        done = abs(new - rho) <= tol * max(1.0, abs(rho))
+        iterations.append({"iteration": step, "rho": rho, "next_rho": new, "mean_w0": float(chosen.mean()),
+                           "converged": bool(done)})
+        if done:
             return new, iterations
         rho = new
+    if not strict:
+        return rho, iterations
     raise RuntimeError(f"Dinkelbach did not converge in {max_iter} iterations (last ρ {rho})")

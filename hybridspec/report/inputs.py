@@ -65,6 +65,7 @@ def open_inputs(db: Path, artifact: Path | None, campaign: str | None) -> Report
         raise ReportError(f"--db {db}: no such store")
     store = Store(db, read_only=True)
     try:
+        store.verify()  # a damaged file: one StoreError naming it, before any section is built
         campaign, note = _resolve_campaign(store, campaign)
         runs = {}
         for pass_name in CALIBRATION_PASSES:

@@ -283,6 +283,15 @@ class Store:
                 for t in ("runs", *DATA_TABLES)}
 
 
+def open_verified(path: Path) -> Store:
+    """Open a store to extend it; an existing file is first read whole (read-only, `Store.verify`), so a
+    damaged one is refused before anything (a migration, a run row) is written into it."""
+    if Path(path).is_file():
+        with Store(path, read_only=True) as existing:
+            existing.verify()
+    return Store(path)
+
+
 def _one_line(exc: Exception) -> str:
     return " ".join(str(exc).split())
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from hybridspec.collectors.capture import CapturePass
-from hybridspec.collectors.common import CaptureConfig, PassContext, PromptIds, generate_fully_verified, \
-    known_acceptance, new_experts_per_token
+from hybridspec.collectors.common import CaptureConfig, PassContext, PromptIds, block_order, \
+    generate_fully_verified, known_acceptance, new_experts_per_token
 from hybridspec.collectors.fixed import FixedPass
 from hybridspec.collectors.moe import MoePass, distinct_sweep, routing_with_distinct
 from hybridspec.collectors.routing import RoutingPass
@@ -126,32 +126,42 @@ def test_fully_verified_rounds_near_the_output_limit(target, prompts):
     assert rounds[-1].truncated or sum(r.emitted for r in rounds[:-1]) + rounds[-1].emitted == NEW_TOKENS - 1
 
 
-def test_fixed_pass_rows(target, prompts):
+def test_fixed_pass_measures_every_length_per_block_in_a_seeded_random_order(target, prompts):
     prompt, sequence = prompts[1]
     ctx = _context(target, prompt, sequence, 1, quick=True)
     collector = FixedPass()
-    assert [u.key for u in collector.units(ctx)][:3] == ["w=1:prompt:p1", "w=2:prompt:p1", "w=4:prompt:p1"]
-    rows = _collect(collector, ctx, (4, prompt))["fixed_length_timings"]
-    assert {r["w"] for r in rows} == {4} and all(r["executed_w"] <= 4 and r["latency_us"] > 0 for r in rows)
-    assert sum(r["emitted"] for r in rows) == NEW_TOKENS - 1
+    assert [u.key for u in collector.units(ctx)] == ["block=0:prompt:p1"]
+    rows = _collect(collector, ctx, (0, prompt))["fixed_length_timings"]
+    lengths = [1, *collector.params(ctx)["lengths"]]
+    order = sorted({(r["block_order"], r["w"]) for r in rows})
+    assert [w for _, w in order] == block_order(lengths, 0, 0) != sorted(lengths)  # every w once, shuffled
+    assert block_order(lengths, 0, 1) != block_order(lengths, 0, 0)  # another block, another order
+    for w in lengths:
+        mine = [r for r in rows if r["w"] == w]
+        assert all(r["executed_w"] <= w and r["latency_us"] > 0 and r["block"] == 0 for r in mine)
+        assert sum(r["emitted"] for r in mine) == NEW_TOKENS - 1
     # w = 1: plain ar steps, one token each, no draft
-    collector.prepare(ctx)
-    steps = _collect(collector, ctx, (1, prompt))["fixed_length_timings"]
-    assert {(r["w"], r["executed_w"], r["accepted"], r["emitted"]) for r in steps} == {(1, 1, 0, 1)}
-    assert len(steps) == NEW_TOKENS - 1 and all(r["latency_us"] > 0 for r in steps)
+    steps = [r for r in rows if r["w"] == 1]
+    assert {(r["executed_w"], r["accepted"], r["emitted"]) for r in steps} == {(1, 0, 1)}
+    assert len(steps) == NEW_TOKENS - 1
 
 
-def test_stage0_pass_times_every_length_without_touching_the_context(target, prompts):
+def test_stage0_pass_times_every_length_per_block_without_touching_the_context(target, prompts):
     prompt, sequence = prompts[2]
     ctx = _context(target, prompt, sequence, 2, quick=True)
     collector = Stage0Pass()
-    assert [u.item for u in collector.units(ctx)] == list(range(1, D + 2))
+    params = collector.params(ctx)
+    assert [u.item for u in collector.units(ctx)] == list(range(params["blocks"]))
     collector.prepare(ctx)
     length = collector.cache.length
-    rows = collector.collect(ctx, 7)["stage0_timings"]
+    rows = collector.collect(ctx, 1)["stage0_timings"]
     assert collector.cache.length == length == len(prompt.ids)
-    assert [r["sample_idx"] for r in rows] == list(range(collector.params(ctx)["samples"]))
-    assert all(r["u"] == 7 and r["latency_us"] > 0 for r in rows)
+    assert sorted({r["u"] for r in rows}) == list(range(1, D + 2)) and {r["block"] for r in rows} == {1}
+    per_block = params["per_block"]
+    for u in range(1, D + 2):
+        assert sorted(r["sample_idx"] for r in rows if r["u"] == u) == list(range(per_block, 2 * per_block))
+    assert [r["u"] for r in rows][::per_block] == block_order(list(range(1, D + 2)), 0, 1)
+    assert all(r["latency_us"] > 0 for r in rows)
 
 
 @pytest.mark.parametrize("experts,top_k", [(8, 2), (32, 2), (256, 8), (512, 10)])
@@ -168,7 +178,8 @@ def test_moe_pass_rows(target, prompts):
     prompt, sequence = prompts[3]
     ctx = _context(target, prompt, sequence, 3, quick=True)
     collector = MoePass()
-    counts = [u.item for u in collector.units(ctx)]
+    counts = collector.params(ctx)["distinct"]
     assert counts[0] == target.cfg.num_experts_per_tok and counts[-1] == target.cfg.num_experts
-    rows = _collect(collector, ctx, counts[-1])["moe_bench"]
+    rows = _collect(collector, ctx, 0)["moe_bench"]
+    assert sorted({r["n_distinct_experts"] for r in rows}) == counts and {r["block"] for r in rows} == {0}
     assert all(r["n_assignments"] == 16 * target.cfg.num_experts_per_tok and r["layer"] == 0 for r in rows)

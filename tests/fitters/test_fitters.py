@@ -66,6 +66,11 @@ def _sse(coef, w, y):
     return float(np.sum((y - (coef[0] + coef[1] * w + coef[2] * w * w)) ** 2))
 
 
+def _medians(w, y):
+    lengths = np.unique(w)
+    return lengths, np.array([np.median(y[w == x]) for x in lengths])
+
+
 def test_stalled_timings_refit_as_non_decreasing_and_rho_converges():
     """A busy machine's quick fixed pass: rising latency, but stalled rounds at w = 6-8 and fast ones
     at the long end bend the least-squares quadratic down (the shape that once stopped `fit`)."""
@@ -74,6 +79,7 @@ def test_stalled_timings_refit_as_non_decreasing_and_rho_converges():
     latency = 11e-3 + 6e-4 * w + rng.normal(0, 2e-4, w.size)
     latency[(w >= 6) & (w <= 8)] += 9e-3  # stalls
     latency[w >= 14] -= 8e-3
+    w, latency = _medians(w, latency)  # the fit is over per-length medians
     unconstrained = np.polyfit(w, latency, 2)[::-1]
     assert unconstrained[1] + 2 * unconstrained[2] * 16 < 0  # the plain fit does fall
     cost = QuadraticCost().fit(w, latency)
@@ -100,7 +106,7 @@ def test_rising_costs_keep_the_least_squares_fit():
     w = np.repeat(np.arange(2, 17.0), 20)
     latency = 8e-3 + 1e-4 * w - 2e-6 * w**2 + rng.normal(0, 1e-4, w.size)  # concave but rising on [2, 16]
     cost = QuadraticCost().fit(w, latency)
-    assert not cost.constrained_ and cost.coef_ == pytest.approx(np.polyfit(w, latency, 2)[::-1], rel=1e-6)
+    assert not cost.constrained_ and cost.coef_ == pytest.approx(np.polyfit(*_medians(w, latency), 2)[::-1], rel=1e-6)
 
 
 def test_routing_tables_follow_the_definition():

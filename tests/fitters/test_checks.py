@@ -1,0 +1,67 @@
+"""Fit-quality checks: a good synthetic campaign passes every check; pure-noise timings fail the
+cost, s and η checks by name; a calibrated model worse than raw confidence fails; thresholds parse."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hybridspec.fitters.checks import FAILED, OK, UNKNOWN, Thresholds, failed, quality_checks
+from hybridspec.fitters.export import PoorFitError, fit_artifact
+from tests.fitters.test_campaign import write_synthetic_store
+
+W = tuple(range(2, 17))
+COST = [0.0, 0.0] + [1e-4 * w for w in W]
+
+
+def _checks(**diagnostics):
+    base = {"cost": {"r2": 0.99, "cells": [{"w": w, "median": 1e-4 * w} for w in W]}, "s": {"r2": 0.9},
+            "eta": {"r2": 0.9}, "acceptance": {"raw": {"log_loss": 0.5}, "full": {"log_loss": 0.4}},
+            "dinkelbach": [{"rho": 1.0, "next_rho": 1.0}], "dinkelbach_converged": True}
+    return {c.name: c for c in quality_checks(cost=COST, lengths=W, s=1e-6, eta=1e-6,
+                                              diagnostics={**base, **diagnostics}, thresholds=Thresholds())}
+
+
+def test_each_check_reads_its_number():
+    assert {c.status for c in _checks().values()} == {OK}
+    worse = _checks(acceptance={"raw": {"log_loss": 0.484}, "full": {"log_loss": 0.563}})["acceptance_log_loss"]
+    assert worse.status == FAILED and "0.563" in worse.line() and "0.484" in worse.line()
+    falling = _checks(cost={"r2": 0.99, "cells": [{"w": w, "median": 1.0 / w} for w in W]})["cost_monotone"]
+    assert falling.status == FAILED and falling.value == pytest.approx(-1.0)
+    assert _checks(cost={"r2": 0.044})["cost_r2"].status == FAILED
+    assert _checks(cost={"r2": 0.99})["cost_monotone"].status == UNKNOWN  # an artifact without the cells
+    assert _checks(dinkelbach_converged=False)["rho_converged"].status == FAILED
+    zero = quality_checks(cost=[0.0] * 17, lengths=W, s=-5.1e-6, eta=1e-6, diagnostics={}, thresholds=Thresholds())
+    assert {c.name for c in failed(zero)} == {"cost_positive", "s_positive"}
+
+
+def test_thresholds_parse_and_refuse_nonsense():
+    assert Thresholds.parse(["cost_r2=0.5"], base={"s_r2": 0.1}) == Thresholds(cost_r2=0.5, s_r2=0.1)
+    for bad, message in (("nope=1", "NAME one of"), ("cost_r2", "NAME=VALUE"), ("cost_r2=x", "not a number"),
+                         ("cost_r2=2", "outside")):
+        with pytest.raises(ValueError, match=message):
+            Thresholds.parse([bad])
+
+
+def test_a_good_synthetic_campaign_passes_every_check(tmp_path):
+    write_synthetic_store(tmp_path / "s.duckdb", n_rounds=1000)
+    fit, meta = fit_artifact(tmp_path / "s.duckdb", "synth", tmp_path / "a.safetensors")
+    assert [c.name for c in fit.checks if c.status != OK] == []
+    diagnostics = meta["diagnostics"]
+    assert diagnostics["allow_poor_fit"] is False and len(diagnostics["checks"]) == len(fit.checks)
+    assert {"numpy", "scipy", "scikit-learn", "statsmodels", "duckdb", "polars"} <= set(diagnostics["versions"])
+
+
+def test_pure_noise_timings_fail_by_name_and_nothing_is_written(tmp_path):
+    write_synthetic_store(tmp_path / "s.duckdb", n_rounds=500, noise=True)
+    out = tmp_path / "a.safetensors"
+    with pytest.raises(PoorFitError) as caught:
+        fit_artifact(tmp_path / "s.duckdb", "synth", out)
+    names = {c.name for c in failed(caught.value.checks)}
+    assert {"cost_r2", "cost_monotone", "s_r2", "eta_r2"} <= names
+    assert "cost_r2: R² of the C_tgt quadratic" in str(caught.value) and "(needs ≥ 0.8)" in str(caught.value)
+    assert not out.exists() and not list(tmp_path.glob("*.tmp"))
+    fit, meta = fit_artifact(tmp_path / "s.duckdb", "synth", out, allow_poor_fit=True)
+    assert out.is_file() and meta["diagnostics"]["allow_poor_fit"] is True
+    assert {c["name"] for c in meta["diagnostics"]["checks"] if c["status"] == FAILED} == names
+    assert np.isfinite(meta["rho"])
