@@ -67,6 +67,9 @@ def deterministic_rows(path: Path) -> dict[str, list[tuple]]:
 def _reference(qwen35_dir, prompt_file, db: Path, **config) -> dict[str, list[tuple]]:
     campaign.run_campaign(CaptureConfig(model=str(qwen35_dir), drafter="random", prompts=prompt_file, db=db,
                                         name="t", **config))
+    with Store(db, read_only=True) as store:  # every run row records threads, host and versions
+        for threads, cpu, versions in store.query("SELECT threads, host_cpu, versions FROM runs"):
+            assert threads == 1 and cpu and {"numpy", "scipy", "statsmodels", "polars"} <= set(json.loads(versions))
     return deterministic_rows(db)
 
 
@@ -186,3 +189,28 @@ def test_the_cli_hands_its_options_to_run_campaign(monkeypatch, tmp_path):
     assert seen["config"] == CaptureConfig(db=tmp_path / "x.duckdb", name="n", passes=("capture", "routing"),
                                            quick=True, resume=True, shard=(1, 3), max_new_tokens=9, split="test",
                                            dtype="bfloat16")
+
+
+def test_resume_into_a_damaged_store_is_refused_and_writes_nothing(no_model_load, qwen35_dir, prompt_file, tmp_path):
+    db = tmp_path / "s.duckdb"
+    with Store(db) as store:
+        spec = RunSpec(name="t", pass_name="stage0", model_id="m", drafter_id="d", device="cpu", dtype="float32",
+                       backend="torch")
+        run = store.start_run(spec)
+        for b in range(40):
+            store.commit_unit(run, f"block={b}", {"stage0_timings": [
+                {"run_id": run, "u": u, "sample_idx": b * 100 + i, "latency_us": 1.0, "context_tokens": 8}
+                for u in range(1, 17) for i in range(100)]})
+    data = db.read_bytes()
+    db.write_bytes(data[: len(data) // 2])
+    message = _error([*_args(qwen35_dir, prompt_file, db), "--passes", "stage0", "--resume"])
+    assert _has(message, f"{db}: damaged store")
+    assert db.read_bytes() == data[: len(data) // 2]  # nothing written
+
+
+def test_threads_reach_the_config(monkeypatch, tmp_path):
+    seen = {}
+    monkeypatch.setattr(campaign, "run_campaign", lambda config, reporter: seen.setdefault("config", config) and [])
+    assert runner.invoke(app, ["capture", "--db", str(tmp_path / "x.duckdb"), "--threads", "2"]).exit_code == 0
+    assert seen["config"].threads == 2
+    assert runner.invoke(app, ["capture", "--threads", "0"]).exit_code == 2
