@@ -3,12 +3,15 @@
 and a terminal summary.
 
 Every section is always there: one whose data is missing says what is missing and which command
-records it, instead of disappearing."""
+records it, instead of disappearing. With an artifact, the fit-quality checks of `hybridspec fit`
+(`fitters/checks.py`, under the thresholds the artifact was fitted with) set each section's badge:
+`ok`, or `poor fit` with the failed check first; the page's summary lists every failed check."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from ..fitters.checks import checks_from_artifact
 from .acceptance import acceptance_section, reliability_section
 from .costs import cost_section, dinkelbach_section, moe_section, routing_section, stage0_section
 from .html import page
@@ -38,8 +41,13 @@ def build_report(db: Path, out: Path, *, artifact: Path | None = None, campaign:
         inputs.store.close()
     # the offline estimates open the store themselves: after this report's connection is closed
     sections += [policy_section(inputs.db, artifact, inputs.campaign, inputs.eval_runs), metadata]
+    checks = checks_from_artifact(inputs.params, inputs.meta) if inputs.params is not None else []
+    by_key = {s.key: s for s in sections}
+    for check in checks:
+        if check.failed and check.section in by_key:
+            by_key[check.section].poor_fit([check.line()])
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    result = ReportResult(out / "index.html", inputs.db, inputs.campaign, artifact, sections)
+    result = ReportResult(out / "index.html", inputs.db, inputs.campaign, artifact, sections, checks)
     result.path.write_text(page(result), encoding="utf-8")
     return result

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
+from statsmodels.stats.proportion import proportion_confint
 
 from ..artifacts.params import AcceptanceModel
 from ..fitters.acceptance import MIN_SAMPLES, AcceptanceFitter, calibration_metrics, conditional_rows
@@ -40,9 +41,21 @@ def estimates(rounds: CaptureRounds, model: AcceptanceModel | None) -> dict[str,
 
 
 def _bins(prob: np.ndarray, label: np.ndarray) -> list[dict]:
-    edges = np.minimum((prob * BINS).astype(int), BINS - 1)  # equal-width bins, as calibration_metrics
-    return [{"bin": b, "rows": int((edges == b).sum()), "mean_predicted": float(prob[edges == b].mean()),
-             "observed": float(label[edges == b].mean())} for b in range(BINS) if (edges == b).any()]
+    """Per equal-width bin (as calibration_metrics): rows, accepted, mean prediction, observed rate and
+    its 95 % Wilson binomial interval."""
+    edges = np.minimum((prob * BINS).astype(int), BINS - 1)
+    out = []
+    for b in range(BINS):
+        here = edges == b
+        if not here.any():
+            continue
+        rows, accepted = int(here.sum()), int(label[here].sum())
+        observed = accepted / rows
+        low, high = proportion_confint(accepted, rows, alpha=0.05, method="wilson")
+        out.append({"bin": b, "rows": rows, "accepted": accepted, "mean_predicted": float(prob[here].mean()),
+                    "observed": observed, "ci_low": min(float(low), observed),  # rounding at 0 and 1
+                    "ci_high": max(float(high), observed)})
+    return out
 
 
 def _no_capture_rounds(inputs: ReportInputs) -> str:

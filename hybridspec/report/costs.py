@@ -1,9 +1,10 @@
 """Sections 3–7: the latency fits and ρ against the measurements behind them (DESIGN A.9).
 
-3. C_tgt: mean round latency per executed length of the fixed-length pass (untruncated rounds,
-   as the fit) against the artifact's fixed cost + C_tgt(w), with residuals.
+3. C_tgt: median (the fit's statistic), quartiles and mean round latency per executed length of
+   the fixed-length pass (untruncated rounds, as the fit) against the artifact's fixed cost +
+   C_tgt(w), with residuals of the medians.
 4. s: Stage-0 latency against u; 5. η: MoE latency against distinct experts. The line drawn is
-   the artifact's slope through the samples' mean point (the least-squares intercept).
+   the artifact's slope through the mean point of the per-x medians (the fit's intercept).
 6. n̄_all(w0 | n): the artifact's table with the routing run's cell counts (cells under 30 use
    the per-position linear fit, DESIGN A.9).
 7. Dinkelbach's iterations from the artifact's fit diagnostics."""
@@ -30,14 +31,16 @@ def cost_section(inputs: ReportInputs) -> Section:
                            "WHERE run_id = ? AND NOT truncated AND w >= 2 ORDER BY w, prompt_id, round_idx", [run_id])
     if samples.is_empty():
         return section.missing(f"the fixed run of campaign {inputs.campaign!r} has no untruncated rounds")
-    table = samples.group_by("w").agg(rounds=pl.len(), mean_ms=pl.col("latency_ms").mean(),
-                                      std_ms=pl.col("latency_ms").std()).sort("w")
+    table = samples.group_by("w").agg(rounds=pl.len(), median_ms=pl.col("latency_ms").median(),
+                                      q25_ms=pl.col("latency_ms").quantile(0.25, "linear"),
+                                      q75_ms=pl.col("latency_ms").quantile(0.75, "linear"),
+                                      mean_ms=pl.col("latency_ms").mean(), std_ms=pl.col("latency_ms").std()).sort("w")
     curve = None
     if inputs.params is not None:
         p = inputs.params
         fitted = [(p.fixed_cost + p.cost[w]) * 1e3 if w < len(p.cost) else None for w in table["w"]]
         table = table.with_columns(fit_ms=pl.Series(fitted, dtype=pl.Float64))
-        table = table.with_columns(residual_ms=pl.col("mean_ms") - pl.col("fit_ms"))
+        table = table.with_columns(residual_ms=pl.col("median_ms") - pl.col("fit_ms"))
         grid = np.arange(2, p.draft_len + 2)
         curve = (grid, np.array([(p.fixed_cost + p.cost[w]) * 1e3 for w in grid]))
         cost = inputs.meta["diagnostics"].get("cost", {})
@@ -86,16 +89,18 @@ def _slope_section(section: Section, spec: SlopeSpec, samples: pl.DataFrame, slo
                    diagnostics: dict) -> Section:
     """Per-x means of the latency samples; with a fitted slope (seconds per unit) the line and residuals."""
     x = spec.x
-    table = samples.group_by(x).agg(samples=pl.len(), mean_us=pl.col("latency_us").mean(),
-                                    median_us=pl.col("latency_us").median(),
-                                    std_us=pl.col("latency_us").std()).sort(x)
+    table = samples.group_by(x).agg(samples=pl.len(), median_us=pl.col("latency_us").median(),
+                                    q25_us=pl.col("latency_us").quantile(0.25, "linear"),
+                                    q75_us=pl.col("latency_us").quantile(0.75, "linear"),
+                                    mean_us=pl.col("latency_us").mean(), std_us=pl.col("latency_us").std()).sort(x)
     xs, ys = samples[x].to_numpy().astype(float), samples["latency_us"].to_numpy()
     line = None
     if slope is not None:
         slope_us = slope * 1e6
-        intercept = float(ys.mean() - slope_us * xs.mean())  # least squares passes through the mean point
+        # least squares over the per-x medians passes through their mean point
+        intercept = float(table["median_us"].mean() - slope_us * table[x].cast(pl.Float64).mean())
         table = table.with_columns(fit_us=intercept + slope_us * pl.col(x))
-        table = table.with_columns(residual_us=pl.col("mean_us") - pl.col("fit_us"))
+        table = table.with_columns(residual_us=pl.col("median_us") - pl.col("fit_us"))
         line = (slope_us, intercept, f"fit: {spec.name} = {slope_us:.2f} µs per {spec.unit}")
         low, high = (v * 1e6 for v in diagnostics.get("conf_int", (np.nan, np.nan)))
         section.values.update(slope_us=slope_us, slope_ci_low_us=low, slope_ci_high_us=high,

@@ -9,7 +9,7 @@ from html import escape
 
 import polars as pl
 
-from .result import MISSING, PARTIAL, ReportResult, Section
+from .result import MISSING, PARTIAL, POOR_FIT, ReportResult, Section
 
 FOLD_ROWS = 20  # tables longer than this start folded
 FOLD_CHARS = 80  # cells longer than this show their start, the rest folded
@@ -21,7 +21,9 @@ h1 { margin-bottom: 4px; } h2 { margin-top: 36px; border-bottom: 2px solid #ddd;
 .meta { color: #555; font-size: 14px; }
 .badge { font-size: 12px; padding: 2px 8px; border-radius: 10px; margin-left: 10px; vertical-align: middle;
          color: white; background: #2e7d32; }
-.badge.partial { background: #ef6c00; } .badge.missing { background: #c62828; }
+.badge.partial { background: #ef6c00; } .badge.missing { background: #c62828; } .badge.poor-fit { background: #ad1457; }
+.failed { background: #fce4ec; border-left: 4px solid #ad1457; padding: 6px 10px; font-size: 14px; margin: 4px 0; }
+.checks { background: #f1f8e9; border-left: 4px solid #2e7d32; padding: 6px 10px; font-size: 14px; }
 .note { background: #fff8e1; border-left: 4px solid #ef6c00; padding: 6px 10px; font-size: 14px; }
 .note.missing { background: #ffebee; border-left-color: #c62828; }
 figure { margin: 12px 0; } figure img { max-width: 100%; border: 1px solid #eee; }
@@ -73,7 +75,9 @@ def image(png: bytes, alt: str) -> str:
 
 
 def section(s: Section) -> str:
-    parts = [f'<h2 id="{s.key}">{escape(s.title)}<span class="badge {s.status}">{s.status}</span></h2>']
+    badge = s.status.replace(" ", "-")
+    parts = [f'<h2 id="{s.key}">{escape(s.title)}<span class="badge {badge}">{escape(s.status)}</span></h2>']
+    parts += [f'<p class="failed">failed check — {escape(line)}</p>' for line in s.failed_checks]
     if s.note:
         kind = "note missing" if s.status == MISSING else "note"
         parts.append(f'<p class="{kind}">{escape(s.note)}</p>')
@@ -94,10 +98,24 @@ def page(result: ReportResult) -> str:
     toc = "".join(f'<li><a href="#{s.key}">{escape(s.title)}</a> — {s.status}</li>' for s in result.sections)
     missing = sum(s.status == MISSING for s in result.sections)
     partial = sum(s.status == PARTIAL for s in result.sections)
+    poor = sum(s.status == POOR_FIT for s in result.sections)
     meta = (f"store <code>{escape(str(result.db))}</code> · campaign <code>{escape(str(result.campaign))}</code> · "
             f"artifact <code>{escape(str(result.artifact))}</code> · {len(result.sections)} sections, "
-            f"{partial} partial, {missing} missing")
+            f"{poor} poor fit, {partial} partial, {missing} missing")
     body = "\n".join(section(s) for s in result.sections)
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>HybridSpec report</title>'
             f"<style>{CSS}</style></head><body><h1>HybridSpec calibration report</h1>"
-            f'<p class="meta">{meta}</p><nav><ol>{toc}</ol></nav>\n{body}\n</body></html>\n')
+            f'<p class="meta">{meta}</p>{checks_summary(result)}<nav><ol>{toc}</ol></nav>\n{body}\n</body></html>\n')
+
+
+def checks_summary(result: ReportResult) -> str:
+    """Every failed fit-quality check, at the top of the page (or that all passed, or why none ran)."""
+    if not result.checks:
+        return '<p class="note">No artifact: the fit-quality checks did not run.</p>'
+    failed = result.failed_checks
+    if not failed:
+        unknown = sum(c.status == "unknown" for c in result.checks)
+        extra = f" ({unknown} not recorded in this artifact)" if unknown else ""
+        return f'<p class="checks">No fit-quality check failed: {len(result.checks)} checks{extra}.</p>'
+    items = "".join(f'<li><a href="#{c.section}">{escape(c.line())}</a></li>' for c in failed)
+    return f'<div class="failed"><b>{len(failed)} fit-quality check(s) failed</b><ul>{items}</ul></div>'

@@ -39,8 +39,15 @@ def reliability(bins: pl.DataFrame, positions: pl.DataFrame, names: list[str]) -
         ax.plot([0, 1], [0, 1], color="#bbbbbb", lw=1, ls="--")
         for name in names:
             b = bins.filter((pl.col("position") == k + 1) & (pl.col("estimate") == name)) if len(bins) else bins
-            if len(b):
-                ax.plot(b["mean_predicted"], b["observed"], marker="o", ms=3, lw=1.2, color=COLORS[name], label=name)
+            if len(b):  # observed rate with its 95 % Wilson interval; the bin's row count beside the point
+                x, y = b["mean_predicted"].to_numpy(), b["observed"].to_numpy()
+                err = np.clip(np.vstack((y - b["ci_low"].to_numpy(), b["ci_high"].to_numpy() - y)), 0, None)
+                ax.errorbar(x, y, yerr=err, marker="o", ms=3, lw=1.2, elinewidth=0.8, capsize=1.5,
+                            color=COLORS[name], label=name)
+                if name == names[-1]:
+                    for xi, yi, n in zip(x, y, b["rows"].to_list()):
+                        ax.annotate(str(n), (xi, yi), xytext=(2, -7), textcoords="offset points", fontsize=5.5,
+                                    color=COLORS[name])
         warn = info["too_few"]
         ax.set_title(f"i = {k + 1}  (n = {info['rows']}{', too few' if warn else ''})", fontsize=9,
                      color="#c00000" if warn else "black")
@@ -57,7 +64,8 @@ def reliability(bins: pl.DataFrame, positions: pl.DataFrame, names: list[str]) -
         ax.set_ylabel("observed rate", fontsize=8)
     handles = [Patch(color=COLORS[n], label=n) for n in names] + [Patch(color="#bbbbbb", label="perfect calibration")]
     fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=9)
-    fig.suptitle("Reliability diagrams per draft position (10 equal-width bins of the prediction)", fontsize=11)
+    fig.suptitle("Reliability diagrams per draft position (10 equal-width bins of the prediction; bars: 95 % "
+                 f"Wilson interval of the observed rate; numbers: rows per bin of `{names[-1]}`)", fontsize=10)
     return _png(fig)
 
 
@@ -87,27 +95,28 @@ def cost(samples: pl.DataFrame, table: pl.DataFrame, curve) -> bytes:
     jitter = np.random.default_rng(0).uniform(-0.15, 0.15, len(samples))
     left.scatter(samples["w"].to_numpy() + jitter, samples["latency_ms"], s=4, alpha=0.25, color="#888888",
                  label="rounds")
-    left.errorbar(table["w"], table["mean_ms"], yerr=table["std_ms"].fill_null(0), fmt="o", color="#1f77b4",
-                  capsize=3, label="mean ± sd")
+    spread = np.vstack(((table["median_ms"] - table["q25_ms"]).to_numpy(), (table["q75_ms"] - table["median_ms"]).to_numpy()))
+    left.errorbar(table["w"], table["median_ms"], yerr=spread, fmt="o", color="#1f77b4", capsize=3,
+                  label="median and quartiles (the fit's statistic)")
     if curve is not None:
         left.plot(curve[0], curve[1], color="#d62728", lw=1.8, label="fit: fixed + C_tgt(w)")
         right.axhline(0, color="#bbbbbb", lw=1)
         right.bar(table["w"], table["residual_ms"], color="#d62728")
-        right.set(xlabel="executed length w (tokens)", ylabel="mean − fit (ms)", title="Residuals of the means")
+        right.set(xlabel="executed length w (tokens)", ylabel="median − fit (ms)", title="Residuals of the medians")
         _integer_ticks(right, table["w"])
     else:
         right.text(0.5, 0.5, "no artifact: no fit", ha="center", va="center", transform=right.transAxes)
         right.set_axis_off()
     left.set(xlabel="executed length w (tokens, counting the anchor)", ylabel="round latency (ms)",
              title="Fixed-length pass: round latency per w")
-    _clip_outliers(left, samples["latency_ms"].to_numpy(), table["mean_ms"].to_numpy())
+    _clip_outliers(left, samples["latency_ms"].to_numpy(), table["median_ms"].to_numpy())
     left.legend(fontsize=8)
     left.grid(alpha=0.3)
     return _png(fig)
 
 
 def _clip_outliers(ax, samples: np.ndarray, means: np.ndarray) -> None:
-    """y range of the central 99 % of samples (and every mean), so a few slow outliers do not
+    """y range of the central 99 % of samples (and every median), so a few slow outliers do not
     flatten the curve; the table keeps every sample."""
     low, high = np.percentile(samples, [0.5, 99.5])
     low, high = min(low, means.min()), max(high, means.max())
@@ -122,23 +131,26 @@ def _integer_ticks(ax, xs: pl.Series) -> None:
 
 
 def slope(samples: pl.DataFrame, table: pl.DataFrame, line, *, x: str, xlabel: str, title: str) -> bytes:
-    """Latency samples and means against x; `line` = (slope µs, intercept µs, label) or None."""
+    """Latency samples and per-x medians with quartiles against x; `line` = (slope µs, intercept µs,
+    label) or None."""
     fig = Figure(figsize=(12, 4.0), layout="constrained")
     left, right = fig.subplots(1, 2, width_ratios=(2, 1))
     left.scatter(samples[x], samples["latency_us"], s=6, alpha=0.3, color="#888888", label="samples")
-    left.plot(table[x], table["mean_us"], "o", color="#1f77b4", label="mean")
+    spread = np.vstack(((table["median_us"] - table["q25_us"]).to_numpy(), (table["q75_us"] - table["median_us"]).to_numpy()))
+    left.errorbar(table[x], table["median_us"], yerr=spread, fmt="o", color="#1f77b4", capsize=3,
+                  label="median and quartiles (the fit's statistic)")
     if line is not None:
         grid = np.array([table[x].min(), table[x].max()], float)
         left.plot(grid, line[1] + line[0] * grid, color="#d62728", lw=1.8, label=line[2])
         right.axhline(0, color="#bbbbbb", lw=1)
         right.bar(table[x], table["residual_us"], color="#d62728")
-        right.set(xlabel=xlabel, ylabel="mean − fit (µs)", title="Residuals of the means")
+        right.set(xlabel=xlabel, ylabel="median − fit (µs)", title="Residuals of the medians")
         _integer_ticks(right, table[x])
     else:
         right.text(0.5, 0.5, "no artifact: no fit", ha="center", va="center", transform=right.transAxes)
         right.set_axis_off()
     left.set(xlabel=xlabel, ylabel="latency (µs)", title=title)
-    _clip_outliers(left, samples["latency_us"].to_numpy(), table["mean_us"].to_numpy())
+    _clip_outliers(left, samples["latency_us"].to_numpy(), table["median_us"].to_numpy())
     left.legend(fontsize=8)
     left.grid(alpha=0.3)
     return _png(fig)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import polars as pl
 
-PRESENT, PARTIAL, MISSING = "present", "partial", "missing"
+OK, POOR_FIT, PARTIAL, MISSING = "ok", "poor fit", "partial", "missing"
+PRESENT = OK
 
 
 @dataclass
@@ -19,8 +20,10 @@ class Figure:
 
 @dataclass
 class Section:
-    """One section of the report. `status`: present, partial (shown; `note` names what is missing)
-    or missing (`note` names the missing data and the command that records it)."""
+    """One section of the report. `status`: ok; poor fit (a fit-quality check of the artifact that
+    belongs to this section failed: `failed_checks` holds their lines, shown first); partial
+    (shown; `note` names what is missing, e.g. the artifact); missing (`note` names the missing
+    data and the command that records it)."""
 
     key: str
     title: str
@@ -30,13 +33,20 @@ class Section:
     tables: dict[str, pl.DataFrame] = field(default_factory=dict)
     values: dict[str, object] = field(default_factory=dict)
     figures: list[Figure] = field(default_factory=list)
+    failed_checks: list[str] = field(default_factory=list)
 
     def missing(self, note: str) -> "Section":
         self.status, self.note = MISSING, note
         return self
 
-    def partial(self, note: str) -> "Section":
+    def poor_fit(self, lines: list[str]) -> "Section":
+        self.failed_checks += lines
         if self.status != MISSING:
+            self.status = POOR_FIT
+        return self
+
+    def partial(self, note: str) -> "Section":
+        if self.status not in (MISSING, POOR_FIT):
             self.status = PARTIAL
         self.note = f"{self.note}; {note}" if self.note else note
         return self
@@ -49,6 +59,11 @@ class ReportResult:
     campaign: str | None
     artifact: Path | None
     sections: list[Section]
+    checks: list = field(default_factory=list)  # fitters.checks.Check of the artifact; empty without one
+
+    @property
+    def failed_checks(self) -> list:
+        return [c for c in self.checks if c.failed]
 
     def section(self, key: str) -> Section:
         for section in self.sections:

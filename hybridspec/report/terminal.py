@@ -1,13 +1,16 @@
-"""The terminal summary of a report: one row per section, then the policy table when present."""
+"""The terminal summary of a report: every failed fit-quality check, one row per section, then the
+policy table when present."""
 
 from __future__ import annotations
 
 from rich.console import Group
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
-from .result import MISSING, PARTIAL, ReportResult
+from .result import MISSING, PARTIAL, POOR_FIT, ReportResult
 
-STYLE = {MISSING: "red", PARTIAL: "yellow"}
+STYLE = {MISSING: "red", PARTIAL: "yellow", POOR_FIT: "bold magenta"}
 METRICS = (("al", "AL"), ("mean_w", "mean w"), ("tps", "TPS tok/s"), ("sr", "SR"))
 
 
@@ -20,12 +23,24 @@ def summary(result: ReportResult) -> Group:
         text = s.headline if s.status != MISSING else s.note
         if s.status == PARTIAL and s.note:
             text = f"{s.headline} [yellow]({s.note})[/]" if s.headline else s.note
+        if s.failed_checks:
+            text = "; ".join(f"[magenta]{escape(line)}[/]" for line in s.failed_checks) + f"; {text}"
         sections.add_row(s.title, f"[{style}]{s.status}[/]", text)
-    parts = [sections]
+    parts = [_checks_lines(result), sections]
     policies = result.section("policies").tables.get("policies")
     if policies is not None:
         parts.append(_policy_table(policies.filter(policies["category"] == "all")))
     return Group(*parts)
+
+
+def _checks_lines(result: ReportResult) -> Text:
+    if not result.checks:
+        return Text("no artifact: the fit-quality checks did not run", style="yellow")
+    failed = result.failed_checks
+    if not failed:
+        return Text(f"no fit-quality check failed ({len(result.checks)} checks)", style="green")
+    lines = [f"{len(failed)} fit-quality check(s) failed:"] + [f"  {c.line()}" for c in failed]
+    return Text("\n".join(lines), style="bold magenta")
 
 
 def _policy_table(overall) -> Table:

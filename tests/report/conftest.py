@@ -39,7 +39,9 @@ def calibrated(tmp_path_factory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("calibrated")
     db, artifact, prompts = root / "store.duckdb", root / "policy.safetensors", _prompt_file(root / "prompts.jsonl")
     run_campaign(CaptureConfig(prompts=prompts, db=db, name=CAMPAIGN, quick=True, max_new_tokens=12))
-    fitted = CliRunner().invoke(app, ["fit", "--db", str(db), "--run", CAMPAIGN, "--out", str(artifact)])
+    # a campaign this small may fail fit-quality checks: the report shows them, so write it anyway
+    fitted = CliRunner().invoke(app, ["fit", "--db", str(db), "--name", CAMPAIGN, "--out", str(artifact),
+                                      "--allow-poor-fit"])
     assert fitted.exit_code == 0, fitted.output
     run_eval(EvalConfig(prompts=prompts, split="test", db=db, name=CAMPAIGN, artifact=artifact, policies=POLICIES,
                         quick=True, max_new_tokens=12))
