@@ -209,3 +209,20 @@ def test_cli_quick_run_prints_table_one(setup, tmp_path):
     text = result.output
     assert "measured" in text and "TPS" in text and "SR" in text and "Average" in text and "static:4" in text
     assert "equals ar's on all 4 prompts" in " ".join(text.split()) and "no --artifact" in text
+
+
+def test_eval_takes_the_stores_only_campaign_and_threads(monkeypatch, tmp_path):
+    from hybridspec.workbench.store import RunSpec
+
+    seen = []
+    monkeypatch.setattr(evaluate, "run_eval", lambda config, reporter: seen.append(config) or None)
+    monkeypatch.setattr("hybridspec.collectors.eval_output.print_eval", lambda console, result: None)
+    runner = CliRunner()
+    assert runner.invoke(app, ["eval", "--db", str(tmp_path / "new.duckdb"), "--threads", "2"]).exit_code == 0
+    assert (seen[-1].name, seen[-1].threads) == ("default", 2)  # no store yet: the default name
+    db = tmp_path / "s.duckdb"
+    with Store(db) as store:
+        store.start_run(RunSpec(name="calib", pass_name="capture", model_id="m", drafter_id="d", device="cpu",
+                                dtype="float32", backend="torch"))
+    assert runner.invoke(app, ["eval", "--db", str(db)]).exit_code == 0
+    assert seen[-1].name == "calib" and seen[-1].threads is None
