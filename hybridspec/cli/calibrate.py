@@ -1,4 +1,4 @@
-"""Commands that calibrate and analyse: capture, merge, fit, eval, report, inspect."""
+"""Commands that calibrate and analyse: capture, merge, fit, eval, report, inspect, export."""
 
 from __future__ import annotations
 
