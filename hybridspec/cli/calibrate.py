@@ -102,7 +102,8 @@ def fit(
         thresholds = Thresholds.parse(threshold or ())
         campaign = resolve_campaign(db, name or run)
         result, meta = fit_artifact(db, campaign, out, thresholds=thresholds, allow_poor_fit=allow_poor_fit)
-    except PoorFitError as exc:
+    except PoorFitError as exc:  # the fit without its artifact, then one line per failed check
+        exc.result.checks = []
         print_fit(console, exc.result, None, None)
         console.print(f"[bold red]error:[/] {escape(str(exc))}")
         raise typer.Exit(1)

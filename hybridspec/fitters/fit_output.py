@@ -39,5 +39,11 @@ def print_fit(console: Console, result: CampaignFit, out: Path | None, meta: dic
     console.print(metrics)
     if result.checks:
         console.print(checks_table(result.checks))
+        bad = [c for c in result.checks if c.status == FAILED]
+        if bad:
+            console.print(f"[bold red]{len(bad)} fit-quality check(s) failed[/] — the fit is not fit to decide with "
+                          "until these are fixed (re-capture on a quiet machine, more prompts, or another threshold):")
+            for check in bad:
+                console.print(f"  [red]{escape(check.line())}[/]")
     for warning in result.warnings:
         console.print(f"[yellow]warning:[/] {escape(warning)}")
