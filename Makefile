@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo test clean
+.PHONY: venv browser demo test clean
 
 venv: $(STAMP)
 
@@ -21,7 +21,16 @@ $(STAMP): pyproject.toml Makefile
 demo: venv
 	$(BIN)/hybridspec demo
 
-test: venv
+# The report's browser test needs a headless Chromium: Debian's chromium-headless-shell, installed
+# where apt-get can (root); elsewhere the test says how to get it and skips.
+browser:
+	@command -v chromium-headless-shell >/dev/null || command -v chromium >/dev/null || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	    { DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium-headless-shell >/dev/null 2>&1 || \
+	      { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium-headless-shell >/dev/null 2>&1; }; } ; } || \
+	  echo "make browser: could not install chromium-headless-shell; the report's browser test will skip"
+
+test: venv browser
 	$(BIN)/python -m pytest
 
 clean:

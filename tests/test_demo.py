@@ -37,7 +37,7 @@ def test_the_served_answer_and_its_round_statistics(demo):
     assert response["object"] == "text_completion" and response["choices"][0]["text"]
     assert response["usage"]["completion_tokens"] <= 10
     # one request was served: the server's counters are that request's
-    assert metrics["requests_total"] == 1
+    assert metrics["request_success_total"] == 1 and metrics.get("request_failed_total", 0) == 0
     assert metrics["generation_tokens_total"] == response["usage"]["completion_tokens"]
     assert sum(metrics["verification_lengths"].values()) == metrics["rounds_total"] > 0
     assert "server stopped" in text and (out / "serve.log").is_file()

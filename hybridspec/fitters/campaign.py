@@ -119,7 +119,7 @@ def fit_campaign(db: Path, name: str) -> CampaignFit:
     D, train = arrays["D"], ~arrays["held"]
     try:
         acceptance = AcceptanceFitter().fit(arrays["conf"][train], arrays["ent"][train], arrays["a_d"][train])
-        cost = QuadraticCost().fit(fixed[:, 0], fixed[:, 1] * 1e-6)
+        cost = QuadraticCost().fit(fixed[:, 0], fixed[:, 1] * 1e-6, max_length=D + 1)
         s = Slope(name="s (Stage-0 latency per token)").fit(stage0[:, 0], stage0[:, 1] * 1e-6)
         eta = Slope(name="eta (MoE latency per distinct expert)").fit(moe[:, 0], moe[:, 1] * 1e-6)
     except ValueError as exc:  # too few distinct lengths, one class only, …

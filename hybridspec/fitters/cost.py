@@ -8,7 +8,9 @@ spread is reported beside the fit. A fit with R² < 0.9 or a slope that is not p
 warning (the fit-quality gates of `checks.py` decide what fails). Verifying more tokens never takes less
 time, so where the unconstrained quadratic falls anywhere on [2, W] (stalled or noisy timings) the
 fit is redone by bounded least squares (scipy) over curves that are non-decreasing on [2, W] and
-positive at w = 2, with a warning: the selector then still ranks lengths sensibly and ρ converges."""
+positive at w = 2, with a warning: the selector then still ranks lengths sensibly and ρ converges.
+W is the longest length the selector may choose (`max_length`), which can exceed the longest
+measured one (a short capture truncates long verifications): the curve must hold where it is used."""
 
 from __future__ import annotations
 
@@ -35,7 +37,8 @@ class QuadraticCost:
     `coef_` (a, b, c), `conf_int_` [3, 2] (95 %), `r2_`, `fixed_cost_` (= a), `cells_` (per w: n,
     median, quartiles, seconds), `warnings_`."""
 
-    def fit(self, w: np.ndarray, latency: np.ndarray) -> "QuadraticCost":
+    def fit(self, w: np.ndarray, latency: np.ndarray, max_length: float | None = None) -> "QuadraticCost":
+        """`max_length`: the longest w the curve is used for (default: the longest measured)."""
         w, latency = np.asarray(w, float), np.asarray(latency, float)
         if len(np.unique(w)) < 3:
             raise ValueError(f"quadratic cost fit needs at least 3 distinct lengths, got {sorted(set(w.tolist()))}")
@@ -45,17 +48,18 @@ class QuadraticCost:
         result = sm.OLS(latency, np.column_stack((np.ones_like(w), w, w * w))).fit()
         self.coef_, self.conf_int_, self.r2_ = result.params, result.conf_int(0.05), float(result.rsquared)
         self.warnings_ = []
-        defect = _defect(self.coef_, 2.0, float(w.max()))
+        hi = max(float(w.max()), float(max_length or 0))
+        defect = _defect(self.coef_, 2.0, hi)
         self.constrained_ = defect is not None
         if self.constrained_:
-            self.coef_ = _monotone_fit(w, latency)
+            self.coef_ = _monotone_fit(w, latency, hi)
             self.r2_ = float(1 - np.sum((latency - _curve(self.coef_, w)) ** 2) / np.sum((latency - latency.mean()) ** 2))
             self.warnings_.append(f"C_tgt fit: the least-squares quadratic {defect}; "
                                   "refitted as non-decreasing (confidence intervals are the unconstrained fit's)")
         self.fixed_cost_ = float(self.coef_[0])
         if self.r2_ < MIN_R2:
             self.warnings_.append(f"C_tgt fit: R² = {self.r2_:.3f} < {MIN_R2}")
-        shortest, longest = self.cost(np.array([2.0, w.max()]))
+        shortest, longest = self.cost(np.array([2.0, hi]))
         if longest <= shortest:
             self.warnings_.append("C_tgt fit: latency does not grow with the verification length")
         return self
@@ -89,11 +93,11 @@ def _defect(coef, lo: float, hi: float) -> str | None:
     return f"falls on w ∈ [{start:.1f}, {end:.1f}]"
 
 
-def _monotone_fit(w: np.ndarray, latency: np.ndarray) -> np.ndarray:
+def _monotone_fit(w: np.ndarray, latency: np.ndarray, hi: float) -> np.ndarray:
     """(a, b, c) minimising the squared error over quadratics with L(lo) ≥ 0, L'(lo) ≥ 0, L'(hi) ≥ 0
-    (lo = 2, hi = max w): written as L(w) = p + u·(w − lo) + (v − u)·(w − lo)² / (2·(hi − lo)), with
+    (lo = 2): written as L(w) = p + u·(w − lo) + (v − u)·(w − lo)² / (2·(hi − lo)), with
     p = L(lo), u = L'(lo), v = L'(hi) all bounded below by 0, that is a bounded linear least squares."""
-    lo, hi = 2.0, float(w.max())
+    lo = 2.0
     x = w - lo
     span = 2 * (hi - lo)
     design = np.column_stack((np.ones_like(x), x - x * x / span, x * x / span))

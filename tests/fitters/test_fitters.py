@@ -109,6 +109,23 @@ def test_rising_costs_keep_the_least_squares_fit():
     assert not cost.constrained_ and cost.coef_ == pytest.approx(np.polyfit(*_medians(w, latency), 2)[::-1], rel=1e-6)
 
 
+def test_the_curve_holds_up_to_the_longest_selectable_length_not_the_longest_measured():
+    # a short capture truncates long verifications: only w ≤ 8 is measured, the selector chooses up to 16
+    rng = np.random.default_rng(11)
+    w = np.repeat(np.arange(2, 9.0), 20)
+    latency = 8e-3 + 2e-3 * w - 1.2e-4 * w**2 + rng.normal(0, 1e-5, w.size)  # rising on [2, 8], falls past 8.3
+    plain = QuadraticCost().fit(w, latency)
+    assert not plain.constrained_  # on the measured range alone nothing is wrong …
+    assert plain.fixed_cost_ + plain.cost(np.array([16.0]))[0] < plain.fixed_cost_ + plain.cost(np.array([8.0]))[0]
+    cost = QuadraticCost().fit(w, latency, max_length=16)  # … but the curve is used up to 16
+    assert cost.constrained_
+    grid = np.linspace(2, 16, 141)
+    assert np.all(np.diff(cost.fixed_cost_ + cost.cost(grid)) >= -1e-12) and cost.fixed_cost_ + cost.cost(grid).min() > 0
+    prefix = np.clip(rng.uniform(0.2, 1.0, (300, 15)).cumprod(axis=1), 0, 1)
+    rho, _ = dinkelbach(prefix, cost.table(16), cost.fixed_cost_, range(2, 17))
+    assert rho > 0
+
+
 def test_routing_tables_follow_the_definition():
     rng = np.random.default_rng(5)
     D, k = 15, 2

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-CHROMIUM = next((p for p in (shutil.which("chromium"), shutil.which("chromium-browser"), "/usr/bin/chromium")
+CHROMIUM = next((p for p in (shutil.which("chromium-headless-shell"), shutil.which("chromium"),
+                               shutil.which("chromium-browser"), "/usr/bin/chromium")
                  if p and Path(p).is_file()), None)
 CHECK = """<script>window.addEventListener("load", function () {
   var images = document.images, ok = 0;
@@ -32,7 +33,7 @@ def _loaded(page: Path) -> tuple[int, int]:
     return int(found[1]), int(found[2])
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium: `make browser` installs chromium-headless-shell")
 def test_chromium_loads_every_image(report, tmp_path):
     html = report.path.read_text()
     plots = sum(len(s.figures) for s in report.sections)
