@@ -10,7 +10,10 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 3. one verification pass of w tokens (the target alone, as a graph, after a prefill of the
    context) against its floor: the bytes it must read (the weights of every layer except the
    experts no token routes to, the distinct experts' weights, the KV cache up to the context, the
-   GDN states read and written, the LM head) over the device copy bandwidth of the same run.
+   GDN states read and written, the LM head) over the device copy bandwidth of the same run;
+4. (`--profile`) where one verification pass spends its GPU time: kernel time from the profiler of
+   an eager pass (the graph replays the same kernels), split into GDN, MoE (routing, experts),
+   softmax attention, dense GEMMs and other, with the longest kernels named.
 
     python3 bench/gpu_round.py --out DIR [--models embedded,qwen3.6-35b-a3b] [--context 1024]
 
@@ -184,6 +187,68 @@ def verification_rows(session, model: str, context_prompt, widths, bandwidth: fl
     return rows
 
 
+FAMILIES = (("gdn", ("gdn_", "conv1d", "conv_")), ("moe", ("_moe_", "topk", "sort", "scatter")),
+            ("attention", ("flash", "fmha", "attention", "sdpa", "softmax")),
+            ("gemm", ("gemm", "nvjet", "cutlass", "xmma", "matmul", "splitk")))
+
+
+def family(kernel: str) -> str:
+    low = kernel.lower()
+    return next((name for name, keys in FAMILIES if any(k in low for k in keys)), "other")
+
+
+def profile_rows(session, model: str, context_prompt, widths) -> list[dict]:
+    """GPU kernel time of one eager verification pass of w tokens, by kernel family."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    target = session.target
+    device = next(target.parameters()).device
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    W = max(widths)
+    engine = Engine(target, None, max_context=len(context_prompt) + 2 * W, resident=False)
+    cache = engine.cache
+    cache.reset()
+    target.prefill(torch.tensor([context_prompt], device=device), cache)
+    target.flush(cache)
+    cache.null_commit(W)
+    cache.fixed_pending, cache.key_span = W, cache.max_len
+    block = torch.randint(0, target.cfg.vocab_size, (1, W), generator=torch.Generator().manual_seed(1)).to(device)
+    rows = []
+    for w in widths:
+        for _ in range(2):  # compile and warm
+            cache.pending = [True] * len(cache.pending)
+            target.forward_pass(block[:, :w], cache)
+        sync()
+        reps = 5
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                cache.pending = [True] * len(cache.pending)
+                target.forward_pass(block[:, :w], cache)
+            sync()
+        kernels: dict[str, list[float]] = {}
+        for event in prof.events():
+            if event.device_type == DeviceType.CUDA or (device.type == "cpu" and event.name.startswith("aten::")):
+                us = (getattr(event, "device_time", None) or getattr(event, "cuda_time", 0.0)) if device.type == "cuda" \
+                    else event.self_cpu_time_total
+                kernels.setdefault(event.name, []).append(us)
+        split = {name: 0.0 for name, _ in FAMILIES} | {"other": 0.0}
+        for name, times in kernels.items():
+            split[family(name)] += sum(times) / reps
+        top = sorted(((sum(t) / reps, len(t) / reps, n) for n, t in kernels.items()), reverse=True)[:12]
+        total = sum(split.values())
+        row = dict(model=model, policy=f"profile:{w}", w=w, kernel_us=round(total, 1),
+                   split_us={k: round(v, 1) for k, v in split.items()},
+                   kernels_per_pass=round(sum(len(t) for t in kernels.values()) / reps, 1),
+                   top=[dict(us=round(us, 1), calls=calls, family=family(n), name=n[:90]) for us, calls, n in top])
+        rows.append(row)
+        log(f"  profile {model} w={w:2d} kernels {total / 1e3:7.3f} ms in {row['kernels_per_pass']} kernels: "
+            + "  ".join(f"{k} {v / 1e3:.3f}" for k, v in split.items()))
+        for item in row["top"]:
+            log(f"      {item['us']:9.1f} us  x{item['calls']:<5} {item['family']:9s} {item['name']}")
+    return rows
+
+
 def versions() -> dict:
     import triton
 
@@ -200,6 +265,8 @@ def main(argv=None) -> int:
     ap.add_argument("--eager-tokens", type=int, default=12, help="new tokens per request on the host path (slow)")
     ap.add_argument("--policies", default="ar,static:4,full,nominal,hybridspec")
     ap.add_argument("--no-exactness", action="store_true")
+    ap.add_argument("--no-decode", action="store_true", help="skip the per-policy decode rows")
+    ap.add_argument("--profile", action="store_true", help="kernel-time split of one verification pass")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("gpu_round.py needs a CUDA GPU", file=sys.stderr)
@@ -226,9 +293,12 @@ def main(argv=None) -> int:
         if not args.no_exactness:
             result["checks"] += exactness(session, model, runs, prompts if embedded else prompts[:1], policies,
                                           48 if embedded else 16, fp32=embedded)
-        result["rows"] += decode_rows(session, model, runs, prompts[0], policies, args.tokens, args.eager_tokens)
+        if not args.no_decode:
+            result["rows"] += decode_rows(session, model, runs, prompts[0], policies, args.tokens, args.eager_tokens)
         if not embedded:
             result["rows"] += verification_rows(session, model, prompts[0], (1, 2, 4, 8, 12, 16), bandwidth)
+            if args.profile:
+                result["profile"] = result.get("profile", []) + profile_rows(session, model, prompts[0], (1, 8, 16))
         (args.out / "gpu_round.json").write_text(json.dumps(result, indent=1))
         del runs, session
         torch.cuda.empty_cache()
