@@ -59,5 +59,5 @@ class GatedDeltaNet(nn.Module):
                                pending=cache.pending_commit(slot), raw_keys=True)
         cache.mark_committed(slot)  # the launch above folded the pending commit into this layer's state
         gate = self.in_proj_z(x).reshape(B, T, self.hv, self.dv)
-        o = self.norm(o.to(x.dtype), gate)  # [B, T, HV, dv]
+        o = self.norm(o, gate)  # [B, T, HV, dv] in x's dtype (o rounded to it first)
         return self.out_proj(o.reshape(B, T, -1))

@@ -1,15 +1,18 @@
-"""RMS norms of the Qwen3 family (statistics in fp32, result in the input dtype)."""
+"""RMS norms of the Qwen3 family (statistics in fp32, result in the input dtype).
+
+The target's norms run through `op` (`kernels/norm`: the PyTorch reference by default; the model
+sets the Triton kernels on its triton backend). The drafter's `RMSNorm` stays in PyTorch: training
+differentiates through it."""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ...kernels.norm import reference as norm_reference
 
-def _normalize(x: Tensor, eps: float) -> Tensor:
-    x = x.float()
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+_normalize = norm_reference.normalize
 
 
 class OffsetRMSNorm(nn.Module):
@@ -19,9 +22,14 @@ class OffsetRMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.zeros(dim))
+        self.op = norm_reference.offset_rms_norm
 
     def forward(self, x: Tensor) -> Tensor:
-        return (_normalize(x, self.eps) * (1.0 + self.weight.float())).type_as(x)
+        return self.op(x, self.weight, self.eps)[0]
+
+    def add_norm(self, x: Tensor, residual: Tensor) -> tuple[Tensor, Tensor]:
+        """(norm(x + residual), x + residual): the residual add fused into the norm's launch."""
+        return self.op(x, self.weight, self.eps, residual)
 
 
 class RMSNorm(nn.Module):
@@ -37,14 +45,13 @@ class RMSNorm(nn.Module):
 
 
 class GatedRMSNorm(nn.Module):
-    """GDN output norm: `weight * normalize(o) * silu(gate)` (norm before gate)."""
+    """GDN output norm: `weight * normalize(o) * silu(gate)` (norm before gate), in gate's dtype."""
 
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
+        self.op = norm_reference.gated_rms_norm
 
     def forward(self, x: Tensor, gate: Tensor) -> Tensor:
-        dtype = x.dtype
-        y = self.weight * _normalize(x, self.eps).to(dtype)
-        return (y * F.silu(gate.float())).to(dtype)
+        return self.op(x, gate, self.weight, self.eps)

@@ -19,12 +19,13 @@ from torch import Tensor, nn
 
 from ...kernels.gdn import reference as gdn_reference
 from ...kernels.moe import reference as moe_reference
+from ...kernels.norm import reference as norm_reference
 from ..cache import TargetCache
 from ..config import ConfigError, TargetConfig
 from ..layers.attention import GatedAttention
 from ..layers.gdn import GatedDeltaNet
 from ..layers.moe import DenseMLP, SparseMoE
-from ..layers.norms import OffsetRMSNorm
+from ..layers.norms import GatedRMSNorm, OffsetRMSNorm
 from ..layers.rope import rope_cos_sin, rope_inv_freq
 
 
@@ -88,6 +89,20 @@ def moe_experts_op(backend: str) -> Callable:
     return moe_triton.moe_experts
 
 
+def norm_ops(backend: str) -> tuple[Callable, Callable]:
+    """(offset_rms_norm, gated_rms_norm) of a backend (`kernels/norm`): the reference, or one Triton
+    launch per norm with the residual add fused in."""
+    if backend == "torch":
+        return norm_reference.offset_rms_norm, norm_reference.gated_rms_norm
+    if backend != "triton":
+        raise ConfigError(f"unknown backend {backend!r} (torch or triton)")
+    try:
+        from ...kernels.norm import triton as norm_triton
+    except ImportError as exc:
+        raise ConfigError(f"the triton backend needs triton ({exc})") from exc
+    return norm_triton.offset_rms_norm, norm_triton.gated_rms_norm
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: TargetConfig, index: int, verify: Callable, experts: Callable):
         super().__init__()
@@ -105,11 +120,12 @@ class DecoderLayer(nn.Module):
     def is_moe(self) -> bool:
         return isinstance(self.mlp, SparseMoE)
 
-    def mix(self, x: Tensor, cache: TargetCache, slot: int, rope: tuple[Tensor, Tensor]) -> Tensor:
-        """Token mixer with its residual: x + mixer(norm(x))."""
-        h = self.input_layernorm(x)
+    def mix(self, h: Tensor, x: Tensor, cache: TargetCache, slot: int,
+            rope: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor]:
+        """The token mixer on h = input_layernorm(x), its residual add fused into the post-attention
+        norm: returns (post_attention_layernorm(x'), x') with x' = x + mixer(h)."""
         h = self.linear_attn(h, cache, slot) if self.is_gdn else self.self_attn(h, cache, slot, rope)
-        return x + h
+        return self.post_attention_layernorm.add_norm(h, x)
 
 
 class HybridTarget(nn.Module):
@@ -130,6 +146,12 @@ class HybridTarget(nn.Module):
                       for i, t in enumerate(cfg.layer_types)]
         self.register_buffer("inv_freq", rope_inv_freq(cfg.rotary_dim, cfg.rope_theta), persistent=False)
         self.feature_layers = tuple(feature_layers)  # layers whose output the drafter reads (its target_layer_ids)
+        offset_norm, gated_norm = norm_ops(backend)
+        for module in self.modules():
+            if isinstance(module, OffsetRMSNorm):
+                module.op = offset_norm
+            elif isinstance(module, GatedRMSNorm):
+                module.op = gated_norm
 
     # ---------------------------------------------------------------- caches
     def new_cache(self, *, max_len: int, tokens_per_pass: int = 64, batch: int = 1) -> TargetCache:
@@ -156,8 +178,8 @@ class HybridTarget(nn.Module):
         u = tokens.shape[1]
         self._check_room(cache, u)
         layer = self.layers[0]
-        residual = layer.mix(self.embed_tokens(tokens), cache, 0, rope=None)  # [B, u, hidden]
-        moe_input = layer.post_attention_layernorm(residual)
+        x = self.embed_tokens(tokens)
+        moe_input, residual = layer.mix(layer.input_layernorm(x), x, cache, 0, rope=None)  # [B, u, hidden]
         ids, weights = layer.mlp.route(moe_input)
         return Stage0(u, residual, moe_input, ids, weights)
 
@@ -169,25 +191,28 @@ class HybridTarget(nn.Module):
         rope = self._rope(cache, w)
         layer0 = self.layers[0]
         ids, weights = s0.expert_ids[:, :w], s0.expert_weights[:, :w]
-        x = s0.residual[:, :w] + layer0.mlp.run_experts(s0.moe_input[:, :w], ids, weights)
+        # each layer's output is x + delta; the add is fused into the next norm, which also returns it
+        x, delta = s0.residual[:, :w], layer0.mlp.run_experts(s0.moe_input[:, :w], ids, weights)
         routing = [ids] if record_routing else None
         taps = set(self.feature_layers)
-        outputs = {0: x} if 0 in taps else {}
+        outputs = {}
         for index in range(1, len(self.layers)):
             layer = self.layers[index]
-            x = layer.mix(x, cache, self._slot[index], rope)
-            h = layer.post_attention_layernorm(x)
+            h, x = layer.input_layernorm.add_norm(delta, x)  # x: the output of layer index − 1
+            if index - 1 in taps:
+                outputs[index - 1] = x
+            h, x = layer.mix(h, x, cache, self._slot[index], rope)
             if layer.is_moe:
                 ids, weights = layer.mlp.route(h)
                 if routing is not None:
                     routing.append(ids)
-                h = layer.mlp.run_experts(h, ids, weights)
+                delta = layer.mlp.run_experts(h, ids, weights)
             else:
-                h = layer.mlp(h)
-            x = x + h
-            if index in taps:
-                outputs[index] = x
-        logits = self.lm_head(self.norm(x)).float()
+                delta = layer.mlp(h)
+        normed, x = self.norm.add_norm(delta, x)
+        if len(self.layers) - 1 in taps:
+            outputs[len(self.layers) - 1] = x
+        logits = self.lm_head(normed).float()
         # in the drafter's order, repeats allowed (DFlash concatenates per listed layer)
         feats = torch.cat([outputs[i] for i in self.feature_layers], dim=-1) if taps else None
         return PassOutput(w, logits, feats, routing)
