@@ -1,6 +1,8 @@
-"""The Triton RMS norms compiled on the GPU at the 35B shapes: bf16 results within one unit in the
-last place of the PyTorch reference on CUDA (rounding to nearest, unlike the interpreter), the
-residual sum bit-exact, fp32 within fp32 rounding; one launch that replays in a CUDA graph."""
+"""The Triton RMS norms compiled on the GPU at the 35B shapes: bf16 results within two units in
+the last place of the PyTorch reference on CUDA (the row sums' order differs, and a one-ulp flip of
+the gated norm's intermediate roundings can reach the result as two), on under 1 % of the
+elements; the residual sum bit-exact; fp32 within fp32 rounding; one launch that replays in a CUDA
+graph."""
 
 import pytest
 import torch
