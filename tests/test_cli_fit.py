@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -35,6 +36,12 @@ def test_fit_writes_a_valid_artifact_and_inspect_prints_its_checks(stores, tmp_p
     assert "ρ =" in result.output and "log-loss" in result.output and "fit-quality checks" in result.output
     params, meta = load_artifact(out)
     assert params.rho == meta["rho"] > 0 and meta["model_id"] == "sha256:m"
+    as_json = runner.invoke(app, ["fit", "--db", str(stores[0]), "--out", str(tmp_path / "j.safetensors"), "--json"])
+    assert as_json.exit_code == 0, as_json.output
+    summary = json.loads(as_json.stdout)
+    params = load_artifact(tmp_path / "j.safetensors")[0]
+    assert summary["rho"] == pytest.approx(params.rho) and summary["failed_checks"] == []
+    assert summary["content_sha256"] and set(summary["cost"]) == {str(w) for w in params.lengths}
     shown = runner.invoke(app, ["inspect", str(out)], terminal_width=200)
     assert shown.exit_code == 0, shown.output
     assert "content_sha256" in shown.output and str(round(params.rho, 2))[:4] in shown.output
@@ -58,6 +65,10 @@ def test_fit_on_pure_noise_exits_non_zero_naming_each_failed_check(stores, tmp_p
     shown = runner.invoke(app, ["inspect", str(out)], terminal_width=200)
     assert shown.exit_code == 1 and "failed: cost_r2" in _flat(shown.output)
     assert "written with --allow-poor-fit" in _flat(shown.output)
+    as_json = runner.invoke(app, ["fit", "--db", str(stores[1]), "--out", str(tmp_path / "j.safetensors"), "--json"])
+    summary = json.loads(as_json.stdout)  # one object, exit 1, nothing written
+    assert as_json.exit_code == 1 and summary["artifact"] is None and not (tmp_path / "j.safetensors").exists()
+    assert summary["failed_checks"] and all(line in _flat(result.output) for line in summary["failed_checks"])
     relaxed = runner.invoke(app, ["fit", "--db", str(stores[1]), "--out", str(out), "--threshold", "cost_r2=x"])
     assert relaxed.exit_code == 2 and "not a number" in _flat(relaxed.output)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -9,7 +10,12 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from .common import ArtifactOpt, BackendOpt, DeviceOpt, DrafterOpt, DtypeOpt, ModelOpt, _fail, app, console
+from .common import ArtifactOpt, BackendOpt, DeviceOpt, DrafterOpt, DtypeOpt, ModelOpt, _fail, app, console, err_console
+
+def _print_json(obj) -> None:
+    """One JSON object on stdout (numpy scalars as numbers)."""
+    print(json.dumps(obj, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
+
 
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", min=1, help="torch CPU threads of this process (default: 1 on a CPU device, torch's default on CUDA); recorded with every run.")]
 
@@ -83,6 +89,7 @@ def fit(
     run: Annotated[Optional[str], typer.Option("--run", hidden=True, help="Old name of --name.")] = None,
     allow_poor_fit: Annotated[bool, typer.Option("--allow-poor-fit", help="Write the artifact even when fit-quality checks fail (recorded in it).")] = False,
     threshold: Annotated[Optional[list[str]], typer.Option("--threshold", help=_threshold_help())] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (the summary) instead of tables.")] = False,
 ) -> None:
     """Fit the acceptance model, C_tgt, s, η, the routing tables and ρ; check the fit; write the frozen artifact.
 
@@ -91,7 +98,7 @@ def fit(
     from ..fitters.campaign import FitError
     from ..fitters.checks import Thresholds
     from ..fitters.export import PoorFitError, fit_artifact
-    from ..fitters.fit_output import print_fit
+    from ..fitters.fit_output import fit_json, print_fit
     from ..workbench.store import resolve_campaign
 
     if name is not None and run is not None and name != run:
@@ -103,12 +110,18 @@ def fit(
         campaign = resolve_campaign(db, name or run)
         result, meta = fit_artifact(db, campaign, out, thresholds=thresholds, allow_poor_fit=allow_poor_fit)
     except PoorFitError as exc:  # the fit without its artifact, then one line per failed check
+        if as_json:
+            _print_json(fit_json(exc.result, None, None, exc.checks))
+            raise typer.Exit(1)
         exc.result.checks = []
         print_fit(console, exc.result, None, None)
         console.print(f"[bold red]error:[/] {escape(str(exc))}")
         raise typer.Exit(1)
     except ValueError as exc:  # FitError, StoreError (damaged store), OutputPathError, a bad --threshold
         _fail(escape(str(exc)))
+    if as_json:
+        _print_json(fit_json(result, out, meta, result.checks))
+        return
     print_fit(console, result, out, meta)
     if meta["diagnostics"].get("allow_poor_fit"):
         console.print("[bold yellow]written with failed checks (--allow-poor-fit); `inspect` will exit non-zero[/]")
@@ -134,9 +147,10 @@ def eval_(
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an eval run of this name.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Use an artifact fitted for another model/drafter.")] = False,
     threads: ThreadsOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (the summary) instead of tables.")] = False,
 ) -> None:
     """Decode a prompt split with each policy, record every request and round, print Table 1 (TPS, SR, AL, w)."""
-    from ..collectors.eval_output import print_eval
+    from ..collectors.eval_output import eval_json, print_eval
     from ..collectors.evaluate import EvalConfig, parse_policies, run_eval
     from ..collectors.progress import RichReporter
     from ..workbench.store import resolve_campaign
@@ -147,10 +161,13 @@ def eval_(
                             name=resolve_campaign(db, name, fallback="default"), max_new_tokens=max_new_tokens,
                             temperature=temperature, device=device, dtype=dtype, backend=backend, quick=quick,
                             resume=resume, overwrite=overwrite, force=force, threads=threads)
-        with RichReporter(console) as reporter:
+        with RichReporter(err_console if as_json else console) as reporter:  # stdout keeps only the JSON
             result = run_eval(config, reporter)
     except ValueError as exc:  # EvalConfigError, PolicyError, ArtifactError, StoreError, PromptFileError, ConfigError
         _fail(escape(str(exc)))
+    if as_json:
+        _print_json(eval_json(result))
+        return
     print_eval(console, result)
 
 
@@ -160,9 +177,11 @@ def report(
     out: Annotated[Path, typer.Option("--out", help="Folder for index.html (self-contained).")] = Path("report"),
     artifact: ArtifactOpt = None,
     name: Annotated[Optional[str], typer.Option("--name", help="Campaign (capture's --name); default: the store's only campaign, else the newest.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (the summary) instead of tables.")] = False,
 ) -> None:
     """Diagnostics of a calibration (and its evals) as one HTML page with plots, plus a terminal summary."""
     from ..report import build_report, summary
+    from ..report.terminal import report_json
     from ..workbench.paths import check_output_dir
 
     try:
@@ -170,6 +189,9 @@ def report(
         result = build_report(db, out, artifact=artifact, campaign=name)
     except ValueError as exc:  # ReportError, ArtifactError, StoreError (damaged store), OutputPathError
         _fail(escape(str(exc)))
+    if as_json:
+        _print_json(report_json(result))
+        return
     console.print(summary(result))
     console.print(f"[bold green]report:[/] {result.path.resolve()}")
 

@@ -82,3 +82,13 @@ def exactness_lines(result: EvalResult) -> list[tuple[str, bool]]:
         lines.append((f"MISMATCH {policy}: {len(rows)} of {result.prompts} outputs differ from ar "
                       f"(prompt at first differing position: {where})", False))
     return lines
+
+
+def eval_json(result: EvalResult) -> dict:
+    """`eval --json`: the run, the measured rows per policy and category (and the offline estimates
+    beside them when the campaign has a capture run), every output that differs from ar's."""
+    return {"run_id": result.run_id, "policies": list(result.policies), "greedy": result.greedy,
+            "prompts": result.prompts, "measured": result.measured.to_dicts(),
+            "estimates": result.estimates.to_dicts() if result.estimates is not None else None,
+            "mismatches": result.mismatches.to_dicts(), "exact": result.greedy and result.mismatches.is_empty(),
+            "notes": list(result.notes)}

@@ -47,3 +47,21 @@ def print_fit(console: Console, result: CampaignFit, out: Path | None, meta: dic
                 console.print(f"  [red]{escape(check.line())}[/]")
     for warning in result.warnings:
         console.print(f"[yellow]warning:[/] {escape(warning)}")
+
+
+def fit_json(result: CampaignFit, out: Path | None, meta: dict | None, checks) -> dict:
+    """`fit --json`: the artifact (null when nothing was written), the fitted scalars (seconds),
+    C_tgt(w), the held-out scores and every check, the failed ones listed by line."""
+    from .checks import check_rows
+
+    table = result.cost.table(result.draft_len + 1)
+    rows = check_rows(checks)
+    return {"artifact": str(out) if meta is not None else None,
+            "content_sha256": meta["content_sha256"] if meta is not None else None,
+            "written_with_failed_checks": bool(meta is not None and meta["diagnostics"].get("allow_poor_fit")),
+            "rho": result.rho, "s": result.stage0.slope_, "eta": result.moe.slope_,
+            "fixed_cost": result.cost.fixed_cost_, "draft_len": result.draft_len,
+            "cost": {str(w): float(table[w]) for w in result.lengths},
+            "dinkelbach_iterations": len(result.iterations), "dinkelbach_converged": result.converged,
+            "held_out": result.metrics, "warnings": list(result.warnings), "checks": rows,
+            "failed_checks": [r["line"] for r in rows if r["status"] == FAILED]}

@@ -53,3 +53,12 @@ def _policy_table(overall) -> Table:
             cells.append(" / ".join(f"{v:.3g}" for v in sides))
         table.add_row(row["policy"], *cells)
     return table
+
+
+def report_json(result: ReportResult) -> dict:
+    """`report --json`: the page, each section's status and one-line summary, the failed checks."""
+    return {"path": str(result.path.resolve()), "db": str(result.db), "campaign": result.campaign,
+            "artifact": str(result.artifact) if result.artifact is not None else None,
+            "sections": [{"key": s.key, "title": s.title, "status": s.status, "headline": s.headline,
+                          "note": s.note, "failed_checks": list(s.failed_checks)} for s in result.sections],
+            "failed_checks": [c.line() for c in result.failed_checks]}

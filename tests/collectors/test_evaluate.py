@@ -209,6 +209,14 @@ def test_cli_quick_run_prints_table_one(setup, tmp_path):
     text = result.output
     assert "measured" in text and "TPS" in text and "SR" in text and "Average" in text and "static:4" in text
     assert "equals ar's on all 4 prompts" in " ".join(text.split()) and "no --artifact" in text
+    # --json: one object on stdout (progress goes to stderr), the same run's rows
+    as_json = runner.invoke(app, ["eval", "--quick", "--prompts", str(setup["prompts"]), "--max-new-tokens", "6",
+                                  "--policies", "static:4", "--db", str(tmp_path / "c.duckdb"), "--name", "j",
+                                  "--json"])
+    assert as_json.exit_code == 0, as_json.output
+    summary = json.loads(as_json.stdout)
+    assert summary["policies"] == ["ar", "static:4"] and summary["exact"] and summary["prompts"] == 4
+    assert {row["policy"] for row in summary["measured"]} == {"ar", "static:4"} and summary["mismatches"] == []
 
 
 def test_eval_takes_the_stores_only_campaign_and_threads(monkeypatch, tmp_path):
