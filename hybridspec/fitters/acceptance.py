@@ -4,7 +4,13 @@ log(h_i / h̄_{i−1})] for ĉ_i = P(A_D ≥ i | A_D ≥ i − 1).
 
 Training rows: draft position i of every capture round with A_D ≥ i − 1 (truncated rounds are the
 caller's to exclude), label 1[A_D ≥ i]. The feature definition is the runtime's
-(`runtime/acceptance.py`); a test keeps the two equal."""
+(`runtime/acceptance.py`); a test keeps the two equal.
+
+The isotonic stage is a step function fitted per position; on a small capture its steps reach 0 or
+1 where a few rounds happen to agree, and the model is then confidently wrong on new prompts. With
+`isotonic="auto"` the fitter keeps the stage only where it helps: a cross-validation over prompts
+(grouped K-fold) compares the model with and without it (the identity calibration in the same
+artifact layout) and the lower mean held-out log-loss wins (`isotonic_used_`, `cv_log_loss_`)."""
 
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ from sklearn.linear_model import LogisticRegression
 
 ENTROPY_EPS = 1e-6
 MIN_SAMPLES = 20  # a position with fewer usable rows (or one class) keeps the identity calibration
+CV_FOLDS = 5
 
 
 def smoothed_entropy(entropy: np.ndarray) -> np.ndarray:
@@ -44,22 +51,66 @@ def conditional_rows(accepted_full: np.ndarray, draft_len: int) -> tuple[np.ndar
 
 
 class AcceptanceFitter:
-    """`fit(confidence [N, D], entropy [N, D], accepted_full [N])`; learned: `iso_x_`, `iso_y_`
-    (per position thresholds), `coef_` (intercept + 5 weights)."""
+    """`fit(confidence [N, D], entropy [N, D], accepted_full [N], groups=None)`; learned: `iso_x_`,
+    `iso_y_` (per position thresholds), `coef_` (intercept + 5 weights), `isotonic_used_`,
+    `cv_log_loss_` ({"isotonic", "identity", "folds"} when the stage was chosen by cross-validation).
 
-    def __init__(self, *, regularization: float = 1e4, min_samples: int = MIN_SAMPLES):
+    `isotonic`: True (always the isotonic stage), False (identity calibration) or "auto" (chosen by
+    grouped K-fold over `groups`, one id per round, e.g. its prompt; rounds themselves without)."""
+
+    def __init__(self, *, regularization: float = 1e4, min_samples: int = MIN_SAMPLES,
+                 isotonic: bool | str = True, folds: int = CV_FOLDS):
+        if isotonic not in (True, False, "auto"):
+            raise ValueError(f"isotonic must be True, False or 'auto', got {isotonic!r}")
         self.regularization = regularization
         self.min_samples = min_samples
+        self.isotonic = isotonic
+        self.folds = folds
 
-    def fit(self, confidence: np.ndarray, entropy: np.ndarray, accepted_full: np.ndarray) -> "AcceptanceFitter":
+    def fit(self, confidence: np.ndarray, entropy: np.ndarray, accepted_full: np.ndarray,
+            groups: np.ndarray | None = None) -> "AcceptanceFitter":
         confidence, entropy = np.asarray(confidence, float), np.asarray(entropy, float)
+        accepted_full = np.asarray(accepted_full)
+        use, self.cv_log_loss_ = self.isotonic, None
+        if use == "auto":
+            self.cv_log_loss_ = self._cross_validate(confidence, entropy, accepted_full, groups)
+            scores = self.cv_log_loss_
+            use = scores is None or scores["isotonic"] <= scores["identity"]
+        self.isotonic_used_ = bool(use)
+        return self._fit(confidence, entropy, accepted_full, isotonic=self.isotonic_used_)
+
+    def _cross_validate(self, confidence, entropy, accepted_full, groups) -> dict | None:
+        """Mean held-out log-loss of the model with and without the isotonic stage over grouped
+        folds (None with fewer than two groups: nothing to hold out)."""
+        from sklearn.model_selection import GroupKFold
+
+        groups = np.arange(len(accepted_full)) if groups is None else np.asarray(groups)
+        k = min(self.folds, len(np.unique(groups)))
+        if k < 2:
+            return None
+        losses = {"isotonic": [], "identity": []}
+        for train, test in GroupKFold(n_splits=k).split(confidence, groups=groups):
+            mask, labels = conditional_rows(accepted_full[test], confidence.shape[1])
+            if not mask.any():
+                continue
+            for name, iso in (("isotonic", True), ("identity", False)):
+                model = AcceptanceFitter(regularization=self.regularization, min_samples=self.min_samples)
+                model._fit(confidence[train], entropy[train], accepted_full[train], isotonic=iso)
+                prob = model.predict_conditional(confidence[test], entropy[test])[mask]
+                losses[name].append((calibration_metrics(prob, labels[mask])["log_loss"], int(mask.sum())))
+        if not losses["isotonic"]:
+            return None
+        mean = {name: float(sum(l * n for l, n in v) / sum(n for _, n in v)) for name, v in losses.items()}
+        return {**mean, "folds": k}
+
+    def _fit(self, confidence, entropy, accepted_full, *, isotonic: bool) -> "AcceptanceFitter":
         D = confidence.shape[1]
-        mask, labels = conditional_rows(np.asarray(accepted_full), D)
+        mask, labels = conditional_rows(accepted_full, D)
         self.iso_x_, self.iso_y_, self.position_counts_ = [], [], []
         for i in range(D):
             x, y = confidence[mask[:, i], i], labels[mask[:, i], i]
             self.position_counts_.append(int(len(x)))
-            if len(x) < self.min_samples or y.min() == y.max():
+            if not isotonic or len(x) < self.min_samples or y.min() == y.max():
                 self.iso_x_.append(np.array([0.0, 1.0]))
                 self.iso_y_.append(np.array([0.0, 1.0]))
                 continue
@@ -104,11 +155,23 @@ def calibration_metrics(prob: np.ndarray, label: np.ndarray, bins: int = 10) -> 
     return {"log_loss": logloss, "brier": brier, "ece": float(ece), "rows": int(len(label))}
 
 
+def row_log_loss(prob: np.ndarray, label: np.ndarray) -> np.ndarray:
+    p = np.clip(prob, 1e-7, 1 - 1e-7)
+    return -(label * np.log(p) + (1 - label) * np.log(1 - p))
+
+
 def held_out_report(fitter: AcceptanceFitter, confidence, entropy, accepted_full) -> dict:
-    """Metrics of raw confidence, isotonic only and the full model on held-out rounds."""
+    """Metrics of raw confidence, isotonic only and the full model on held-out rounds, and the
+    paired per-row log-loss difference full − raw (`full_vs_raw`: mean, standard error, rows), so a
+    gate can tell a worse model from the noise of a small held-out set."""
     confidence, entropy = np.asarray(confidence, float), np.asarray(entropy, float)
     mask, labels = conditional_rows(np.asarray(accepted_full), confidence.shape[1])
     y = labels[mask]
+    full = fitter.predict_conditional(confidence, entropy)[mask]
+    diff = row_log_loss(full, y) - row_log_loss(confidence[mask], y)
+    se = float(diff.std(ddof=1) / np.sqrt(len(diff))) if len(diff) > 1 else None
     return {"raw": calibration_metrics(confidence[mask], y),
             "isotonic": calibration_metrics(fitter.calibrate(confidence)[mask], y),
-            "full": calibration_metrics(fitter.predict_conditional(confidence, entropy)[mask], y)}
+            "full": calibration_metrics(full, y),
+            "full_vs_raw": {"mean": float(diff.mean()) if len(diff) else None, "se": se,
+                            "rows": int(len(diff))}}

@@ -43,7 +43,10 @@ class CampaignFit:
     checks: list = field(default_factory=list)  # checks.Check, set by export.fit_artifact
 
     def diagnostics(self) -> dict:
-        return {"acceptance": self.metrics, "dinkelbach": self.iterations, "warnings": self.warnings,
+        return {"acceptance": self.metrics,
+                "acceptance_model": {"isotonic": self.acceptance.isotonic_used_,
+                                     "cv_log_loss": self.acceptance.cv_log_loss_},
+                "dinkelbach": self.iterations, "warnings": self.warnings,
                 "dinkelbach_converged": self.converged, "dinkelbach_note": self.convergence_note,
                 "versions": self.versions,
                 "cost": {"coef": self.cost.coef_.tolist(), "conf_int": self.cost.conf_int_.tolist(), "r2": self.cost.r2_,
@@ -87,8 +90,10 @@ def _capture_arrays(store: Store, run_id: str) -> dict:
         n0_pos.append(position)
         n0.append(new)
     prompts = sorted({r[0] for r in rounds})
+    order = {p: i for i, p in enumerate(prompts)}
     held = {p for i, p in enumerate(prompts) if i % 5 == 4}
     return {"conf": conf, "ent": ent, "a_d": np.array([r[2] for r in rounds]), "D": D,
+            "prompt": np.array([order[r[0]] for r in rounds]),
             "held": np.array([r[0] in held for r in rounds]), "n0_pos": np.array(n0_pos), "n0": np.array(n0)}
 
 
@@ -118,7 +123,8 @@ def fit_campaign(db: Path, name: str) -> CampaignFit:
             raise FitError(f"campaign {name!r}: the {what} run in {db} has no usable rows")
     D, train = arrays["D"], ~arrays["held"]
     try:
-        acceptance = AcceptanceFitter().fit(arrays["conf"][train], arrays["ent"][train], arrays["a_d"][train])
+        acceptance = AcceptanceFitter(isotonic="auto").fit(arrays["conf"][train], arrays["ent"][train],
+                                                           arrays["a_d"][train], groups=arrays["prompt"][train])
         cost = QuadraticCost().fit(fixed[:, 0], fixed[:, 1] * 1e-6, max_length=D + 1)
         s = Slope(name="s (Stage-0 latency per token)").fit(stage0[:, 0], stage0[:, 1] * 1e-6)
         eta = Slope(name="eta (MoE latency per distinct expert)").fit(moe[:, 0], moe[:, 1] * 1e-6)

@@ -11,6 +11,9 @@ saved artifact. Each check names its number and its threshold:
     s_positive, s_r2     s > 0; R² of the Stage-0 line over per-u medians ≥ `s_r2`
     eta_positive, eta_r2 η > 0; R² of the MoE line over per-count medians ≥ `eta_r2`
     acceptance_log_loss  held-out log-loss of the calibrated model ≤ raw confidence's + `log_loss_margin`
+                         + `log_loss_z` standard errors of the paired per-row difference (a small
+                         held-out set cannot tell a few hundredths of a nat from noise; a
+                         calibration that is really worse than raw confidence still fails)
     rho_converged        Dinkelbach's iteration for ρ reached its fixed point
 
 A check whose number the artifact does not record (fitted by an older hybridspec) is `unknown`,
@@ -38,6 +41,7 @@ class Thresholds:
     s_r2: float = 0.5  # minimum R² of the Stage-0 line over per-u medians
     eta_r2: float = 0.5  # minimum R² of the MoE line over per-count medians
     log_loss_margin: float = 0.0  # how much worse than raw confidence the held-out log-loss may be
+    log_loss_z: float = 2.0  # … plus this many standard errors of the paired held-out difference
 
     def __post_init__(self):
         for f in fields(self):
@@ -139,19 +143,25 @@ def quality_checks(*, cost: Sequence[float], lengths: Sequence[int], s: float, e
     checks.append(_r2_check("s_r2", "stage0", "the Stage-0 line", diagnostics.get("s", {}).get("r2"), t.s_r2))
     checks.append(_positive("eta_positive", "moe", "η", eta, "µs/expert", 1e6))
     checks.append(_r2_check("eta_r2", "moe", "the MoE line", diagnostics.get("eta", {}).get("r2"), t.eta_r2))
-    checks.append(_log_loss_check(diagnostics.get("acceptance", {}), t.log_loss_margin))
+    checks.append(_log_loss_check(diagnostics.get("acceptance", {}), t.log_loss_margin, t.log_loss_z))
     checks.append(_rho_check(diagnostics))
     return checks
 
 
-def _log_loss_check(metrics: dict, margin: float) -> Check:
+def _log_loss_check(metrics: dict, margin: float, z: float) -> Check:
     full, raw = (_number(metrics.get(k, {}).get("log_loss")) for k in ("full", "raw"))
     if full is None or raw is None:
         return Check("acceptance_log_loss", "reliability", UNKNOWN, full, f"≤ raw + {margin:g}",
                      "held-out log-loss not recorded")
-    return Check("acceptance_log_loss", "reliability", _verdict(full <= raw + margin), full,
-                 f"≤ raw confidence's {raw:.3f} + {margin:g}",
-                 f"held-out log-loss of the calibrated model {full:.3f}")
+    se = _number(metrics.get("full_vs_raw", {}).get("se"))
+    detail = f"held-out log-loss of the calibrated model {full:.3f}"
+    if se is None or not np.isfinite(se):  # not recorded (an older fit) or one row: the plain comparison
+        return Check("acceptance_log_loss", "reliability", _verdict(full <= raw + margin), full,
+                     f"≤ raw confidence's {raw:.3f} + {margin:g}", detail)
+    rows = metrics["full_vs_raw"].get("rows")
+    return Check("acceptance_log_loss", "reliability", _verdict(full <= raw + margin + z * se), full,
+                 f"≤ raw confidence's {raw:.3f} + {margin:g} + {z:g} × {se:.3f} (s.e. of the difference)",
+                 f"{detail}, {full - raw:+.3f} against raw confidence over {rows} held-out rows")
 
 
 def _rho_check(diagnostics: dict) -> Check:

@@ -35,6 +35,8 @@ def print_fit(console: Console, result: CampaignFit, out: Path | None, meta: dic
     console.print("C_tgt(w) ms: " + "  ".join(f"{w}:{table[w] * 1e3:.2f}" for w in result.lengths))
     metrics = Table("estimate", "log-loss", "Brier", "ECE", "rows", title="acceptance, held-out rounds")
     for name, m in result.metrics.items():
+        if "log_loss" not in m:  # full_vs_raw: the paired difference, shown with the check
+            continue
         metrics.add_row(name, f"{m['log_loss']:.4f}", f"{m['brier']:.4f}", f"{m['ece']:.4f}", str(m["rows"]))
     console.print(metrics)
     if result.checks:

@@ -92,6 +92,13 @@ def reliability_section(inputs: ReportInputs) -> Section:
     section.values = {"split": split, "min_rows": MIN_SAMPLES, "rows": int(len(y_all))}
     section.note = (f"{split}; {len(y_all)} at-risk rows (A_D ≥ i − 1); positions with fewer than "
                     f"{MIN_SAMPLES} rows are marked “too few”")
+    chosen = (inputs.meta or {}).get("diagnostics", {}).get("acceptance_model") or {}
+    cv = chosen.get("cv_log_loss")
+    if cv:  # the fit chose the isotonic stage by cross-validation over prompts
+        kept = "kept" if chosen.get("isotonic") else "replaced by the identity"
+        section.note += (f"; isotonic stage {kept} by {cv['folds']}-fold cross-validation over prompts "
+                         f"(log-loss {cv['isotonic']:.3f} with it, {cv['identity']:.3f} without)")
+        section.values["cv_log_loss"] = cv
     if inputs.params is None:
         section.partial(inputs.missing_artifact("the isotonic and full-model curves"))
     section.figures = [Figure("Observed acceptance rate against the predicted probability, per draft position "

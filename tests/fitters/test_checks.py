@@ -26,6 +26,12 @@ def test_each_check_reads_its_number():
     assert {c.status for c in _checks().values()} == {OK}
     worse = _checks(acceptance={"raw": {"log_loss": 0.484}, "full": {"log_loss": 0.563}})["acceptance_log_loss"]
     assert worse.status == FAILED and "0.563" in worse.line() and "0.484" in worse.line()
+    # with the paired difference recorded: a small held-out set's noise passes, a real loss still fails
+    noisy = {"raw": {"log_loss": 0.484}, "full": {"log_loss": 0.528}, "full_vs_raw": {"mean": 0.044, "se": 0.028, "rows": 123}}
+    assert _checks(acceptance=noisy)["acceptance_log_loss"].status == OK
+    real = {"raw": {"log_loss": 0.484}, "full": {"log_loss": 0.563}, "full_vs_raw": {"mean": 0.079, "se": 0.02, "rows": 900}}
+    check = _checks(acceptance=real)["acceptance_log_loss"]
+    assert check.status == FAILED and "2 × 0.020" in check.line() and "900 held-out rows" in check.line()
     falling = _checks(cost={"r2": 0.99, "cells": [{"w": w, "median": 1.0 / w} for w in W]})["cost_monotone"]
     assert falling.status == FAILED and falling.value == pytest.approx(-1.0)
     assert _checks(cost={"r2": 0.044})["cost_r2"].status == FAILED

@@ -31,6 +31,47 @@ def test_acceptance_model_recovers_the_conditionals_and_needs_entropy():
     assert all(np.all(np.diff(x) >= 0) for x in fitter.iso_x_)
 
 
+def _test_log_loss(fitter, confidence, entropy, accepted_full) -> float:
+    return held_out_report(fitter, confidence, entropy, accepted_full)["full"]["log_loss"]
+
+
+def test_auto_keeps_the_isotonic_stage_only_where_cross_validation_says_it_helps():
+    # the truth's calibration is the identity: on a small capture the isotonic steps only overfit
+    conf, ent, _, a_d = rounds(150, seed=4)
+    groups = np.arange(len(a_d)) // 5  # 30 "prompts" of 5 rounds
+    test = rounds(4000, seed=5)
+    auto = AcceptanceFitter(isotonic="auto").fit(conf, ent, a_d, groups=groups)
+    forced = AcceptanceFitter(isotonic=True).fit(conf, ent, a_d)
+    assert not auto.isotonic_used_ and auto.cv_log_loss_["identity"] < auto.cv_log_loss_["isotonic"]
+    assert all(np.array_equal(x, [0.0, 1.0]) for x in auto.iso_x_)  # the identity, in the artifact's layout
+    assert _test_log_loss(auto, test[0], test[1], test[3]) < _test_log_loss(forced, test[0], test[1], test[3])
+    # a drafter whose confidence is a steep, non-logistic function of the truth: the isotonic stage is needed
+    def steep(n, seed):
+        c, h, _, _ = rounds(n, seed=seed)
+        rng = np.random.default_rng(seed + 100)
+        truth = np.where(c > 0.6, 0.95, 0.05)  # acceptance jumps at confidence 0.6
+        return c, h, np.cumprod(rng.random(c.shape) < truth, axis=1).sum(axis=1)
+    conf, ent, a_d = steep(3000, 6)
+    c_test, h_test, a_test = steep(3000, 7)
+    auto = AcceptanceFitter(isotonic="auto").fit(conf, ent, a_d, groups=np.arange(len(a_d)) // 20)
+    identity = AcceptanceFitter(isotonic=False).fit(conf, ent, a_d)
+    assert auto.isotonic_used_ and auto.cv_log_loss_["isotonic"] < auto.cv_log_loss_["identity"]
+    assert _test_log_loss(auto, c_test, h_test, a_test) < _test_log_loss(identity, c_test, h_test, a_test)
+    assert AcceptanceFitter(isotonic="auto").fit(conf, ent, a_d, groups=np.zeros(len(a_d))).cv_log_loss_ is None
+    with pytest.raises(ValueError, match="isotonic"):
+        AcceptanceFitter(isotonic="sometimes")
+
+
+def test_held_out_report_gives_the_paired_difference_with_its_error():
+    conf, ent, _, a_d = rounds(2000, seed=8)
+    test = rounds(500, seed=9)
+    fitter = AcceptanceFitter().fit(conf, ent, a_d)
+    report = held_out_report(fitter, test[0], test[1], test[3])
+    paired = report["full_vs_raw"]
+    assert paired["mean"] == pytest.approx(report["full"]["log_loss"] - report["raw"]["log_loss"], abs=1e-9)
+    assert paired["rows"] == report["raw"]["rows"] and 0 < paired["se"] < abs(paired["mean"])
+
+
 def test_unfitted_use_is_guarded():
     with pytest.raises(RuntimeError, match="not fitted"):
         AcceptanceFitter().predict_conditional(np.zeros((1, 15)), np.zeros((1, 15)))
