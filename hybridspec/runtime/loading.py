@@ -96,7 +96,7 @@ def load_target(spec: str | Path, *, device: str = "cpu", dtype: str = "auto", b
     if not path.is_dir():
         model = build_target(cfg, device=device, dtype=dtype, backend=backend, feature_layers=feature_layers,
                              what=f"preset {spec}")
-        return init_random_(model, seed).eval()
+        return _fused(init_random_(model, seed)).eval()
     source = describe(path)
     with torch.device("meta"):  # the headers are checked against the shapes before anything is allocated
         shapes = HybridTarget(cfg, backend=backend, feature_layers=feature_layers)
@@ -106,7 +106,13 @@ def load_target(spec: str | Path, *, device: str = "cpu", dtype: str = "auto", b
     model = build_target(cfg, device=device, dtype=dtype, backend=backend, feature_layers=feature_layers,
                          what=source)
     stream_(model, plan, torch.device(device))
-    return model.eval()
+    return _fused(model).eval()
+
+
+def _fused(model: HybridTarget) -> HybridTarget:
+    """The loaded weights in the runtime's fused layouts (`HybridTarget.fuse_projections`)."""
+    model.fuse_projections()
+    return model
 
 
 def random_drafter_layers(cfg: TargetConfig, num_layers: int = 2) -> tuple[int, ...]:

@@ -57,6 +57,17 @@ def test_gated_rms_norm_matches_the_reference(dtype, x_dtype):
         torch.testing.assert_close(y.float(), y_ref.float(), rtol=6 * 2**-8, atol=4e-3)
 
 
+def test_gated_norm_reads_a_strided_gate_without_a_copy_of_its_own():
+    # the gate as a slice of a fused projection output: each token's heads at the fused row's stride
+    g = torch.Generator().manual_seed(6)
+    fused = torch.randn(2, 5, 40 + 4 * 24 + 8, generator=g)
+    gate = fused[..., 40 : 40 + 96].reshape(2, 5, 4, 24)
+    assert not gate.is_contiguous()
+    x, weight = torch.randn(2, 5, 4, 24, generator=g), 1 + 0.1 * torch.randn(24, generator=g)
+    torch.testing.assert_close(norm_triton.gated_rms_norm(x, gate, weight, 1e-6),
+                               reference.gated_rms_norm(x, gate, weight, 1e-6), rtol=1e-5, atol=1e-6)
+
+
 def test_each_row_is_independent_of_the_rest_of_the_call():
     g = torch.Generator().manual_seed(4)
     x, r = torch.randn(1, 16, 80, generator=g), torch.randn(1, 16, 80, generator=g)

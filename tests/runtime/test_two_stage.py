@@ -40,9 +40,10 @@ def test_stage0_then_stage1_equals_unsplit(fixture, u, w, request):
     got = model.stage1(s0, w, split_cache, record_routing=True)
 
     assert torch.isfinite(got.logits).all()
-    # equal up to fp32 rounding: a u-row solve and a w-row solve round differently
-    assert_close("stage1 logits", want.logits, got.logits, 2e-5)
-    assert_close("stage1 features", want.features, got.features, 2e-5)
+    # equal up to fp32 rounding: a u-row solve and a w-row solve (and GEMMs of u and of w rows) round
+    # differently; a read of a poisoned value beyond w would be NaN
+    assert_close("stage1 logits", want.logits, got.logits, 4e-5)
+    assert_close("stage1 features", want.features, got.features, 4e-5)
     assert [t.tolist() for t in got.expert_ids] == [t.tolist() for t in want.expert_ids]
 
     # the commit after a split pass reads only the first m ≤ w tokens too

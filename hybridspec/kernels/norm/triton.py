@@ -33,17 +33,19 @@ def _offset_rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, stride_x, stride_
 
 
 @triton.jit
-def _gated_rms_norm_kernel(x_ptr, g_ptr, w_ptr, y_ptr, stride_x, stride_g, stride_y, N, eps, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
+def _gated_rms_norm_kernel(x_ptr, g_ptr, w_ptr, y_ptr, stride_xt, stride_xh, stride_gt, stride_gh, H, N, eps,
+                           BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)  # one (token, head) row; y is contiguous
+    t, h = row // H, row % H
     cols = tl.arange(0, BLOCK)
     ok = cols < N
     dtype = y_ptr.dtype.element_ty
-    x = tl.load(x_ptr + row * stride_x + cols, mask=ok, other=0.0).to(dtype).to(tl.float32)
+    x = tl.load(x_ptr + t * stride_xt + h * stride_xh + cols, mask=ok, other=0.0).to(dtype).to(tl.float32)
     inv = tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
     w = tl.load(w_ptr + cols, mask=ok, other=0.0)
     y = (w.to(tl.float32) * (x * inv).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
-    g = tl.load(g_ptr + row * stride_g + cols, mask=ok, other=0.0).to(tl.float32)
-    tl.store(y_ptr + row * stride_y + cols, (y * (g / (1.0 + tl.exp(-g)))).to(dtype), mask=ok)
+    g = tl.load(g_ptr + t * stride_gt + h * stride_gh + cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * N + cols, (y * (g / (1.0 + tl.exp(-g)))).to(dtype), mask=ok)
 
 
 def _rows(name: str, t: Tensor, n: int) -> Tensor:
@@ -88,14 +90,25 @@ def offset_rms_norm(x: Tensor, weight: Tensor, eps: float, residual: Tensor | No
     return y, s
 
 
+def _heads(name: str, t: Tensor, heads: int, n: int) -> Tensor:
+    """[..., heads, n] as [tokens, heads, n] without a copy where the leading dimensions merge (a
+    head's slice of a fused projection output does); a copy otherwise."""
+    rows = t.reshape(-1, heads, n)
+    if rows.stride(-1) != 1:
+        raise ValueError(f"rms norm: {name} must be contiguous in its last dimension (stride {t.stride()})")
+    return rows
+
+
 def gated_rms_norm(x: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """As `reference.gated_rms_norm`: weight · normalize(x) · silu(gate) in gate's dtype."""
+    """As `reference.gated_rms_norm`: weight · normalize(x) · silu(gate) in gate's dtype. x and gate
+    [..., heads, n] may be strided views (each token's heads at its own stride)."""
     n = _check(x, weight)
     if gate.shape != x.shape:
         raise ValueError(f"rms norm: gate {tuple(gate.shape)} does not match x {tuple(x.shape)}")
-    rows, g_rows = _rows("x", x, n), _rows("gate", gate, n)
+    heads = x.shape[-2] if x.dim() >= 2 else 1
+    xs, gs = _heads("x", x, heads, n), _heads("gate", gate, heads, n)
     y = torch.empty(x.shape, dtype=gate.dtype, device=x.device)
-    if rows.shape[0]:
-        _gated_rms_norm_kernel[(rows.shape[0],)](rows, g_rows, weight, y, rows.stride(0), g_rows.stride(0), n, n,
-                                                 eps, BLOCK=triton.next_power_of_2(n))
+    if xs.numel():
+        _gated_rms_norm_kernel[(xs.shape[0] * heads,)](xs, gs, weight, y, xs.stride(0), xs.stride(1), gs.stride(0),
+                                                       gs.stride(1), heads, n, eps, BLOCK=triton.next_power_of_2(n))
     return y

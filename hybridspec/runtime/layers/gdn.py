@@ -36,11 +36,34 @@ class GatedDeltaNet(nn.Module):
         self.norm = GatedRMSNorm(self.dv, eps=cfg.rms_norm_eps)
         self.out_proj = nn.Linear(value_dim, cfg.hidden_size, bias=False)
         self._verify = verify
+        self._in_proj: Tensor | None = None  # the four input projections as one weight (`fuse_projections`)
+
+    @torch.no_grad()
+    def fuse_projections(self) -> None:
+        """Put the qkv, z, b and a projection weights into one [conv_dim + value_dim + 2·HV, hidden]
+        tensor, the four parameters becoming views of it, so the layer's input projections are one
+        GEMM (one launch, one pass over x) instead of four. Call after the weights are loaded."""
+        parts = (self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a)
+        fused = torch.cat([p.weight for p in parts], dim=0)
+        start = 0
+        for p in parts:
+            rows = p.weight.shape[0]
+            p.weight = nn.Parameter(fused[start : start + rows], requires_grad=p.weight.requires_grad)
+            start += rows
+        self._in_proj = fused
+
+    def _project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """(qkv, z, b, a) projections of x (separately where autograd is on: the fused tensor is not a
+        parameter, the four views are)."""
+        if self._in_proj is None or torch.is_grad_enabled():
+            return self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_b(x), self.in_proj_a(x)
+        sizes = (self.conv_dim, self.hv * self.dv, self.hv, self.hv)
+        return F.linear(x, self._in_proj).split(sizes, dim=-1)
 
     def forward(self, x: Tensor, cache: TargetCache, slot: int) -> Tensor:
         """x [B, T, hidden] → [B, T, hidden]; fills the round buffers of `slot` for these T tokens."""
         B, T, _ = x.shape
-        mixed = self.in_proj_qkv(x)  # [B, T, conv_dim]
+        mixed, z, b, a = self._project(x)  # mixed: [B, T, conv_dim]
         cache.conv_in[slot, :, :T] = mixed
         window = torch.cat((cache.conv[slot], mixed.transpose(1, 2)), dim=-1)  # [B, conv_dim, K-1+T]
         mixed = F.silu(F.conv1d(window, self.conv1d.weight, groups=self.conv_dim)).transpose(1, 2).contiguous()
@@ -53,11 +76,11 @@ class GatedDeltaNet(nn.Module):
         # the compact factors land in the round buffers: z / |k|, g_cum and the raw k (`raw_keys`: exact
         # in the activation dtype, half the bytes of the normalised fp32 k with bf16 activations)
         # the previous round's commit of this layer, if still pending, is folded into the same launch
-        o, _, _ = self._verify(q, k, v, self.in_proj_a(x), self.in_proj_b(x), self.A_log, self.dt_bias,
+        o, _, _ = self._verify(q, k, v, a, b, self.A_log, self.dt_bias,
                                cache.ssm[slot], self.dk**-0.5, z_out=cache.z[slot, :, :T],
                                g_out=cache.g_cum[slot, :, :T], k_out=cache.k[slot, :, :T],
                                pending=cache.pending_commit(slot), raw_keys=True)
         cache.mark_committed(slot)  # the launch above folded the pending commit into this layer's state
-        gate = self.in_proj_z(x).reshape(B, T, self.hv, self.dv)
+        gate = z.reshape(B, T, self.hv, self.dv)
         o = self.norm(o, gate)  # [B, T, HV, dv] in x's dtype (o rounded to it first)
         return self.out_proj(o.reshape(B, T, -1))

@@ -153,6 +153,13 @@ class HybridTarget(nn.Module):
             elif isinstance(module, GatedRMSNorm):
                 module.op = gated_norm
 
+    def fuse_projections(self) -> None:
+        """Each GDN layer's four input projections as one GEMM (`GatedDeltaNet.fuse_projections`);
+        called by the loaders once the weights are in place."""
+        for layer in self.layers:
+            if layer.is_gdn:
+                layer.linear_attn.fuse_projections()
+
     # ---------------------------------------------------------------- caches
     def new_cache(self, *, max_len: int, tokens_per_pass: int = 64, batch: int = 1) -> TargetCache:
         p = self.embed_tokens.weight
