@@ -205,3 +205,26 @@ def test_a_missing_extra_is_a_one_line_hint(monkeypatch, capsys):
     assert info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "[serve] extra" in err and "pip install 'hybridspec[serve]'" in err
+
+
+@pytest.mark.parametrize("command", ["generate", "serve", "capture", "eval"])
+def test_no_graphs_reaches_the_engine(monkeypatch, tmp_path, command):
+    """--no-graphs: every command that decodes builds its Engine with graphs=False (the resident
+    round run eagerly); by default the Engine decides (graphs wherever the resident round runs on CUDA)."""
+    from hybridspec.runtime import engine as engine_module
+    from hybridspec.runtime import session as session_module
+
+    built = []
+
+    class Recorder(engine_module.Engine):
+        def __init__(self, *args, **kwargs):
+            built.append(kwargs.get("graphs"))
+            raise SystemExit(0)  # the model loaded and the engine was asked for: enough
+
+    monkeypatch.setattr(session_module, "Engine", Recorder)
+    args = {"generate": ["--prompt-ids", "1,2", "--max-new-tokens", "2"], "serve": [],
+            "capture": ["--quick", "--db", str(tmp_path / "c.duckdb")],
+            "eval": ["--quick", "--db", str(tmp_path / "e.duckdb")]}[command]
+    for flag, expected in ((["--no-graphs"], False), ([], None)):
+        runner.invoke(app, [command, *args, *flag])
+        assert built and built.pop() is expected, (command, flag)

@@ -10,7 +10,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from .common import ArtifactOpt, BackendOpt, DeviceOpt, DrafterOpt, DtypeOpt, ModelOpt, _fail, app, console, err_console
+from .common import (ArtifactOpt, BackendOpt, DeviceOpt, DrafterOpt, DtypeOpt, GraphsOpt, ModelOpt, _fail, app, console,
+                     err_console)
 
 def _print_json(obj) -> None:
     """One JSON object on stdout (numpy scalars as numbers)."""
@@ -33,6 +34,7 @@ def capture(
     device: DeviceOpt = "cpu",
     dtype: DtypeOpt = "float32",
     backend: BackendOpt = "auto",
+    graphs: GraphsOpt = True,
     quick: Annotated[bool, typer.Option("--quick", help="2 prompts per category, fewer lengths and samples.")] = False,
     resume: Annotated[bool, typer.Option("--resume", help="Continue a run of this name, skipping finished units.")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a run of this name.")] = False,
@@ -47,8 +49,8 @@ def capture(
     try:
         config = CaptureConfig(model=model, drafter=drafter, prompts=prompts, split=split, db=db, name=name,
                                passes=parse_passes(passes), max_new_tokens=max_new_tokens, device=device,
-                               dtype=dtype, backend=backend, quick=quick, resume=resume, overwrite=overwrite,
-                               shard=parse_shard(shard), threads=threads)
+                               dtype=dtype, backend=backend, graphs=graphs, quick=quick, resume=resume,
+                               overwrite=overwrite, shard=parse_shard(shard), threads=threads)
         with RichReporter(console) as reporter:
             summaries = run_campaign(config, reporter)
     except ValueError as exc:  # CaptureConfigError, StoreError, PromptFileError, ConfigError
@@ -142,6 +144,7 @@ def eval_(
     device: DeviceOpt = "cpu",
     dtype: DtypeOpt = "float32",
     backend: BackendOpt = "auto",
+    graphs: GraphsOpt = True,
     quick: Annotated[bool, typer.Option("--quick", help="2 prompts per category, 32 new tokens.")] = False,
     resume: Annotated[bool, typer.Option("--resume", help="Continue an eval run of this name, skipping finished units.")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an eval run of this name.")] = False,
@@ -159,7 +162,7 @@ def eval_(
         config = EvalConfig(model=model, drafter=drafter, artifact=artifact, prompts=prompts, split=split,
                             policies=parse_policies(policies), db=db,
                             name=resolve_campaign(db, name, fallback="default"), max_new_tokens=max_new_tokens,
-                            temperature=temperature, device=device, dtype=dtype, backend=backend, quick=quick,
+                            temperature=temperature, device=device, dtype=dtype, backend=backend, graphs=graphs, quick=quick,
                             resume=resume, overwrite=overwrite, force=force, threads=threads)
         with RichReporter(err_console if as_json else console) as reporter:  # stdout keeps only the JSON
             result = run_eval(config, reporter)

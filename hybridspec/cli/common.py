@@ -54,6 +54,7 @@ ArtifactOpt = Annotated[Optional[Path], typer.Option("--artifact", help="Policy 
 DeviceOpt = Annotated[str, typer.Option("--device", metavar="[cpu|cuda|cuda:N]", callback=check_device, help="Where the model runs.")]
 DtypeOpt = Annotated[Dtype, typer.Option("--dtype", help="Weights and activations.")]
 BackendOpt = Annotated[Backend, typer.Option("--backend", help="GDN kernels: auto (triton on CUDA), torch or triton.")]
+GraphsOpt = Annotated[bool, typer.Option("--graphs/--no-graphs", help="CUDA graphs for the GPU-resident round (--no-graphs: the same round run eagerly, the graphs' oracle).")]
 
 
 def package_version() -> str:

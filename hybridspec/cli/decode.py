@@ -9,8 +9,8 @@ from typing import Annotated, Literal, Optional
 import typer
 from rich.table import Table
 
-from .common import (ArtifactOpt, BackendOpt, DeviceOpt, DrafterOpt, DtypeOpt, ModelOpt, PolicyOpt, _fail, app, console,
-                     err_console, missing_extra)
+from .common import (ArtifactOpt, BackendOpt, DeviceOpt, DrafterOpt, DtypeOpt, GraphsOpt, ModelOpt, PolicyOpt, _fail,
+                     app, console, err_console, missing_extra)
 
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # torch.Generator.manual_seed's range
 LogLevel = Literal["debug", "info", "warning", "error"]
@@ -43,6 +43,7 @@ def generate(
     device: DeviceOpt = "cpu",
     dtype: DtypeOpt = "float32",
     backend: BackendOpt = "auto",
+    graphs: GraphsOpt = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Use an artifact fitted for another model/drafter.")] = False,
 ) -> None:
@@ -52,7 +53,7 @@ def generate(
     policy = _policy_note(policy, artifact)
     request = GenerateRequest(model=model, drafter=drafter, prompt=prompt, prompt_ids=prompt_ids, policy=policy,
                               artifact=artifact, max_new_tokens=max_new_tokens, temperature=temperature,
-                              top_p=top_p, top_k=top_k, seed=seed, device=device, dtype=dtype, backend=backend,
+                              top_p=top_p, top_k=top_k, seed=seed, device=device, dtype=dtype, backend=backend, graphs=graphs,
                               force=force)
     try:
         summary = run_generate(request)
@@ -122,6 +123,7 @@ def serve(
     device: DeviceOpt = "cpu",
     dtype: DtypeOpt = "float32",
     backend: BackendOpt = "auto",
+    graphs: GraphsOpt = True,
     max_context: Annotated[int, typer.Option("--max-context", min=2, help="Prompt + generated tokens per request.")] = 4096,
     force: Annotated[bool, typer.Option("--force", help="Use an artifact fitted for another model/drafter.")] = False,
 ) -> None:
@@ -139,7 +141,7 @@ def serve(
     policy = _policy_note(policy, artifact)
     try:
         service = open_service(artifact=artifact, model=model, drafter=drafter, policy=policy, device=device,
-                               dtype=dtype, backend=backend, max_context=max_context, force=force,
+                               dtype=dtype, backend=backend, max_context=max_context, force=force, graphs=graphs,
                                model_name=served_model_name)
     except ValueError as exc:  # ConfigError, PolicyError, ArtifactError
         _fail(str(exc))

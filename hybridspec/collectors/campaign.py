@@ -129,7 +129,7 @@ def run_campaign(config: CaptureConfig, reporter: Reporter | None = None) -> lis
         vocab = read_vocab_size(models.model)
         ids = prompt_ids(prompts, codec, vocab, prompt_file)
         session = open_session(models.model, models.drafter, device=config.device, dtype=config.dtype,
-                               backend=backend, seed=config.seed,
+                               backend=backend, seed=config.seed, graphs=config.graphs,
                                max_context=max(len(p.ids) for p in ids) + config.new_tokens + 2 * MAX_BLOCK)
         ctx = PassContext(config, session, ids, file_digest(prompt_file))
         host = dict(versions=software_versions(), threads=threads, host_cpu=cpu_model(), host_gpu=gpu_model(config.device))

@@ -84,6 +84,7 @@ class CaptureConfig:
     device: str = "cpu"
     dtype: str = "float32"
     backend: str = "auto"
+    graphs: bool = True  # False: the resident round without CUDA graphs (--no-graphs)
     quick: bool = False
     resume: bool = False
     overwrite: bool = False

@@ -71,6 +71,7 @@ class EvalConfig:
     device: str = "cpu"
     dtype: str = "float32"
     backend: str = "auto"
+    graphs: bool = True  # False: the resident round without CUDA graphs (--no-graphs)
     quick: bool = False
     resume: bool = False
     overwrite: bool = False
@@ -214,7 +215,7 @@ def run_eval(config: EvalConfig, reporter: Reporter | None = None) -> EvalResult
         codec = load_codec(Path(models.model)) if Path(models.model).is_dir() else None
         ids = prompt_ids(prompts, codec, read_vocab_size(models.model), prompt_file)
         session = open_session(models.model, models.drafter, need_drafter=len(policies) > 1, device=config.device,
-                               dtype=config.dtype, backend=backend, seed=config.seed,
+                               dtype=config.dtype, backend=backend, seed=config.seed, graphs=config.graphs,
                                max_context=max(len(p.ids) for p in ids) + config.new_tokens + 2 * MAX_BLOCK)
         ctx = PassContext(config, session, ids, file_digest(prompt_file))
         collector = EvalPass(store, policies, params, meta, SamplingParams(config.temperature, seed=config.seed),

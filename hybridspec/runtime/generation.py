@@ -37,6 +37,7 @@ class GenerateRequest:
     device: str = "cpu"
     dtype: str = "float32"
     backend: str = "auto"
+    graphs: bool = True  # False: the resident round without CUDA graphs
 
 
 def _prompt(request: GenerateRequest, session: Session) -> list[int]:
@@ -67,7 +68,8 @@ def run_generate(request: GenerateRequest) -> dict:
     sampling = SamplingParams(request.temperature, request.top_k, request.top_p, request.seed)
     name = request.policy or default_policy(request.artifact)
     session = open_session(request.model, request.drafter, need_drafter=name != "ar",
-                           device=request.device, dtype=request.dtype, backend=request.backend, seed=request.seed)
+                           device=request.device, dtype=request.dtype, backend=request.backend, seed=request.seed,
+                           graphs=request.graphs)
     params, _ = resolve_policy(name, request.artifact, session, request.force)
     draft_len = session.drafter.draft_len if session.drafter is not None else 0
     policy = make_policy(name, draft_len, params, device=request.device)

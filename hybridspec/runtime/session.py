@@ -66,10 +66,11 @@ class Session:
 
 def open_session(model: str | None = None, drafter: str | None = None, *, need_drafter: bool = True,
                  device: str = "cpu", dtype: str = "auto", backend: str = "auto",
-                 max_context: int = 4096, seed: int = 0) -> Session:
+                 max_context: int = 4096, seed: int = 0, graphs: bool = True) -> Session:
     """Load the target (directory, repo id or preset) and, when needed, the drafter (directory, repo id,
     or `random` for a random one; random presets default to `random`). `dtype` `auto`: bfloat16 on
-    CUDA, float32 elsewhere."""
+    CUDA, float32 elsewhere. `graphs=False` (`--no-graphs`): the GPU-resident round runs eagerly, the
+    oracle of its CUDA graphs."""
     backend = resolve_backend(backend, device)
     name = model if model is not None else default_model()[0]  # as given: what outputs call the model
     model, drafter = resolve_pair(model, drafter)
@@ -91,7 +92,7 @@ def open_session(model: str | None = None, drafter: str | None = None, *, need_d
         draft = (random_drafter(target, seed=seed + 1) if random
                  else load_drafter(drafter, target.embed_tokens, target.lm_head))
     codec = load_codec(Path(model)) if Path(model).is_dir() else None
-    engine = Engine(target, draft, max_context=max_context)
+    engine = Engine(target, draft, max_context=max_context, graphs=None if graphs else False)
     model_id, drafter_id = model_identity(model, drafter if draft is not None else None, seed=seed,
                                           with_drafter=draft is not None)
     return Session(name, target, draft, engine, codec, eos_ids(model, target.cfg), model_id, drafter_id)
