@@ -21,6 +21,16 @@ from torch import Tensor
 from hybridspec.kernels.moe.checks import SharedExpert, check_moe_args
 
 
+def router_topk(logits: Tensor, top_k: int, renormalize: bool, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """Router logits [N, E] → expert ids [N, k] (long, by decreasing probability) and routing weights
+    [N, k] in `dtype`: the top k of softmax(logits) in fp32, renormalized to sum 1 when asked."""
+    probs = F.softmax(logits, dim=-1, dtype=torch.float32)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(-1, keepdim=True)
+    return ids, weights.to(dtype)
+
+
 def shared_expert(x: Tensor, shared: SharedExpert) -> Tensor:
     """x [N, H] → sigmoid(x · gate_weight) · shared MLP(x)  [N, H]."""
     mlp = F.linear(F.silu(F.linear(x, shared.gate)) * F.linear(x, shared.up), shared.down)

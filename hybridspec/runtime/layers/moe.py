@@ -27,18 +27,18 @@ class DenseMLP(nn.Module):
 
 
 class Router(nn.Module):
+    """Softmax top-k router; `op` turns the logits into ids and weights (`kernels/moe`: the
+    reference, or one Triton launch on the triton backend)."""
+
     def __init__(self, cfg: TargetConfig):
         super().__init__()
         self.top_k, self.renormalize = cfg.num_experts_per_tok, cfg.norm_topk_prob
         self.weight = nn.Parameter(torch.zeros(cfg.num_experts, cfg.hidden_size))
+        self.op = moe_reference.router_topk
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """x [N, hidden] → expert ids [N, k] (long), routing weights [N, k] in x's dtype."""
-        probs = F.softmax(F.linear(x, self.weight), dim=-1, dtype=torch.float32)
-        weights, ids = torch.topk(probs, self.top_k, dim=-1)
-        if self.renormalize:
-            weights = weights / weights.sum(-1, keepdim=True)
-        return ids, weights.to(x.dtype)
+        return self.op(F.linear(x, self.weight), self.top_k, self.renormalize, x.dtype)
 
 
 class Experts(nn.Module):

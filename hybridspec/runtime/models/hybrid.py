@@ -24,7 +24,7 @@ from ..cache import TargetCache
 from ..config import ConfigError, TargetConfig
 from ..layers.attention import GatedAttention
 from ..layers.gdn import GatedDeltaNet
-from ..layers.moe import DenseMLP, SparseMoE
+from ..layers.moe import DenseMLP, Router, SparseMoE
 from ..layers.norms import GatedRMSNorm, OffsetRMSNorm
 from ..layers.rope import rope_cos_sin, rope_inv_freq
 
@@ -73,6 +73,19 @@ def gdn_ops(backend: str) -> tuple[Callable, Callable]:
         impl(states, z, k, g_cum, accepted)
 
     return verify, commit
+
+
+def router_op(backend: str) -> Callable:
+    """The router's softmax + top-k of a backend: the reference, or one Triton launch per call."""
+    if backend == "torch":
+        return moe_reference.router_topk
+    if backend != "triton":
+        raise ConfigError(f"unknown backend {backend!r} (torch or triton)")
+    try:
+        from ...kernels.moe import router as moe_router
+    except ImportError as exc:
+        raise ConfigError(f"the triton backend needs triton ({exc})") from exc
+    return moe_router.router_topk
 
 
 def moe_experts_op(backend: str) -> Callable:
@@ -147,8 +160,11 @@ class HybridTarget(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(cfg.rotary_dim, cfg.rope_theta), persistent=False)
         self.feature_layers = tuple(feature_layers)  # layers whose output the drafter reads (its target_layer_ids)
         offset_norm, gated_norm = norm_ops(backend)
+        route = router_op(backend)
         for module in self.modules():
-            if isinstance(module, OffsetRMSNorm):
+            if isinstance(module, Router):
+                module.op = route
+            elif isinstance(module, OffsetRMSNorm):
                 module.op = offset_norm
             elif isinstance(module, GatedRMSNorm):
                 module.op = gated_norm

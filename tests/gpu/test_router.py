@@ -1,0 +1,39 @@
+"""The Triton router compiled on the GPU at the 35B and 122B router shapes: the reference's experts
+in its order, weights within fp32 rounding (bf16: one rounding), no host read, replays in a CUDA
+graph."""
+
+import pytest
+import torch
+
+from hybridspec.kernels.moe import reference
+from hybridspec.kernels.moe import router as moe_router
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("tokens", [1, 16, 512])
+@pytest.mark.parametrize("experts,top_k", [(256, 8), (512, 10)])
+def test_equal_to_the_reference_on_the_gpu(tokens, experts, top_k):
+    g = torch.Generator(device="cuda").manual_seed(tokens)
+    logits = 2 * torch.randn(tokens, experts, generator=g, device="cuda")
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        ids, weights = moe_router.router_topk(logits, top_k, True, torch.bfloat16)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    ids_ref, weights_ref = reference.router_topk(logits, top_k, True, torch.bfloat16)
+    assert torch.equal(ids, ids_ref)
+    torch.testing.assert_close(weights.float(), weights_ref.float(), rtol=8e-3, atol=1e-3)
+
+
+def test_replays_in_a_cuda_graph():
+    logits = torch.randn(8, 256, device="cuda")
+    moe_router.router_topk(logits, 8, True, torch.float32)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ids, weights = moe_router.router_topk(logits, 8, True, torch.float32)
+    logits.copy_(torch.randn_like(logits))
+    graph.replay()
+    ids_ref, weights_ref = reference.router_topk(logits, 8, True, torch.float32)
+    assert torch.equal(ids, ids_ref)
+    torch.testing.assert_close(weights, weights_ref, rtol=1e-5, atol=1e-7)
