@@ -21,6 +21,22 @@ from scipy.optimize import lsq_linear
 MIN_R2 = 0.9
 
 
+def _ols(y: np.ndarray, design: np.ndarray):
+    """statsmodels OLS; with as many cells as coefficients there is no residual degree of freedom
+    and the confidence intervals are undefined (NaN), which the caller reports as a fit warning
+    rather than letting numpy print a division by zero."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        result = sm.OLS(y, design).fit()
+        return result, result.conf_int(0.05)
+
+
+def _no_dof(name: str, cells: int, coefficients: int) -> list[str]:
+    if cells > coefficients:
+        return []
+    return [f"{name}: {cells} distinct values for {coefficients} coefficients, no residual degree of freedom: "
+            "the confidence intervals are undefined (measure more lengths)"]
+
+
 def median_cells(x: np.ndarray, y: np.ndarray, key: str = "x") -> list[dict]:
     """Per distinct x: {key: x, n, median, q25, q75} of y, sorted by x."""
     out = []
@@ -45,9 +61,9 @@ class QuadraticCost:
         self.cells_ = median_cells(w, latency, key="w")
         w = np.array([c["w"] for c in self.cells_])
         latency = np.array([c["median"] for c in self.cells_])
-        result = sm.OLS(latency, np.column_stack((np.ones_like(w), w, w * w))).fit()
-        self.coef_, self.conf_int_, self.r2_ = result.params, result.conf_int(0.05), float(result.rsquared)
-        self.warnings_ = []
+        result, conf_int = _ols(latency, np.column_stack((np.ones_like(w), w, w * w)))
+        self.coef_, self.conf_int_, self.r2_ = result.params, conf_int, float(result.rsquared)
+        self.warnings_ = _no_dof("C_tgt fit", len(w), 3)
         hi = max(float(w.max()), float(max_length or 0))
         defect = _defect(self.coef_, 2.0, hi)
         self.constrained_ = defect is not None
@@ -125,11 +141,11 @@ class Slope:
         self.cells_ = median_cells(x, y)
         x = np.array([c["x"] for c in self.cells_])
         y = np.array([c["median"] for c in self.cells_])
-        result = sm.OLS(y, sm.add_constant(x)).fit()
+        result, conf_int = _ols(y, sm.add_constant(x))
         self.intercept_, self.slope_ = (float(v) for v in result.params)
-        self.conf_int_ = tuple(float(v) for v in result.conf_int(0.05)[1])
+        self.conf_int_ = tuple(float(v) for v in conf_int[1])
         self.r2_ = float(result.rsquared)
-        self.warnings_ = []
+        self.warnings_ = _no_dof(self.name, len(x), 2)
         if self.slope_ <= 0:
             self.warnings_.append(f"{self.name}: slope {self.slope_:.3g} is not positive")
         if self.r2_ < MIN_R2:

@@ -199,3 +199,15 @@ def test_dinkelbach_equals_brute_force_over_rho():
     assert len(iterations) >= 2 and iterations[-1]["next_rho"] == pytest.approx(rho)
     fixed_16 = pooled_throughput(gain, cost, fixed, np.full(len(gain), 16))
     assert rho > fixed_16  # adapting the length beats always verifying W
+
+
+def test_as_many_cells_as_coefficients_is_a_warning_not_a_numpy_error():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a RuntimeWarning from numpy would fail the test
+        cost = QuadraticCost().fit(np.repeat([2.0, 4.0, 8.0], 5), np.repeat([1e-3, 2e-3, 4e-3], 5))
+        slope = Slope(name="s").fit(np.array([1.0, 1.0, 4.0, 4.0]), np.array([1.0, 1.2, 2.0, 2.1]))
+    assert any("no residual degree of freedom" in m for m in cost.warnings_)
+    assert any("no residual degree of freedom" in m for m in slope.warnings_)
+    assert cost.coef_ == pytest.approx([0.0, 5e-4, 0.0], abs=1e-12)  # three points: the exact quadratic
