@@ -12,9 +12,6 @@ from torch import Tensor, nn
 from ...kernels.norm import reference as norm_reference
 
 
-_normalize = norm_reference.normalize
-
-
 class OffsetRMSNorm(nn.Module):
     """Qwen3.5 / Qwen3-Next norm: `normalize(x) * (1 + weight)`; weight stored zero-centred."""
 
@@ -41,7 +38,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.weight * _normalize(x, self.eps).to(x.dtype)
+        return self.weight * norm_reference.normalize(x, self.eps).to(x.dtype)
 
 
 class GatedRMSNorm(nn.Module):
