@@ -11,6 +11,7 @@ the `model.` prefix removed (the loaders of `models/` map other layouts onto it)
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -48,18 +49,26 @@ class PassOutput:
     expert_ids: list[Tensor] | None  # per MoE layer [B, w, k] when routing is recorded
 
 
+def triton_kernels(backend: str, module: str):
+    """The Triton module `kernels.<module>` for the triton backend, None for the torch backend
+    (ConfigError for another name, or when triton cannot be imported)."""
+    if backend == "torch":
+        return None
+    if backend != "triton":
+        raise ConfigError(f"unknown backend {backend!r} (torch or triton)")
+    try:
+        return importlib.import_module(f"hybridspec.kernels.{module}")
+    except ImportError as exc:
+        raise ConfigError(f"the triton backend needs triton ({exc})") from exc
+
+
 def gdn_ops(backend: str) -> tuple[Callable, Callable]:
     """(verify, commit) implementations of the GDN kernels for a backend: verify is
     `gdn_verify_gated` (raw q, k, a, b in; norms and gates inside the kernel). The Triton kernels
     are specialised for verification lengths ≤ 16; longer prefill chunks use the reference."""
-    if backend == "torch":
+    gdn_triton = triton_kernels(backend, "gdn.triton")
+    if gdn_triton is None:
         return gdn_reference.gdn_verify_gated, gdn_reference.gdn_commit
-    if backend != "triton":
-        raise ConfigError(f"unknown backend {backend!r} (torch or triton)")
-    try:
-        from ...kernels.gdn import triton as gdn_triton
-    except ImportError as exc:
-        raise ConfigError(f"the triton backend needs triton ({exc})") from exc
 
     def verify(q, k, v, a, b, A_log, dt_bias, state, scale, *, z_out=None, g_out=None, k_out=None, pending=None,
                raw_keys=False):
@@ -77,43 +86,22 @@ def gdn_ops(backend: str) -> tuple[Callable, Callable]:
 
 def router_op(backend: str) -> Callable:
     """The router's softmax + top-k of a backend: the reference, or one Triton launch per call."""
-    if backend == "torch":
-        return moe_reference.router_topk
-    if backend != "triton":
-        raise ConfigError(f"unknown backend {backend!r} (torch or triton)")
-    try:
-        from ...kernels.moe import router as moe_router
-    except ImportError as exc:
-        raise ConfigError(f"the triton backend needs triton ({exc})") from exc
-    return moe_router.router_topk
+    router = triton_kernels(backend, "moe.router")
+    return moe_reference.router_topk if router is None else router.router_topk
 
 
 def moe_experts_op(backend: str) -> Callable:
     """The experts' implementation of a backend (`kernels/moe`): the reference (one matmul pair per
     distinct expert, a host read per call) or the Triton kernels (no host read, any token count)."""
-    if backend == "torch":
-        return moe_reference.moe_experts
-    if backend != "triton":
-        raise ConfigError(f"unknown backend {backend!r} (torch or triton)")
-    try:
-        from ...kernels.moe import triton as moe_triton
-    except ImportError as exc:
-        raise ConfigError(f"the triton backend needs triton ({exc})") from exc
-    return moe_triton.moe_experts
+    experts = triton_kernels(backend, "moe.triton")
+    return moe_reference.moe_experts if experts is None else experts.moe_experts
 
 
 def norm_ops(backend: str) -> tuple[Callable, Callable]:
     """(offset_rms_norm, gated_rms_norm) of a backend (`kernels/norm`): the reference, or one Triton
     launch per norm with the residual add fused in."""
-    if backend == "torch":
-        return norm_reference.offset_rms_norm, norm_reference.gated_rms_norm
-    if backend != "triton":
-        raise ConfigError(f"unknown backend {backend!r} (torch or triton)")
-    try:
-        from ...kernels.norm import triton as norm_triton
-    except ImportError as exc:
-        raise ConfigError(f"the triton backend needs triton ({exc})") from exc
-    return norm_triton.offset_rms_norm, norm_triton.gated_rms_norm
+    norms = triton_kernels(backend, "norm.triton") or norm_reference
+    return norms.offset_rms_norm, norms.gated_rms_norm
 
 
 class DecoderLayer(nn.Module):
