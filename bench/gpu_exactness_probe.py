@@ -29,6 +29,7 @@ from hybridspec.runtime.engine import Engine  # noqa: E402
 from hybridspec.runtime.layers.norms import GatedRMSNorm, OffsetRMSNorm  # noqa: E402
 from hybridspec.runtime.policies import make_policy  # noqa: E402
 from hybridspec.runtime.session import open_session  # noqa: E402
+from tests.runtime.helpers import pass_outputs  # noqa: E402
 
 
 def layer_diff(target, prompt: list[int], w: int, W: int) -> dict:
@@ -45,28 +46,9 @@ def layer_diff(target, prompt: list[int], w: int, W: int) -> dict:
         cache.fixed_pending, cache.key_span = W, cache.max_len
         block = torch.randint(0, target.cfg.vocab_size, (1, w), generator=torch.Generator().manual_seed(w)).to(device)
 
-        def run():
-            cache.pending = [True] * len(cache.pending)
-            return target.forward_pass(block, cache)
-
-        first, second = run(), run()
-        eager = (first.features.clone(), first.logits.clone())
-        again = (second.features.clone(), second.logits.clone())
-        graph_out = None
-        if device.type == "cuda":
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                run()
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            cache.pending = [True] * len(cache.pending)
-            with torch.cuda.graph(graph):
-                out = target.forward_pass(block, cache)
-            cache.pending = [True] * len(cache.pending)
-            graph.replay()
-            torch.cuda.synchronize()
-            graph_out = (out.features.clone(), out.logits.clone())
+        eager = pass_outputs(target, cache, block, graph=False)
+        again = pass_outputs(target, cache, block, graph=False)
+        graph_out = pass_outputs(target, cache, block, graph=True) if device.type == "cuda" else None
         L, H = len(target.layers), target.cfg.hidden_size
         kinds = target.cfg.layer_types
 

@@ -7,31 +7,9 @@ import torch
 
 from hybridspec.runtime.engine import Engine
 from hybridspec.runtime.session import open_session
+from tests.runtime.helpers import pass_outputs
 
 pytestmark = pytest.mark.gpu
-
-
-def _pass_outputs(target, cache, block, graph: bool):
-    def run():
-        cache.pending = [True] * len(cache.pending)
-        return target.forward_pass(block, cache)
-
-    if not graph:
-        out = run()
-        return out.features.clone(), out.logits.clone()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        run()
-    torch.cuda.current_stream().wait_stream(stream)
-    captured = torch.cuda.CUDAGraph()
-    cache.pending = [True] * len(cache.pending)
-    with torch.cuda.graph(captured):
-        out = target.forward_pass(block, cache)
-    cache.pending = [True] * len(cache.pending)
-    captured.replay()
-    torch.cuda.synchronize()
-    return out.features.clone(), out.logits.clone()
 
 
 @pytest.mark.parametrize("model,dtype", [("random-tiny", "bfloat16"), (None, "float32")])
@@ -52,8 +30,8 @@ def test_graph_pass_equals_eager_pass_at_every_layer(model, dtype, w):
         cache.null_commit(16)  # a commit of nothing: every pass starts from the same state
         cache.fixed_pending, cache.key_span = 16, cache.max_len
         block = torch.randint(0, target.cfg.vocab_size, (1, w), generator=gen).cuda()
-        eager = _pass_outputs(target, cache, block, graph=False)
-        graph = _pass_outputs(target, cache, block, graph=True)
+        eager = pass_outputs(target, cache, block, graph=False)
+        graph = pass_outputs(target, cache, block, graph=True)
     finally:
         target.feature_layers = taps
     L, H = len(target.layers), target.cfg.hidden_size

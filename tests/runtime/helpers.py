@@ -57,3 +57,30 @@ def policy_parameters(draft_len: int = 15, rho: float = 400.0) -> PolicyParamete
     return PolicyParameters(draft_len=draft_len, lengths=tuple(range(2, W + 1)), cost=cost, fixed_cost=2e-3,
                             rho=rho, s=1e-4, eta=1.5e-4, nbar_all=nbar_all, nbar_cond=nbar_cond,
                             acceptance=acceptance)
+
+
+def pass_outputs(target, cache, block: torch.Tensor, *, graph: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(features, logits) copies of one verification pass of `block` [1, w] from the cache's state,
+    each layer's (null) pending commit re-armed first: run eagerly, or warmed up on a side stream,
+    captured as a CUDA graph and replayed once."""
+
+    def run():
+        cache.pending = [True] * len(cache.pending)
+        return target.forward_pass(block, cache)
+
+    if not graph:
+        out = run()
+        return out.features.clone(), out.logits.clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run()
+    torch.cuda.current_stream().wait_stream(stream)
+    captured = torch.cuda.CUDAGraph()
+    cache.pending = [True] * len(cache.pending)
+    with torch.cuda.graph(captured):
+        out = target.forward_pass(block, cache)
+    cache.pending = [True] * len(cache.pending)
+    captured.replay()
+    torch.cuda.synchronize()
+    return out.features.clone(), out.logits.clone()
