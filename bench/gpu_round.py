@@ -221,7 +221,7 @@ def profile_rows(session, model: str, context_prompt, widths) -> list[dict]:
             target.forward_pass(block[:, :w], cache)
         sync()
         reps = 5
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
             for _ in range(reps):
                 cache.pending = [True] * len(cache.pending)
                 target.forward_pass(block[:, :w], cache)
@@ -246,7 +246,20 @@ def profile_rows(session, model: str, context_prompt, widths) -> list[dict]:
             + "  ".join(f"{k} {v / 1e3:.3f}" for k, v in split.items()))
         for item in row["top"]:
             log(f"      {item['us']:9.1f} us  x{item['calls']:<5} {item['family']:9s} {item['name']}")
+        row["gemm_shapes"] = gemm_shapes(prof, reps)
+        for item in row["gemm_shapes"]:
+            log(f"      {item['us']:9.1f} us  x{item['calls']:<5} {item['op']:10s} {item['shapes']}")
     return rows
+
+
+def gemm_shapes(prof, reps: int) -> list[dict]:
+    """The dense GEMM calls of a profiled pass grouped by operand shapes, the costliest first."""
+    rows = []
+    for event in prof.key_averages(group_by_input_shape=True):
+        if event.key in ("aten::mm", "aten::addmm", "aten::bmm"):
+            us = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0.0)
+            rows.append(dict(op=event.key, shapes=str(event.input_shapes), calls=event.count / reps, us=round(us / reps, 1)))
+    return sorted(rows, key=lambda r: -r["us"])[:10]
 
 
 def versions() -> dict:

@@ -1,0 +1,179 @@
+"""Is the runtime bitwise deterministic on the GPU, and if not, which piece is not?
+
+Each check repeats one computation from the same inputs and counts results that differ bitwise from
+the first:
+
+1. the Triton MoE experts of one layer alone (`--calls` times at N = 1, 16 and a prefill piece);
+2. a prefill of the prompt into fresh caches, compared tensor by tensor (KV, conv, GDN state);
+3. one verification pass of w tokens from the same state, eagerly and as one captured graph
+   replayed, every layer's output tapped: the first layer that differs and its kind;
+4. whole `ar` decodes on the graph, resident-eager and host paths, each twice.
+
+    python3 bench/gpu_determinism.py [--model qwen3.6-35b-a3b] [--calls 200] [--passes 30]
+
+Prints one JSON object per check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from bench.gpu_round import engines, prompts_for  # noqa: E402
+from hybridspec.runtime.engine import Engine  # noqa: E402
+from hybridspec.runtime.layers.moe import SparseMoE  # noqa: E402
+from hybridspec.runtime.policies import make_policy  # noqa: E402
+from hybridspec.runtime.session import open_session  # noqa: E402
+
+
+def show(obj: dict) -> None:
+    print(json.dumps(obj), flush=True)
+
+
+def differing(results: list) -> int:
+    """How many of results[1:] differ bitwise from results[0] (tensors or tuples of tensors)."""
+    def same(a, b):
+        if isinstance(a, torch.Tensor):
+            return torch.equal(a, b)
+        return all(same(x, y) for x, y in zip(a, b))
+    return sum(not same(results[0], r) for r in results[1:])
+
+
+def moe_alone(target, calls: int) -> None:
+    moe = next(m for m in target.modules() if isinstance(m, SparseMoE))
+    device, dtype = moe.experts.gate_up_proj.device, moe.experts.gate_up_proj.dtype
+    gen = torch.Generator(device=device).manual_seed(0)
+    for n in (1, 16, 64):
+        x = torch.randn(1, n, target.cfg.hidden_size, device=device, dtype=dtype, generator=gen)
+        ids, weights = moe.route(x)
+        outs = [moe.run_experts(x, ids, weights).clone() for _ in range(calls)]
+        show({"check": "moe_alone", "N": n, "calls": calls, "differing": differing(outs)})
+
+
+def cache_state(cache) -> tuple:
+    return tuple(t.clone() for t in (cache.key, cache.value, cache.conv, cache.ssm))
+
+
+def prefill_twice(target, prompt: list[int], max_context: int) -> None:
+    device = next(target.parameters()).device
+    states = []
+    for _ in range(3):
+        engine = Engine(target, None, max_context=max_context, resident=False)
+        engine.cache.reset()
+        target.prefill(torch.tensor([prompt], device=device), engine.cache)
+        target.flush(engine.cache)
+        states.append(cache_state(engine.cache))
+        del engine
+    names = ("key", "value", "conv", "ssm")
+    show({"check": "prefill", "runs": len(states),
+          "differing": {name: sum(not torch.equal(states[0][i], s[i]) for s in states[1:]) for i, name in enumerate(names)}})
+
+
+def passes(target, prompt: list[int], w: int, count: int, W: int) -> None:
+    device = next(target.parameters()).device
+    taps, target.feature_layers = target.feature_layers, tuple(range(len(target.layers)))
+    try:
+        engine = Engine(target, None, max_context=len(prompt) + 2 * W, resident=False)
+        cache = engine.cache
+        cache.reset()
+        target.prefill(torch.tensor([prompt], device=device), cache)
+        target.flush(cache)
+        cache.null_commit(W)
+        cache.fixed_pending, cache.key_span = W, cache.max_len
+        block = torch.randint(0, target.cfg.vocab_size, (1, w), generator=torch.Generator().manual_seed(w)).to(device)
+
+        def run():
+            cache.pending = [True] * len(cache.pending)
+            return target.forward_pass(block, cache)
+
+        eager = []
+        for _ in range(count):
+            out = run()
+            eager.append((out.features.clone(), out.logits.clone()))
+        replays = [eager[0]]
+        if device.type == "cuda":
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                run()
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            cache.pending = [True] * len(cache.pending)
+            with torch.cuda.graph(graph):
+                out = target.forward_pass(block, cache)
+            for _ in range(count):
+                cache.pending = [True] * len(cache.pending)
+                graph.replay()
+                replays.append((out.features.clone(), out.logits.clone()))
+            replays = replays[1:]
+        L, H, kinds = len(target.layers), target.cfg.hidden_size, target.cfg.layer_types
+
+        def first_layer(runs):
+            for r in runs[1:]:
+                fa, fb = runs[0][0].view(w, L, H), r[0].view(w, L, H)
+                bad = [i for i in range(L) if not torch.equal(fa[:, i], fb[:, i])]
+                if bad:
+                    return {"layer": bad[0], "kind": kinds[bad[0]], "max_abs": float((fa[:, bad[0]].float() - fb[:, bad[0]].float()).abs().max())}
+            return None
+
+        show({"check": "pass", "w": w, "count": count,
+              "eager_differing": differing(eager), "eager_first": first_layer(eager),
+              "graph_differing": differing(replays), "graph_first": first_layer(replays),
+              "graph_vs_eager_equal": differing([eager[0], replays[0]]) == 0})
+    finally:
+        target.feature_layers = taps
+
+
+def decodes(session, prompt: list[int], tokens: int, max_context: int) -> None:
+    runs = engines(session, max_context)
+    ar = make_policy("ar", session.drafter.draft_len)
+    out = {}
+    for path in ("graph", "resident_eager", "eager"):
+        out[path] = [runs[path].generate(prompt, policy=ar, max_new_tokens=tokens).token_ids for _ in range(2)]
+    ref = out["eager"][0]
+
+    def first(a):
+        return next((i for i, (x, y) in enumerate(zip(a, ref)) if x != y), None)
+
+    show({"check": "decode", "tokens": tokens,
+          "first_difference_from_eager_run_1": {p: [first(r) for r in rs] for p, rs in out.items()}})
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="qwen3.6-35b-a3b")
+    ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--passes", type=int, default=30)
+    ap.add_argument("--checks", default="moe,prefill,pass,decode")
+    ap.add_argument("--device", default="cuda", help="cpu: a dry run (fp32, PyTorch backend, no graphs)")
+    args = ap.parse_args(argv)
+    checks = set(args.checks.split(","))
+    max_context = args.context + 4 * args.tokens + 64
+    cuda = args.device == "cuda"
+    session = open_session(args.model, "random", device=args.device, dtype="bfloat16" if cuda else "float32",
+                           backend="triton" if cuda else "torch", max_context=max_context)
+    target = session.target
+    prompt = prompts_for(session, args.model, args.context, 1)[0]
+    with torch.no_grad():
+        if "moe" in checks:
+            moe_alone(target, args.calls)
+        if "prefill" in checks:
+            prefill_twice(target, prompt, max_context)
+        if "pass" in checks:
+            for w in (1, 16):
+                passes(target, prompt, w, args.passes, 16)
+    if "decode" in checks and cuda:
+        decodes(session, prompt, args.tokens, max_context)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
