@@ -7,7 +7,9 @@ the first:
 2. a prefill of the prompt into fresh caches, compared tensor by tensor (KV, conv, GDN state);
 3. one verification pass of w tokens from the same state, eagerly and as one captured graph
    replayed, every layer's output tapped: the first layer that differs and its kind;
-4. whole `ar` decodes on the graph, resident-eager and host paths, each twice.
+4. whole `ar` decodes on the graph, resident-eager and host paths, each twice;
+5. two `ar` requests on fresh engines with every pass traced (layer outputs, logits): the first
+   pass and layer where they part.
 
     python3 bench/gpu_determinism.py [--model qwen3.6-35b-a3b] [--calls 200] [--passes 30]
 
@@ -145,6 +147,53 @@ def decodes(session, prompt: list[int], tokens: int, max_context: int) -> None:
           "first_difference_from_eager_run_1": {p: [first(r) for r in rs] for p, rs in out.items()}})
 
 
+def traced_decodes(session, prompt: list[int], tokens: int, max_context: int) -> None:
+    """Every pass's layer outputs and logits through two `ar` requests on a fresh engine, for the
+    resident round run eagerly and the host-driven round: the first pass and layer where request 2
+    differs from request 1, and where the resident round differs from the host's."""
+    target = session.target
+    L, H, kinds = len(target.layers), target.cfg.hidden_size, target.cfg.layer_types
+    taps, target.feature_layers = target.feature_layers, tuple(range(L))
+    forward = target.forward_pass
+    trace: list = []
+
+    def recording(block, cache, **kw):
+        out = forward(block, cache, **kw)
+        trace.append((out.features.clone(), out.logits.clone()))
+        return out
+
+    target.forward_pass = recording
+    try:
+        ar = make_policy("ar", session.drafter.draft_len)
+        runs = {}
+        for path, resident in (("resident_eager", True), ("eager", False)):
+            engine = Engine(target, None, max_context=max_context, resident=resident, graphs=False)
+            for request in (1, 2):
+                trace.clear()
+                engine.generate(prompt, policy=ar, max_new_tokens=tokens)
+                runs[(path, request)] = list(trace)
+            del engine
+    finally:
+        target.forward_pass, target.feature_layers = forward, taps
+
+    def first(a, b):
+        for i, ((fa, la), (fb, lb)) in enumerate(zip(a, b)):
+            if torch.equal(fa, fb) and torch.equal(la, lb):
+                continue
+            w = fa.shape[1]
+            fa, fb = fa.view(w, L, H), fb.view(w, L, H)
+            bad = [j for j in range(L) if not torch.equal(fa[:, j], fb[:, j])]
+            return {"pass": i, "of": len(a), "layer": bad[0] if bad else None, "kind": kinds[bad[0]] if bad else None,
+                    "layers_differing": len(bad), "max_abs_logits": float((la.float() - lb.float()).abs().max())}
+        return None
+
+    show({"check": "traced_decode", "passes": {k[0] + f"_{k[1]}": len(v) for k, v in runs.items()},
+          "resident_eager_2_vs_1": first(runs[("resident_eager", 1)], runs[("resident_eager", 2)]),
+          "eager_2_vs_1": first(runs[("eager", 1)], runs[("eager", 2)]),
+          "resident_eager_1_vs_eager_1": first(runs[("resident_eager", 1)], runs[("eager", 1)]),
+          "resident_eager_2_vs_eager_1": first(runs[("resident_eager", 2)], runs[("eager", 1)])})
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="qwen3.6-35b-a3b")
@@ -152,7 +201,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--passes", type=int, default=30)
-    ap.add_argument("--checks", default="moe,prefill,pass,decode")
+    ap.add_argument("--checks", default="moe,prefill,pass,decode,trace")
     ap.add_argument("--device", default="cuda", help="cpu: a dry run (fp32, PyTorch backend, no graphs)")
     args = ap.parse_args(argv)
     checks = set(args.checks.split(","))
@@ -172,6 +221,8 @@ def main(argv=None) -> int:
                 passes(target, prompt, w, args.passes, 16)
     if "decode" in checks and cuda:
         decodes(session, prompt, args.tokens, max_context)
+    if "trace" in checks:
+        traced_decodes(session, prompt, args.tokens, max_context)
     return 0
 
 
