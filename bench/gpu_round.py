@@ -188,7 +188,7 @@ def verification_rows(session, model: str, context_prompt, widths, bandwidth: fl
 
 
 FAMILIES = (("gdn", ("gdn_", "conv1d", "conv_")), ("moe", ("_moe_", "topk", "sort", "scatter")),
-            ("attention", ("flash", "fmha", "attention", "sdpa", "softmax")),
+            ("attention", ("flash", "fmha", "attention", "sdpa", "softmax", "_attn_")),
             ("gemm", ("gemm", "nvjet", "cutlass", "xmma", "matmul", "splitk")))
 
 

@@ -1,7 +1,7 @@
-"""The runtime on the Triton GDN kernels (under TRITON_INTERPRET=1 on CPU tensors): the gated
+"""The runtime on the Triton kernels (under TRITON_INTERPRET=1 on CPU tensors): the gated GDN
 verification kernels, writing z / |k|, g_cum and the raw k into the round buffers (`raw_keys`) and
-folding each round's commit into the next verification, and the one-launch commit (the flush)
-decode exactly the `ar` tokens of the PyTorch backend."""
+folding each round's commit into the next verification, the one-launch commit (the flush), and the
+split-KV attention, decode exactly the `ar` tokens of the PyTorch backend."""
 
 from __future__ import annotations
 

@@ -3,9 +3,12 @@ half gates the output through a sigmoid; q/k RMS-normed per head; partial RoPE).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
+
+from ...kernels.attention import reference as attention_reference
 
 from ..cache import TargetCache
 from ..config import TargetConfig
@@ -14,8 +17,12 @@ from .rope import apply_rope
 
 
 class GatedAttention(nn.Module):
-    def __init__(self, cfg: TargetConfig):
+    """`op` computes the gated attention over the cache (`kernels/attention`: the reference, or the
+    Triton kernels that read the context length on the device); the model sets it per backend."""
+
+    def __init__(self, cfg: TargetConfig, op: Callable = attention_reference.gated_attention):
         super().__init__()
+        self.op = op
         self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.q_proj = nn.Linear(cfg.hidden_size, 2 * self.n_heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=False)
@@ -26,8 +33,8 @@ class GatedAttention(nn.Module):
 
     def forward(self, x: Tensor, cache: TargetCache, slot: int, rope: tuple[Tensor, Tensor]) -> Tensor:
         """x [B, T, hidden] at positions p … p+T−1 (p = cache.position, on the device); writes their
-        K/V into the cache. Keys are read up to `cache.key_span` (static, masked on the device) or,
-        when the host knows the length, up to length + T."""
+        K/V into the cache. `op` reads keys up to `cache.key_span` (static) or, when the host knows
+        the length, up to length + T; the Triton kernels read the length on the device instead."""
         B, T, _ = x.shape
         positions = cache.position[0] + torch.arange(T, device=x.device)  # [T]
         q, gate = self.q_proj(x).view(B, T, self.n_heads, 2 * self.head_dim).chunk(2, dim=-1)
@@ -35,12 +42,5 @@ class GatedAttention(nn.Module):
         k = apply_rope(self.k_norm(self.k_proj(x).view(B, T, self.n_kv, self.head_dim)), *rope)
         cache.key[slot].index_copy_(1, positions, k)
         cache.value[slot].index_copy_(1, positions, self.v_proj(x).view(B, T, self.n_kv, self.head_dim))
-        span = cache.key_span or cache.length + T
-        keys = cache.key[slot, :, :span].transpose(1, 2)  # [B, n_kv, S, hd]
-        values = cache.value[slot, :, :span].transpose(1, 2)
-        # token i (position p+i) sees keys 0 … p+i; GQA: head h reads kv head h // (n_heads / n_kv)
-        visible = torch.arange(span, device=x.device)[None, :] <= positions[:, None]  # [T, S]
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=visible,
-                                             enable_gqa=True)  # [B, H, T, hd]
-        out = out.transpose(1, 2).reshape(B, T, -1) * torch.sigmoid(gate.reshape(B, T, -1))
+        out = self.op(q, gate, cache.key[slot], cache.value[slot], cache.position, cache.key_span or cache.length + T)
         return self.o_proj(out)

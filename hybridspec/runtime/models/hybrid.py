@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from ...kernels.attention import reference as attention_reference
 from ...kernels.gdn import reference as gdn_reference
 from ...kernels.moe import reference as moe_reference
 from ...kernels.norm import reference as norm_reference
@@ -97,6 +98,13 @@ def moe_experts_op(backend: str) -> Callable:
     return moe_reference.moe_experts if experts is None else experts.moe_experts
 
 
+def attention_op(backend: str) -> Callable:
+    """The gated attention of a backend (`kernels/attention`): the reference (SDPA with a boolean
+    mask over the keys read) or the split-KV Triton kernels (the length read on the device)."""
+    attention = triton_kernels(backend, "attention.triton")
+    return attention_reference.gated_attention if attention is None else attention.gated_attention
+
+
 def norm_ops(backend: str) -> tuple[Callable, Callable]:
     """(offset_rms_norm, gated_rms_norm) of a backend (`kernels/norm`): the reference, or one Triton
     launch per norm with the residual add fused in."""
@@ -149,9 +157,12 @@ class HybridTarget(nn.Module):
         self.feature_layers = tuple(feature_layers)  # layers whose output the drafter reads (its target_layer_ids)
         offset_norm, gated_norm = norm_ops(backend)
         route = router_op(backend)
+        attend = attention_op(backend)
         for module in self.modules():
             if isinstance(module, Router):
                 module.op = route
+            elif isinstance(module, GatedAttention):
+                module.op = attend
             elif isinstance(module, OffsetRMSNorm):
                 module.op = offset_norm
             elif isinstance(module, GatedRMSNorm):

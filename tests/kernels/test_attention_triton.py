@@ -1,0 +1,109 @@
+"""The Triton gated attention (under TRITON_INTERPRET on CPU) and its PyTorch reference against a
+float64 oracle written from the definition: fp32 within fp32 rounding, bf16 within the error the
+reference itself makes; keys past the context never read (NaN there changes nothing); the result
+the same whatever the cache's size beyond the context or the span passed; bad arguments named."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from hybridspec.kernels.attention import reference
+from hybridspec.kernels.attention import triton as attention_triton
+
+
+def oracle(q, gate, key, value, p: int) -> torch.Tensor:
+    """softmax(q k^T / sqrt(D)) v over keys 0 … p + t for token t, times sigmoid(gate), in float64."""
+    B, T, H, D = q.shape
+    G = H // key.shape[2]
+    q, gate, key, value = (t.double() for t in (q, gate, key, value))
+    out = torch.empty(B, T, H, D, dtype=torch.float64)
+    for t in range(T):
+        n = p + t + 1
+        for h in range(H):
+            s = torch.einsum("bd,bnd->bn", q[:, t, h], key[:, :n, h // G]) / math.sqrt(D)
+            out[:, t, h] = torch.einsum("bn,bnd->bd", torch.softmax(s, -1), value[:, :n, h // G])
+    return (out * torch.sigmoid(gate)).reshape(B, T, H * D)
+
+
+def _case(B, T, H, H_kv, D, S, p, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, gate = (torch.randn(B, T, H, D, generator=g).to(dtype) for _ in range(2))
+    key, value = (torch.randn(B, S, H_kv, D, generator=g).to(dtype) for _ in range(2))
+    return q, gate, key, value, torch.full((B,), p, dtype=torch.long)
+
+
+CASES = [  # B, T, H, H_kv, D, S, p
+    (1, 1, 4, 2, 48, 40, 0),  # the embedded target's heads, first token
+    (1, 1, 16, 2, 256, 300, 217),  # the 35B shapes, decode
+    (1, 16, 16, 2, 256, 300, 280),  # the 35B shapes, a verification reaching the end of the cache
+    (1, 5, 8, 8, 64, 70, 33),  # no grouping
+    (2, 3, 4, 1, 32, 50, 9),  # batch of 2, one KV head
+    (1, 40, 4, 2, 48, 130, 60),  # a prefill chunk: several row blocks
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "B{}-T{}-H{}-kv{}-D{}-S{}-p{}".format(*c))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matches_the_oracle(case, dtype):
+    *shape, p = case
+    q, gate, key, value, position = _case(*shape, p, dtype, seed=sum(case))
+    want = oracle(q, gate, key, value, p)
+    got = attention_triton.gated_attention(q, gate, key, value, position)
+    ref = reference.gated_attention(q, gate, key, value, position)
+    assert got.shape == ref.shape == want.shape and got.dtype == ref.dtype == dtype
+    if dtype == torch.float32:
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=2e-6)
+        torch.testing.assert_close(ref.double(), want, rtol=1e-5, atol=2e-6)
+    else:  # bf16: the kernel's error no larger than the reference's (up to one more rounding)
+        err, err_ref = (got.double() - want).abs().max(), (ref.double() - want).abs().max()
+        assert err <= 2 * err_ref + 2 ** -8, (float(err), float(err_ref))
+
+
+def test_keys_past_the_context_are_never_read():
+    q, gate, key, value, position = _case(1, 4, 4, 2, 48, 64, 20, torch.float32)
+    before = attention_triton.gated_attention(q, gate, key, value, position)
+    key[:, 24:], value[:, 24:] = float("nan"), float("nan")  # past p + T
+    after = attention_triton.gated_attention(q, gate, key, value, position)
+    assert torch.isfinite(after).all() and torch.equal(before, after)
+
+
+def test_the_span_passed_changes_nothing():
+    q, gate, key, value, position = _case(1, 3, 4, 2, 48, 64, 10, torch.float32)
+    full = attention_triton.gated_attention(q, gate, key, value, position)
+    assert torch.equal(full, attention_triton.gated_attention(q, gate, key, value, position, 13))
+    # the reference reads `span` keys; masked beyond the context, the result agrees
+    torch.testing.assert_close(reference.gated_attention(q, gate, key, value, position, 13), full, rtol=1e-5, atol=2e-6)
+
+
+def test_strided_q_and_gate_from_one_projection():
+    """q and gate as the two halves of the q projection's heads, the layout the model passes."""
+    g = torch.Generator().manual_seed(1)
+    qg = torch.randn(1, 5, 4, 2 * 48, generator=g)
+    q, gate = qg.chunk(2, dim=-1)
+    key, value = (torch.randn(1, 32, 2, 48, generator=g) for _ in range(2))
+    position = torch.tensor([7])
+    torch.testing.assert_close(attention_triton.gated_attention(q, gate, key, value, position),
+                               oracle(q, gate, key, value, 7).float(), rtol=1e-5, atol=2e-6)
+
+
+def test_layout_depends_on_shapes_only():
+    """The grid is fixed by (B, T, S): the splits cover the cache and the rows, whatever the length."""
+    for T in (1, 2, 16, 64):
+        lay = attention_triton.layout(1, T, 16, 2, 256, 1100, 2, torch.device("cpu"))
+        assert lay["splits"] * lay["CH"] >= 1100 > (lay["splits"] - 1) * lay["CH"]
+        assert lay["CH"] % lay["BN"] == 0 and lay["row_blocks"] * lay["BM"] >= T * 8
+
+
+@pytest.mark.parametrize("bad, message", [
+    (lambda q, g, k, v: (q, g[:, :1], k, v), "q and gate"),
+    (lambda q, g, k, v: (q, g, k[..., :32], v[..., :32]), "does not fit"),
+    (lambda q, g, k, v: (q, g, k, v[:, :10]), "key and value"),
+    (lambda q, g, k, v: (q.transpose(-1, -2).contiguous().transpose(-1, -2), g, k, v), "contiguous"),
+])
+def test_bad_arguments_are_named(bad, message):
+    q, gate, key, value, position = _case(1, 2, 4, 2, 48, 16, 3, torch.float32)
+    with pytest.raises(ValueError, match=message):
+        attention_triton.gated_attention(*bad(q, gate, key, value), position)
