@@ -18,6 +18,7 @@ def _print_json(obj) -> None:
     print(json.dumps(obj, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
 
 
+CategoriesOpt = Annotated[Optional[str], typer.Option("--categories", help="Comma-separated prompt categories to use (default: all of the split); e.g. calibrate on some, evaluate on the others.")]
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", min=1, help="torch CPU threads of this process (default: 1 on a CPU device, torch's default on CUDA); recorded with every run.")]
 
 
@@ -27,6 +28,7 @@ def capture(
     drafter: DrafterOpt = None,
     prompts: Annotated[Optional[Path], typer.Option("--prompts", help="Prompt set (JSONL); default: the embedded set.")] = None,
     split: Annotated[str, typer.Option("--split", help="calib or test.")] = "calib",
+    categories: CategoriesOpt = None,
     db: Annotated[Path, typer.Option("--db", help="The campaign's DuckDB file (created or extended).")] = Path("capture.duckdb"),
     name: Annotated[str, typer.Option("--name", help="Campaign name; with the pass it identifies a run.")] = "default",
     passes: Annotated[str, typer.Option("--passes", help="capture,fixed,stage0,moe,routing or all.")] = "all",
@@ -44,13 +46,15 @@ def capture(
     """Run calibration passes through the real runtime and record every round and timing in DuckDB."""
     from ..collectors.campaign import run_campaign
     from ..collectors.common import CaptureConfig, parse_passes, parse_shard
+    from ..workbench.prompts import parse_categories
     from ..collectors.progress import RichReporter, summary_table
 
     try:
         config = CaptureConfig(model=model, drafter=drafter, prompts=prompts, split=split, db=db, name=name,
                                passes=parse_passes(passes), max_new_tokens=max_new_tokens, device=device,
                                dtype=dtype, backend=backend, graphs=graphs, quick=quick, resume=resume,
-                               overwrite=overwrite, shard=parse_shard(shard), threads=threads)
+                               overwrite=overwrite, shard=parse_shard(shard), threads=threads,
+                               categories=parse_categories(categories))
         with RichReporter(console) as reporter:
             summaries = run_campaign(config, reporter)
     except ValueError as exc:  # CaptureConfigError, StoreError, PromptFileError, ConfigError
@@ -136,6 +140,7 @@ def eval_(
     artifact: ArtifactOpt = None,
     prompts: Annotated[Optional[Path], typer.Option("--prompts", help="Prompt set (JSONL); default: the embedded set.")] = None,
     split: Annotated[str, typer.Option("--split", help="calib or test.")] = "test",
+    categories: CategoriesOpt = None,
     policies: Annotated[Optional[str], typer.Option("--policies", help="Comma-separated (default ar,full,static:7 and, with --artifact, ratio,ratio4,nominal,hybridspec); ar always runs.")] = None,
     db: Annotated[Path, typer.Option("--db", help="The campaign's DuckDB file (created or extended).")] = Path("capture.duckdb"),
     name: Annotated[Optional[str], typer.Option("--name", help="Campaign name (capture's --name: its capture run gives the offline estimates); default: the store's only campaign, else `default`.")] = None,
@@ -155,6 +160,7 @@ def eval_(
     """Decode a prompt split with each policy, record every request and round, print Table 1 (TPS, SR, AL, w)."""
     from ..collectors.eval_output import eval_json, print_eval
     from ..collectors.evaluate import EvalConfig, parse_policies, run_eval
+    from ..workbench.prompts import parse_categories
     from ..collectors.progress import RichReporter
     from ..workbench.store import resolve_campaign
 
@@ -163,7 +169,8 @@ def eval_(
                             policies=parse_policies(policies), db=db,
                             name=resolve_campaign(db, name, fallback="default"), max_new_tokens=max_new_tokens,
                             temperature=temperature, device=device, dtype=dtype, backend=backend, graphs=graphs, quick=quick,
-                            resume=resume, overwrite=overwrite, force=force, threads=threads)
+                            resume=resume, overwrite=overwrite, force=force, threads=threads,
+                            categories=parse_categories(categories))
         with RichReporter(err_console if as_json else console) as reporter:  # stdout keeps only the JSON
             result = run_eval(config, reporter)
     except ValueError as exc:  # EvalConfigError, PolicyError, ArtifactError, StoreError, PromptFileError, ConfigError

@@ -18,7 +18,7 @@ import torch
 from ..runtime.presets import PRESETS, preset_config
 from ..runtime.session import EMBEDDED, model_identity, open_session, resolve_backend, resolve_pair
 from ..runtime.tokenizer import load_codec
-from ..workbench.prompts import Prompt, load_prompts
+from ..workbench.prompts import Prompt, load_prompts, select_categories
 from ..workbench.runinfo import cpu_model, file_digest, gpu_model, set_threads, software_versions
 from ..workbench.store import RunSpec, Store, check_writable, open_verified
 from .capture import CapturePass
@@ -121,6 +121,7 @@ def run_campaign(config: CaptureConfig, reporter: Reporter | None = None) -> lis
         prompts = load_prompts(prompt_file, split=config.split)  # file:line errors
         if not prompts:
             raise CaptureConfigError(f"{prompt_file}: no prompts of split {config.split!r}")
+        prompts = select_categories(prompts, config.categories, f"split {config.split!r} of {prompt_file}")
         if config.quick:
             prompts = subset_per_category(prompts, QUICK_PROMPTS_PER_CATEGORY)
         models = resolve_models(config)

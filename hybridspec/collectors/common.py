@@ -91,6 +91,7 @@ class CaptureConfig:
     shard: tuple[int, int] = (0, 1)
     seed: int = 0
     threads: int | None = None  # torch CPU threads; None: 1 on a CPU device (workbench.runinfo.set_threads)
+    categories: tuple[str, ...] | None = None  # None: every category of the split
 
     def __post_init__(self):
         check_run_options(self, CaptureConfigError)
@@ -141,7 +142,8 @@ class PassContext:
     def base_params(self) -> dict:
         c = self.config
         return {"split": c.split, "quick": c.quick, "prompt_set": self.prompt_set, "seed": c.seed,
-                "prompt_ids": [p.id for p in self.prompts]}
+                "prompt_ids": [p.id for p in self.prompts],
+                **({"categories": list(c.categories)} if c.categories else {})}
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,8 @@ import torch
 
 from ..artifacts.artifact import ArtifactError
 from ..artifacts.params import PolicyParameters
-from ..evaluation.offline import OfflineError, compare_with_measured, estimate_from_store, in_policy_order
+from ..evaluation.offline import (AVERAGE, OfflineError, best_static_length, compare_with_measured,
+                                  estimate_from_store, in_policy_order)
 from ..evaluation.tables import EVAL_PASS, measured_from_store
 from ..runtime.config import drafter_config_from_dict, read_config_json
 from ..runtime.loading import RANDOM_BLOCK_SIZE
@@ -34,7 +35,7 @@ from ..runtime.policies import NEEDS_PARAMETERS, PolicyError, make_policy, resol
 from ..runtime.sampling import SamplingParams
 from ..runtime.session import EMBEDDED, open_session, resolve_backend
 from ..runtime.tokenizer import load_codec
-from ..workbench.prompts import load_prompts
+from ..workbench.prompts import load_prompts, select_categories
 from ..workbench.runinfo import cpu_model, file_digest, gpu_model, set_threads, software_versions
 from ..workbench.store import RunSpec, Store, check_writable, open_verified, run_id_for
 from .campaign import (MAX_BLOCK, NullReporter, PassSummary, Reporter, prompt_ids, read_vocab_size, resolve_models,
@@ -78,6 +79,7 @@ class EvalConfig:
     force: bool = False  # use an artifact fitted for another model/drafter
     seed: int = 0
     threads: int | None = None  # torch CPU threads; None: 1 on a CPU device
+    categories: tuple[str, ...] | None = None  # None: every category of the split
 
     def __post_init__(self):
         check_run_options(self, EvalConfigError)
@@ -100,9 +102,13 @@ def parse_policies(text: str | None) -> tuple[str, ...] | None:
     return tuple(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
 
 
+BEST_STATIC = "static:best"
+
+
 def resolve_policies(requested: tuple[str, ...] | None, draft_len: int, params: PolicyParameters | None
                      ) -> tuple[str, ...]:
-    """The policies to run, `ar` first; every name checked by the runtime's own `make_policy`."""
+    """The policies to run, `ar` first; every name checked by the runtime's own `make_policy`
+    (`static:best` is replaced by a length before this, `choose_best_static`)."""
     if requested is None:
         requested = ("full", f"static:{min(DEFAULT_STATIC, draft_len + 1)}", *(NEEDS_PARAMETERS if params else ()))
     for name in requested:
@@ -111,6 +117,30 @@ def resolve_policies(requested: tuple[str, ...] | None, draft_len: int, params: 
         except PolicyError as exc:
             raise EvalConfigError(f"--policies: {exc}") from None
     return ("ar", *(p for p in requested if p != "ar"))
+
+
+def check_best_static(requested: tuple[str, ...] | None, params: PolicyParameters | None) -> None:
+    if requested is not None and BEST_STATIC in requested and params is None:
+        raise EvalConfigError(f"--policies {BEST_STATIC}: needs --artifact (the length is chosen by the offline "
+                              "estimate of the campaign's capture run)")
+
+
+def choose_best_static(requested: tuple[str, ...] | None, store: Store, params: PolicyParameters | None,
+                       meta: dict | None, config: "EvalConfig") -> tuple[tuple[str, ...] | None, str | None]:
+    """`static:best` in the requested policies → `static:k`, k the static length the offline
+    estimate ranks first on the campaign's capture run (its calibration prompts; the paper's
+    "best static length chosen on calibration prompts"). Returns the policies and a note."""
+    if requested is None or BEST_STATIC not in requested:
+        return requested, None
+    check_best_static(requested, params)
+    try:
+        k, table = best_static_length(store, params, meta, campaign=config.name, source=str(config.artifact))
+    except OfflineError as exc:
+        raise EvalConfigError(f"--policies {BEST_STATIC}: {exc}") from None
+    tps = table.filter((pl.col("policy") == f"static:{k}") & (pl.col("category") == AVERAGE))["tps"][0]
+    chosen = tuple(dict.fromkeys(f"static:{k}" if name == BEST_STATIC else name for name in requested))
+    return chosen, (f"{BEST_STATIC} = static:{k}: the highest estimated TPS ({tps:.1f}) over the capture run "
+                    f"of campaign {config.name!r} (calibration prompts)")
 
 
 def draft_length(drafter: str | None) -> int:
@@ -200,16 +230,19 @@ def run_eval(config: EvalConfig, reporter: Reporter | None = None) -> EvalResult
     except PolicyError as exc:
         raise EvalConfigError(f"--policies: {exc}") from None
     draft_len = params.draft_len if params is not None else draft_length(models.drafter)
-    policies = resolve_policies(config.policies, draft_len, params)
+    check_best_static(config.policies, params)
     check_writable(config.db)
     prompt_file = Path(config.prompts) if config.prompts is not None else EMBEDDED / "prompts.jsonl"
     backend = resolve_backend(config.backend, config.device)  # stored with the run
     threads = set_threads(config.threads, config.device)
     with open_verified(config.db) as store:  # refuses a damaged store before writing into it
         store.check_name_free(config.name, PASS, 0, resume=config.resume, overwrite=config.overwrite)
+        requested, best_note = choose_best_static(config.policies, store, params, meta, config)
+        policies = resolve_policies(requested, draft_len, params)
         prompts = load_prompts(prompt_file, split=config.split)
         if not prompts:
             raise EvalConfigError(f"{prompt_file}: no prompts of split {config.split!r}")
+        prompts = select_categories(prompts, config.categories, f"split {config.split!r} of {prompt_file}")
         if config.quick:
             prompts = subset_per_category(prompts, QUICK_PROMPTS_PER_CATEGORY)
         codec = load_codec(Path(models.model)) if Path(models.model).is_dir() else None
@@ -231,6 +264,8 @@ def run_eval(config: EvalConfig, reporter: Reporter | None = None) -> EvalResult
                             store.frame("SELECT policy, prompt_id, mismatch_position FROM eval_requests WHERE "
                                         "run_id = ? AND mismatch_position IS NOT NULL ORDER BY policy, prompt_id",
                                         [summary.run_id]))
+        if best_note:
+            result.notes.append(best_note)
         _attach_estimates(store, result, params, meta, config)
     return result
 

@@ -193,6 +193,18 @@ def estimate_from_store(store: Store, params: PolicyParameters, meta: dict, *, c
     return pooled_table(sums, names)
 
 
+def best_static_length(store: Store, params: PolicyParameters, meta: dict, *, campaign: str | None = None,
+                       source: str = "artifact") -> tuple[int, pl.DataFrame]:
+    """The static length with the highest estimated TPS (average over categories) on the campaign's
+    capture run — the calibration prompts, never the evaluated ones — and the estimates of every
+    static length 2 … D + 1 (ties: the shorter length)."""
+    names = [f"static:{k}" for k in range(2, params.draft_len + 2)]
+    table = estimate_from_store(store, params, meta, campaign=campaign, policies=names, source=source)
+    average = table.filter(pl.col("category") == AVERAGE)
+    best = max(average.iter_rows(named=True), key=lambda row: (row["tps"], -int(row["policy"].split(":")[1])))
+    return int(best["policy"].split(":")[1]), table
+
+
 def estimate_policies(db: Path, artifact_path: Path, *, campaign: str | None = None,
                       policies: Sequence[str] | None = None) -> pl.DataFrame:
     """Offline estimates (module docstring) of each policy on the capture run of `campaign` (None: the

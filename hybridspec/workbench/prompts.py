@@ -65,6 +65,29 @@ def parse_prompt(record: object, where: str) -> Prompt:
                   tuple(ids) if ids is not None else None)
 
 
+def parse_categories(text: str | None) -> tuple[str, ...] | None:
+    """`code,docstring` → ("code", "docstring") in the given order, duplicates dropped (None: all)."""
+    if text is None:
+        return None
+    names = tuple(dict.fromkeys(c.strip() for c in text.split(",") if c.strip()))
+    if not names:
+        raise PromptFileError("--categories is empty")
+    return names
+
+
+def select_categories(prompts: list[Prompt], categories: tuple[str, ...] | None, where: str) -> list[Prompt]:
+    """The prompts of the given categories, in file order (None: all); an unknown category is an
+    error that lists the categories `where` (a file and split) has."""
+    if categories is None:
+        return prompts
+    present = sorted({p.category for p in prompts})
+    missing = [c for c in categories if c not in present]
+    if missing:
+        raise PromptFileError(f"--categories: {', '.join(map(repr, missing))} not in {where} "
+                              f"(its categories: {', '.join(present)})")
+    return [p for p in prompts if p.category in categories]
+
+
 def load_prompts(path: Path, *, split: str | None = None) -> list[Prompt]:
     """All prompts of a JSONL file (optionally one split), in file order; ids must be unique."""
     path = Path(path)

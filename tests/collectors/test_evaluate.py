@@ -234,3 +234,35 @@ def test_eval_takes_the_stores_only_campaign_and_threads(monkeypatch, tmp_path):
                                 dtype="float32", backend="torch"))
     assert runner.invoke(app, ["eval", "--db", str(db)]).exit_code == 0
     assert seen[-1].name == "calib" and seen[-1].threads is None
+
+
+def test_categories_select_prompts_and_static_best_is_chosen_on_the_capture(setup, tmp_path):
+    """--categories keeps the named categories (recorded with the run); static:best becomes the static
+    length the offline estimate ranks first on the campaign's capture run, named in a note."""
+    from hybridspec.artifacts.artifact import load_artifact
+    from hybridspec.evaluation.offline import best_static_length
+
+    db = tmp_path / "s.duckdb"
+    db.write_bytes(setup["db"].read_bytes())  # the capture run of campaign t
+    result = run_eval(_config({**setup, "db": db}, policies=("static:best",), categories=("docs",), max_new_tokens=6))
+    params, meta = load_artifact(setup["artifact"])
+    with Store(db, read_only=True) as store:
+        k, table = best_static_length(store, params, meta, campaign="t")
+        (run_params,) = store.query("SELECT params FROM runs WHERE run_id = ?", [result.run_id])[0]
+        categories = {c for (c,) in store.query("SELECT DISTINCT category FROM eval_requests WHERE run_id = ?",
+                                                 [result.run_id])}
+    average = table.filter(pl.col("category") == AVERAGE)
+    assert average["tps"].max() == average.filter(pl.col("policy") == f"static:{k}")["tps"][0]
+    assert result.policies == ("ar", f"static:{k}")
+    assert any(note.startswith(f"static:best = static:{k}") for note in result.notes)
+    assert categories == {"docs"} and json.loads(run_params)["categories"] == ["docs"]
+
+
+def test_unknown_categories_and_static_best_without_artifact_are_refused(setup, tmp_path):
+    with pytest.raises(ValueError, match=r"'prose' not in split 'test'.*its categories: code, docs"):
+        run_eval(_config(setup, db=tmp_path / "x.duckdb", categories=("code", "prose")))
+    with pytest.raises(ValueError, match="static:best: needs --artifact"):
+        run_eval(_config(setup, db=tmp_path / "y.duckdb", artifact=None, policies=("static:best",)))
+    assert not (tmp_path / "y.duckdb").exists()
+    bad = runner.invoke(app, ["eval", "--categories", " , ", "--db", str(tmp_path / "z.duckdb")])
+    assert bad.exit_code == 2 and "--categories is empty" in " ".join(bad.output.split())

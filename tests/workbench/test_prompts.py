@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from hybridspec.workbench.prompts import PromptFileError, load_prompts
+from hybridspec.workbench.prompts import PromptFileError, load_prompts, parse_categories, select_categories
 
 GOOD = {"id": "a", "category": "code", "split": "calib", "prompt": "def f():"}
 
@@ -45,3 +45,17 @@ def test_missing_and_empty_files(tmp_path):
     (tmp_path / "e.jsonl").write_text("\n")
     with pytest.raises(PromptFileError, match="no prompts"):
         load_prompts(tmp_path / "e.jsonl")
+
+
+def test_categories_keep_file_order_and_name_what_is_missing(tmp_path):
+    path = tmp_path / "p.jsonl"
+    rows = [{"id": f"{c}{i}", "category": c, "split": "calib", "prompt": "x"} for i in range(2) for c in ("b", "a", "c")]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    prompts = load_prompts(path, split="calib")
+    assert parse_categories(" c, a,c ") == ("c", "a") and parse_categories(None) is None
+    assert [p.id for p in select_categories(prompts, ("c", "a"), "here")] == ["a0", "c0", "a1", "c1"]
+    assert select_categories(prompts, None, "here") == prompts
+    with pytest.raises(PromptFileError, match=r"'d', 'e' not in here \(its categories: a, b, c\)"):
+        select_categories(prompts, ("a", "d", "e"), "here")
+    with pytest.raises(PromptFileError, match="--categories is empty"):
+        parse_categories(",")
