@@ -182,6 +182,70 @@ def eval_(
 
 
 @app.command()
+def estimate(
+    db: Annotated[Path, typer.Option("--db", help="Store holding the capture run whose rounds are replayed.")],
+    artifact: Annotated[Path, typer.Option("--artifact", help="Artifact fitted on that campaign (its acceptance model; its costs unless --costs).")],
+    name: Annotated[Optional[str], typer.Option("--name", help="Campaign of --db (default: the store's only one).")] = None,
+    costs: Annotated[Optional[Path], typer.Option("--costs", help="Another target's artifact: its C_tgt, fixed cost, s, η and n̄ replace --artifact's; ρ is solved again.")] = None,
+    costs_db: Annotated[Optional[Path], typer.Option("--costs-db", help="The --costs target's store: its routing pass (new Layer-0 experts per position) and measured ar step.")] = None,
+    costs_name: Annotated[Optional[str], typer.Option("--costs-name", help="Campaign of --costs-db (default: its only one).")] = None,
+    policies: Annotated[Optional[str], typer.Option("--policies", help="Comma-separated (default: ar, full, every static length, ratio, ratio4, nominal, hybridspec).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
+) -> None:
+    """Offline estimate of each policy over a capture run's rounds (no model loaded). With --costs:
+    the acceptance of --artifact's pair with another target's costs — an estimate for a target whose
+    acceptance cannot be measured (random weights), labelled as such."""
+    from ..artifacts.artifact import check_identity, load_artifact
+    from ..collectors.eval_output import table1
+    from ..collectors.evaluate import parse_policies
+    from ..evaluation.offline import (AVERAGE, ar_step_seconds, default_policies, estimate_from_store,
+                                      find_capture_run, in_policy_order, measured_ar_step, routing_samples)
+    from ..fitters.transfer import transfer_from_store
+    from ..workbench.store import Store, resolve_campaign
+
+    if (costs is None) != (costs_db is None):
+        _fail("--costs and --costs-db go together (the costs' artifact and the store it was fitted on)")
+    try:
+        params, meta = load_artifact(artifact)
+        campaign = resolve_campaign(db, name)
+        sources = {"acceptance": f"{artifact} (campaign {campaign!r} of {db})", "rounds": f"{db}, campaign {campaign!r}"}
+        ar_step = routing = None
+        if costs is not None:
+            cost_params, cost_meta = load_artifact(costs)
+            cost_campaign = resolve_campaign(costs_db, costs_name)
+            with Store(costs_db, read_only=True) as store:
+                store.verify()
+                run = find_capture_run(store, cost_campaign)
+                check_identity(cost_meta, model_id=run["model_id"], drafter_id=run["drafter_id"] or "", source=str(costs))
+                routing = routing_samples(store, cost_campaign, params.draft_len)
+                ar_step = measured_ar_step(store, run)
+            params, iterations = transfer_from_store(db, campaign, params, cost_params)
+            if ar_step is None:
+                ar_step = ar_step_seconds(params)
+            sources.update(costs=f"{costs} (C_tgt, fixed cost, s, η, n̄_all)", routing=f"{costs_db}, campaign "
+                           f"{cost_campaign!r}: routing pass", ar_step=f"{costs_db}: fixed pass, w = 1",
+                           rho=f"solved again over the rounds ({len(iterations)} Dinkelbach steps)")
+        names = list(parse_policies(policies) or default_policies(params.draft_len))
+        with Store(db, read_only=True) as store:
+            store.verify()
+            table = estimate_from_store(store, params, meta, campaign=campaign, policies=names, source=str(artifact),
+                                        ar_step=ar_step, routing=routing)
+    except ValueError as exc:  # ArtifactError, StoreError, OfflineError, FitError, PolicyError
+        _fail(escape(str(exc)))
+    table = in_policy_order(table, names)
+    kind = "estimate with another target's costs" if costs is not None else "offline estimate"
+    if as_json:
+        _print_json({"kind": kind, "rho": params.rho, "sources": sources, "rows": table.to_dicts()})
+        return
+    for part in table1(table, tuple(names), f"{kind} (pooled per category; {AVERAGE}: mean over categories)",
+                       console.width):
+        console.print(part)
+    for what, where in sources.items():
+        console.print(f"[dim]{what}: {escape(where)}[/]")
+    console.print(f"[dim]ρ = {params.rho:.4g} tokens/s[/]")
+
+
+@app.command()
 def report(
     db: Annotated[Path, typer.Option("--db", help="The campaign's DuckDB file.")] = Path("capture.duckdb"),
     out: Annotated[Path, typer.Option("--out", help="Folder for index.html (self-contained).")] = Path("report"),

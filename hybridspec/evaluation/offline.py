@@ -28,6 +28,7 @@ simulation of the longer sequence of rounds a more cautious policy would run.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -172,14 +173,41 @@ def in_policy_order(frame: pl.DataFrame, policies: Sequence[str]) -> pl.DataFram
             .sort("_p", "_a", "category").drop("_p", "_a"))
 
 
+def routing_samples(store: Store, campaign: str, draft_len: int) -> list[np.ndarray]:
+    """New Layer-0 experts per draft position 1 … D from the routing pass of `campaign` (one array
+    per position: the values seen there)."""
+    row = store.run_row(run_id_for(campaign, "routing"))
+    if row is None:
+        raise OfflineError(f"campaign {campaign!r} has no routing run in {store.path}")
+    rows = store.query("SELECT position, new_l0_experts FROM routing_positions WHERE run_id = ?", [row["run_id"]])
+    by_position = [np.array([n for p, n in rows if p == k], dtype=np.int64) for k in range(1, draft_len + 1)]
+    empty = [k for k, values in enumerate(by_position, start=1) if not len(values)]
+    if empty:
+        raise OfflineError(f"the routing run of campaign {campaign!r} has no rows at draft positions {empty}")
+    return by_position
+
+
+def with_routing(rounds: CapturedRounds, samples: list[np.ndarray], seed: int = 0) -> CapturedRounds:
+    """The rounds with each position's new Layer-0 experts drawn from another target's routing pass
+    at the same draft position (seeded): the routing term of an estimate for that target."""
+    rng = np.random.default_rng(seed)
+    fresh = np.stack([rng.choice(samples[k], size=len(rounds.accepted_full)) for k in range(len(samples))], axis=1)
+    return dataclasses.replace(rounds, new_l0_experts=fresh)
+
+
 def estimate_from_store(store: Store, params: PolicyParameters, meta: dict, *, campaign: str | None = None,
-                        policies: Sequence[str] | None = None, source: str = "artifact") -> pl.DataFrame:
-    """`estimate_policies` on an open store (see there)."""
+                        policies: Sequence[str] | None = None, source: str = "artifact",
+                        ar_step: float | None = None, routing: list[np.ndarray] | None = None) -> pl.DataFrame:
+    """`estimate_policies` on an open store (see there). `ar_step` (s) and `routing`
+    (`routing_samples` of another store) replace the campaign's own, for an estimate whose costs
+    come from another target (`fitters.transfer`)."""
     run = find_capture_run(store, campaign)
     check_identity(meta, model_id=run["model_id"], drafter_id=run["drafter_id"] or "", source=source)
     rounds = load_capture_rounds(store, run["run_id"], params.draft_len)
+    if routing is not None:
+        rounds = with_routing(rounds, routing)
     names = list(dict.fromkeys(policies)) if policies is not None else default_policies(params.draft_len)
-    measured = measured_ar_step(store, run)
+    measured = ar_step if ar_step is not None else measured_ar_step(store, run)
     step = ar_step_seconds(params, measured)
     frames = []
     for name in names:

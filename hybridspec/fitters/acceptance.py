@@ -122,6 +122,15 @@ class AcceptanceFitter:
         self.coef_ = np.concatenate((model.intercept_, model.coef_[0]))
         return self
 
+    @classmethod
+    def from_model(cls, model) -> "AcceptanceFitter":
+        """The fitted state of a frozen `artifacts.params.AcceptanceModel` (to predict with it)."""
+        fitter = cls()
+        fitter.iso_x_ = [np.asarray(x, float) for x in model.iso_x]
+        fitter.iso_y_ = [np.asarray(y, float) for y in model.iso_y]
+        fitter.coef_ = np.asarray(model.coef, float)
+        return fitter
+
     def _check(self) -> None:
         if not hasattr(self, "coef_"):
             raise RuntimeError("AcceptanceFitter is not fitted; call fit() first")
