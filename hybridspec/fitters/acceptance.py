@@ -53,7 +53,10 @@ def conditional_rows(accepted_full: np.ndarray, draft_len: int) -> tuple[np.ndar
 class AcceptanceFitter:
     """`fit(confidence [N, D], entropy [N, D], accepted_full [N], groups=None)`; learned: `iso_x_`,
     `iso_y_` (per position thresholds), `coef_` (intercept + 5 weights), `isotonic_used_`,
-    `cv_log_loss_` ({"isotonic", "identity", "folds"} when the stage was chosen by cross-validation).
+    `cv_log_loss_` ({"isotonic", "identity", "folds"} when the stage was chosen by cross-validation),
+    `single_class_` (every conditional outcome the same, e.g. a random drafter that is never accepted:
+    then a constant model at the smoothed rate (k + ½) / (n + 1), and the `acceptance_two_classes`
+    check fails).
 
     `isotonic`: True (always the isotonic stage), False (identity calibration) or "auto" (chosen by
     grouped K-fold over `groups`, one id per round, e.g. its prompt; rounds themselves without)."""
@@ -118,7 +121,13 @@ class AcceptanceFitter:
             self.iso_x_.append(np.asarray(iso.X_thresholds_, float))
             self.iso_y_.append(np.asarray(iso.y_thresholds_, float))
         X = features(self.calibrate(confidence), entropy)[mask]  # [rows, 5]
-        model = LogisticRegression(C=self.regularization, max_iter=5000).fit(X, labels[mask])
+        y = labels[mask]
+        self.single_class_ = bool(len(y) == 0 or y.min() == y.max())
+        if self.single_class_:  # e.g. a random drafter: nothing ever accepted; a constant, smoothed rate
+            rate = (y.sum() + 0.5) / (len(y) + 1.0)
+            self.coef_ = np.array([np.log(rate / (1 - rate)), 0.0, 0.0, 0.0, 0.0, 0.0])
+            return self
+        model = LogisticRegression(C=self.regularization, max_iter=5000).fit(X, y)
         self.coef_ = np.concatenate((model.intercept_, model.coef_[0]))
         return self
 

@@ -45,7 +45,8 @@ class CampaignFit:
     def diagnostics(self) -> dict:
         return {"acceptance": self.metrics,
                 "acceptance_model": {"isotonic": self.acceptance.isotonic_used_,
-                                     "cv_log_loss": self.acceptance.cv_log_loss_},
+                                     "cv_log_loss": self.acceptance.cv_log_loss_,
+                                     "single_class": self.acceptance.single_class_},
                 "dinkelbach": self.iterations, "warnings": self.warnings,
                 "dinkelbach_converged": self.converged, "dinkelbach_note": self.convergence_note,
                 "versions": self.versions,

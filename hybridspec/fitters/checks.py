@@ -14,6 +14,9 @@ saved artifact. Each check names its number and its threshold:
                          + `log_loss_z` standard errors of the paired per-row difference (a small
                          held-out set cannot tell a few hundredths of a nat from noise; a
                          calibration that is really worse than raw confidence still fails)
+    acceptance_two_classes  the capture rounds hold both accepted and rejected draft tokens (else the
+                         acceptance model is a constant: fine for an artifact used only for its
+                         costs, `estimate --costs`, not for deciding)
     rho_converged        Dinkelbach's iteration for ρ reached its fixed point
 
 A check whose number the artifact does not record (fitted by an older hybridspec) is `unknown`,
@@ -144,6 +147,11 @@ def quality_checks(*, cost: Sequence[float], lengths: Sequence[int], s: float, e
     checks.append(_positive("eta_positive", "moe", "η", eta, "µs/expert", 1e6))
     checks.append(_r2_check("eta_r2", "moe", "the MoE line", diagnostics.get("eta", {}).get("r2"), t.eta_r2))
     checks.append(_log_loss_check(diagnostics.get("acceptance", {}), t.log_loss_margin, t.log_loss_z))
+    single = (diagnostics.get("acceptance_model") or {}).get("single_class")
+    checks.append(Check("acceptance_two_classes", "reliability", _verdict(None if single is None else not single),
+                        None, "both outcomes", "not recorded" if single is None else
+                        ("every draft token had the same outcome: a constant acceptance model" if single
+                         else "accepted and rejected draft tokens both seen")))
     checks.append(_rho_check(diagnostics))
     return checks
 

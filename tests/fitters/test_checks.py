@@ -17,7 +17,8 @@ COST = [0.0, 0.0] + [1e-4 * w for w in W]
 def _checks(**diagnostics):
     base = {"cost": {"r2": 0.99, "cells": [{"w": w, "median": 1e-4 * w} for w in W]}, "s": {"r2": 0.9},
             "eta": {"r2": 0.9}, "acceptance": {"raw": {"log_loss": 0.5}, "full": {"log_loss": 0.4}},
-            "dinkelbach": [{"rho": 1.0, "next_rho": 1.0}], "dinkelbach_converged": True}
+            "dinkelbach": [{"rho": 1.0, "next_rho": 1.0}], "dinkelbach_converged": True,
+            "acceptance_model": {"single_class": False}}
     return {c.name: c for c in quality_checks(cost=COST, lengths=W, s=1e-6, eta=1e-6,
                                               diagnostics={**base, **diagnostics}, thresholds=Thresholds())}
 
@@ -37,6 +38,8 @@ def test_each_check_reads_its_number():
     assert _checks(cost={"r2": 0.044})["cost_r2"].status == FAILED
     assert _checks(cost={"r2": 0.99})["cost_monotone"].status == UNKNOWN  # an artifact without the cells
     assert _checks(dinkelbach_converged=False)["rho_converged"].status == FAILED
+    assert _checks(acceptance_model={"single_class": True})["acceptance_two_classes"].status == FAILED
+    assert _checks(acceptance_model={})["acceptance_two_classes"].status == UNKNOWN  # fitted before it was recorded
     zero = quality_checks(cost=[0.0] * 17, lengths=W, s=-5.1e-6, eta=1e-6, diagnostics={}, thresholds=Thresholds())
     assert {c.name for c in failed(zero)} == {"cost_positive", "s_positive"}
 
@@ -71,3 +74,15 @@ def test_pure_noise_timings_fail_by_name_and_nothing_is_written(tmp_path):
     assert out.is_file() and meta["diagnostics"]["allow_poor_fit"] is True
     assert {c["name"] for c in meta["diagnostics"]["checks"] if c["status"] == FAILED} == names
     assert np.isfinite(meta["rho"])
+
+
+def test_a_drafter_never_accepted_gives_a_constant_model_and_a_failed_check():
+    """Every conditional outcome 0 (a random drafter): the fitter does not stop at the one-class
+    logistic regression; it keeps the smoothed rate (k + ½) / (n + 1) at every position."""
+    from hybridspec.fitters.acceptance import AcceptanceFitter
+
+    rng = np.random.default_rng(0)
+    conf, ent = rng.uniform(size=(40, 15)), rng.uniform(size=(40, 15))
+    fitter = AcceptanceFitter(isotonic="auto").fit(conf, ent, np.zeros(40, dtype=int), groups=np.arange(40) % 5)
+    assert fitter.single_class_
+    np.testing.assert_allclose(fitter.predict_conditional(conf, ent), 0.5 / 41)
