@@ -250,3 +250,15 @@ def gdn_commit(states, z, k, g_cum, accepted) -> None:
 
     states.mul_(g_m.exp().view(L, B, HV, 1, 1))  # e^{g_m} S_0
     states.add_(update.reshape(L, B, HV, dv, dk))
+
+
+def causal_conv_silu(x: Tensor, state: Tensor, weight: Tensor, *, x_out: Tensor | None = None) -> Tensor:
+    """The GDN layer's short causal convolution: x [B, T, C] (the projected q, k, v channels),
+    state [B, C, K − 1] (the K − 1 inputs before x), weight [C, 1, K] (depthwise) →
+    silu(conv) [B, T, C] contiguous, in x's dtype (the convolution rounded to it before the silu).
+    x_out [B, T, C]: also receives a copy of x (the round buffer the commit reads the window from)."""
+    if x_out is not None:
+        x_out.copy_(x)
+    window = torch.cat((state, x.transpose(1, 2)), dim=-1)  # [B, C, K − 1 + T]
+    conv = torch.nn.functional.conv1d(window, weight, groups=x.shape[-1])
+    return torch.nn.functional.silu(conv).transpose(1, 2).contiguous()

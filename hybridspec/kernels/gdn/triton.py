@@ -29,14 +29,15 @@ from hybridspec.kernels.gdn.checks import (
     check_step_inputs,
 )
 from hybridspec.kernels.gdn.commit import launch_commit
+from hybridspec.kernels.gdn.conv import causal_conv_silu
 from hybridspec.kernels.interpreter import interpreted
 from hybridspec.kernels.gdn.reference import gdn_commit as reference_commit
 from hybridspec.kernels.gdn.tuning import SHIPPED, CommitTuning, Tuning, VerifyTuning
 from hybridspec.kernels.gdn.verify_recurrent import launch_verify_recurrent
 from hybridspec.kernels.gdn.verify_split import launch_verify_split
 
-__all__ = ["MAX_TOKENS", "SHIPPED", "CommitTuning", "Tuning", "VerifyTuning", "gdn_commit", "gdn_verify",
-           "gdn_verify_gated"]
+__all__ = ["MAX_TOKENS", "SHIPPED", "CommitTuning", "Tuning", "VerifyTuning", "causal_conv_silu", "gdn_commit",
+           "gdn_verify", "gdn_verify_gated"]
 
 _LAUNCHERS = {"recurrent": launch_verify_recurrent, "split": launch_verify_split}
 

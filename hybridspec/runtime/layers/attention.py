@@ -30,6 +30,29 @@ class GatedAttention(nn.Module):
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=False)
         self.q_norm = OffsetRMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
         self.k_norm = OffsetRMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
+        self._qkv: Tensor | None = None  # q (with its gate), k and v projections as one weight
+
+    @torch.no_grad()
+    def fuse_projections(self) -> None:
+        """Put the q (2× wide), k and v projection weights into one tensor, the three parameters
+        becoming views of it, so the layer's input projections are one GEMM instead of three. Call
+        after the weights are loaded."""
+        parts = (self.q_proj, self.k_proj, self.v_proj)
+        fused = torch.cat([p.weight for p in parts], dim=0)
+        start = 0
+        for p in parts:
+            rows = p.weight.shape[0]
+            p.weight = nn.Parameter(fused[start : start + rows], requires_grad=p.weight.requires_grad)
+            start += rows
+        self._qkv = fused
+
+    def _project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(q with gate, k, v) projections of x (separately where autograd is on: the fused tensor is
+        not a parameter, the three views are)."""
+        if self._qkv is None or torch.is_grad_enabled():
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        kv = self.n_kv * self.head_dim
+        return torch.nn.functional.linear(x, self._qkv).split((2 * self.n_heads * self.head_dim, kv, kv), dim=-1)
 
     def forward(self, x: Tensor, cache: TargetCache, slot: int, rope: tuple[Tensor, Tensor]) -> Tensor:
         """x [B, T, hidden] at positions p … p+T−1 (p = cache.position, on the device); writes their
@@ -37,10 +60,11 @@ class GatedAttention(nn.Module):
         the length, up to length + T; the Triton kernels read the length on the device instead."""
         B, T, _ = x.shape
         positions = cache.position[0] + torch.arange(T, device=x.device)  # [T]
-        q, gate = self.q_proj(x).view(B, T, self.n_heads, 2 * self.head_dim).chunk(2, dim=-1)
+        q_gate, k, v = self._project(x)
+        q, gate = q_gate.view(B, T, self.n_heads, 2 * self.head_dim).chunk(2, dim=-1)
         q = apply_rope(self.q_norm(q), *rope)
-        k = apply_rope(self.k_norm(self.k_proj(x).view(B, T, self.n_kv, self.head_dim)), *rope)
+        k = apply_rope(self.k_norm(k.view(B, T, self.n_kv, self.head_dim)), *rope)
         cache.key[slot].index_copy_(1, positions, k)
-        cache.value[slot].index_copy_(1, positions, self.v_proj(x).view(B, T, self.n_kv, self.head_dim))
+        cache.value[slot].index_copy_(1, positions, v.view(B, T, self.n_kv, self.head_dim))
         out = self.op(q, gate, cache.key[slot], cache.value[slot], cache.position, cache.key_span or cache.length + T)
         return self.o_proj(out)

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ...kernels.gdn import reference as gdn_reference
 from ..cache import TargetCache
 from ..config import TargetConfig
 from .norms import GatedRMSNorm
@@ -36,6 +37,7 @@ class GatedDeltaNet(nn.Module):
         self.norm = GatedRMSNorm(self.dv, eps=cfg.rms_norm_eps)
         self.out_proj = nn.Linear(value_dim, cfg.hidden_size, bias=False)
         self._verify = verify
+        self.conv_op = gdn_reference.causal_conv_silu  # the model sets the backend's (`kernels/gdn`)
         self._in_proj: Tensor | None = None  # the four input projections as one weight (`fuse_projections`)
 
     @torch.no_grad()
@@ -64,9 +66,8 @@ class GatedDeltaNet(nn.Module):
         """x [B, T, hidden] → [B, T, hidden]; fills the round buffers of `slot` for these T tokens."""
         B, T, _ = x.shape
         mixed, z, b, a = self._project(x)  # mixed: [B, T, conv_dim]
-        cache.conv_in[slot, :, :T] = mixed
-        window = torch.cat((cache.conv[slot], mixed.transpose(1, 2)), dim=-1)  # [B, conv_dim, K-1+T]
-        mixed = F.silu(F.conv1d(window, self.conv1d.weight, groups=self.conv_dim)).transpose(1, 2).contiguous()
+        # the conv inputs also go to the round buffer, from which the commit advances the window
+        mixed = self.conv_op(mixed, cache.conv[slot], self.conv1d.weight, x_out=cache.conv_in[slot, :, :T])
         key_dim = self.hk * self.dk
         q, k, v = mixed.split((key_dim, key_dim, self.hv * self.dv), dim=-1)
         q, k = q.reshape(B, T, self.hk, self.dk), k.reshape(B, T, self.hk, self.dk)

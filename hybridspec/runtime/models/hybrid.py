@@ -85,6 +85,13 @@ def gdn_ops(backend: str) -> tuple[Callable, Callable]:
     return verify, commit
 
 
+def gdn_conv_op(backend: str) -> Callable:
+    """The GDN layer's causal conv + SiLU of a backend: the reference (copy, concatenation,
+    convolution, SiLU, transpose) or one Triton launch."""
+    gdn_triton = triton_kernels(backend, "gdn.triton")
+    return gdn_reference.causal_conv_silu if gdn_triton is None else gdn_triton.causal_conv_silu
+
+
 def router_op(backend: str) -> Callable:
     """The router's softmax + top-k of a backend: the reference, or one Triton launch per call."""
     router = triton_kernels(backend, "moe.router")
@@ -158,22 +165,25 @@ class HybridTarget(nn.Module):
         offset_norm, gated_norm = norm_ops(backend)
         route = router_op(backend)
         attend = attention_op(backend)
+        conv = gdn_conv_op(backend)
         for module in self.modules():
             if isinstance(module, Router):
                 module.op = route
             elif isinstance(module, GatedAttention):
                 module.op = attend
+            elif isinstance(module, GatedDeltaNet):
+                module.conv_op = conv
             elif isinstance(module, OffsetRMSNorm):
                 module.op = offset_norm
             elif isinstance(module, GatedRMSNorm):
                 module.op = gated_norm
 
     def fuse_projections(self) -> None:
-        """Each GDN layer's four input projections as one GEMM (`GatedDeltaNet.fuse_projections`);
-        called by the loaders once the weights are in place."""
+        """Each layer's input projections as one GEMM (`GatedDeltaNet.fuse_projections`: q, k, v, z, b,
+        a; `GatedAttention.fuse_projections`: q with its gate, k, v); called by the loaders once the
+        weights are in place."""
         for layer in self.layers:
-            if layer.is_gdn:
-                layer.linear_attn.fuse_projections()
+            (layer.linear_attn if layer.is_gdn else layer.self_attn).fuse_projections()
 
     # ---------------------------------------------------------------- caches
     def new_cache(self, *, max_len: int, tokens_per_pass: int = 64, batch: int = 1) -> TargetCache:
