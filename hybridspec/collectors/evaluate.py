@@ -231,6 +231,8 @@ def run_eval(config: EvalConfig, reporter: Reporter | None = None) -> EvalResult
         raise EvalConfigError(f"--policies: {exc}") from None
     draft_len = params.draft_len if params is not None else draft_length(models.drafter)
     check_best_static(config.policies, params)
+    if config.policies is not None:  # every other name checked before the store is touched
+        resolve_policies(tuple(p for p in config.policies if p != BEST_STATIC), draft_len, params)
     check_writable(config.db)
     prompt_file = Path(config.prompts) if config.prompts is not None else EMBEDDED / "prompts.jsonl"
     backend = resolve_backend(config.backend, config.device)  # stored with the run

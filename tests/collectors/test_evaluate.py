@@ -244,7 +244,8 @@ def test_categories_select_prompts_and_static_best_is_chosen_on_the_capture(setu
 
     db = tmp_path / "s.duckdb"
     db.write_bytes(setup["db"].read_bytes())  # the capture run of campaign t
-    result = run_eval(_config({**setup, "db": db}, policies=("static:best",), categories=("docs",), max_new_tokens=6))
+    result = run_eval(_config({**setup, "db": db}, policies=("static:best",), categories=("docs",), max_new_tokens=6,
+                              overwrite=True))  # the module's other tests may have evaluated campaign t already
     params, meta = load_artifact(setup["artifact"])
     with Store(db, read_only=True) as store:
         k, table = best_static_length(store, params, meta, campaign="t")
