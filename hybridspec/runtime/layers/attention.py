@@ -9,9 +9,9 @@ import torch
 from torch import Tensor, nn
 
 from ...kernels.attention import reference as attention_reference
-
 from ..cache import TargetCache
 from ..config import TargetConfig
+from .fusion import fuse_linears
 from .norms import OffsetRMSNorm
 from .rope import apply_rope
 
@@ -32,19 +32,9 @@ class GatedAttention(nn.Module):
         self.k_norm = OffsetRMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
         self._qkv: Tensor | None = None  # q (with its gate), k and v projections as one weight
 
-    @torch.no_grad()
     def fuse_projections(self) -> None:
-        """Put the q (2× wide), k and v projection weights into one tensor, the three parameters
-        becoming views of it, so the layer's input projections are one GEMM instead of three. Call
-        after the weights are loaded."""
-        parts = (self.q_proj, self.k_proj, self.v_proj)
-        fused = torch.cat([p.weight for p in parts], dim=0)
-        start = 0
-        for p in parts:
-            rows = p.weight.shape[0]
-            p.weight = nn.Parameter(fused[start : start + rows], requires_grad=p.weight.requires_grad)
-            start += rows
-        self._qkv = fused
+        """The q (2× wide), k and v projections as one GEMM (`fuse_linears`)."""
+        self._qkv = fuse_linears(self.q_proj, self.k_proj, self.v_proj)
 
     def _project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(q with gate, k, v) projections of x (separately where autograd is on: the fused tensor is

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from ...kernels.gdn import reference as gdn_reference
 from ..cache import TargetCache
 from ..config import TargetConfig
+from .fusion import fuse_linears
 from .norms import GatedRMSNorm
 
 
@@ -40,19 +41,9 @@ class GatedDeltaNet(nn.Module):
         self.conv_op = gdn_reference.causal_conv_silu  # the model sets the backend's (`kernels/gdn`)
         self._in_proj: Tensor | None = None  # the four input projections as one weight (`fuse_projections`)
 
-    @torch.no_grad()
     def fuse_projections(self) -> None:
-        """Put the qkv, z, b and a projection weights into one [conv_dim + value_dim + 2·HV, hidden]
-        tensor, the four parameters becoming views of it, so the layer's input projections are one
-        GEMM (one launch, one pass over x) instead of four. Call after the weights are loaded."""
-        parts = (self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a)
-        fused = torch.cat([p.weight for p in parts], dim=0)
-        start = 0
-        for p in parts:
-            rows = p.weight.shape[0]
-            p.weight = nn.Parameter(fused[start : start + rows], requires_grad=p.weight.requires_grad)
-            start += rows
-        self._in_proj = fused
+        """The qkv, z, b and a projections as one GEMM (`fuse_linears`): one launch, one pass over x."""
+        self._in_proj = fuse_linears(self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a)
 
     def _project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """(qkv, z, b, a) projections of x (separately where autograd is on: the fused tensor is not a
