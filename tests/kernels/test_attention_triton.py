@@ -38,7 +38,7 @@ def _case(B, T, H, H_kv, D, S, p, dtype, seed=0):
 CASES = [  # B, T, H, H_kv, D, S, p
     (1, 1, 4, 2, 48, 40, 0),  # the embedded target's heads, first token
     (1, 1, 16, 2, 256, 300, 217),  # the 35B shapes, decode
-    (1, 16, 16, 2, 256, 300, 280),  # the 35B shapes, a verification reaching the end of the cache
+    (1, 16, 8, 2, 128, 300, 280),  # a 16-token verification reaching the end of the cache (35B: tests/gpu)
     (1, 5, 8, 8, 64, 70, 33),  # no grouping
     (2, 3, 4, 1, 32, 50, 9),  # batch of 2, one KV head
     (1, 40, 4, 2, 48, 130, 60),  # a prefill chunk: several row blocks
