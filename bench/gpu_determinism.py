@@ -32,6 +32,7 @@ from hybridspec.runtime.engine import Engine  # noqa: E402
 from hybridspec.runtime.layers.moe import SparseMoE  # noqa: E402
 from hybridspec.runtime.policies import make_policy  # noqa: E402
 from hybridspec.runtime.session import open_session  # noqa: E402
+from tests.runtime.helpers import captured_pass, pass_outputs, prefilled_cache  # noqa: E402
 
 
 def show(obj: dict) -> None:
@@ -81,39 +82,17 @@ def passes(target, prompt: list[int], w: int, count: int, W: int) -> None:
     device = next(target.parameters()).device
     taps, target.feature_layers = target.feature_layers, tuple(range(len(target.layers)))
     try:
-        engine = Engine(target, None, max_context=len(prompt) + 2 * W, resident=False)
-        cache = engine.cache
-        cache.reset()
-        target.prefill(torch.tensor([prompt], device=device), cache)
-        target.flush(cache)
-        cache.null_commit(W)
-        cache.fixed_pending, cache.key_span = W, cache.max_len
+        cache = prefilled_cache(target, prompt, W)
         block = torch.randint(0, target.cfg.vocab_size, (1, w), generator=torch.Generator().manual_seed(w)).to(device)
-
-        def run():
-            cache.pending = [True] * len(cache.pending)
-            return target.forward_pass(block, cache)
-
-        eager = []
-        for _ in range(count):
-            out = run()
-            eager.append((out.features.clone(), out.logits.clone()))
+        eager = [pass_outputs(target, cache, block, graph=False) for _ in range(count)]
         replays = [eager[0]]
         if device.type == "cuda":
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                run()
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            cache.pending = [True] * len(cache.pending)
-            with torch.cuda.graph(graph):
-                out = target.forward_pass(block, cache)
+            graph, out = captured_pass(target, cache, block)
+            replays = []
             for _ in range(count):
                 cache.pending = [True] * len(cache.pending)
                 graph.replay()
                 replays.append((out.features.clone(), out.logits.clone()))
-            replays = replays[1:]
         L, H, kinds = len(target.layers), target.cfg.hidden_size, target.cfg.layer_types
 
         def first_layer(runs):

@@ -25,11 +25,10 @@ import torch  # noqa: E402
 
 from bench.gpu_round import engines, prompts_for  # noqa: E402
 from hybridspec.kernels.norm import reference as norm_reference  # noqa: E402
-from hybridspec.runtime.engine import Engine  # noqa: E402
 from hybridspec.runtime.layers.norms import GatedRMSNorm, OffsetRMSNorm  # noqa: E402
 from hybridspec.runtime.policies import make_policy  # noqa: E402
 from hybridspec.runtime.session import open_session  # noqa: E402
-from tests.runtime.helpers import pass_outputs  # noqa: E402
+from tests.runtime.helpers import pass_outputs, prefilled_cache  # noqa: E402
 
 
 def layer_diff(target, prompt: list[int], w: int, W: int) -> dict:
@@ -37,13 +36,7 @@ def layer_diff(target, prompt: list[int], w: int, W: int) -> dict:
     device = next(target.parameters()).device
     taps, target.feature_layers = target.feature_layers, tuple(range(len(target.layers)))
     try:
-        engine = Engine(target, None, max_context=len(prompt) + 2 * W, resident=False)
-        cache = engine.cache
-        cache.reset()
-        target.prefill(torch.tensor([prompt], device=device), cache)
-        target.flush(cache)
-        cache.null_commit(W)  # a commit of nothing: every pass below starts from the same state
-        cache.fixed_pending, cache.key_span = W, cache.max_len
+        cache = prefilled_cache(target, prompt, W)
         block = torch.randint(0, target.cfg.vocab_size, (1, w), generator=torch.Generator().manual_seed(w)).to(device)
 
         eager = pass_outputs(target, cache, block, graph=False)

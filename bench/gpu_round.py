@@ -39,7 +39,7 @@ from bench.kernels.cuda_timing import copy_bandwidth, median_us  # noqa: E402
 from hybridspec.runtime.engine import Engine  # noqa: E402
 from hybridspec.runtime.policies import make_policy  # noqa: E402
 from hybridspec.runtime.session import open_session  # noqa: E402
-from tests.runtime.helpers import policy_parameters  # noqa: E402
+from tests.runtime.helpers import policy_parameters, prefilled_cache  # noqa: E402
 
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
 LAUNCH_CALLS = ("cudaGraphLaunch", "cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC",
@@ -155,13 +155,7 @@ def verification_rows(session, model: str, context_prompt, widths, bandwidth: fl
     """One target pass of w tokens as a CUDA graph after a prefill of the context, vs its floor."""
     target = session.target
     W = max(widths)
-    engine = Engine(target, None, max_context=len(context_prompt) + 2 * W, resident=False)
-    cache = engine.cache
-    cache.reset()
-    target.prefill(torch.tensor([context_prompt], device="cuda"), cache)
-    target.flush(cache)
-    cache.null_commit(W)
-    cache.fixed_pending, cache.key_span = W, cache.max_len
+    cache = prefilled_cache(target, context_prompt, W)
     gen = torch.Generator().manual_seed(1)
     block = torch.randint(0, target.cfg.vocab_size, (1, W), generator=gen).cuda()
     rows = []
@@ -206,13 +200,7 @@ def profile_rows(session, model: str, context_prompt, widths) -> list[dict]:
     device = next(target.parameters()).device
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     W = max(widths)
-    engine = Engine(target, None, max_context=len(context_prompt) + 2 * W, resident=False)
-    cache = engine.cache
-    cache.reset()
-    target.prefill(torch.tensor([context_prompt], device=device), cache)
-    target.flush(cache)
-    cache.null_commit(W)
-    cache.fixed_pending, cache.key_span = W, cache.max_len
+    cache = prefilled_cache(target, context_prompt, W)
     block = torch.randint(0, target.cfg.vocab_size, (1, W), generator=torch.Generator().manual_seed(1)).to(device)
     rows = []
     for w in widths:

@@ -67,9 +67,14 @@ def calibrate(args, db: Path, name: str, artifact: Path, extra: list[str] = (), 
                out=artifact.with_suffix(".fit.json"))
 
 
-def copy_store(src: Path, dst: Path) -> Path:
-    shutil.copyfile(src, dst)
-    return dst
+def eval_on_copy(args, store: str, out: str, *options: str) -> None:
+    """`eval` of the embedded campaign with `options`, into a copy of its store (an eval run per
+    campaign and store)."""
+    d = args.out
+    db = d / store
+    shutil.copyfile(d / "emb.duckdb", db)
+    hybridspec("eval", "--db", str(db), "--name", "emb", "--artifact", str(d / "emb.safetensors"), "--overwrite",
+               *options, *run_options(args), "--json", out=d / out)
 
 
 def stage_embedded(args) -> None:
@@ -80,19 +85,12 @@ def stage_embedded(args) -> None:
 
 
 def stage_ablations(args) -> None:
-    d = args.out
-    db = copy_store(d / "emb.duckdb", d / "emb_torch.duckdb")
-    hybridspec("eval", "--db", str(db), "--name", "emb", "--artifact", str(d / "emb.safetensors"), "--overwrite",
-               "--policies", "ar,hybridspec", "--backend", "torch", *run_options(args), "--json",
-               out=d / "eval_torch_gdn.json")
+    eval_on_copy(args, "emb_torch.duckdb", "eval_torch_gdn.json", "--policies", "ar,hybridspec", "--backend", "torch")
 
 
 def stage_temperature(args) -> None:
-    d = args.out
-    db = copy_store(d / "emb.duckdb", d / "emb_t1.duckdb")
-    hybridspec("eval", "--db", str(db), "--name", "emb", "--artifact", str(d / "emb.safetensors"), "--overwrite",
-               "--policies", "ar,full,hybridspec", "--temperature", "1.0", *run_options(args), "--json",
-               out=d / "eval_temperature.json")
+    eval_on_copy(args, "emb_t1.duckdb", "eval_temperature.json", "--policies", "ar,full,hybridspec",
+                 "--temperature", "1.0")
 
 
 def stage_unseen(args) -> None:

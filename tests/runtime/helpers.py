@@ -7,6 +7,7 @@ import torch
 
 from hybridspec.artifacts.params import AcceptanceModel, PolicyParameters
 from hybridspec.runtime.drafter import DraftOutput
+from hybridspec.runtime.engine import Engine
 
 
 class ScriptedDrafter:
@@ -59,27 +60,45 @@ def policy_parameters(draft_len: int = 15, rho: float = 400.0) -> PolicyParamete
                             acceptance=acceptance)
 
 
-def pass_outputs(target, cache, block: torch.Tensor, *, graph: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(features, logits) copies of one verification pass of `block` [1, w] from the cache's state,
-    each layer's (null) pending commit re-armed first: run eagerly, or warmed up on a side stream,
-    captured as a CUDA graph and replayed once."""
+def prefilled_cache(target, prompt: list[int], W: int):
+    """The cache of a host-driven engine after a prefill of `prompt` and a null commit over W round
+    tokens (a commit of nothing): every pass of up to W tokens from it starts from the same state,
+    each layer's pending commit re-armed first (`cache.pending`)."""
+    device = next(target.parameters()).device
+    cache = Engine(target, None, max_context=len(prompt) + 2 * W, resident=False).cache
+    cache.reset()
+    target.prefill(torch.tensor([prompt], device=device), cache)
+    target.flush(cache)
+    cache.null_commit(W)
+    cache.fixed_pending, cache.key_span = W, cache.max_len
+    return cache
 
-    def run():
-        cache.pending = [True] * len(cache.pending)
-        return target.forward_pass(block, cache)
 
-    if not graph:
-        out = run()
-        return out.features.clone(), out.logits.clone()
+def captured_pass(target, cache, block: torch.Tensor):
+    """(graph, output) of one verification pass of `block` from the cache's state, warmed up on a
+    side stream and captured as a CUDA graph (each replay re-arms nothing: set `cache.pending`)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        run()
+        cache.pending = [True] * len(cache.pending)
+        target.forward_pass(block, cache)
     torch.cuda.current_stream().wait_stream(stream)
-    captured = torch.cuda.CUDAGraph()
+    graph = torch.cuda.CUDAGraph()
     cache.pending = [True] * len(cache.pending)
-    with torch.cuda.graph(captured):
+    with torch.cuda.graph(graph):
         out = target.forward_pass(block, cache)
+    return graph, out
+
+
+def pass_outputs(target, cache, block: torch.Tensor, *, graph: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(features, logits) copies of one verification pass of `block` [1, w] from the cache's state,
+    each layer's (null) pending commit re-armed first: run eagerly, or captured as a CUDA graph
+    (`captured_pass`) and replayed once."""
+    if not graph:
+        cache.pending = [True] * len(cache.pending)
+        out = target.forward_pass(block, cache)
+        return out.features.clone(), out.logits.clone()
+    captured, out = captured_pass(target, cache, block)
     cache.pending = [True] * len(cache.pending)
     captured.replay()
     torch.cuda.synchronize()
