@@ -246,7 +246,7 @@ def _resident_record(report: Report, policy: Policy) -> tuple[list[int], RoundRe
         accepted_full=report.accepted if report.w == W else None, emitted=0,
         truncated=report.w < report.w_c,  # the output budget shortened the round
         draft_tokens=report.draft_tokens, confidence=report.confidence, entropy=report.entropy,
-        seconds=report.seconds)
+        layer0_experts=torch.tensor(report.layer0_experts, dtype=torch.long), seconds=report.seconds)
     return report.tokens, record
 
 

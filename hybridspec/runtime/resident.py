@@ -65,15 +65,16 @@ class Buffers:
     w_c: Tensor  # [1] long   after the routing correction
     w: Tensor  # [1] long   executed length: min(w_c, w_rem)
     remaining: Tensor  # [1] long   output budget (tokens still to emit)
-    report: Tensor  # [4 + W + 3D] fp32: m, w0, w_c, w, emitted tokens [W], drafts, confidence, entropy [D]
+    report: Tensor  # [4 + W + 3D + W·k] fp32: m, w0, w_c, w, emitted tokens [W], drafts, confidence,
+    #                  entropy [D], Layer 0's expert ids of the round's Stage-0 tokens [W, k] (−1 past them)
     host_report: Tensor  # the same, pinned host memory on CUDA
     stage0: Stage0 | None = None  # static copies of Stage 0's retained values (hybridspec)
 
     @classmethod
-    def allocate(cls, draft_len: int, device: torch.device) -> "Buffers":
+    def allocate(cls, draft_len: int, experts_per_token: int, device: torch.device) -> "Buffers":
         W, D = draft_len + 1, draft_len
         long = dict(dtype=torch.long, device=device)
-        size = 4 + W + 3 * D
+        size = 4 + W + 3 * D + W * experts_per_token
         pinned = device.type == "cuda"
         return cls(anchor=torch.zeros(1, **long), block=torch.zeros(1, W, **long),
                    confidence=torch.zeros(D, device=device), entropy=torch.zeros(D, device=device),
@@ -95,6 +96,7 @@ class Report:
     confidence: list[float] = field(default_factory=list)
     entropy: list[float] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+    layer0_experts: list[list[int]] = field(default_factory=list)  # [u][k]: Stage 0's tokens
 
 
 class Graphs:
@@ -140,7 +142,7 @@ class ResidentDecoder:
             raise ValueError("CUDA graphs need a CUDA device")
         self.graphs = Graphs() if graphs else None
         D = drafter.draft_len if drafter is not None else 0
-        self.buffers = Buffers.allocate(D, self.device)
+        self.buffers = Buffers.allocate(D, target.cfg.num_experts_per_tok, self.device)
         self.one = torch.ones(1, dtype=torch.long, device=self.device)
         self.prepared: dict[str, tuple[Policy, Policy]] = {}  # policy name → (as prepared, its device copy)
         self.policy: Policy | None = None
@@ -274,8 +276,11 @@ class ResidentDecoder:
         buf, target, cache = self.buffers, self.target, self.cache
         if isinstance(self.policy, HybridSpecPolicy):
             out = target.stage1(buf.stage0, w, cache)
-        else:
-            out = target.forward_pass(buf.block[:, :w], cache)
+            layer0 = buf.stage0.expert_ids[0]  # [W, k]: Stage 0 ran the whole block
+        else:  # forward_pass's two stages, Stage 0's routing kept for the report
+            s0 = target.stage0(buf.block[:, :w], cache)
+            out = target.stage1(s0, w, cache)
+            layer0 = s0.expert_ids[0]  # [w, k]
         W = self.policy.max_length
         drafts = buf.block[0, 1:]  # [D]
         accepted, y = accept_greedy(drafts[: w - 1], out.logits[0])
@@ -287,7 +292,9 @@ class ResidentDecoder:
         index = torch.arange(W, device=drafts.device)
         emitted = torch.where(index < accepted, torch.cat((drafts, x_new)), x_new)  # [W]
         head = torch.cat((m, buf.w0, buf.w_c, buf.w)).float()
-        buf.report.copy_(torch.cat((head, emitted.float(), drafts.float(), buf.confidence, buf.entropy)))
+        unused = torch.full((W - layer0.shape[0], layer0.shape[1]), -1, dtype=layer0.dtype, device=layer0.device)
+        layer0 = torch.cat((layer0, unused)).flatten()
+        buf.report.copy_(torch.cat((head, emitted.float(), drafts.float(), buf.confidence, buf.entropy, layer0.float())))
         buf.anchor.copy_(x_new)
         buf.remaining.sub_(m)
 
@@ -306,8 +313,11 @@ class ResidentDecoder:
         W, D = self.policy.max_length, self.drafter.draft_len
         tokens = [int(x) for x in values[4 : 4 + m]]
         rest = values[4 + W :]
+        k = self.target.cfg.num_experts_per_tok
+        ids = [int(x) for x in rest[3 * D : 3 * D + W * k]]
+        layer0 = [row for row in (ids[i : i + k] for i in range(0, W * k, k)) if row[0] >= 0]
         return Report(m - 1, tokens, int(values[1]), int(values[2]), int(values[3]), [int(x) for x in rest[:D]],
-                      rest[D : 2 * D], rest[2 * D : 3 * D], timer.seconds)
+                      rest[D : 2 * D], rest[2 * D : 3 * D], timer.seconds, layer0)
 
     def _capture_all(self, policy: Policy) -> None:
         """Capture every graph `round` can launch for this policy, for both factor slots, each in

@@ -60,6 +60,26 @@ def test_resident_rounds_emit_the_ar_tokens(session, engines, reference, name):
         assert max(accepted) >= 3  # rounds with several accepted drafts happened
 
 
+@pytest.mark.parametrize("name", ("full", "static:4", "hybridspec"))
+def test_resident_rounds_report_the_host_rounds(session, engines, reference, name):
+    """What the capture pass stores of a round comes out of the resident report as from the host
+    round: lengths, acceptance, drafts and Layer 0's experts of the Stage-0 tokens (u rows; under
+    the routing correction the resident Stage 0 runs the whole block, u = W, where the host's stops
+    at the token after w0: its rows are the first of the resident's)."""
+    host, resident = engines
+    policy = make_policy(name, session.drafter.draft_len, policy_parameters(session.drafter.draft_len))
+    prompts, _ = reference
+    for prompt in prompts[:2]:
+        want = host.generate(prompt, policy=policy, max_new_tokens=TOKENS).rounds
+        got = resident.generate(prompt, policy=policy, max_new_tokens=TOKENS).rounds
+        assert len(got) == len(want)
+        for g, h in zip(got, want):
+            assert (g.w0, g.w, g.accepted, g.draft_tokens) == (h.w0, h.w, h.accepted, h.draft_tokens)
+            assert g.u == (policy.max_length if policy.corrects_routing else h.u)
+            assert g.layer0_experts.shape == (g.u, session.target.cfg.num_experts_per_tok)
+            assert torch.equal(g.layer0_experts[: h.u], h.layer0_experts)
+
+
 @pytest.mark.parametrize("name", POLICIES)
 def test_resident_rounds_stop_at_eos_and_the_output_limit(session, engines, reference, name):
     """An EOS in the middle of a round and a limit shorter than a round truncate as on the host."""
