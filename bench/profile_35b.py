@@ -21,7 +21,6 @@ Writes DIR/profile_35b.json ({"device", "date", "versions", "command", "profile"
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as dt
 import json
 import platform
@@ -33,86 +32,19 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from hybridspec.collectors.profile import PARTS, WIDTHS, distinct_pairs, module_ranges  # noqa: E402
 from hybridspec.runtime.session import open_session  # noqa: E402
+from hybridspec.workbench.profiling import part_times, profile_calls, ranged  # noqa: E402
 from tests.runtime.helpers import captured_pass, prefilled_cache  # noqa: E402
 
-WIDTHS = (1, 2, 4, 6, 8, 10, 12, 15, 16)
-PARTS = ("gdn", "moe", "attention", "other")
 
 
 def log(line: str) -> None:
     print(line, flush=True)
 
 
-@contextlib.contextmanager
-def module_ranges(target):
-    """Every token mixer and MoE block of `target` runs inside a profiler range named by its part;
-    undone on exit."""
-    from torch.profiler import record_function
-
-    def ranged(fn, name):
-        def call(*args, **kwargs):
-            with record_function(name):
-                return fn(*args, **kwargs)
-        return call
-
-    patched = []
-    for layer in target.layers:
-        mixer = layer.linear_attn if layer.is_gdn else layer.self_attn
-        patched.append((mixer, "forward", mixer.forward, "gdn" if layer.is_gdn else "attention"))
-        for method in ("route", "run_experts") if layer.is_moe else ("forward",):
-            patched.append((layer.mlp, method, getattr(layer.mlp, method), "moe" if layer.is_moe else "other"))
-    for obj, attr, fn, name in patched:
-        setattr(obj, attr, ranged(fn, name))
-    try:
-        yield
-    finally:
-        for obj, attr, _, _ in patched:
-            delattr(obj, attr)  # the class's method shows through again
-
-
-def kernel_split(prof, reps: int) -> tuple[dict[str, float], int, str]:
-    """Kernel µs per part per pass, kernels per pass and the attribution used, from a profile of
-    `reps` passes: by the GPU-side spans of the ranges where the profile has them, else by the CPU
-    op that launched each kernel and its enclosing range."""
-    from torch.autograd import DeviceType
-
-    events = prof.events()
-    device = [e for e in events if e.device_type == DeviceType.CUDA]
-    ranges = sorted((e.time_range.start, e.time_range.end, e.name) for e in device
-                    if getattr(e, "is_user_annotation", False) and e.name in PARTS)
-    kernels = [e for e in device if not getattr(e, "is_user_annotation", False) and e.name not in PARTS]
-    split = dict.fromkeys(PARTS, 0.0)
-    if ranges:
-        for k in kernels:
-            part = next((name for lo, hi, name in ranges if lo <= k.time_range.start < hi), "other")
-            split[part] += (k.time_range.end - k.time_range.start) / reps
-        return split, round(len(kernels) / reps), "gpu ranges"
-    count = 0
-    for e in events:
-        if e.device_type != DeviceType.CPU or not e.kernels or e.name in PARTS and not e.cpu_children:
-            continue
-        parent = e
-        while parent is not None and parent.name not in PARTS:
-            parent = parent.cpu_parent
-        part = parent.name if parent is not None else "other"
-        for k in e.kernels:
-            split[part] += k.duration / reps
-            count += 1
-    return split, round(count / reps), "launching op"
-
-
 def profile_pass(run, reps: int = 5):
-    from torch.profiler import ProfilerActivity, profile
-
-    for _ in range(2):
-        run()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            run()
-        torch.cuda.synchronize()
-    return kernel_split(prof, reps)
+    return part_times(profile_calls(run, reps, torch.device("cuda")), PARTS, reps)
 
 
 def graph_us(graph, replays: int = 10, samples: int = 5) -> float:
@@ -137,7 +69,8 @@ def verification_profile(target, cache, block) -> list[dict]:
             cache.pending = [True] * len(cache.pending)
             target.forward_pass(block[:, :w], cache)
         with module_ranges(target):
-            split, count, how = profile_pass(run)
+            split, counts, how = profile_pass(run)
+        count = round(sum(counts.values()))
         graph, _ = captured_pass(target, cache, block[:, :w])
         cache.pending = [True] * len(cache.pending)
         us = graph_us(graph)
@@ -167,21 +100,10 @@ def drafter_profile(session, context: int) -> dict:
         drafter.extend(features, accepted)
         drafter.propose(torch.tensor([5], device=device))
 
-    from torch.profiler import ProfilerActivity, profile
-
-    for _ in range(2):
-        run()
-    torch.cuda.synchronize()
     reps = 5
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            run()
-        torch.cuda.synchronize()
-    from torch.autograd import DeviceType
-
-    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
-    us = sum(e.time_range.end - e.time_range.start for e in kernels) / reps
-    row = dict(kernel_us=round(us, 1), kernels=round(len(kernels) / reps), block_size=drafter.cfg.block_size,
+    times, counts, _ = part_times(profile_calls(ranged(run, "drafter"), reps, device), ("drafter", "other"), reps)
+    us = times["drafter"]
+    row = dict(kernel_us=round(us, 1), kernels=round(counts["drafter"]), block_size=drafter.cfg.block_size,
                layers=drafter.cfg.num_hidden_layers)
     log(f"  drafter pass (extend 16 + propose {drafter.cfg.block_size}): kernels {us / 1e3:.3f} ms ({row['kernels']})")
     return row
@@ -203,7 +125,7 @@ def correlation_calls(target, cache, calls: int) -> tuple[list[dict], dict]:
         static.copy_(torch.randint(0, target.cfg.vocab_size, (1, W), generator=gen))
         cache.pending = [True] * len(cache.pending)
         routing = target.forward_pass(static[:, :w], cache, record_routing=True).expert_ids
-        distinct = sum(int(ids.unique().numel()) for ids in routing)
+        distinct = distinct_pairs(routing)
         cache.pending = [True] * len(cache.pending)
         rows.append(dict(w=w, distinct=distinct, us=round(graph_us(graphs[w], replays=5, samples=3), 1)))
     x = torch.tensor([r["distinct"] for r in rows], dtype=torch.float64)

@@ -8,7 +8,8 @@
     temperature   Table 6: temperature 1.0 (ar, full, hybridspec): AL, SR
     unseen        Table 2's question: capture and fit on code, comment, docstring; eval on imports,
                   table, test without recalibration
-    q35           the qwen3.6-35b-a3b preset (random weights, --drafter random): capture, fit
+    q35           the qwen3.6-35b-a3b preset (random weights, --drafter random): capture (with the cost
+                  profile, the paper's Table 4 and Figure 1b), fit, report
                   (--allow-poor-fit: its acceptance means nothing), then `estimate --costs`: the
                   embedded pair's acceptance with the 35B costs — labelled an estimate
 
@@ -120,7 +121,10 @@ def stage_q35(args) -> None:
     dtype = ["--dtype", "bfloat16"] if args.device.startswith("cuda") else []
     prompts = random_prompts(d / "q35_prompts.jsonl", args.model35, args.context)
     calibrate(args, d / "q35.duckdb", "q35", d / "q35.safetensors",
-              ["--model", args.model35, "--drafter", "random", "--prompts", str(prompts), *dtype])
+              ["--model", args.model35, "--drafter", "random", "--prompts", str(prompts), "--passes", "all,profile",
+               *dtype])
+    hybridspec("report", "--db", str(d / "q35.duckdb"), "--artifact", str(d / "q35.safetensors"), "--out",
+               str(d / "q35_report"))
     hybridspec("estimate", "--db", str(d / "emb.duckdb"), "--name", "emb", "--artifact", str(d / "emb.safetensors"),
                "--costs", str(d / "q35.safetensors"), "--costs-db", str(d / "q35.duckdb"), "--json",
                out=d / "estimate_q35.json")

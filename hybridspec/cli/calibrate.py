@@ -31,7 +31,9 @@ def capture(
     categories: CategoriesOpt = None,
     db: Annotated[Path, typer.Option("--db", help="The campaign's DuckDB file (created or extended).")] = Path("capture.duckdb"),
     name: Annotated[str, typer.Option("--name", help="Campaign name; with the pass it identifies a run.")] = "default",
-    passes: Annotated[str, typer.Option("--passes", help="capture,fixed,stage0,moe,routing or all.")] = "all",
+    passes: Annotated[str, typer.Option("--passes", help="capture,fixed,stage0,moe,routing or all (the passes fit needs); "
+                                                            "profile (the cost profile by module) only when named, "
+                                                            "e.g. all,profile.")] = "all",
     max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", help="Per prompt (default 128; 64 with --quick).")] = None,
     device: DeviceOpt = "cpu",
     dtype: DtypeOpt = "float32",

@@ -25,11 +25,12 @@ from .capture import CapturePass
 from .common import CaptureConfig, CaptureConfigError, CollectorPass, PassContext, PromptIds
 from .fixed import FixedPass, subset_per_category
 from .moe import MoePass
+from .profile import ProfilePass
 from .routing import RoutingPass
 from .stage0 import Stage0Pass
 
 PASSES: dict[str, type] = {"capture": CapturePass, "fixed": FixedPass, "stage0": Stage0Pass, "moe": MoePass,
-                           "routing": RoutingPass}
+                           "routing": RoutingPass, "profile": ProfilePass}
 QUICK_PROMPTS_PER_CATEGORY = 2
 MAX_BLOCK = 64  # context headroom for the drafter block (generate_fully_verified runs N + W tokens)
 

@@ -23,7 +23,8 @@ from torch import Tensor
 
 from ..runtime.session import Session
 
-ALL_PASSES = ("capture", "fixed", "stage0", "moe", "routing")
+ALL_PASSES = ("capture", "fixed", "stage0", "moe", "routing")  # `all`: what `fit` needs
+PASS_NAMES = (*ALL_PASSES, "profile")  # profile: the cost profile by module, only when named
 DEFAULT_NEW_TOKENS, QUICK_NEW_TOKENS = 128, 64
 
 
@@ -32,15 +33,16 @@ class CaptureConfigError(ValueError):
 
 
 def parse_passes(text: str) -> tuple[str, ...]:
-    """`capture,fixed` or `all` → pass names in the canonical order."""
+    """`capture,fixed`, `all` or `all,profile` → pass names in the canonical order (`all`: the passes
+    `fit` needs)."""
     names = [p.strip() for p in text.split(",") if p.strip()]
-    if names == ["all"]:
-        return ALL_PASSES
-    bad = [p for p in names if p not in ALL_PASSES]
+    if "all" in names:
+        names = [*ALL_PASSES, *(n for n in names if n != "all")]
+    bad = [p for p in names if p not in PASS_NAMES]
     if bad or not names:
         raise CaptureConfigError(f"--passes {text!r}: unknown pass {bad[0] if bad else '(none)'!r}; "
-                                 f"choose from {', '.join(ALL_PASSES)} or all")
-    return tuple(p for p in ALL_PASSES if p in names)
+                                 f"choose from {', '.join(PASS_NAMES)} or all")
+    return tuple(p for p in PASS_NAMES if p in names)
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -95,9 +97,9 @@ class CaptureConfig:
 
     def __post_init__(self):
         check_run_options(self, CaptureConfigError)
-        bad = [p for p in self.passes if p not in ALL_PASSES]
+        bad = [p for p in self.passes if p not in PASS_NAMES]
         if bad or not self.passes:
-            raise CaptureConfigError(f"passes {self.passes}: choose from {', '.join(ALL_PASSES)}")
+            raise CaptureConfigError(f"passes {self.passes}: choose from {', '.join(PASS_NAMES)}")
         index, count = self.shard
         if count < 1 or not 0 <= index < count:
             raise CaptureConfigError(f"--shard {index}/{count}: need n ≥ 1 and 0 ≤ i < n")

@@ -16,12 +16,13 @@ from .acceptance import acceptance_section, reliability_section
 from .costs import cost_section, dinkelbach_section, moe_section, routing_section, stage0_section
 from .html import page
 from .inputs import ReportError, open_inputs
+from .profile import profile_section
 from .result import Figure, ReportResult, Section
 from .runs import lengths_section, metadata_section, policy_section
 from .terminal import summary
 
 STORE_SECTIONS = (reliability_section, acceptance_section, cost_section, stage0_section, moe_section,
-                  routing_section, dinkelbach_section, lengths_section)
+                  routing_section, dinkelbach_section, lengths_section, profile_section)
 
 __all__ = ["Figure", "ReportError", "ReportResult", "Section", "build_report", "summary"]
 

@@ -16,7 +16,7 @@ from ..artifacts.artifact import load_artifact
 from ..artifacts.params import PolicyParameters
 from ..workbench.store import Store, run_id_for
 
-CALIBRATION_PASSES = ("capture", "fixed", "stage0", "moe", "routing")
+CALIBRATION_PASSES = ("capture", "fixed", "stage0", "moe", "routing", "profile")
 HELD_OUT_EVERY = 5  # fit_campaign holds out every fifth calibration prompt (sorted ids), i % 5 == 4
 
 

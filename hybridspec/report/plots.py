@@ -254,3 +254,36 @@ def runs(table: pl.DataFrame) -> bytes:
     ax.set(xlabel="wall-clock seconds (started → finished)", title="Runs in the store (orange: not finished)")
     ax.grid(alpha=0.3, axis="x")
     return _png(fig)
+
+
+def profile(by_w: pl.DataFrame, parts: tuple[str, ...], calls: pl.DataFrame | None, line) -> bytes:
+    """Stacked device time by part per w with the pass latency; latency against distinct pairs with
+    `line` = (slope, intercept, r) or None."""
+    fig = Figure(figsize=(12, 4.0), layout="constrained")
+    left, right = fig.subplots(1, 2)
+    colors = {"gdn": "#2ca02c", "attention": "#9467bd", "moe": "#d62728", "other": "#888888"}
+    bottom = np.zeros(len(by_w))
+    ws = by_w["w"].to_numpy()
+    for part in parts:
+        values = by_w[part].to_numpy() / 1e3
+        left.bar(ws, values, bottom=bottom, color=colors.get(part), label=part)
+        bottom += values
+    left.plot(ws, by_w["latency_us"].to_numpy() / 1e3, "o", color="black", label="pass latency")
+    left.set(xlabel="verification length w", ylabel="ms", title="One verification pass by module")
+    _integer_ticks(left, by_w["w"])
+    left.legend(fontsize=8)
+    left.grid(alpha=0.3, axis="y")
+    if calls is None:
+        right.text(0.5, 0.5, "no profiled calls", ha="center", va="center", transform=right.transAxes)
+        right.set_axis_off()
+    else:
+        x = calls["distinct_pairs"].to_numpy()
+        right.scatter(x, calls["latency_us"].to_numpy() / 1e3, s=12, c=calls["w"].to_numpy(), cmap="viridis")
+        grid = np.array([x.min(), x.max()], float)
+        right.plot(grid, (line[1] + line[0] * grid) / 1e3, color="#d62728",
+                   label=f"{line[1] / 1e3:.2f} ms + {line[0]:.2f} µs per pair (r = {line[2]:.3f})")
+        right.set(xlabel="distinct (layer, expert) pairs", ylabel="latency (ms)",
+                  title="Verification latency against distinct experts")
+        right.legend(fontsize=8)
+        right.grid(alpha=0.3)
+    return _png(fig)

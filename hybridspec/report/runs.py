@@ -65,7 +65,7 @@ def chosen_eval_run(eval_runs: list[dict], campaign: str | None) -> dict | None:
 def policy_section(db: Path, artifact: Path | None, campaign: str | None, eval_runs: list[dict]) -> Section:
     """Measured vs estimated per policy. Reads the store itself (through evaluation.offline), so
     it runs after the report's own connection is closed."""
-    section = Section("policies", "9. Policies: measured against estimated")
+    section = Section("policies", "10. Policies: measured against estimated")
     hint = EVAL_HINT.format(db=db, campaign=campaign)
     run = chosen_eval_run(eval_runs, campaign)
     measured = estimates = None
@@ -116,7 +116,7 @@ def _plot_columns(table: pl.DataFrame, sides: list[str]) -> list[tuple[str, dict
 
 
 def metadata_section(inputs: ReportInputs) -> Section:
-    section = Section("metadata", "10. Runs and artifact")
+    section = Section("metadata", "11. Runs and artifact")
     runs = inputs.frame(
         "SELECT name, pass, status, device, dtype, backend, shard_count AS shards, started_at, finished_at, "
         "epoch(finished_at) - epoch(started_at) AS seconds, model, drafter, model_id, drafter_id, versions, params "

@@ -9,7 +9,8 @@ token d_i, index i of the target input (x0, d1, …, dD)). Latencies are microse
 A migration is a list of SQL statements taking the schema from version v − 1 to v; `MIGRATIONS[v]`
 is applied in one transaction and recorded in `schema_version`. Version 2 adds the tables of
 `hybridspec eval` (measured requests and rounds per policy) and the offline estimates; version 3
-the host, thread count and measurement order (`block`, `block_order`) of timed runs.
+the host, thread count and measurement order (`block`, `block_order`) of timed runs; version 4 the
+cost profile (`capture --passes profile`).
 
 `TABLE_DOCS` and `COLUMN_DOCS` say what every table and column holds; `docs/store.md` is generated
 from them and the migrated schema (`workbench/schema_docs.py`), and a test keeps the three equal.
@@ -17,7 +18,7 @@ from them and the migrated schema (`workbench/schema_docs.py`), and a test keeps
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # table → its natural key (the PRIMARY KEY); merge and resume rely on these
 KEYS: dict[str, tuple[str, ...]] = {
@@ -34,6 +35,8 @@ KEYS: dict[str, tuple[str, ...]] = {
     "eval_requests": ("run_id", "policy", "prompt_id"),
     "eval_rounds": ("run_id", "policy", "prompt_id", "round_idx"),
     "offline_estimates": ("run_id", "policy", "category"),
+    "cost_profile": ("run_id", "w", "part"),
+    "profile_calls": ("run_id", "call_idx"),
 }
 
 # tables whose rows belong to units (everything but the run metadata)
@@ -160,7 +163,22 @@ _V3 = [
                                                                          "moe_bench") for column in ("block", "block_order")),
 ]
 
-MIGRATIONS: dict[int, list[str]] = {1: _V1, 2: _V2, 3: _V3}
+# v4: the cost profile (the paper's Table 4 and Figure 1b)
+_V4 = [
+    """CREATE TABLE cost_profile (
+        run_id VARCHAR NOT NULL, w INTEGER NOT NULL, part VARCHAR NOT NULL,
+        kernel_us DOUBLE NOT NULL, kernels DOUBLE NOT NULL, latency_us DOUBLE NOT NULL,
+        context_tokens INTEGER NOT NULL, attribution VARCHAR NOT NULL,
+        PRIMARY KEY (run_id, w, part)
+    )""",
+    """CREATE TABLE profile_calls (
+        run_id VARCHAR NOT NULL, call_idx INTEGER NOT NULL, w INTEGER NOT NULL,
+        distinct_pairs INTEGER NOT NULL, latency_us DOUBLE NOT NULL,
+        PRIMARY KEY (run_id, call_idx)
+    )""",
+]
+
+MIGRATIONS: dict[int, list[str]] = {1: _V1, 2: _V2, 3: _V3, 4: _V4}
 assert sorted(MIGRATIONS) == list(range(1, SCHEMA_VERSION + 1))
 
 # ---------------------------------------------------------------- documentation (docs/store.md)
@@ -180,6 +198,10 @@ TABLE_DOCS: dict[str, str] = {
     "eval_requests": "One row per (policy, prompt) decoded by `hybridspec eval`.",
     "eval_rounds": "One row per round of an `hybridspec eval` request.",
     "offline_estimates": "Per policy and category: the capture rounds replayed with the artifact's cost model.",
+    "cost_profile": "Where one verification pass of w tokens spends its device time, by module (the profile "
+                    "pass; the paper's Table 4), and the drafter's pass (part `drafter`).",
+    "profile_calls": "One timed verification call per row with the distinct (layer, expert) pairs it routes to "
+                     "(the profile pass; the paper's Figure 1b).",
 }
 
 _TIMED = {
@@ -275,4 +297,19 @@ COLUMN_DOCS: dict[str, dict[str, str]] = {
         "mean_w": "mean verification length", "est_seconds": "estimated decode seconds",
         "tps": "estimated tokens per second", "sr": "estimated speed-up over ar",
     },
+    "cost_profile": {
+        "run_id": "the profile run", "w": "verification length (part `drafter`: the drafter's block size)",
+        "part": "gdn, attention (softmax), moe (router, routed and shared experts), other (embedding, norms "
+                "between blocks, LM head), or drafter (its context extension and one proposal)",
+        "kernel_us": "device time of the part's kernels per pass, µs (CPU: its operators' own time)",
+        "kernels": "kernels (CPU: operators) of the part per pass",
+        "latency_us": "median latency of the whole pass, µs (a CUDA graph's replay on a GPU; the drafter's "
+                      "pass eager); the same on every part of one w",
+        "context_tokens": "committed context before the pass",
+        "attribution": "how kernels were assigned to parts: `gpu ranges` (the module's span on the device) "
+                       "or `launching op` (the operator that launched it)",
+    },
+    "profile_calls": {"run_id": "the profile run", "call_idx": "call number", "w": "verification length",
+                      "distinct_pairs": "distinct (MoE layer, expert) pairs the call's tokens route to",
+                      "latency_us": "median latency of the call, µs (a CUDA graph's replay on a GPU)"},
 }

@@ -1,5 +1,5 @@
 """A small real campaign on the embedded default pair: every pass of `hybridspec capture --quick`
-(6 calibration prompts of 3 categories, 12 new tokens), `hybridspec fit`, then `eval --quick` of
+(6 calibration prompts of 3 categories, 12 new tokens) and the cost profile, `hybridspec fit`, then `eval --quick` of
 three policies (and ar) on 6 test prompts."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from hybridspec.cli import app
 from hybridspec.collectors.campaign import run_campaign
-from hybridspec.collectors.common import CaptureConfig
+from hybridspec.collectors.common import ALL_PASSES, CaptureConfig
 from hybridspec.collectors.evaluate import EvalConfig, run_eval
 from hybridspec.runtime.session import EMBEDDED
 from hybridspec.workbench.store import Store, run_id_for
@@ -38,7 +38,8 @@ def calibrated(tmp_path_factory) -> tuple[Path, Path]:
     """(store, artifact) of a quick campaign named `t`, with its eval run."""
     root = tmp_path_factory.mktemp("calibrated")
     db, artifact, prompts = root / "store.duckdb", root / "policy.safetensors", _prompt_file(root / "prompts.jsonl")
-    run_campaign(CaptureConfig(prompts=prompts, db=db, name=CAMPAIGN, quick=True, max_new_tokens=12))
+    run_campaign(CaptureConfig(prompts=prompts, db=db, name=CAMPAIGN, quick=True, max_new_tokens=12,
+                               passes=(*ALL_PASSES, "profile")))
     # a campaign this small may fail fit-quality checks: the report shows them, so write it anyway
     fitted = CliRunner().invoke(app, ["fit", "--db", str(db), "--name", CAMPAIGN, "--out", str(artifact),
                                       "--allow-poor-fit"])

@@ -36,7 +36,7 @@ def _run(name: str) -> str:
 def test_every_section_is_present_with_a_badge_from_the_checks(report):
     status = {s.key: s.status for s in report.sections}
     assert list(status) == ["reliability", "acceptance", "cost", "stage0", "moe", "routing", "dinkelbach",
-                            "lengths", "policies", "metadata"]
+                            "lengths", "profile", "policies", "metadata"]
     failed = {c.section for c in report.failed_checks}  # a tiny quick campaign may fit poorly (fit --allow-poor-fit)
     for key, value in status.items():
         assert value == ("poor fit" if key in failed else "ok"), (key, report.section(key).note)
@@ -122,6 +122,23 @@ def test_routing_cells_and_dinkelbach_equal_store_and_artifact(report, calibrate
     assert report.section("dinkelbach").values["rho"] == params.rho
 
 
+def test_profile_shows_the_stores_split_and_correlation(report, store):
+    section = report.section("profile")
+    assert section.status == "ok" and section.figures
+    run = _run("profile")
+    by_w = section.tables["by_w"]
+    rows = store.frame("SELECT w, part, kernel_us FROM cost_profile WHERE run_id = ? AND part <> 'drafter'", [run])
+    assert sorted(by_w["w"]) == sorted(set(rows["w"]))
+    for r in by_w.iter_rows(named=True):
+        parts = rows.filter(rows["w"] == r["w"])
+        assert r["kernel_us"] == pytest.approx(parts["kernel_us"].sum())
+        assert sum(r[f"{p}_pct"] for p in ("gdn", "attention", "moe", "other")) == pytest.approx(100)
+    calls = store.frame("SELECT distinct_pairs, latency_us FROM profile_calls WHERE run_id = ?", [run])
+    r = np.corrcoef(calls["distinct_pairs"].to_numpy().astype(float), calls["latency_us"].to_numpy())[0, 1]
+    assert section.values["pearson_r"] == pytest.approx(r)
+    assert len(section.tables["drafter"]) == 1
+
+
 def test_metadata_lists_every_run_and_the_artifact(report, calibrated, store):
     section = report.section("metadata")
     runs = section.tables["runs"]
@@ -159,7 +176,8 @@ def test_capture_only_store_names_what_is_missing(capture_only, tmp_path):
     status = {s.key: s.status for s in result.sections}
     assert status["acceptance"] == "ok"
     assert status["reliability"] == "partial" and "--artifact" in result.section("reliability").note
-    for key, pass_name in (("cost", "fixed"), ("stage0", "stage0"), ("moe", "moe"), ("routing", "routing")):
+    for key, pass_name in (("cost", "fixed"), ("stage0", "stage0"), ("moe", "moe"), ("routing", "routing"),
+                           ("profile", "profile")):
         assert status[key] == "missing"
         assert f"no {pass_name} run in campaign '{CAMPAIGN}'" in result.section(key).note
         assert f"--passes {pass_name}" in result.section(key).note

@@ -47,10 +47,11 @@ def test_a_version_1_store_is_upgraded_in_place(tmp_path):
     with Store(path, read_only=True) as old:  # reading does not migrate
         assert old.version == 1
     with Store(path) as store:
-        assert store.version == 3 == schema.SCHEMA_VERSION
-        assert [v for (v,) in store.query("SELECT version FROM schema_version ORDER BY 1")] == [1, 2, 3]
+        assert store.version == 4 == schema.SCHEMA_VERSION
+        assert [v for (v,) in store.query("SELECT version FROM schema_version ORDER BY 1")] == [1, 2, 3, 4]
         tables = {t for (t,) in store.query("SELECT table_name FROM information_schema.tables")}
-        assert {"eval_requests", "eval_rounds", "offline_estimates"} <= tables and set(schema.KEYS) <= tables
+        assert {"eval_requests", "eval_rounds", "offline_estimates", "cost_profile", "profile_calls"} <= tables
+        assert set(schema.KEYS) <= tables
         assert store.query("SELECT * FROM stage0_timings") == [("r", 3, 0, 12.5, 8, None, None)]  # block unknown
         assert store.counts()["eval_requests"] == 0
 
