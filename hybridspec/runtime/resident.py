@@ -217,7 +217,7 @@ class ResidentDecoder:
         if self.graphs is None:
             run()
             return
-        self.graphs.replay((*key, self.cache.slot))
+        self.graphs.replay((self.policy.name, *key, self.cache.slot))
         if commits:
             self.cache.flip(self.span)  # the host half of the commit: the next pass writes the other slot
         elif isinstance(self.policy, HybridSpecPolicy):
@@ -350,7 +350,8 @@ class ResidentDecoder:
                     buf.remaining.fill_(policy.max_length)
 
                 restore()
-                self.graphs.capture((*key, slot), run, restore)
+                # keyed by policy too: policies share phase names ("select", "verify") but not code
+                self.graphs.capture((policy.name, *key, slot), run, restore)
         cache.reset()
         self.policy = previous
 

@@ -80,6 +80,50 @@ def test_resident_rounds_report_the_host_rounds(session, engines, reference, nam
             assert torch.equal(g.layer0_experts[: h.u], h.layer0_experts)
 
 
+class RecordedGraphs:
+    """CUDA graphs' bookkeeping on CPU: `capture` records the phase with the policy the decoder held
+    while capturing (what a real graph bakes in); `replay` runs that phase under that policy, with
+    the host state it finds put back afterwards (a replay does device work only)."""
+
+    def __init__(self, decoder):
+        self.decoder, self.graphs, self.captures = decoder, {}, 0
+
+    def capture(self, key, run, restore):
+        self.graphs[key] = (run, self.decoder.policy)
+        self.captures += 1
+
+    def replay(self, key):
+        run, policy = self.graphs[key]
+        decoder, cache = self.decoder, self.decoder.cache
+        held = decoder.policy, cache.slot, list(cache.pending), cache.pending_tokens
+        decoder.policy = policy
+        try:
+            run()
+        finally:
+            decoder.policy, cache.slot, cache.pending, cache.pending_tokens = held
+
+
+def test_graphs_of_several_policies_stay_apart(session, reference):
+    """Policies prepared one after another on one engine (as `eval` and the server do) each replay
+    their own phases: `ratio`, `nominal` and `hybridspec` share phase names (`select`, …) but not
+    what the phases do. Same tokens as `ar`, same lengths as an engine that ran the policy alone."""
+    t, d = session.target, session.drafter
+    shared = Engine(t, d, max_context=256, resident=True, graphs=False)
+    shared.resident.graphs = RecordedGraphs(shared.resident)
+    names = ("ratio4", "nominal", "hybridspec", "static:4")
+    policies = [make_policy(n, d.draft_len, policy_parameters(d.draft_len)) for n in names]
+    prompts, outs = reference
+    for prompt, want in zip(prompts[:2], outs[:2]):
+        for policy in policies:
+            alone = Engine(t, d, max_context=256, resident=True, graphs=False).generate(prompt, policy=policy,
+                                                                                       max_new_tokens=TOKENS)
+            got = shared.generate(prompt, policy=policy, max_new_tokens=TOKENS)
+            assert got.token_ids == want, policy.name
+            assert [(r.w0, r.w) for r in got.rounds] == [(r.w0, r.w) for r in alone.rounds], policy.name
+    graphs = shared.resident.graphs
+    assert graphs.captures == len(graphs.graphs)  # every phase captured once, none replaced by another policy's
+
+
 @pytest.mark.parametrize("name", POLICIES)
 def test_resident_rounds_stop_at_eos_and_the_output_limit(session, engines, reference, name):
     """An EOS in the middle of a round and a limit shorter than a round truncate as on the host."""
