@@ -56,14 +56,15 @@ def hybridspec(*args: str, out: Path | None = None) -> dict | None:
     return None
 
 
-def run_options(args) -> list[str]:
-    return ["--device", args.device, "--max-new-tokens", str(args.tokens), *(["--quick"] if args.quick else [])]
+def run_options(args, tokens: int | None = None) -> list[str]:
+    return ["--device", args.device, "--max-new-tokens", str(tokens or args.tokens), *(["--quick"] if args.quick else [])]
 
 
-def calibrate(args, db: Path, name: str, artifact: Path, extra: list[str] = (), fit_extra: list[str] = ()) -> None:
+def calibrate(args, db: Path, name: str, artifact: Path, extra: list[str] = (), fit_extra: list[str] = (),
+              tokens: int | None = None) -> None:
     if db.exists():
         db.unlink()
-    hybridspec("capture", "--db", str(db), "--name", name, *run_options(args), *extra)
+    hybridspec("capture", "--db", str(db), "--name", name, *run_options(args, tokens), *extra)
     hybridspec("fit", "--db", str(db), "--name", name, "--out", str(artifact), "--allow-poor-fit", "--json", *fit_extra,
                out=artifact.with_suffix(".fit.json"))
 
@@ -122,7 +123,7 @@ def stage_q35(args) -> None:
     prompts = random_prompts(d / "q35_prompts.jsonl", args.model35, args.context)
     calibrate(args, d / "q35.duckdb", "q35", d / "q35.safetensors",
               ["--model", args.model35, "--drafter", "random", "--prompts", str(prompts), "--passes", "all,profile",
-               *dtype])
+               *dtype], tokens=args.tokens35)
     hybridspec("report", "--db", str(d / "q35.duckdb"), "--artifact", str(d / "q35.safetensors"), "--out",
                str(d / "q35_report"))
     hybridspec("estimate", "--db", str(d / "emb.duckdb"), "--name", "emb", "--artifact", str(d / "emb.safetensors"),
@@ -176,6 +177,8 @@ def main(argv=None) -> int:
     ap.add_argument("--model35", default="qwen3.6-35b-a3b")
     ap.add_argument("--tokens", type=int, default=32, help="new tokens per request")
     ap.add_argument("--context", type=int, default=1024, help="prompt tokens of the preset's random prompts")
+    ap.add_argument("--tokens35", type=int, default=16,
+                    help="new tokens per request of the preset's capture (fewer than --tokens: its passes run the large model)")
     ap.add_argument("--full", dest="quick", action="store_false", help="every prompt (default: --quick)")
     ap.add_argument("--collect", action="store_true", help="only assemble DIR/eval_gpu.json and .md")
     args = ap.parse_args(argv)
