@@ -72,6 +72,29 @@ def _run(store: Store, name: str, pass_name: str) -> dict:
     return row
 
 
+TIMED_PASSES = ("fixed", "stage0", "moe")  # their latencies form one cost model
+
+
+def _check_one_setting(name: str, runs: dict[str, dict]) -> None:
+    """The campaign's runs measure one model (one drafter where one is used), and its timed passes
+    one device setting: a cost model joined from a CPU pass and a GPU pass, or from two GPUs, fits
+    neither (FitError naming both runs and what differs)."""
+    def differ(passes, fields, what):
+        first = runs[passes[0]]
+        for other in passes[1:]:
+            bad = [f for f in fields if runs[other].get(f) != first.get(f)]
+            if bad:
+                values = lambda run: ", ".join(f"{f} {run.get(f)}" for f in bad)  # noqa: E731
+                raise FitError(f"campaign {name!r}: the {passes[0]} run ({values(first)}) and the {other} run "
+                               f"({values(runs[other])}) {what}; re-run one with --overwrite, or capture them under "
+                               "different --name")
+
+    differ(list(runs), ("model_id",), "measured different models")
+    differ([p for p in ("capture", "fixed", "routing") if p in runs], ("drafter_id",), "used different drafters")
+    differ(list(TIMED_PASSES), ("device", "dtype", "backend", "host_gpu"),
+           "were timed on different settings and cannot share one cost model")
+
+
 def _capture_arrays(store: Store, run_id: str) -> dict:
     rounds = store.query("SELECT prompt_id, round_idx, accepted_full FROM rounds WHERE run_id = ? AND NOT truncated "
                          "AND accepted_full IS NOT NULL ORDER BY prompt_id, round_idx", [run_id])
@@ -107,17 +130,19 @@ def fit_campaign(db: Path, name: str) -> CampaignFit:
     a damaged store, FitError for missing or unusable runs)."""
     with Store(db, read_only=True) as store:
         store.verify()
-        capture = _run(store, name, "capture")
+        runs = {p: _run(store, name, p) for p in ("capture", *TIMED_PASSES, "routing")}
+        _check_one_setting(name, runs)
+        capture = runs["capture"]
         arrays = _capture_arrays(store, capture["run_id"])
         fixed = np.array(store.query("SELECT executed_w, latency_us FROM fixed_length_timings WHERE run_id = ? "
                                      "AND NOT truncated AND w >= 2",  # w = 1: ar steps, not C_tgt
-                                     [_run(store, name, "fixed")["run_id"]]), dtype=float)
+                                     [runs["fixed"]["run_id"]]), dtype=float)
         stage0 = np.array(store.query("SELECT u, latency_us FROM stage0_timings WHERE run_id = ?",
-                                      [_run(store, name, "stage0")["run_id"]]), dtype=float)
+                                      [runs["stage0"]["run_id"]]), dtype=float)
         moe = np.array(store.query("SELECT n_distinct_experts, latency_us FROM moe_bench WHERE run_id = ?",
-                                   [_run(store, name, "moe")["run_id"]]), dtype=float)
+                                   [runs["moe"]["run_id"]]), dtype=float)
         routing = np.array(store.query("SELECT position, new_l0_experts, new_later_pairs FROM routing_positions "
-                                       "WHERE run_id = ?", [_run(store, name, "routing")["run_id"]]), dtype=float)
+                                       "WHERE run_id = ?", [runs["routing"]["run_id"]]), dtype=float)
         top_k = int(max(arrays["n0"].max(), routing[:, 1].max()))
     for what, rows in (("fixed", fixed), ("stage0", stage0), ("moe", moe), ("routing", routing)):
         if len(rows) == 0:

@@ -120,3 +120,20 @@ def test_timings_are_fitted_on_medians_with_the_spread_kept(tmp_path):
     cell = next(c for c in fit.cost.cells_ if c["w"] == 9)
     assert cell["n"] == 20 and cell["q75"] > cell["median"] + 0.04  # the spread is kept
     assert fit.diagnostics()["cost"]["cells"] == fit.cost.cells_
+
+
+@pytest.mark.parametrize("pass_name, update, message", [
+    ("stage0", "device = 'cuda', dtype = 'bfloat16', host_gpu = 'NVIDIA H200'",
+     r"the fixed run \(device cpu, dtype float32, host_gpu None\) and the stage0 run \(device cuda, dtype bfloat16, "
+     r"host_gpu NVIDIA H200\) were timed on different settings"),
+    ("routing", "model_id = 'sha256:other'",
+     r"the capture run \(model_id sha256:m\) and the routing run \(model_id sha256:other\) measured different models"),
+    ("fixed", "drafter_id = 'sha256:e'", r"\(drafter_id sha256:d\) and the fixed run \(drafter_id sha256:e\)"),
+])
+def test_runs_of_different_settings_are_not_fitted_together(tmp_path, pass_name, update, message):
+    db = tmp_path / "mixed.duckdb"
+    write_synthetic_store(db, n_rounds=300)
+    with Store(db) as store:
+        store.con.execute(f"UPDATE runs SET {update} WHERE pass = ?", [pass_name])
+    with pytest.raises(FitError, match=message):
+        fit_campaign(db, "synth")
