@@ -43,6 +43,8 @@ KEYS: dict[str, tuple[str, ...]] = {
 DATA_TABLES = tuple(t for t in KEYS if t not in ("runs", "run_shards"))
 # the tables of `hybridspec eval` runs (the calibration passes write the others)
 EVAL_TABLES = ("eval_requests", "eval_rounds", "offline_estimates")
+# the tables of the opt-in profile pass (`capture --passes profile`)
+PROFILE_TABLES = ("cost_profile", "profile_calls")
 
 _V1 = [
     """CREATE TABLE runs (

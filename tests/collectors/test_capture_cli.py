@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from hybridspec.cli import app
 from hybridspec.collectors import campaign
 from hybridspec.collectors.common import ALL_PASSES, CaptureConfig
-from hybridspec.workbench.schema import DATA_TABLES, EVAL_TABLES, KEYS, SCHEMA_VERSION
+from hybridspec.workbench.schema import DATA_TABLES, EVAL_TABLES, KEYS, PROFILE_TABLES, SCHEMA_VERSION
 from hybridspec.workbench.store import RunSpec, Store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -131,7 +131,7 @@ def test_two_shards_merged_equal_one_process(qwen35_dir, prompt_file, tmp_path):
     assert {r[3] for r in got["runs"]} == {"finished"} and {r[7] for r in got["runs"]} == {2}
     for table in DATA_TABLES:
         assert got[table] == reference[table], table
-        assert 0 < len(got[table]) or table in EVAL_TABLES  # every calibration table is filled
+        assert 0 < len(got[table]) or table in EVAL_TABLES + PROFILE_TABLES  # every table `all` writes is filled
 
 
 # ---------------------------------------------------------------- bad input, refused before loading

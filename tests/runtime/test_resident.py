@@ -69,7 +69,7 @@ def test_resident_rounds_report_the_host_rounds(session, engines, reference, nam
     host, resident = engines
     policy = make_policy(name, session.drafter.draft_len, policy_parameters(session.drafter.draft_len))
     prompts, _ = reference
-    for prompt in prompts[:2]:
+    for prompt in prompts[:1]:
         want = host.generate(prompt, policy=policy, max_new_tokens=TOKENS).rounds
         got = resident.generate(prompt, policy=policy, max_new_tokens=TOKENS).rounds
         assert len(got) == len(want)
@@ -105,15 +105,15 @@ class RecordedGraphs:
 
 def test_graphs_of_several_policies_stay_apart(session, reference):
     """Policies prepared one after another on one engine (as `eval` and the server do) each replay
-    their own phases: `ratio`, `nominal` and `hybridspec` share phase names (`select`, …) but not
+    their own phases: `ratio4`, `nominal` and `hybridspec` share phase names (`select`, …) but not
     what the phases do. Same tokens as `ar`, same lengths as an engine that ran the policy alone."""
     t, d = session.target, session.drafter
     shared = Engine(t, d, max_context=256, resident=True, graphs=False)
     shared.resident.graphs = RecordedGraphs(shared.resident)
-    names = ("ratio4", "nominal", "hybridspec", "static:4")
+    names = ("ratio4", "nominal", "hybridspec")
     policies = [make_policy(n, d.draft_len, policy_parameters(d.draft_len)) for n in names]
     prompts, outs = reference
-    for prompt, want in zip(prompts[:2], outs[:2]):
+    for prompt, want in zip(prompts[:2], outs[:2]):  # the second request runs after every policy's capture
         for policy in policies:
             alone = Engine(t, d, max_context=256, resident=True, graphs=False).generate(prompt, policy=policy,
                                                                                        max_new_tokens=TOKENS)
