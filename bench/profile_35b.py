@@ -32,6 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.kernels.cuda_timing import median_us  # noqa: E402
 from hybridspec.collectors.profile import PARTS, WIDTHS, distinct_pairs, module_ranges  # noqa: E402
 from hybridspec.runtime.session import open_session  # noqa: E402
 from hybridspec.workbench.profiling import part_times, profile_calls, ranged  # noqa: E402
@@ -47,21 +48,6 @@ def profile_pass(run, reps: int = 5):
     return part_times(profile_calls(run, reps, torch.device("cuda")), PARTS, reps)
 
 
-def graph_us(graph, replays: int = 10, samples: int = 5) -> float:
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(samples):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(replays):
-            graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / replays)
-    return statistics.median(times)
-
-
 def verification_profile(target, cache, block) -> list[dict]:
     rows = []
     for w in WIDTHS:
@@ -73,7 +59,7 @@ def verification_profile(target, cache, block) -> list[dict]:
         count = round(sum(counts.values()))
         graph, _ = captured_pass(target, cache, block[:, :w])
         cache.pending = [True] * len(cache.pending)
-        us = graph_us(graph)
+        us = median_us(graph, 1, samples=5, replays=10)
         del graph
         total = sum(split.values())
         rows.append(dict(w=w, graph_us=round(us, 1), kernel_us=round(total, 1), kernels=count, attribution=how,
@@ -127,7 +113,7 @@ def correlation_calls(target, cache, calls: int) -> tuple[list[dict], dict]:
         routing = target.forward_pass(static[:, :w], cache, record_routing=True).expert_ids
         distinct = distinct_pairs(routing)
         cache.pending = [True] * len(cache.pending)
-        rows.append(dict(w=w, distinct=distinct, us=round(graph_us(graphs[w], replays=5, samples=3), 1)))
+        rows.append(dict(w=w, distinct=distinct, us=round(median_us(graphs[w], 1, samples=3, replays=5), 1)))
     x = torch.tensor([r["distinct"] for r in rows], dtype=torch.float64)
     y = torch.tensor([r["us"] for r in rows], dtype=torch.float64)
     r = float(torch.corrcoef(torch.stack((x, y)))[0, 1])
