@@ -4,7 +4,9 @@ top-k to min(16·k, E); latency samples of the layer's expert computation (route
 
 The routing is constructed, not computed: assignment j (row j // k, slot j % k) goes to expert
 S[j mod n] of a seeded permutation S, which gives exactly n distinct experts and k distinct
-experts per row whenever k ≤ n ≤ 16·k. A unit is one measurement block: every n, in a random order
+experts per row whenever k ≤ n ≤ 16·k. On CUDA each n is timed as the replay of its CUDA graph, as
+the resident round runs the experts (an eager call would time its Python launches instead);
+elsewhere the call itself. A unit is one measurement block: every n, in a random order
 seeded by (seed, block), `per_block` samples each; `prepare` runs the warm-up calls (unrecorded).
 """
 
@@ -13,7 +15,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..workbench.timing import sample_latencies
+from ..workbench.profiling import replayable
+from ..workbench.timing import sample_latencies, timing_params
 from .common import PassContext, Unit, block_order
 
 ROWS = 16
@@ -58,7 +61,8 @@ class MoePass:
         cfg, (blocks, per_block, warmup) = ctx.session.target.cfg, _counts(ctx)
         return {**ctx.base_params(), "layer": self._layer(ctx), "n_rows": ROWS, "top_k": cfg.num_experts_per_tok,
                 "num_experts": cfg.num_experts, "distinct": self._sweep(ctx), "samples": blocks * per_block,
-                "blocks": blocks, "per_block": per_block, "order": "seeded random per block", "warmup": warmup}
+                "blocks": blocks, "per_block": per_block, "order": "seeded random per block", "warmup": warmup,
+                **timing_params(ctx.device)}
 
     def units(self, ctx: PassContext) -> list[Unit]:
         return [Unit(f"block={b}", b) for b in range(_counts(ctx)[0])]
@@ -72,6 +76,7 @@ class MoePass:
         self.x = torch.randn(1, ROWS, target.cfg.hidden_size, generator=gen).to(device=p.device, dtype=p.dtype)
         for n in self._sweep(ctx):  # unrecorded warm-up of every n
             sample_latencies(self._call(ctx, n), samples=1, warmup=_counts(ctx)[2], device=ctx.device)
+        self.calls = {n: replayable(self._call(ctx, n), ctx.device) for n in self._sweep(ctx)}
 
     def _call(self, ctx: PassContext, n: int):
         cfg = ctx.session.target.cfg
@@ -85,7 +90,7 @@ class MoePass:
         k = ctx.session.target.cfg.num_experts_per_tok
         rows = []
         for order, n in enumerate(block_order(self._sweep(ctx), ctx.config.seed, block)):
-            latencies = sample_latencies(self._call(ctx, n), samples=per_block, warmup=0, device=ctx.device)
+            latencies = sample_latencies(self.calls[n], samples=per_block, warmup=0, device=ctx.device)
             rows += [{"run_id": ctx.run_id, "layer": self.layer, "n_rows": ROWS, "n_assignments": ROWS * k,
                       "n_distinct_experts": n, "sample_idx": block * per_block + i, "latency_us": t, "block": block,
                       "block_order": order} for i, t in enumerate(latencies)]

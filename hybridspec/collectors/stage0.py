@@ -2,15 +2,20 @@
 number of Stage-0 tokens u = 1…W, after a prefill of a fixed context; warm-up calls excluded.
 
 Stage 0 never changes committed state (it fills round buffers only), so every sample runs against
-the same context. A unit is one measurement block: every u, in a random order seeded by
-(seed, block), `per_block` samples each; `prepare` runs the warm-up calls of every u (unrecorded).
+the same context. The cache is put in the resident round's static form (a pending null commit of
+Layer 0 over the whole block, folded by every call), so each sample does the work Stage 0 does in a
+round. On CUDA each u is timed as the replay of its CUDA graph, as the resident round runs it (an
+eager call would time its Python launches instead); elsewhere the call itself. A unit is one
+measurement block: every u, in a random order seeded by (seed, block), `per_block` samples each;
+`prepare` runs the warm-up calls of every u (unrecorded).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..workbench.timing import sample_latencies
+from ..workbench.profiling import replayable
+from ..workbench.timing import sample_latencies, timing_params
 from .common import PassContext, Unit, block_order
 
 CONTEXT_TOKENS = 64
@@ -30,7 +35,7 @@ class Stage0Pass:
         blocks, per_block, warmup = _counts(ctx)
         return {**ctx.base_params(), "lengths": list(range(1, ctx.max_length + 1)), "samples": blocks * per_block,
                 "blocks": blocks, "per_block": per_block, "order": "seeded random per block", "warmup": warmup,
-                "context_prompt": ctx.prompts[0].id, "context_tokens": CONTEXT_TOKENS}
+                "context_prompt": ctx.prompts[0].id, "context_tokens": CONTEXT_TOKENS, **timing_params(ctx.device)}
 
     def units(self, ctx: PassContext) -> list[Unit]:
         return [Unit(f"block={b}", b) for b in range(_counts(ctx)[0])]
@@ -39,22 +44,42 @@ class Stage0Pass:
         target = ctx.session.target
         context = list(ctx.prompts[0].ids[:CONTEXT_TOKENS])  # the same context in every shard
         self.context_tokens = len(context)
-        self.cache = target.new_cache(max_len=len(context) + ctx.max_length + 1, tokens_per_pass=64)
-        target.prefill(torch.tensor([context], device=ctx.device), self.cache)
+        W = ctx.max_length
+        cache = target.new_cache(max_len=len(context) + W + 1, tokens_per_pass=64)
+        target.prefill(torch.tensor([context], device=ctx.device), cache)
+        target.flush(cache)
+        cache.null_commit(W)  # the round's static form: Layer 0 folds the same (null) pending commit each call
+        cache.fixed_pending, cache.key_span = W, cache.max_len
+        self.cache = cache
         gen = torch.Generator().manual_seed(ctx.config.seed)
-        self.tokens = torch.randint(0, target.cfg.vocab_size, (1, ctx.max_length), generator=gen).to(ctx.device)
-        for u in range(1, ctx.max_length + 1):  # unrecorded warm-up of every u
-            sample_latencies(self._call(ctx, u), samples=1, warmup=_counts(ctx)[2], device=ctx.device)
+        self.tokens = torch.randint(0, target.cfg.vocab_size, (1, W), generator=gen).to(ctx.device)
+        for u in range(1, W + 1):  # unrecorded warm-up of every u
+            sample_latencies(self._stage0(ctx, u), samples=1, warmup=_counts(ctx)[2], device=ctx.device)
+        self.calls = {u: self._timed(ctx, u) for u in range(1, W + 1)}
 
-    def _call(self, ctx: PassContext, u: int):
+    def _stage0(self, ctx: PassContext, u: int):
         target, tokens = ctx.session.target, self.tokens[:, :u]  # [1, u]
-        return lambda: target.stage0(tokens, self.cache)
+
+        def call():
+            self.cache.pending[0] = True  # re-arm the null commit: the same work each call
+            target.stage0(tokens, self.cache)
+
+        return call
+
+    def _timed(self, ctx: PassContext, u: int):
+        replay = replayable(self._stage0(ctx, u), ctx.device)
+
+        def call():
+            self.cache.pending[0] = True
+            replay()
+
+        return call
 
     def collect(self, ctx: PassContext, block: int) -> dict[str, list[dict]]:
         _, per_block, _ = _counts(ctx)
         rows = []
         for order, u in enumerate(block_order(list(range(1, ctx.max_length + 1)), ctx.config.seed, block)):
-            latencies = sample_latencies(self._call(ctx, u), samples=per_block, warmup=0, device=ctx.device)
+            latencies = sample_latencies(self.calls[u], samples=per_block, warmup=0, device=ctx.device)
             rows += [{"run_id": ctx.run_id, "u": u, "sample_idx": block * per_block + i, "latency_us": t,
                       "context_tokens": self.context_tokens, "block": block, "block_order": order}
                      for i, t in enumerate(latencies)]

@@ -29,6 +29,12 @@ def sample_latencies(fn: Callable[[], object], *, samples: int, warmup: int, dev
     return out
 
 
+def timing_params(device: torch.device) -> dict:
+    """The run parameter saying how a pass on `device` timed its calls: on CUDA, replays of each
+    call's CUDA graph (absent elsewhere, so CPU runs keep their ids)."""
+    return {"timing": "cuda graph replays"} if torch.device(device).type == "cuda" else {}
+
+
 def _cuda_latencies(fn: Callable[[], object], samples: int) -> list[float]:
     torch.cuda.synchronize()
     out = []
