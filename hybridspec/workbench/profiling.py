@@ -92,4 +92,9 @@ def replayable(fn: Callable[[], object], device: torch.device) -> Callable[[], N
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    return graph.replay
+
+    def replay() -> None:
+        graph.replay()
+
+    replay.captured = fn  # the graph reads the tensors fn's closure owns: they live as long as the replay
+    return replay

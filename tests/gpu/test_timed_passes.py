@@ -57,3 +57,22 @@ def test_a_replayed_stage0_equals_the_eager_call(u):
     replay()
     for name, value in eager.items():
         assert torch.equal(getattr(out["s0"], name), value), name
+
+
+def test_a_replay_keeps_the_inputs_its_callable_owns():
+    """Graphs of callables that own their inputs (as the MoE pass's do, one routing per n) each
+    replay their own inputs, even after the callables are dropped and same-sized tensors allocated."""
+    def owning(seed):
+        x = torch.randn(64, 64, device="cuda", generator=torch.Generator("cuda").manual_seed(seed))
+        out = torch.empty(64, device="cuda")
+        return (lambda: out.copy_(x.sum(1))), out, x.sum(1)
+
+    replays = []
+    for seed in range(4):
+        fn, out, want = owning(seed)
+        replays.append((replayable(fn, torch.device("cuda")), out, want))
+        del fn
+    for replay, out, want in replays:
+        out.zero_()
+        replay()
+        assert torch.equal(out, want)
