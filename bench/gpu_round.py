@@ -181,7 +181,7 @@ def verification_rows(session, model: str, context_prompt, widths, bandwidth: fl
     return rows
 
 
-FAMILIES = (("gdn", ("gdn_", "conv1d", "conv_")), ("moe", ("_moe_", "topk", "sort", "scatter")),
+FAMILIES = (("gdn", ("gdn_", "conv1d", "conv_")), ("moe", ("_moe_", "_router_", "topk", "sort", "scatter")),
             ("attention", ("flash", "fmha", "attention", "sdpa", "softmax", "_attn_")),
             ("gemm", ("gemm", "nvjet", "cutlass", "xmma", "matmul", "splitk")))
 

@@ -40,3 +40,53 @@ def test_bad_arguments_are_named():
         moe_router.router_topk(torch.zeros(2, 32), 20, True, torch.float32)
     with pytest.raises(ValueError, match="contiguous"):
         moe_router.router_topk(torch.zeros(32, 2).t(), 2, True, torch.float32)
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 16])
+@pytest.mark.parametrize("experts,top_k,hidden", [(256, 8, 2048), (512, 10, 200), (60, 4, 96), (16, 1, 64)])
+def test_one_launch_router_matches_the_reference(tokens, experts, top_k, hidden):
+    """Logits within one rounding of F.linear's (the hidden spans sum in another order); from those
+    very logits a top-k of the reference's softmax (every chosen probability ≥ every other, by
+    decreasing probability, equal ones by lower id: bf16 logits tie often, and torch.topk orders
+    ties as it likes) with the reference's renormalized weights; fp32 and bf16."""
+    g = torch.Generator().manual_seed(tokens * experts + hidden)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(tokens, hidden, generator=g).to(dtype)
+        weight = (torch.randn(experts, hidden, generator=g) / hidden ** 0.5).to(dtype)
+        logits = torch.empty(tokens, experts, dtype=dtype)
+        ids, weights = moe_router.router(x, weight, top_k, True, dtype, logits=logits)
+        want = torch.nn.functional.linear(x.float(), weight.float())
+        tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=8e-3, atol=8e-3)
+        torch.testing.assert_close(logits.float(), want, **tol)
+        probs = torch.softmax(logits.float(), -1)
+        for n in range(tokens):
+            chosen = probs[n, ids[n]]
+            others = probs[n][torch.ones(experts, dtype=torch.bool).index_fill_(0, ids[n], False)]
+            assert len(set(ids[n].tolist())) == top_k and (others.numel() == 0 or chosen.min() >= others.max())
+            order = sorted(range(top_k), key=lambda j: (-float(chosen[j]), int(ids[n, j])))
+            assert order == list(range(top_k))
+        torch.testing.assert_close(weights.float(), (probs.gather(1, ids) / probs.gather(1, ids).sum(-1, keepdim=True)),
+                                   rtol=1e-5 if dtype == torch.float32 else 8e-3,
+                                   atol=1e-7 if dtype == torch.float32 else 1e-3)
+
+
+def test_one_launch_router_is_batch_invariant_and_leaves_its_counter_at_zero():
+    """A token routes the same alone or among 15 others (the exactness of multi-token passes needs
+    it), and every call leaves the arrival counter at zero for the next one."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(16, 256, generator=g).to(torch.bfloat16)
+    weight = (torch.randn(128, 256, generator=g) / 16).to(torch.bfloat16)
+    together = moe_router.router(x, weight, 8, True, torch.bfloat16)
+    for n in (0, 7, 15):
+        alone = moe_router.router(x[n : n + 1], weight, 8, True, torch.bfloat16)
+        assert torch.equal(alone[0], together[0][n : n + 1]) and torch.equal(alone[1], together[1][n : n + 1])
+    assert int(moe_router._counter(x.device)) == 0
+
+
+def test_prefill_sized_calls_take_the_two_step_path():
+    g = torch.Generator().manual_seed(4)
+    x, weight = torch.randn(40, 64, generator=g), torch.randn(32, 64, generator=g)
+    ids, weights = moe_router.router(x, weight, 4, False, torch.float32)
+    ids_ref, weights_ref = reference.router(x, weight, 4, False, torch.float32)
+    assert torch.equal(ids, ids_ref)
+    torch.testing.assert_close(weights, weights_ref, rtol=1e-5, atol=1e-7)

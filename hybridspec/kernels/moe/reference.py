@@ -31,6 +31,12 @@ def router_topk(logits: Tensor, top_k: int, renormalize: bool, dtype: torch.dtyp
     return ids, weights.to(dtype)
 
 
+def router(x: Tensor, weight: Tensor, top_k: int, renormalize: bool, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """x [N, H], router weight [E, H] → `router_topk` of the logits x Wᵀ (in x's dtype, as the model's
+    linear layer returns them)."""
+    return router_topk(F.linear(x, weight), top_k, renormalize, dtype)
+
+
 def shared_expert(x: Tensor, shared: SharedExpert) -> Tensor:
     """x [N, H] → sigmoid(x · gate_weight) · shared MLP(x)  [N, H]."""
     mlp = F.linear(F.silu(F.linear(x, shared.gate)) * F.linear(x, shared.up), shared.down)

@@ -1,7 +1,17 @@
-"""Triton router: softmax over the experts, top-k and renormalization in one launch, one program
-per token (the PyTorch form, `reference.router_topk`, takes five kernels and a sort).
+"""Triton router: the logits x Wᵀ, softmax over the experts, top-k and renormalization.
 
-The k experts are found by k rounds of argmax over the token's probabilities held in registers
+`router` (the model's router, `reference.router`): for calls of at most FUSED_TOKENS tokens
+(decoding, verification, Stage 0) one launch does everything. Its grid splits the experts into
+blocks of BE and the hidden dimension into SPLIT spans, so that the router's weight (E·H values,
+1 MB at the 35B shapes) is read by E/BE·SPLIT programs at once instead of by the few tiles a GEMM
+library gives a one-row product; each program stores its partial logits, and the program that
+arrives last sums the spans in a fixed order, rounds the logits to x's dtype (what the model's
+linear layer returns) and runs softmax and top-k for every token of the call. Longer calls
+(prefill) take the library's product and `router_topk`.
+
+`router_topk`: softmax, top-k and renormalization of given logits, one program per token.
+
+The k experts are found by k rounds of argmax over a token's probabilities held in registers
 (k ≤ 16, E ≤ 1024), so ids come out by decreasing probability, ties to the lower expert id. A
 token's result depends on its own logits only (batch invariance)."""
 
@@ -12,9 +22,14 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+import torch.nn.functional as F
+
 from hybridspec.kernels.interpreter import interpreted
+from hybridspec.kernels.moe.tiles import dot_bt
 
 MAX_EXPERTS, MAX_TOP_K = 1024, 16
+FUSED_TOKENS = 16  # calls of at most this many tokens run the one-launch router
+BE, SPLIT, BK = 16, 4, 128  # experts per program, spans of the hidden dimension, hidden columns per step
 
 
 @triton.jit
@@ -59,4 +74,103 @@ def router_topk(logits: Tensor, top_k: int, renormalize: bool, dtype: torch.dtyp
     if n:
         _router_kernel[(n,)](logits, ids, weights, logits.stride(0), e, K=top_k, RENORMALIZE=bool(renormalize),
                              BLOCK_E=triton.next_power_of_2(e), BLOCK_K=triton.next_power_of_2(top_k))
+    return ids, weights
+
+
+@triton.jit
+def _router_fused_kernel(x_ptr, r_ptr, part_ptr, counter_ptr, logits_ptr, ids_ptr, w_ptr, stride_xn, stride_re,
+                         N, E, H: tl.constexpr, SPAN: tl.constexpr, K: tl.constexpr, RENORMALIZE: tl.constexpr,
+                         SPLIT: tl.constexpr, BM: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr,
+                         BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+                         WIDEN: tl.constexpr):
+    i_e, i_s = tl.program_id(0), tl.program_id(1)
+    o_m = tl.arange(0, BM)
+    o_e = i_e * BE + tl.arange(0, BE)
+    o_c = tl.arange(0, BK)
+    m_ok, e_ok = o_m < N, o_e < E
+    acc = tl.zeros([BM, BE], dtype=tl.float32)
+    for c in range(i_s * SPAN, i_s * SPAN + SPAN, BK):  # this program's span of the hidden dimension
+        c_ok = c + o_c < H
+        b_x = tl.load(x_ptr + o_m[:, None] * stride_xn + c + o_c[None, :], mask=m_ok[:, None] & c_ok[None, :],
+                      other=0.0)  # [BM, BK]
+        b_r = tl.load(r_ptr + o_e[:, None] * stride_re + c + o_c[None, :], mask=e_ok[:, None] & c_ok[None, :],
+                      other=0.0)  # [BE, BK]
+        acc = dot_bt(b_x, b_r, acc, PRECISION, WIDEN)
+    tl.store(part_ptr + (i_s * N + o_m[:, None]) * E + o_e[None, :], acc, mask=m_ok[:, None] & e_ok[None, :])
+    tl.debug_barrier()  # every thread's partial logits stored before the release below
+    arrived = tl.atomic_add(counter_ptr, 1, sem="acq_rel")
+    if arrived == tl.num_programs(0) * SPLIT - 1:  # the last program: softmax and top-k of every token
+        cols = tl.arange(0, BLOCK_E)
+        ok = m_ok[:, None] & (cols < E)[None, :]
+        z = tl.zeros([BM, BLOCK_E], dtype=tl.float32)
+        for s in tl.static_range(SPLIT):  # the spans summed in a fixed order
+            z += tl.load(part_ptr + (s * N + o_m[:, None]) * E + cols[None, :], mask=ok, other=0.0,
+                         cache_modifier=".cg")
+        z = z.to(logits_ptr.dtype.element_ty)  # the logits in x's dtype, as the linear layer returns them
+        tl.store(logits_ptr + o_m[:, None] * E + cols[None, :], z, mask=ok)
+        z = tl.where((cols < E)[None, :], z.to(tl.float32), float("-inf"))
+        p = tl.exp(z - tl.max(z, axis=1)[:, None])
+        p = p / tl.sum(p, axis=1)[:, None]
+        p = tl.where((cols < E)[None, :], p, -1.0)
+        slots = tl.arange(0, BLOCK_K)
+        chosen_w = tl.zeros([BM, BLOCK_K], dtype=tl.float32)
+        chosen_i = tl.zeros([BM, BLOCK_K], dtype=tl.int64)
+        for j in tl.static_range(K):
+            best = tl.max(p, axis=1)  # [BM]
+            index = tl.min(tl.where(p == best[:, None], cols[None, :], BLOCK_E), axis=1)  # ties: the lower id
+            chosen_w = tl.where(slots[None, :] == j, best[:, None], chosen_w)
+            chosen_i = tl.where(slots[None, :] == j, index[:, None].to(tl.int64), chosen_i)
+            p = tl.where(cols[None, :] == index[:, None], -1.0, p)
+        if RENORMALIZE:
+            chosen_w = chosen_w / tl.sum(chosen_w, axis=1)[:, None]
+        keep = m_ok[:, None] & (slots < K)[None, :]
+        tl.store(ids_ptr + o_m[:, None] * K + slots[None, :], chosen_i, mask=keep)
+        tl.store(w_ptr + o_m[:, None] * K + slots[None, :], chosen_w.to(w_ptr.dtype.element_ty), mask=keep)
+        tl.atomic_xchg(counter_ptr, 0)  # every program has arrived: ready for the next call
+
+
+_COUNTERS: dict[torch.device, Tensor] = {}
+
+
+def _counter(device: torch.device) -> Tensor:
+    """The arrival counter of a device (zero between calls: the last program resets it). Calls on
+    one device run one after another on its stream, so one counter serves them all."""
+    if device not in _COUNTERS:
+        _COUNTERS[device] = torch.zeros(1, dtype=torch.int32, device=device)
+    return _COUNTERS[device]
+
+
+def router(x: Tensor, weight: Tensor, top_k: int, renormalize: bool, dtype: torch.dtype,
+           *, logits: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """As `reference.router`: x [N, H], weight [E, H] → ids [N, k] (long), weights [N, k] in `dtype`.
+    `logits` ([N, E] in x's dtype), when given, receives the logits the routing was taken from."""
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
+        raise ValueError(f"router: x must be [N, H] and weight [E, H], got {tuple(x.shape)} and {tuple(weight.shape)}")
+    if x.stride(-1) != 1 or weight.stride(-1) != 1 or x.dtype != weight.dtype:
+        raise ValueError(f"router: x ({x.dtype}, strides {x.stride()}) and weight ({weight.dtype}, strides "
+                         f"{weight.stride()}) must share a dtype and be contiguous in H")
+    n, h = x.shape
+    e = weight.shape[0]
+    if n > FUSED_TOKENS:
+        z = F.linear(x, weight)
+        if logits is not None:
+            logits.copy_(z)
+        return router_topk(z, top_k, renormalize, dtype)
+    if not 1 <= top_k <= min(e, MAX_TOP_K) or e > MAX_EXPERTS:
+        raise ValueError(f"router: top-{top_k} of {e} experts (k ≤ {MAX_TOP_K}, E ≤ {MAX_EXPERTS})")
+    if x.device.type != "cuda" and not interpreted():
+        raise ValueError(f"router: tensors are on {x.device}; the Triton kernel needs CUDA tensors "
+                         "(CPU tensors only with TRITON_INTERPRET=1 set before import)")
+    ids = torch.empty(n, top_k, dtype=torch.long, device=x.device)
+    weights = torch.empty(n, top_k, dtype=dtype, device=x.device)
+    if logits is None:
+        logits = torch.empty(n, e, dtype=x.dtype, device=x.device)
+    if n:
+        span = triton.cdiv(triton.cdiv(h, SPLIT), BK) * BK
+        part = torch.empty(SPLIT, n, e, dtype=torch.float32, device=x.device)
+        _router_fused_kernel[(triton.cdiv(e, BE), SPLIT)](
+            x, weight, part, _counter(x.device), logits, ids, weights, x.stride(0), weight.stride(0), n, e,
+            H=h, SPAN=span, K=top_k, RENORMALIZE=bool(renormalize), SPLIT=SPLIT, BM=16, BE=BE, BK=BK,
+            BLOCK_E=triton.next_power_of_2(e), BLOCK_K=triton.next_power_of_2(top_k),
+            PRECISION="ieee" if x.dtype == torch.float32 else "tf32", WIDEN=interpreted(), num_warps=4)
     return ids, weights

@@ -27,18 +27,18 @@ class DenseMLP(nn.Module):
 
 
 class Router(nn.Module):
-    """Softmax top-k router; `op` turns the logits into ids and weights (`kernels/moe`: the
-    reference, or one Triton launch on the triton backend)."""
+    """Softmax top-k router; `op` turns the input and the router's weight into ids and weights
+    (`kernels/moe`: the reference, or the Triton router, one launch for calls of up to 16 tokens)."""
 
     def __init__(self, cfg: TargetConfig):
         super().__init__()
         self.top_k, self.renormalize = cfg.num_experts_per_tok, cfg.norm_topk_prob
         self.weight = nn.Parameter(torch.zeros(cfg.num_experts, cfg.hidden_size))
-        self.op = moe_reference.router_topk
+        self.op = moe_reference.router
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """x [N, hidden] → expert ids [N, k] (long), routing weights [N, k] in x's dtype."""
-        return self.op(F.linear(x, self.weight), self.top_k, self.renormalize, x.dtype)
+        return self.op(x, self.weight, self.top_k, self.renormalize, x.dtype)
 
 
 class Experts(nn.Module):

@@ -93,9 +93,10 @@ def gdn_conv_op(backend: str) -> Callable:
 
 
 def router_op(backend: str) -> Callable:
-    """The router's softmax + top-k of a backend: the reference, or one Triton launch per call."""
+    """The router (logits, softmax, top-k) of a backend: the reference, or the Triton router (one
+    launch per call of up to 16 tokens)."""
     router = triton_kernels(backend, "moe.router")
-    return moe_reference.router_topk if router is None else router.router_topk
+    return moe_reference.router if router is None else router.router
 
 
 def moe_experts_op(backend: str) -> Callable:
