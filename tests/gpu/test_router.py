@@ -37,3 +37,30 @@ def test_replays_in_a_cuda_graph():
     ids_ref, weights_ref = reference.router_topk(logits, 8, True, torch.float32)
     assert torch.equal(ids, ids_ref)
     torch.testing.assert_close(weights, weights_ref, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("tokens", [1, 16])
+@pytest.mark.parametrize("experts,top_k,hidden", [(256, 8, 2048), (512, 10, 2048), (256, 8, 3072)])
+def test_one_launch_router_on_the_gpu(tokens, experts, top_k, hidden):
+    """Compiled: logits within bf16 rounding of F.linear's, a top-k of their softmax, no host read,
+    and a graph replay on new inputs gives what an eager call gives."""
+    g = torch.Generator(device="cuda").manual_seed(tokens + experts)
+    x = torch.randn(tokens, hidden, device="cuda", generator=g).to(torch.bfloat16)
+    weight = (torch.randn(experts, hidden, device="cuda", generator=g) / hidden ** 0.5).to(torch.bfloat16)
+    logits = torch.empty(tokens, experts, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        ids, weights = moe_router.router(x, weight, top_k, True, torch.bfloat16, logits=logits)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.testing.assert_close(logits.float(), torch.nn.functional.linear(x.float(), weight.float()), rtol=8e-3, atol=8e-3)
+    probs = torch.softmax(logits.float(), -1)
+    chosen = probs.gather(1, ids)
+    assert bool((chosen.min(1).values >= probs.scatter(1, ids, -1.0).max(1).values).all())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g_ids, g_weights = moe_router.router(x, weight, top_k, True, torch.bfloat16)
+    x.copy_(torch.randn(tokens, hidden, device="cuda", generator=g).to(torch.bfloat16))
+    graph.replay()
+    want = moe_router.router(x, weight, top_k, True, torch.bfloat16)
+    assert torch.equal(g_ids, want[0]) and torch.equal(g_weights, want[1])
