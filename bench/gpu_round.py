@@ -10,7 +10,9 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 3. one verification pass of w tokens (the target alone, as a graph, after a prefill of the
    context) against its floor: the bytes it must read (the weights of every layer except the
    experts no token routes to, the distinct experts' weights, the KV cache up to the context, the
-   GDN states read and written, the LM head) over the device copy bandwidth of the same run;
+   GDN states read and written, the LM head) over the device copy bandwidth of the same run, and
+   a `full` round at w = W against the same floor plus a drafter pass's (its weights, the LM head
+   its draft logits go through, its context KV);
 4. (`--profile`) where one verification pass spends its GPU time: kernel time from the profiler of
    an eager pass (the graph replays the same kernels), split into GDN, MoE (routing, experts),
    softmax attention, dense GEMMs and other, with the longest kernels named.
@@ -149,6 +151,33 @@ def pass_bytes(target, cache, routing: list[torch.Tensor], context: int) -> int:
     total += 2 * kv.numel() * kv.element_size()
     total += 2 * cache.ssm.numel() * cache.ssm.element_size()
     return total
+
+
+def drafter_bytes(drafter, context: int) -> int:
+    """Bytes a drafter pass must move: its weights, the target's LM head (the draft's logits go
+    through it) and its context KV up to the context."""
+    total = sum(p.numel() * p.element_size() for p in drafter.parameters())
+    head = drafter._target[1].weight
+    total += head.numel() * head.element_size()
+    if drafter.ctx_k is not None:
+        kv = drafter.ctx_k[:, :, :context]
+        total += 2 * kv.numel() * kv.element_size()
+    return total
+
+
+def round_floor_rows(session, model: str, rows: list[dict], context: int, bandwidth: float) -> list[dict]:
+    """The floor of a `full` round at w = W (the verification pass's floor plus a drafter pass's)
+    beside the graph round's median time at w = W from the decode rows."""
+    W = session.drafter.draft_len + 1
+    verify = next((r for r in rows if r["model"] == model and r["policy"] == f"verify:{W}"), None)
+    full = next((r for r in rows if r["model"] == model and r["path"] == "graph" and r["policy"] == "full"), None)
+    if verify is None or full is None or W not in full["ms_per_round_by_w"]:
+        return []
+    floor_ms = verify["floor_ms"] + drafter_bytes(session.drafter, context) / bandwidth * 1e3
+    ms = full["ms_per_round_by_w"][W]
+    log(f"  round {model} full w={W} {ms:8.3f} ms  floor {floor_ms:7.3f} ms  ×{ms / floor_ms:.2f}")
+    return [dict(model=model, path="graph", policy=f"round floor:{W}", w=W, ms_per_round=ms,
+                 floor_ms=round(floor_ms, 3), ratio=round(ms / floor_ms, 2))]
 
 
 def verification_rows(session, model: str, context_prompt, widths, bandwidth: float) -> list[dict]:
@@ -298,6 +327,7 @@ def main(argv=None) -> int:
             result["rows"] += decode_rows(session, model, runs, prompts[0], policies, args.tokens, args.eager_tokens)
         if not embedded:
             result["rows"] += verification_rows(session, model, prompts[0], (1, 2, 4, 8, 12, 16), bandwidth)
+            result["rows"] += round_floor_rows(session, model, result["rows"], args.context, bandwidth)
             if args.profile:
                 result["profile"] = result.get("profile", []) + profile_rows(session, model, prompts[0], (1, 8, 16))
         (args.out / "gpu_round.json").write_text(json.dumps(result, indent=1))
