@@ -139,6 +139,7 @@ class NominalPolicy(Policy):
         self.nbar_all64 = torch.tensor(params.nbar_all, dtype=f64, device=device)  # [W + 1]
         self.nbar_cond64 = torch.tensor([list(r) + [r[-1]] * (width - len(r)) for r in params.nbar_cond],
                                         dtype=f64, device=device)  # [W + 1, n_max + 1], rows padded with their last
+        self.scalars64 = torch.tensor([params.eta, params.s, params.rho], dtype=f64, device=device)
 
     def nominal_length(self, confidence, entropy):
         p_hat = self.estimator.prefix(confidence, entropy)  # [D]
@@ -147,6 +148,20 @@ class NominalPolicy(Policy):
 
     def to(self, device):
         return type(self)(self.name, self.draft_len, self.params, device)
+
+    def select_fused(self, confidence: Tensor, entropy: Tensor, w_rem: Tensor, out: tuple[Tensor, Tensor, Tensor],
+                     layer0_experts: Tensor | None = None) -> None:
+        """Eq. 5 (and, given Stage 0's Layer-0 experts of the whole block [W, k], Eq. 6) in one
+        Triton launch (`kernels/select`), writing w0, w_c and w = min(w_c, w_rem) into `out`
+        ([1] long each); w_rem [1] long."""
+        from ..kernels.select.triton import select_lengths
+
+        est = self.estimator
+        correction = None if layer0_experts is None else (layer0_experts, self.cost64, self.nbar_all64,
+                                                          self.nbar_cond64, self.scalars64)
+        p_hat = torch.empty(self.draft_len, dtype=torch.float32, device=confidence.device)
+        select_lengths(confidence, entropy, est.iso_x, est.iso_y, est.coef, self.lengths, self.cost, self.params.rho,
+                       w_rem, out, p_hat, correction)
 
 
 class HybridSpecPolicy(NominalPolicy):

@@ -41,7 +41,7 @@ from torch import Tensor
 from .cache import TargetCache
 from .drafter import DFlashDrafter
 from .models.hybrid import HybridTarget, Stage0
-from .policies import AutoregressivePolicy, FixedPolicy, HybridSpecPolicy, Policy
+from .policies import AutoregressivePolicy, FixedPolicy, HybridSpecPolicy, NominalPolicy, Policy
 
 
 def accept_greedy(draft: Tensor, logits: Tensor) -> tuple[Tensor, Tensor]:
@@ -141,6 +141,7 @@ class ResidentDecoder:
         if graphs and self.device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device")
         self.graphs = Graphs() if graphs else None
+        self.fused_select = target.backend == "triton"  # Eq. 5 and 6 as one launch (`kernels/select`)
         D = drafter.draft_len if drafter is not None else 0
         self.buffers = Buffers.allocate(D, target.cfg.num_experts_per_tok, self.device)
         self.one = torch.ones(1, dtype=torch.long, device=self.device)
@@ -246,22 +247,35 @@ class ResidentDecoder:
         return self.buffers.remaining[0].clamp(2, self.policy.max_length)
 
     def _select(self) -> None:
-        """Draft, Eq. 5, and for hybridspec Stage 0 over the whole block and Eq. 6."""
+        """Draft, Eq. 5, and for hybridspec Stage 0 over the whole block and Eq. 6 (on the triton
+        backend Eq. 5 and 6 are one launch, `kernels/select`)."""
         buf, policy = self.buffers, self.policy
         self._draft()
+        if self.fused_select and isinstance(policy, NominalPolicy):
+            layer0 = None
+            if isinstance(policy, HybridSpecPolicy):
+                self._stage0()
+                layer0 = buf.stage0.expert_ids[0]
+            policy.select_fused(buf.confidence, buf.entropy, self._w_rem().view(1), (buf.w0, buf.w_c, buf.w), layer0)
+            return
         w0, p_hat = policy.nominal_length(buf.confidence, buf.entropy)
         w_rem = self._w_rem()
         w_c = w0
         if isinstance(policy, HybridSpecPolicy):
-            s0 = self.target.stage0(buf.block, self.cache)
-            if buf.stage0 is None:
-                raise RuntimeError("stage-0 buffers missing")
-            for name in ("residual", "moe_input", "expert_ids", "expert_weights"):
-                getattr(buf.stage0, name).copy_(getattr(s0, name))
-            w_c = policy.corrected_length(w0, p_hat, s0.expert_ids[0], w_rem, self.target.cfg.num_experts)
+            self._stage0()
+            w_c = policy.corrected_length(w0, p_hat, buf.stage0.expert_ids[0], w_rem, self.target.cfg.num_experts)
         buf.w0.copy_(w0.view(1))
         buf.w_c.copy_(w_c.view(1))
         buf.w.copy_(torch.minimum(w_c, w_rem).view(1))
+
+    def _stage0(self) -> None:
+        """Stage 0 over the whole block, its retained values copied into the static buffers."""
+        buf = self.buffers
+        if buf.stage0 is None:
+            raise RuntimeError("stage-0 buffers missing")
+        s0 = self.target.stage0(buf.block, self.cache)
+        for name in ("residual", "moe_input", "expert_ids", "expert_weights"):
+            getattr(buf.stage0, name).copy_(getattr(s0, name))
 
     def _round_fixed(self, w: int) -> None:
         self._draft()

@@ -177,3 +177,20 @@ def test_device_acceptance_equals_host_acceptance():
             accepted, y_dev = accept_greedy(draft, logits)
             A, x_new = verify_greedy(draft, logits)
             assert int(accepted) == A and int(y_dev[A]) == x_new
+
+
+@pytest.mark.parametrize("name", ("nominal", "hybridspec"))
+def test_one_launch_selector_rounds_equal_the_host_rounds(session, engines, reference, name):
+    """With the one-launch selector (`kernels/select`, interpreted here; the triton backend's
+    default) the resident round chooses the host round's lengths: the same tokens, w0, w and
+    acceptance as the host round, whose selector is the torch form."""
+    host, _ = engines
+    resident = Engine(session.target, session.drafter, max_context=256, resident=True, graphs=False)
+    resident.resident.fused_select = True
+    policy = make_policy(name, session.drafter.draft_len, policy_parameters(session.drafter.draft_len))
+    prompts, outs = reference
+    for prompt, ar_tokens in zip(prompts[:2], outs):
+        want = host.generate(prompt, policy=policy, max_new_tokens=TOKENS)
+        got = resident.generate(prompt, policy=policy, max_new_tokens=TOKENS)
+        assert got.token_ids == want.token_ids == ar_tokens
+        assert [(r.w0, r.w, r.accepted) for r in got.rounds] == [(r.w0, r.w, r.accepted) for r in want.rounds]
