@@ -1,5 +1,5 @@
 """The round's length selector in one launch (DESIGN A.4–A.5, B.5): Eq. 5 (isotonic calibration,
 logistic acceptance, prefix products, argmax over the candidate lengths) and Eq. 6 (the routing
 correction from Stage 0's Layer-0 experts). The reference is the policies' torch form
-(`runtime.policies.NominalPolicy.nominal_length`, `HybridSpecPolicy.corrected_length`), about 85
-small kernels on a GPU."""
+(`runtime.policies.NominalPolicy.nominal_length`, `HybridSpecPolicy.corrected_length`), about
+100 small kernels on a GPU (108 operators counted on CPU)."""
