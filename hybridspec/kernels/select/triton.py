@@ -12,7 +12,6 @@ equal to float precision (any length emits the same tokens). Eq. 6 runs in float
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 from torch import Tensor
@@ -155,7 +154,7 @@ def select_lengths(confidence: Tensor, entropy: Tensor, iso_x: Tensor, iso_y: Te
         topk, ncond = 1, 1
     w0, w_c, w = out
     _select_kernel[(1,)](
-        confidence, entropy, iso_x, iso_y, coef, lengths, cost, float(torch.tensor(rho, dtype=torch.float32)),
+        confidence, entropy, iso_x, iso_y, coef, lengths, cost, float(rho),  # a float argument arrives as fp32
         ids.contiguous(), cost64, nbar_all, nbar_cond, scalars, w_rem, p_hat, w0, w_c, w,
         D=D, K=K, L=lengths.shape[0], W=W, TOPK=topk, NCOND=ncond, CORRECT=correct,
         BD=triton.next_power_of_2(D), BK=triton.next_power_of_2(K), BL=triton.next_power_of_2(lengths.shape[0]),
