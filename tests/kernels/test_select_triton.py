@@ -1,7 +1,7 @@
 """The one-launch selector (`kernels/select`, under TRITON_INTERPRET on CPU) against the policies'
-torch form: p̂ within fp32 rounding, and the same w0, w_c and w = min(w_c, w_rem) wherever the
-torch form's decision is not a tie to float precision (the kernel's logistic dot product, sigmoid
-and log(1 + x) may round an ulp apart from torch's)."""
+torch form and against its plain float64 reference: p̂ within fp32 rounding, and the same w0, w_c
+and w = min(w_c, w_rem) wherever the torch form's decision is not a tie to float precision (the
+kernel's logistic dot product, sigmoid and log(1 + x) may round an ulp apart from torch's)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from hybridspec.artifacts.params import AcceptanceModel
+from hybridspec.kernels.select import reference
 from hybridspec.runtime.policies import HybridSpecPolicy, NominalPolicy, expected_tokens
 from tests.runtime.helpers import policy_parameters
 
@@ -72,6 +73,13 @@ def test_selector_kernel_matches_the_torch_form(kind, seed):
         checked += 1
         assert int(out[0]) == w0, f"trial {trial}"
         assert int(out[1]) == w_c and int(out[2]) == min(w_c, int(w_rem)), f"trial {trial}"
+        plain, plain_p = tuple(torch.zeros(1, dtype=torch.long) for _ in range(3)), torch.empty(D)
+        est = policy.estimator
+        correction = (layer0, policy.cost64, policy.nbar_all64, policy.nbar_cond64, policy.scalars64)
+        reference.select_lengths(confidence, entropy, est.iso_x, est.iso_y, est.coef, policy.lengths, policy.cost,
+                                 params.rho, w_rem, plain, plain_p, correction if kind is HybridSpecPolicy else None)
+        torch.testing.assert_close(plain_p, p_hat, rtol=1e-5, atol=1e-7)
+        assert [int(t) for t in plain] == [int(t) for t in out], f"trial {trial}"
     assert checked >= 8
 
 
