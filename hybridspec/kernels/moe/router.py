@@ -33,29 +33,42 @@ BE, SPLIT, BK = 16, 4, 128  # experts per program, spans of the hidden dimension
 
 
 @triton.jit
+def _softmax_top_k(z, e_ok, K: tl.constexpr, RENORMALIZE: tl.constexpr, BLOCK_E: tl.constexpr,
+                   BLOCK_K: tl.constexpr):
+    """Rows of logits z [R, BLOCK_E] (fp32; columns outside e_ok ignored) → (weights, ids)
+    [R, BLOCK_K]: the top K of each row's softmax by decreasing probability, ties to the lower id,
+    renormalized to sum 1 when asked."""
+    cols = tl.arange(0, BLOCK_E)
+    z = tl.where(e_ok[None, :], z, float("-inf"))
+    p = tl.exp(z - tl.max(z, axis=1)[:, None])
+    p = p / tl.sum(p, axis=1)[:, None]
+    p = tl.where(e_ok[None, :], p, -1.0)
+    slots = tl.arange(0, BLOCK_K)
+    chosen_w = tl.zeros([z.shape[0], BLOCK_K], dtype=tl.float32)
+    chosen_i = tl.zeros([z.shape[0], BLOCK_K], dtype=tl.int64)
+    for j in tl.static_range(K):
+        best = tl.max(p, axis=1)  # [R]
+        index = tl.min(tl.where(p == best[:, None], cols[None, :], BLOCK_E), axis=1)
+        chosen_w = tl.where(slots[None, :] == j, best[:, None], chosen_w)
+        chosen_i = tl.where(slots[None, :] == j, index[:, None].to(tl.int64), chosen_i)
+        p = tl.where(cols[None, :] == index[:, None], -1.0, p)
+    if RENORMALIZE:
+        chosen_w = chosen_w / tl.sum(chosen_w, axis=1)[:, None]
+    return chosen_w, chosen_i
+
+
+@triton.jit
 def _router_kernel(logits_ptr, ids_ptr, w_ptr, stride_l, E, K: tl.constexpr, RENORMALIZE: tl.constexpr,
                    BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_E)
     ok = cols < E
     z = tl.load(logits_ptr + row * stride_l + cols, mask=ok, other=float("-inf")).to(tl.float32)
-    p = tl.exp(z - tl.max(z, axis=0))
-    p = p / tl.sum(p, axis=0)
-    p = tl.where(ok, p, -1.0)
+    chosen_w, chosen_i = _softmax_top_k(z[None, :], ok, K, RENORMALIZE, BLOCK_E, BLOCK_K)  # [1, BLOCK_K]
     slots = tl.arange(0, BLOCK_K)
-    chosen_w = tl.zeros([BLOCK_K], dtype=tl.float32)
-    chosen_i = tl.zeros([BLOCK_K], dtype=tl.int64)
-    for j in tl.static_range(K):
-        best = tl.max(p, axis=0)
-        index = tl.min(tl.where(p == best, cols, BLOCK_E), axis=0)
-        chosen_w = tl.where(slots == j, best, chosen_w)
-        chosen_i = tl.where(slots == j, index.to(tl.int64), chosen_i)
-        p = tl.where(cols == index, -1.0, p)
-    if RENORMALIZE:
-        chosen_w = chosen_w / tl.sum(chosen_w, axis=0)
-    keep = slots < K
-    tl.store(ids_ptr + row * K + slots, chosen_i, mask=keep)
-    tl.store(w_ptr + row * K + slots, chosen_w.to(w_ptr.dtype.element_ty), mask=keep)
+    keep = (slots < K)[None, :]
+    tl.store(ids_ptr + row * K + slots[None, :], chosen_i, mask=keep)
+    tl.store(w_ptr + row * K + slots[None, :], chosen_w.to(w_ptr.dtype.element_ty), mask=keep)
 
 
 def router_topk(logits: Tensor, top_k: int, renormalize: bool, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -108,21 +121,8 @@ def _router_fused_kernel(x_ptr, r_ptr, part_ptr, counter_ptr, logits_ptr, ids_pt
                          cache_modifier=".cg")
         z = z.to(logits_ptr.dtype.element_ty)  # the logits in x's dtype, as the linear layer returns them
         tl.store(logits_ptr + o_m[:, None] * E + cols[None, :], z, mask=ok)
-        z = tl.where((cols < E)[None, :], z.to(tl.float32), float("-inf"))
-        p = tl.exp(z - tl.max(z, axis=1)[:, None])
-        p = p / tl.sum(p, axis=1)[:, None]
-        p = tl.where((cols < E)[None, :], p, -1.0)
+        chosen_w, chosen_i = _softmax_top_k(z.to(tl.float32), cols < E, K, RENORMALIZE, BLOCK_E, BLOCK_K)
         slots = tl.arange(0, BLOCK_K)
-        chosen_w = tl.zeros([BM, BLOCK_K], dtype=tl.float32)
-        chosen_i = tl.zeros([BM, BLOCK_K], dtype=tl.int64)
-        for j in tl.static_range(K):
-            best = tl.max(p, axis=1)  # [BM]
-            index = tl.min(tl.where(p == best[:, None], cols[None, :], BLOCK_E), axis=1)  # ties: the lower id
-            chosen_w = tl.where(slots[None, :] == j, best[:, None], chosen_w)
-            chosen_i = tl.where(slots[None, :] == j, index[:, None].to(tl.int64), chosen_i)
-            p = tl.where(cols[None, :] == index[:, None], -1.0, p)
-        if RENORMALIZE:
-            chosen_w = chosen_w / tl.sum(chosen_w, axis=1)[:, None]
         keep = m_ok[:, None] & (slots < K)[None, :]
         tl.store(ids_ptr + o_m[:, None] * K + slots[None, :], chosen_i, mask=keep)
         tl.store(w_ptr + o_m[:, None] * K + slots[None, :], chosen_w.to(w_ptr.dtype.element_ty), mask=keep)
