@@ -140,6 +140,7 @@ class NominalPolicy(Policy):
         self.nbar_cond64 = torch.tensor([list(r) + [r[-1]] * (width - len(r)) for r in params.nbar_cond],
                                         dtype=f64, device=device)  # [W + 1, n_max + 1], rows padded with their last
         self.scalars64 = torch.tensor([params.eta, params.s, params.rho], dtype=f64, device=device)
+        self.p_hat = torch.empty(draft_len, dtype=torch.float32, device=device)  # `select_fused` writes p̂ here
 
     def nominal_length(self, confidence, entropy):
         p_hat = self.estimator.prefix(confidence, entropy)  # [D]
@@ -159,9 +160,8 @@ class NominalPolicy(Policy):
         est = self.estimator
         correction = None if layer0_experts is None else (layer0_experts, self.cost64, self.nbar_all64,
                                                           self.nbar_cond64, self.scalars64)
-        p_hat = torch.empty(self.draft_len, dtype=torch.float32, device=confidence.device)
         select_lengths(confidence, entropy, est.iso_x, est.iso_y, est.coef, self.lengths, self.cost, self.params.rho,
-                       w_rem, out, p_hat, correction)
+                       w_rem, out, self.p_hat, correction)
 
 
 class HybridSpecPolicy(NominalPolicy):
