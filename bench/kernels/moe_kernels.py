@@ -59,18 +59,7 @@ DISTINCT = (8, 16, 32, 48, 64, 80, 96, 112, 128)
 SWEEP = {  # tuning variants timed beside the shipped table (name: MoETuning applied at every T)
     "gu64-dn128": MoETuning(gate_up_bn=64, gate_up_bk=128, gate_up_stages=4, down_bh=128, down_bk=64,
                             down_stages=4),
-    "one-step-a": MoETuning(gate_up_bn=16, gate_up_bk=512, gate_up_stages=2, down_bh=32, down_bk=512,
-                            down_stages=1),
-    "one-step-b": MoETuning(gate_up_bk=512, gate_up_warps=8, gate_up_stages=2, down_bh=32, down_bk=256,
-                            down_stages=2),
-    "dn16-512": MoETuning(down_bh=16, down_bk=512, down_stages=1),
-    # narrower tiles, still pipelined: more programs per SM evens out the bytes each SM reads at T <= 2
-    "gu16": MoETuning(gate_up_bn=16),
     "dn32": MoETuning(down_bh=32),
-    "gu16-dn32": MoETuning(gate_up_bn=16, down_bh=32),
-    "gu16-dn32-k128": MoETuning(gate_up_bn=16, gate_up_bk=128, gate_up_stages=4, down_bh=32, down_bk=128,
-                                down_stages=4),
-    "gu16-dn32-w2": MoETuning(gate_up_bn=16, gate_up_warps=2, down_bh=32, down_warps=2),
 }
 
 

@@ -19,7 +19,7 @@ console = Console()
 err_console = Console(stderr=True)  # errors and warnings
 
 Dtype = Literal["float32", "bfloat16", "float16"]  # Typer offers a Literal's values as choices
-Backend = Literal["auto", "torch", "triton"]
+Backend = Literal["auto", "torch", "triton", "triton-torch-gdn"]
 POLICIES = "ar, full, static:N, ratio, ratio4, nominal, hybridspec"
 EXTRAS = {"fastapi": "serve", "uvicorn": "serve", "prometheus_client": "serve", "openai": "serve", "httpx": "serve",
           "jinja2": "serve", "matplotlib": "report", "transformers": "train", "triton": "gpu"}
@@ -53,7 +53,7 @@ PolicyOpt = Annotated[Optional[str], typer.Option("--policy", metavar="POLICY", 
 ArtifactOpt = Annotated[Optional[Path], typer.Option("--artifact", help="Policy parameters from `hybridspec fit`.")]
 DeviceOpt = Annotated[str, typer.Option("--device", metavar="[cpu|cuda|cuda:N]", callback=check_device, help="Where the model runs.")]
 DtypeOpt = Annotated[Dtype, typer.Option("--dtype", help="Weights and activations.")]
-BackendOpt = Annotated[Backend, typer.Option("--backend", help="GDN kernels: auto (triton on CUDA), torch or triton.")]
+BackendOpt = Annotated[Backend, typer.Option("--backend", help="Kernels: auto (triton on CUDA), torch, triton, or triton-torch-gdn (Triton kernels except the GDN layers', which run PyTorch: the paper's Table 3 ablation).")]
 GraphsOpt = Annotated[bool, typer.Option("--graphs/--no-graphs", help="CUDA graphs for the GPU-resident round (--no-graphs: the same round run eagerly, the graphs' oracle).")]
 
 

@@ -10,7 +10,7 @@ Batch size one, as the paper. Every round leaves a `RoundRecord` for the collect
 Two implementations of the round share the model: the host-driven one below (decisions read back
 to the host between phases; the oracle, and the only one that samples or records routing), and
 the GPU-resident one of `resident.py` (decisions on the device, CUDA graphs on a GPU), which
-greedy requests use when the engine is built with `resident=True` (the default on CUDA with the
+greedy requests use when the engine is built with `resident=True` (the default on CUDA with a
 Triton backend).
 """
 
@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from .drafter import DFlashDrafter, DraftOutput
-from .models.hybrid import HybridTarget, PassOutput
+from .models.hybrid import HybridTarget, PassOutput, device_resident
 from .policies import Policy
 from .resident import Report, ResidentDecoder
 from .sampling import SamplingParams, choose, verify_greedy, verify_point_mass
@@ -84,7 +84,7 @@ class Clock:
 class Engine:
     def __init__(self, target: HybridTarget, drafter: DFlashDrafter | None = None, *, max_context: int = 4096,
                  resident: bool | None = None, graphs: bool | None = None):
-        """resident: greedy requests decode with the GPU-resident round (default: on CUDA with the
+        """resident: greedy requests decode with the GPU-resident round (default: on CUDA with a
         Triton backend, whose MoE reads nothing back); graphs: capture its phases as CUDA graphs
         (default: whenever resident runs on CUDA; False keeps it eager, the graphs' oracle)."""
         self.target, self.drafter, self.max_context = target, drafter, max_context
@@ -97,7 +97,7 @@ class Engine:
         self.cache = target.new_cache(max_len=max_context + width, tokens_per_pass=max(64, width))
         cuda = self.device.type == "cuda"
         if resident is None:
-            resident = cuda and target.backend == "triton"
+            resident = cuda and device_resident(target.backend)
         if graphs is None:
             graphs = resident and cuda
         self.resident = ResidentDecoder(target, drafter, self.cache, graphs=graphs) if resident else None

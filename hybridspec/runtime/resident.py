@@ -141,7 +141,7 @@ class ResidentDecoder:
         if graphs and self.device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device")
         self.graphs = Graphs() if graphs else None
-        self.fused_select = target.backend == "triton"  # Eq. 5 and 6 as one launch (`kernels/select`)
+        self.fused_select = target.backend != "torch"  # Eq. 5 and 6 as one launch (`kernels/select`)
         D = drafter.draft_len if drafter is not None else 0
         self.buffers = Buffers.allocate(D, target.cfg.num_experts_per_tok, self.device)
         self.one = torch.ones(1, dtype=torch.long, device=self.device)

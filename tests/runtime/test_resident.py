@@ -194,3 +194,4 @@ def test_one_launch_selector_rounds_equal_the_host_rounds(session, engines, refe
         got = resident.generate(prompt, policy=policy, max_new_tokens=TOKENS)
         assert got.token_ids == want.token_ids == ar_tokens
         assert [(r.w0, r.w, r.accepted) for r in got.rounds] == [(r.w0, r.w, r.accepted) for r in want.rounds]
+

@@ -37,3 +37,28 @@ def test_triton_backend_emits_exactly_the_torch_ar_tokens(qwen35_dir, policy_nam
         assert result.token_ids == want, f"prompt {i}"
         accepted.update(r.accepted for r in result.rounds)
     assert len(accepted) >= 3, f"acceptance counts seen: {sorted(accepted)}"  # commits of several m
+
+
+def test_ablation_backend_runs_the_gdn_reference_in_the_resident_round(qwen35_dir):
+    """`triton-torch-gdn` (the paper's Table 3 ablation): the GDN layers take the PyTorch reference
+    (verification, fold, conv), everything else the Triton kernels; its passes read nothing back,
+    so the resident round runs it, and HybridSpec's rounds (random DFlash drafter) emit the torch
+    backend's `ar` tokens."""
+    from hybridspec.kernels.gdn import reference as gdn_reference
+    from hybridspec.kernels.moe import triton as moe_triton
+    from hybridspec.runtime.models.hybrid import gdn_conv_op, gdn_ops, moe_experts_op, triton_kernels
+
+    assert gdn_ops("triton-torch-gdn") == (gdn_reference.gdn_verify_gated, gdn_reference.gdn_commit)
+    assert gdn_conv_op("triton-torch-gdn") is gdn_reference.causal_conv_silu
+    assert moe_experts_op("triton-torch-gdn") is moe_triton.moe_experts
+    assert triton_kernels("triton-torch-gdn", "norm.triton") is not None
+    from hybridspec.runtime.session import open_session
+
+    reference = load_target(qwen35_dir)
+    prompt = _prompts(reference.cfg.vocab_size)[1]
+    want = Engine(reference, max_context=128).generate(prompt, policy=make_policy("ar", 15), max_new_tokens=4).token_ids
+    ablation = open_session(str(qwen35_dir), "random", backend="triton-torch-gdn")  # a DFlash drafter: random weights
+    engine = Engine(ablation.target, ablation.drafter, max_context=128, resident=True, graphs=False)
+    D = ablation.drafter.draft_len
+    result = engine.generate(prompt, policy=make_policy("hybridspec", D, policy_parameters(D)), max_new_tokens=4)
+    assert result.token_ids == want

@@ -1,13 +1,16 @@
 """Triton router: the logits x Wᵀ, softmax over the experts, top-k and renormalization.
 
 `router` (the model's router, `reference.router`): for calls of at most FUSED_TOKENS tokens
-(decoding, verification, Stage 0) one launch does everything. Its grid splits the experts into
-blocks of BE and the hidden dimension into SPLIT spans, so that the router's weight (E·H values,
-1 MB at the 35B shapes) is read by E/BE·SPLIT programs at once instead of by the few tiles a GEMM
-library gives a one-row product; each program stores its partial logits, and the program that
-arrives last sums the spans in a fixed order, rounds the logits to x's dtype (what the model's
-linear layer returns) and runs softmax and top-k for every token of the call. Longer calls
-(prefill) take the library's product and `router_topk`.
+(decoding, verification, Stage 0) over at most FUSED_EXPERTS experts one launch does everything.
+Its grid splits the experts into blocks of BE and the hidden dimension into SPLIT spans, so that
+the router's weight (E·H values, 1 MB at the 35B shapes) is read by E/BE·SPLIT programs at once
+instead of by the few tiles a GEMM library gives a one-row product; each program stores its
+partial logits, and the program that arrives last sums the spans in a fixed order, rounds the
+logits to x's dtype (what the model's linear layer returns) and runs softmax and top-k for every
+token of the call. Other calls take the library's product and `router_topk`: prefill chunks, and
+routers of more than 256 experts, where on the H200 the last program's top-k over the wider row
+costs more than the launch it saves (`bench/results/router_notes.md`). One path serves every call
+size of a model up to 16 tokens, so a token routes the same in a one-token and a w-token pass.
 
 `router_topk`: softmax, top-k and renormalization of given logits, one program per token.
 
@@ -28,7 +31,7 @@ from hybridspec.kernels.interpreter import interpreted
 from hybridspec.kernels.moe.tiles import dot_bt
 
 MAX_EXPERTS, MAX_TOP_K = 1024, 16
-FUSED_TOKENS = 16  # calls of at most this many tokens run the one-launch router
+FUSED_TOKENS, FUSED_EXPERTS = 16, 256  # calls the one-launch router takes
 BE, SPLIT, BK = 16, 4, 128  # experts per program, spans of the hidden dimension, hidden columns per step
 
 
@@ -140,6 +143,11 @@ def _counter(device: torch.device) -> Tensor:
     return _COUNTERS[device]
 
 
+def fused(tokens: int, experts: int) -> bool:
+    """Whether `router` takes the one-launch kernel for a call of this size."""
+    return tokens <= FUSED_TOKENS and experts <= FUSED_EXPERTS
+
+
 def router(x: Tensor, weight: Tensor, top_k: int, renormalize: bool, dtype: torch.dtype,
            *, logits: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """As `reference.router`: x [N, H], weight [E, H] → ids [N, k] (long), weights [N, k] in `dtype`.
@@ -151,7 +159,7 @@ def router(x: Tensor, weight: Tensor, top_k: int, renormalize: bool, dtype: torc
                          f"{weight.stride()}) must share a dtype and be contiguous in H")
     n, h = x.shape
     e = weight.shape[0]
-    if n > FUSED_TOKENS:
+    if not fused(n, e):
         z = F.linear(x, weight)
         if logits is not None:
             logits.copy_(z)

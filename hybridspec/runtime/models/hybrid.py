@@ -50,13 +50,18 @@ class PassOutput:
     expert_ids: list[Tensor] | None  # per MoE layer [B, w, k] when routing is recorded
 
 
+BACKENDS = ("torch", "triton", "triton-torch-gdn")
+
+
 def triton_kernels(backend: str, module: str):
-    """The Triton module `kernels.<module>` for the triton backend, None for the torch backend
-    (ConfigError for another name, or when triton cannot be imported)."""
-    if backend == "torch":
+    """The Triton module `kernels.<module>` for the triton backend, None for the torch backend;
+    `triton-torch-gdn` (the paper's Table 3 ablation) takes the Triton kernels except the GDN
+    layers' (verification, fold, conv), which run their PyTorch reference. ConfigError for another
+    name, or when triton cannot be imported."""
+    if backend not in BACKENDS:
+        raise ConfigError(f"unknown backend {backend!r} ({', '.join(BACKENDS)})")
+    if backend == "torch" or (backend == "triton-torch-gdn" and module.startswith("gdn.")):
         return None
-    if backend != "triton":
-        raise ConfigError(f"unknown backend {backend!r} (torch or triton)")
     try:
         return importlib.import_module(f"hybridspec.kernels.{module}")
     except ImportError as exc:
@@ -143,6 +148,12 @@ class DecoderLayer(nn.Module):
         norm: returns (post_attention_layernorm(x'), x') with x' = x + mixer(h)."""
         h = self.linear_attn(h, cache, slot) if self.is_gdn else self.self_attn(h, cache, slot, rope)
         return self.post_attention_layernorm.add_norm(h, x)
+
+
+def device_resident(backend: str) -> bool:
+    """Whether a backend's passes are free of host reads (the MoE loop of the torch backend reads
+    the expert counts), so that the resident round and its CUDA graphs can run them."""
+    return backend != "torch"
 
 
 class HybridTarget(nn.Module):
