@@ -8,10 +8,10 @@ One speculative round, as pure steps over the target, the drafter and the policy
 Batch size one, as the paper. Every round leaves a `RoundRecord` for the collectors.
 
 Two implementations of the round share the model: the host-driven one below (decisions read back
-to the host between phases; the oracle, and the only one that samples or records routing), and
+to the host between phases; the oracle, and the only one that records routing), and
 the GPU-resident one of `resident.py` (decisions on the device, CUDA graphs on a GPU), which
-greedy requests use when the engine is built with `resident=True` (the default on CUDA with a
-Triton backend).
+requests use when the engine is built with `resident=True` (the default on CUDA with a Triton
+backend). Both sample with the same keyed draws (`sampling.py`), so they emit the same tokens.
 """
 
 from __future__ import annotations
@@ -103,11 +103,11 @@ class Engine:
         self.resident = ResidentDecoder(target, drafter, self.cache, graphs=graphs) if resident else None
         self._policies: dict[str, tuple[Policy, Policy]] = {}  # name → (as given, on the device)
 
-    def prepare(self, policy: Policy) -> None:
-        """Capture the policy's CUDA graphs now (a server does this at start-up; otherwise the
-        first request of each policy does it before its prefill)."""
+    def prepare(self, policy: Policy, sampling: SamplingParams = SamplingParams()) -> None:
+        """Capture the policy's CUDA graphs for this kind of sampling now (a server does this at
+        start-up; otherwise the first such request of each policy does it before its prefill)."""
         if self.resident is not None:
-            self.resident.prepare(policy)
+            self.resident.prepare(policy, sampling)
 
     # ---------------------------------------------------------------- public
     def generate(self, prompt_ids: list[int], *, policy: Policy, max_new_tokens: int,
@@ -144,30 +144,29 @@ class Engine:
         """Decode round by round: yields ([anchor], None) after the prefill, then (emitted ids, record)
         per round. Closing the generator early stops decoding (the next request resets the cache)."""
         self.check(prompt_ids, policy=policy, max_new_tokens=max_new_tokens)
-        resident = self.resident if self.resident is not None and sampling.greedy and not record_routing else None
+        resident = self.resident if self.resident is not None and not record_routing else None
         policy = self._on_device(policy)
         if resident is not None:
-            resident.prepare(policy)  # graphs are captured before this request's caches are filled
-        generator = torch.Generator().manual_seed(sampling.seed)
+            resident.prepare(policy, sampling)  # graphs are captured before this request's caches are filled
         self.cache.reset()
         prompt = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
         out = self.target.prefill(prompt, self.cache)
         if policy.speculative:
             self.drafter.reset(self.cache.max_len)
             self.drafter.extend(out.features)
-        last, produced = choose(out.logits[0, -1], sampling, generator), 1
+        last, produced = choose(out.logits[0, -1], sampling, len(prompt_ids)), 1
         yield [last], None
         eos = set(eos_ids)
         if resident is not None and last not in eos and produced < max_new_tokens:
-            resident.begin(policy, last, max_new_tokens - produced)
+            resident.begin(policy, last, max_new_tokens - produced, sampling)
         while last not in eos and produced < max_new_tokens:
             remaining = max_new_tokens - produced
             if resident is not None:
                 new, record = _resident_record(resident.round(remaining), policy)
             elif policy.speculative:
-                new, record = self._speculative_round(last, policy, remaining, sampling, generator, record_routing)
+                new, record = self._speculative_round(last, policy, remaining, sampling, record_routing)
             else:
-                new, record = self._autoregressive_step(last, sampling, generator)
+                new, record = self._autoregressive_step(last, sampling)
             new, cut = _truncate(new, remaining, eos)
             record.truncated = record.truncated or cut or new[-1] in eos
             record.emitted = len(new)
@@ -181,18 +180,20 @@ class Engine:
         return self._policies[policy.name][1]
 
     # ---------------------------------------------------------------- steps
-    def _autoregressive_step(self, anchor: int, sampling, generator) -> tuple[list[int], RoundRecord]:
+    def _autoregressive_step(self, anchor: int, sampling) -> tuple[list[int], RoundRecord]:
         t0 = self.clock.now()
+        position = self.cache.length + 1  # of the token this pass decides (the anchor's is cache.length)
         out = self.target.forward_pass(self._ids([anchor]), self.cache)
         self.target.commit(self.cache, 1, 1)
-        token = choose(out.logits[0, 0], sampling, generator)
+        token = choose(out.logits[0, 0], sampling, position)
         record = RoundRecord(None, 1, 1, 0, None, 1, False, seconds={"total": self.clock.now() - t0})
         return [token], record
 
-    def _speculative_round(self, anchor: int, policy: Policy, remaining: int, sampling, generator,
+    def _speculative_round(self, anchor: int, policy: Policy, remaining: int, sampling,
                            record_routing: bool) -> tuple[list[int], RoundRecord]:
         clock, target, W = self.clock, self.target, policy.max_length
         t0 = clock.now()
+        position = self.cache.length + 1  # of the token the pass's first row decides
         draft = self.drafter.propose(anchor)
         t_draft = clock.now()
         w0, p_hat = policy.select(draft.confidence, draft.entropy)
@@ -208,7 +209,7 @@ class Engine:
         w = min(w_c, w_rem)
         out = target.stage1(s0, w, self.cache, record_routing=record_routing)
         t_stage1 = clock.now()
-        accepted, x_new = self._accept(draft, out, w, sampling, generator)
+        accepted, x_new = self._accept(draft, out, w, sampling, position)
         target.commit(self.cache, w, accepted + 1)
         self.drafter.extend(out.features[:, : accepted + 1])
         t_end = clock.now()
@@ -224,11 +225,11 @@ class Engine:
         return [*draft.tokens[:accepted].tolist(), x_new], record
 
     @staticmethod
-    def _accept(draft: DraftOutput, out: PassOutput, w: int, sampling: SamplingParams, generator) -> tuple[int, int]:
+    def _accept(draft: DraftOutput, out: PassOutput, w: int, sampling: SamplingParams, position: int) -> tuple[int, int]:
         proposed, logits = draft.tokens[: w - 1], out.logits[0]  # [w−1], [w, V]
         if sampling.greedy:
             return verify_greedy(proposed, logits)
-        return verify_point_mass(proposed, logits, sampling, generator)
+        return verify_point_mass(proposed, logits, sampling, position)
 
     def _ids(self, ids: list[int]) -> Tensor:
         return torch.tensor([ids], dtype=torch.long, device=self.device)

@@ -3,7 +3,7 @@ CUDA graph, and the host reading what it must once per phase that needs it.
 
 One round, by policy (the graphs are captured by `prepare`, before the request's prefill):
 
-    ar           step         anchor → target pass of 1 → argmax → commit                  1 graph
+    ar           step         anchor → target pass of 1 → argmax (or sample) → commit      1 graph
     static, full round(w)     draft → target pass of w → accept → commit               1 graph
     nominal, …   select       draft → Eq. 5 → w = min(w0, w_rem)              → read w
                  verify(w)    target pass of w → accept → commit              2 graphs
@@ -11,7 +11,10 @@ One round, by policy (the graphs are captured by `prepare`, before the request's
                  resume(w)    Stage 1 on w → accept → commit                  2 graphs
 
 and then one copy of the round's report (emitted tokens, their count, w0, w, the draft) to the
-host. `w_rem` (the longest length the output budget allows) is kept on the device.
+host. `w_rem` (the longest length the output budget allows) is kept on the device. Acceptance is
+greedy, or the point-mass rule with keyed draws (`sampling.point_mass`: the request's seed, the
+sampling parameters and the positions are device values), so sampled requests run the same
+graphs' shapes; each sampling mode (`sampling_mode`) has its own graphs.
 
 Stage 0 runs over the whole block (u = W) rather than u = min(w0 + 1, w_rem), so that the round
 needs one read (w) instead of two (u, then w): GDN and routing are causal, so the first u rows of
@@ -42,6 +45,7 @@ from .cache import TargetCache
 from .drafter import DFlashDrafter
 from .models.hybrid import HybridTarget, Stage0
 from .policies import AutoregressivePolicy, FixedPolicy, HybridSpecPolicy, NominalPolicy, Policy
+from .sampling import SamplingParams, point_mass, sampling_probs
 
 
 def accept_greedy(draft: Tensor, logits: Tensor) -> tuple[Tensor, Tensor]:
@@ -65,6 +69,10 @@ class Buffers:
     w_c: Tensor  # [1] long   after the routing correction
     w: Tensor  # [1] long   executed length: min(w_c, w_rem)
     remaining: Tensor  # [1] long   output budget (tokens still to emit)
+    seed: Tensor  # [1] long   the request's sampling seed, and its parameters (`sampling.sampling_probs`)
+    inv_temperature: Tensor  # [1] fp32
+    top_k: Tensor  # [1] long
+    top_p: Tensor  # [1] fp32
     report: Tensor  # [4 + W + 3D + W·k] fp32: m, w0, w_c, w, emitted tokens [W], drafts, confidence,
     #                  entropy [D], Layer 0's expert ids of the round's Stage-0 tokens [W, k] (−1 past them)
     host_report: Tensor  # the same, pinned host memory on CUDA
@@ -79,6 +87,8 @@ class Buffers:
         return cls(anchor=torch.zeros(1, **long), block=torch.zeros(1, W, **long),
                    confidence=torch.zeros(D, device=device), entropy=torch.zeros(D, device=device),
                    w0=torch.zeros(1, **long), w_c=torch.zeros(1, **long), w=torch.zeros(1, **long), remaining=torch.zeros(1, **long),
+                   seed=torch.zeros(1, **long), inv_temperature=torch.ones(1, device=device),
+                   top_k=torch.zeros(1, **long), top_p=torch.ones(1, device=device),
                    report=torch.zeros(size, device=device),
                    host_report=torch.zeros(size, pin_memory=pinned))
 
@@ -131,8 +141,15 @@ class Graphs:
         graph.replay()
 
 
+def sampling_mode(sampling: SamplingParams) -> str:
+    """The graphs a request's sampling needs: `greedy` (argmax acceptance), `sample` (the
+    point-mass rule on the softmax at a temperature) or `filter` (the same after top-k / top-p,
+    a sort over the vocabulary). The parameters' values live in device buffers, not in graphs."""
+    return "greedy" if sampling.greedy else "filter" if sampling.filtered else "sample"
+
+
 class ResidentDecoder:
-    """Greedy decoding rounds whose decisions stay on the device (see the module docstring)."""
+    """Decoding rounds whose decisions stay on the device (see the module docstring)."""
 
     def __init__(self, target: HybridTarget, drafter: DFlashDrafter | None, cache: TargetCache, *,
                  graphs: bool):
@@ -147,32 +164,43 @@ class ResidentDecoder:
         self.one = torch.ones(1, dtype=torch.long, device=self.device)
         self.prepared: dict[str, tuple[Policy, Policy]] = {}  # policy name → (as prepared, its device copy)
         self.policy: Policy | None = None
+        self.mode = "greedy"  # `sampling_mode` of the request being decoded (or the graphs being captured)
         self.span = 1  # round tokens a pending commit covers (W, or 1 for ar)
 
     # ------------------------------------------------------------ set-up
-    def prepare(self, policy: Policy) -> Policy:
-        """The policy's device copy; with graphs, capture every graph it can launch (run once
-        before the policy's first request: the warm-ups overwrite the caches)."""
-        if policy.name in self.prepared and self.prepared[policy.name][0] is policy:
-            return self.prepared[policy.name][1]
+    def prepare(self, policy: Policy, sampling: SamplingParams = SamplingParams()) -> Policy:
+        """The policy's device copy; with graphs, capture every graph it can launch for this kind
+        of sampling (`sampling_mode`; run once before the first such request: the warm-ups
+        overwrite the caches)."""
+        key = (policy.name, sampling_mode(sampling))
+        if key in self.prepared and self.prepared[key][0] is policy:
+            return self.prepared[key][1]
         on_device = policy.to(self.device)
         if isinstance(policy, HybridSpecPolicy) and self.buffers.stage0 is None:
             self.buffers.stage0 = self._stage0_buffers(policy.max_length)
         if self.graphs is not None:
-            self._capture_all(on_device)
-        self.prepared[policy.name] = (policy, on_device)
+            self._capture_all(on_device, key[1])
+        self.prepared[key] = (policy, on_device)
         return on_device
 
-    def begin(self, policy: Policy, anchor: int, remaining: int) -> None:
-        """Switch a prefilled request to resident rounds: positions and budget on the device, the
-        pending commit flushed and replaced by a null one over the round span."""
-        if self.prepared.get(policy.name, (None,))[0] is not policy:
-            raise RuntimeError(f"policy {policy.name!r} was not prepared before its request's prefill")
-        self.policy = self.prepared[policy.name][1]
+    def begin(self, policy: Policy, anchor: int, remaining: int, sampling: SamplingParams = SamplingParams()) -> None:
+        """Switch a prefilled request to resident rounds: positions, budget and sampling parameters
+        on the device, the pending commit flushed and replaced by a null one over the round span."""
+        key = (policy.name, sampling_mode(sampling))
+        if self.prepared.get(key, (None,))[0] is not policy:
+            raise RuntimeError(f"policy {policy.name!r} was not prepared for {key[1]} decoding before its "
+                               "request's prefill")
+        self.policy, self.mode = self.prepared[key][1], key[1]
         self.span = 1 if not policy.speculative else policy.max_length
         self._enter_static(self.span)
-        self.buffers.anchor.fill_(anchor)
-        self.buffers.remaining.fill_(remaining)
+        buf = self.buffers
+        buf.anchor.fill_(anchor)
+        buf.remaining.fill_(remaining)
+        if not sampling.greedy:
+            buf.seed.fill_(sampling.seed)
+            buf.inv_temperature.fill_(1.0 / sampling.temperature)
+            buf.top_k.fill_(sampling.top_k)
+            buf.top_p.fill_(sampling.top_p)
 
     def _stage0_buffers(self, W: int) -> Stage0:
         """Static copies of what Stage 0 retains for a block of W tokens ([1, W, ...])."""
@@ -218,18 +246,29 @@ class ResidentDecoder:
         if self.graphs is None:
             run()
             return
-        self.graphs.replay((self.policy.name, *key, self.cache.slot))
+        self.graphs.replay((self.policy.name, self.mode, *key, self.cache.slot))
         if commits:
             self.cache.flip(self.span)  # the host half of the commit: the next pass writes the other slot
         elif isinstance(self.policy, HybridSpecPolicy):
             self.cache.mark_committed(0)  # Stage 0 folded Layer 0's pending commit
 
     # ------------------------------------------------------------ device work (captured)
+    def _accept(self, drafts: Tensor, logits: Tensor) -> tuple[Tensor, Tensor]:
+        """drafts [w−1], logits [w, V] of the pass → (A [1], x_new [1]): greedy acceptance, or the
+        point-mass rule with the request's keyed draws (row 0 decides the token at position + 1;
+        called before the commit advances the position)."""
+        if self.mode == "greedy":
+            accepted, y = accept_greedy(drafts, logits)
+            return accepted, y.gather(0, accepted)
+        buf = self.buffers
+        probs = sampling_probs(logits, buf.inv_temperature, buf.top_k, buf.top_p, self.mode == "filter")
+        return point_mass(drafts, probs, buf.seed, self.cache.position[:1] + 1)
+
     def _step(self) -> None:
-        """ar: one token through the target, its argmax the next anchor."""
+        """ar: one token through the target, its argmax (or sample) the next anchor."""
         buf, target, cache = self.buffers, self.target, self.cache
         out = target.forward_pass(buf.anchor.view(1, 1), cache)
-        token = torch.argmax(out.logits[0, 0]).view(1)
+        _, token = self._accept(buf.block[0, :0], out.logits[0, :1])
         target.commit(cache, 1, self.one)
         buf.report[:5].copy_(torch.cat((self.one, self.one, self.one, self.one, token)).float())
         buf.anchor.copy_(token)
@@ -297,9 +336,8 @@ class ResidentDecoder:
             layer0 = s0.expert_ids[0]  # [w, k]
         W = self.policy.max_length
         drafts = buf.block[0, 1:]  # [D]
-        accepted, y = accept_greedy(drafts[: w - 1], out.logits[0])
+        accepted, x_new = self._accept(drafts[: w - 1], out.logits[0])
         m = accepted + 1  # [1]
-        x_new = y.gather(0, accepted)  # [1]
         target.commit(cache, w, m)
         self.drafter.extend(out.features, m)
         # emitted: d1 … dA then x_new at index A (positions past it unused)
@@ -333,12 +371,13 @@ class ResidentDecoder:
         return Report(m - 1, tokens, int(values[1]), int(values[2]), int(values[3]), [int(x) for x in rest[:D]],
                       rest[D : 2 * D], rest[2 * D : 3 * D], timer.seconds, layer0)
 
-    def _capture_all(self, policy: Policy) -> None:
-        """Capture every graph `round` can launch for this policy, for both factor slots, each in
-        the host state the round reaches it in (every GDN layer waiting for a commit; Layer 0's
-        already folded by Stage 0 before a `resume`)."""
+    def _capture_all(self, policy: Policy, mode: str) -> None:
+        """Capture every graph `round` can launch for this policy and sampling mode, for both
+        factor slots, each in the host state the round reaches it in (every GDN layer waiting for a
+        commit; Layer 0's already folded by Stage 0 before a `resume`)."""
         cache, drafter, buf = self.cache, self.drafter, self.buffers
         previous, self.policy = self.policy, policy
+        previous_mode, self.mode = self.mode, mode
         self.span = 1 if not policy.speculative else policy.max_length
         if not policy.speculative:
             plan = [(("step",), self._step, False)]
@@ -365,9 +404,9 @@ class ResidentDecoder:
 
                 restore()
                 # keyed by policy too: policies share phase names ("select", "verify") but not code
-                self.graphs.capture((policy.name, *key, slot), run, restore)
+                self.graphs.capture((policy.name, mode, *key, slot), run, restore)
         cache.reset()
-        self.policy = previous
+        self.policy, self.mode = previous, previous_mode
 
 class _Timer:
     """Per-phase times: CUDA events recorded between launches and read after the round's one

@@ -4,6 +4,16 @@ of a draft by the point-mass rule (DESIGN A.6, Proposition 2).
 The drafter proposes its argmax, a point mass, so the exact speculative rule is: accept d_i iff
 ξ_i ≤ p^t_i(d_i); at the first rejection emit from p^t_i with d_i removed and renormalised; if all
 are accepted emit from p^t_{w}. The draws ξ are the only randomness and no length rule reads them.
+
+Every draw is a counter-based uniform, a hash of (request seed, position of the token being
+decided, lane): lane 0 is ξ of the acceptance test, lane 1 + v the uniform of token v in an
+exponential race (the token is argmax_v p_v / E_v with E_v = −log u_v, which samples v with
+probability p_v / Σ p, so a residual needs no renormalisation). No generator state: the draws are
+the same on the host and on the device, in eager code and in a CUDA graph, and a sampled request is
+reproducible from its seed whatever policy decodes it. Each position's draws decide one emitted
+token only (a position examined past the first rejection of a round is decided again, from the
+same draws, in a later round, but nothing emitted depended on them before), so the point-mass rule
+stays exact.
 """
 
 from __future__ import annotations
@@ -12,6 +22,43 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+MASK32 = 0xFFFFFFFF
+ACCEPT_LANE = 0  # ξ of the acceptance test; lane 1 + v: token v's uniform in the race
+
+
+def _mul32(x: Tensor, c: int) -> Tensor:
+    """x · c mod 2^32 for x in [0, 2^32) held in int64, without overflowing int64."""
+    lo, hi = c & 0xFFFF, c >> 16
+    return (x * lo + (((x * hi) & 0xFFFF) << 16)) & MASK32
+
+
+def _mix32(x: Tensor) -> Tensor:
+    """A bijective 32-bit integer hash (the `lowbias32` constants of Wellons' hash prospector)."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def keyed_uniforms(seed: Tensor, positions: Tensor, lanes: Tensor) -> Tensor:
+    """Uniforms in (0, 1) (fp32, 24 random bits), a function of (seed, position, lane) alone:
+    seed [1] long (any 64-bit value), positions [R] long, lanes [N] long → [R, N]."""
+    s = seed.long()
+    key = _mix32((s & MASK32) ^ 0x9E3779B9)
+    key = _mix32(key ^ ((s >> 32) & MASK32))
+    key = _mix32(key ^ (positions.long() & MASK32))  # [R]
+    h = _mix32(key[:, None] ^ (lanes.long() & MASK32)[None, :])
+    return ((h >> 8).float() + 0.5) * 2.0**-24
+
+
+def race(weights: Tensor, seed: Tensor, positions: Tensor) -> Tensor:
+    """One token per row of weights [R, V] (non-negative, not necessarily normalised), drawn with
+    probability proportional to its weight from the keyed uniforms of (seed, positions [R]) → [R]."""
+    lanes = 1 + torch.arange(weights.shape[-1], device=weights.device)
+    exponential = -torch.log(keyed_uniforms(seed, positions, lanes))
+    return torch.argmax(weights / exponential, dim=-1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,28 +80,71 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def filtered(self) -> bool:
+        """Whether top-k or top-p cut the distribution (a sort over the vocabulary)."""
+        return self.top_k > 0 or self.top_p < 1
 
-def target_probs(logits: Tensor, params: SamplingParams) -> Tensor:
+
+def sampling_probs(logits: Tensor, inv_temperature: Tensor, top_k: Tensor, top_p: Tensor, filtered: bool) -> Tensor:
+    """logits [..., V] → p^t [..., V] (fp32): softmax of logits / temperature, then, when
+    `filtered`, the top-k tokens (exactly k: ties go to the lower id) renormalised and cut to the
+    smallest prefix whose mass reaches top_p (top_k 0: every token). The parameters are tensors
+    ([1] or 0-d) so that one CUDA graph serves any value; `filtered` (a sort over V) is chosen per
+    request: top_k > 0 or top_p < 1."""
+    probs = torch.softmax(logits.float() * inv_temperature, dim=-1)
+    if not filtered:
+        return probs
+    V = probs.shape[-1]
+    sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    rank = torch.arange(V, device=probs.device)
+    sorted_p = sorted_p * (rank < torch.where(top_k > 0, top_k, V))
+    sorted_p = sorted_p / sorted_p.sum(-1, keepdim=True)
+    before = torch.cumsum(sorted_p, dim=-1) - sorted_p  # mass strictly above each token
+    sorted_p = sorted_p.masked_fill(before >= top_p, 0.0)
+    probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+    return probs / probs.sum(-1, keepdim=True)
+
+
+def _tensors(params: "SamplingParams", device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(seed, 1 / temperature, top_k, top_p) as [1] tensors on `device`."""
+    return (torch.tensor([params.seed], dtype=torch.long, device=device),
+            torch.tensor([1.0 / params.temperature], device=device),
+            torch.tensor([params.top_k], dtype=torch.long, device=device),
+            torch.tensor([params.top_p], device=device))
+
+
+def target_probs(logits: Tensor, params: "SamplingParams") -> Tensor:
     """logits [..., V] → p^t [..., V] after temperature, top-k and top-p (fp32)."""
-    logits = logits.float() / params.temperature
-    if params.top_k:
-        kth = torch.topk(logits, min(params.top_k, logits.shape[-1]), dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    if params.top_p < 1:
-        sorted_p, order = torch.sort(probs, dim=-1, descending=True)
-        before = torch.cumsum(sorted_p, dim=-1) - sorted_p  # mass strictly above each token
-        sorted_p = sorted_p.masked_fill(before >= params.top_p, 0.0)
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-        probs = probs / probs.sum(-1, keepdim=True)
-    return probs
+    _, inv_t, top_k, top_p = _tensors(params, logits.device)
+    return sampling_probs(logits, inv_t, top_k, top_p, params.filtered)
 
 
-def choose(logits: Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
-    """One token from logits [V]."""
+def point_mass(draft: Tensor, probs: Tensor, seed: Tensor, start: Tensor) -> tuple[Tensor, Tensor]:
+    """The point-mass rule on the device: draft [w−1] long, target probabilities probs [w, V] (row i
+    decides the token at position start + i; start [1] long) → (A [1] long, x_new [1] long)."""
+    w, V = probs.shape
+    positions = start + torch.arange(w, device=probs.device)  # [w]
+    if w > 1:
+        xi = keyed_uniforms(seed, positions[:-1], torch.full((1,), ACCEPT_LANE, device=probs.device))[:, 0]
+        kept = (xi <= probs[:-1].gather(1, draft.view(-1, 1))[:, 0]).long()
+        accepted = torch.cumprod(kept, 0).sum(0, keepdim=True)  # [1]
+    else:
+        accepted = torch.zeros(1, dtype=torch.long, device=probs.device)
+    row = probs.index_select(0, accepted)  # [1, V]: the residual's row, or the last one
+    rejected = torch.cat((draft.view(-1), torch.full((1,), -1, dtype=torch.long, device=probs.device)))
+    rejected = rejected.index_select(0, accepted)  # [1]: d_A, or −1 when every draft was accepted
+    row = row.masked_fill(torch.arange(V, device=probs.device) == rejected[:, None], 0.0)
+    return accepted, race(row, seed, positions.index_select(0, accepted))
+
+
+def choose(logits: Tensor, params: "SamplingParams", position: int) -> int:
+    """One token from logits [V] for the token at `position` of the sequence."""
     if params.greedy:
         return int(torch.argmax(logits))
-    return int(torch.multinomial(target_probs(logits, params).cpu(), 1, generator=generator))
+    seed = _tensors(params, logits.device)[0]
+    at = torch.tensor([position], dtype=torch.long, device=logits.device)
+    return int(race(target_probs(logits[None], params), seed, at)[0])
 
 
 def verify_greedy(draft: Tensor, logits: Tensor) -> tuple[int, int]:
@@ -65,16 +155,10 @@ def verify_greedy(draft: Tensor, logits: Tensor) -> tuple[int, int]:
     return accepted, int(y[accepted])
 
 
-def verify_point_mass(draft: Tensor, logits: Tensor, params: SamplingParams,
-                      generator: torch.Generator | None) -> tuple[int, int]:
-    """Point-mass rule over draft [w−1] with target logits [w, V] → (A, x_new)."""
-    probs = target_probs(logits, params).cpu()  # [w, V]; host generator
-    xi = torch.rand(draft.shape[0], generator=generator, device="cpu") if draft.numel() else None
-    for i in range(draft.shape[0]):
-        d = int(draft[i])
-        if float(xi[i]) <= float(probs[i, d]):
-            continue
-        residual = probs[i].clone()
-        residual[d] = 0.0
-        return i, int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
-    return draft.shape[0], int(torch.multinomial(probs[-1], 1, generator=generator))
+def verify_point_mass(draft: Tensor, logits: Tensor, params: "SamplingParams", position: int) -> tuple[int, int]:
+    """Point-mass rule over draft [w−1] with target logits [w, V] (row 0 decides the token at
+    `position`) → (A, x_new)."""
+    seed = _tensors(params, logits.device)[0]
+    at = torch.tensor([position], dtype=torch.long, device=logits.device)
+    accepted, x_new = point_mass(draft.to(logits.device), target_probs(logits, params), seed, at)
+    return int(accepted), int(x_new)

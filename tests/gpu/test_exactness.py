@@ -73,3 +73,20 @@ def test_policy_tokens_equal_ar(sessions, prompts, policy):
         got = tri.engine.generate(ids, policy=speculative, max_new_tokens=TOKENS, eos_ids=tri.eos_ids).token_ids
         first = next((j for j, (a, b) in enumerate(zip(got + [-1], want + [-2])) if a != b), None)
         assert got == want, f"{policy}: prompt {i} differs from ar at token {first}"
+
+
+@pytest.mark.parametrize("policy", ("ar", "full", "hybridspec"))
+def test_sampled_graph_rounds_equal_host_rounds(sessions, prompts, policy):
+    """Temperature 1 on the graph path (point-mass rule and keyed draws on the device, one host
+    read per round) emits what the host-driven round emits from the same seed."""
+    from hybridspec.runtime.engine import Engine
+    from hybridspec.runtime.sampling import SamplingParams
+
+    tri, _ = sessions
+    host = Engine(tri.target, tri.drafter, max_context=tri.engine.max_context, resident=False)
+    chosen = make_policy(policy, DRAFT_LEN, hand_parameters(), device="cuda")
+    for i, ids in enumerate(prompts[:3]):
+        sampling = SamplingParams(temperature=1.0, seed=i)
+        want = host.generate(ids, policy=chosen, max_new_tokens=TOKENS, sampling=sampling).token_ids
+        got = tri.engine.generate(ids, policy=chosen, max_new_tokens=TOKENS, sampling=sampling).token_ids
+        assert got == want, f"{policy}: prompt {i}"

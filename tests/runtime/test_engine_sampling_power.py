@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hybridspec.runtime import engine as engine_module
-from hybridspec.runtime.sampling import target_probs
+from hybridspec.runtime.sampling import ACCEPT_LANE, keyed_uniforms, race, target_probs
 from tests.runtime.test_engine_sampling import _p_value, _sample, exact_joint, target  # noqa: F401 (fixture)
 
 
@@ -16,26 +16,29 @@ def exact(target):  # noqa: F811
     return exact_joint(target)
 
 
-def _min_p_over_q(draft, logits, params, generator):
-    """The general rule min(1, p/q) with q the drafter's confidence in its argmax: not exact here."""
-    probs = target_probs(logits, params).cpu()
+def _min_p_over_q(draft, logits, params, position):
+    """The general rule min(1, p/q) with q the drafter's confidence in its argmax: not exact here.
+    Same keyed draws as the engine's rule (lane 0 for the test, the race for the residual)."""
+    probs = target_probs(logits, params)
+    seed = torch.tensor([params.seed])
     for i in range(draft.shape[0]):
         d, q = int(draft[i]), _min_p_over_q.confidence[i]
-        if float(torch.rand(1, generator=generator)) <= min(1.0, float(probs[i, d]) / q):
+        xi = float(keyed_uniforms(seed, torch.tensor([position + i]), torch.tensor([ACCEPT_LANE]))[0, 0])
+        if xi <= min(1.0, float(probs[i, d]) / q):
             continue
-        residual = (probs[i] - 0).clamp_min(0)
+        residual = probs[i].clone()
         residual[d] = 0
-        return i, int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
-    return draft.shape[0], int(torch.multinomial(probs[-1], 1, generator=generator))
+        return i, int(race(residual[None], seed, torch.tensor([position + i]))[0])
+    return draft.shape[0], int(race(probs[-1:], seed, torch.tensor([position + draft.shape[0]]))[0])
 
 
 @pytest.mark.slow
 def test_chi_square_rejects_a_broken_rule(target, exact, monkeypatch):
     original = engine_module.Engine._accept
 
-    def broken(draft, out, w, sampling, generator):
+    def broken(draft, out, w, sampling, position):
         _min_p_over_q.confidence = draft.confidence.tolist()
-        return _min_p_over_q(draft.tokens[: w - 1], out.logits[0], sampling, generator)
+        return _min_p_over_q(draft.tokens[: w - 1], out.logits[0], sampling, position)
 
     monkeypatch.setattr(engine_module.Engine, "_accept", staticmethod(broken))
     assert _p_value(_sample(target, "hybridspec"), exact) < 1e-6

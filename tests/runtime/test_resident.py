@@ -13,6 +13,7 @@ import torch
 from hybridspec.runtime.engine import Engine
 from hybridspec.runtime.policies import make_policy
 from hybridspec.runtime.resident import accept_greedy
+from hybridspec.runtime.sampling import SamplingParams
 from hybridspec.runtime.sampling import verify_greedy
 from hybridspec.runtime.session import open_session
 from tests.runtime.helpers import policy_parameters
@@ -195,3 +196,23 @@ def test_one_launch_selector_rounds_equal_the_host_rounds(session, engines, refe
         assert got.token_ids == want.token_ids == ar_tokens
         assert [(r.w0, r.w, r.accepted) for r in got.rounds] == [(r.w0, r.w, r.accepted) for r in want.rounds]
 
+
+
+@pytest.mark.parametrize("name", ("ar", "full", "static:4", "hybridspec"))
+@pytest.mark.parametrize("sampling", (SamplingParams(temperature=1.0, seed=3),
+                                      SamplingParams(temperature=0.7, top_k=20, top_p=0.9, seed=11)),
+                         ids=("sample", "filter"))
+def test_sampled_resident_rounds_equal_the_host_rounds(session, engines, name, sampling):
+    """Sampling on the device (the point-mass rule with keyed draws, the parameters in device
+    buffers): the resident round emits the host round's tokens, lengths and acceptance, and the
+    same seed gives the same output twice."""
+    host, resident = engines
+    policy = make_policy(name, session.drafter.draft_len, policy_parameters(session.drafter.draft_len))
+    prompt = session.codec.encode(PROMPTS[0])
+    want = host.generate(prompt, policy=policy, max_new_tokens=TOKENS, sampling=sampling)
+    got = resident.generate(prompt, policy=policy, max_new_tokens=TOKENS, sampling=sampling)
+    assert got.token_ids == want.token_ids
+    assert [(r.w, r.accepted) for r in got.rounds] == [(r.w, r.accepted) for r in want.rounds]
+    assert resident.generate(prompt, policy=policy, max_new_tokens=TOKENS, sampling=sampling).token_ids == got.token_ids
+    greedy = resident.generate(prompt, policy=policy, max_new_tokens=TOKENS).token_ids
+    assert greedy != got.token_ids  # the draws reached the output
