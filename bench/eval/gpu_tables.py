@@ -3,8 +3,10 @@
 
     embedded      capture → fit → eval of the embedded pair: Table 1 layout per category, every
                   policy (ar, full, static:best, ratio, nominal, hybridspec), greedy outputs vs ar
-    ablations     Table 3: hybridspec on the PyTorch GDN path (`--backend torch`), beside the
-                  embedded stage's nominal (no routing correction), static:best and full
+    ablations     Table 3: hybridspec on the PyTorch GDN path (`--backend triton-torch-gdn`: the
+                  GDN layers on their PyTorch reference, everything else as shipped, CUDA-graph
+                  rounds), beside the embedded stage's nominal (no routing correction),
+                  static:best and full
     temperature   Table 6: temperature 1.0 (ar, full, hybridspec): AL, SR
     unseen        Table 2's question: capture and fit on code, comment, docstring; eval on imports,
                   table, test without recalibration
@@ -56,15 +58,18 @@ def hybridspec(*args: str, out: Path | None = None) -> dict | None:
     return None
 
 
-def run_options(args, tokens: int | None = None) -> list[str]:
-    return ["--device", args.device, "--max-new-tokens", str(tokens or args.tokens), *(["--quick"] if args.quick else [])]
+def run_options(args, tokens: int | None = None, dtype: str = "float32") -> list[str]:
+    """The options of every capture and eval: the embedded pair runs in fp32 (its exactness
+    reference; `auto` would be bfloat16 on CUDA), the 35B preset in bf16."""
+    return ["--device", args.device, "--dtype", dtype, "--max-new-tokens", str(tokens or args.tokens),
+            *(["--quick"] if args.quick else [])]
 
 
 def calibrate(args, db: Path, name: str, artifact: Path, extra: list[str] = (), fit_extra: list[str] = (),
-              tokens: int | None = None) -> None:
+              tokens: int | None = None, dtype: str = "float32") -> None:
     if db.exists():
         db.unlink()
-    hybridspec("capture", "--db", str(db), "--name", name, *run_options(args, tokens), *extra)
+    hybridspec("capture", "--db", str(db), "--name", name, *run_options(args, tokens, dtype), *extra)
     hybridspec("fit", "--db", str(db), "--name", name, "--out", str(artifact), "--allow-poor-fit", "--json", *fit_extra,
                out=artifact.with_suffix(".fit.json"))
 
@@ -87,7 +92,8 @@ def stage_embedded(args) -> None:
 
 
 def stage_ablations(args) -> None:
-    eval_on_copy(args, "emb_torch.duckdb", "eval_torch_gdn.json", "--policies", "ar,hybridspec", "--backend", "torch")
+    eval_on_copy(args, "emb_torch.duckdb", "eval_torch_gdn.json", "--policies", "ar,hybridspec", "--backend",
+                 "triton-torch-gdn" if args.device.startswith("cuda") else "torch")
 
 
 def stage_temperature(args) -> None:
@@ -119,11 +125,10 @@ def random_prompts(path: Path, model: str, context: int) -> Path:
 
 def stage_q35(args) -> None:
     d = args.out
-    dtype = ["--dtype", "bfloat16"] if args.device.startswith("cuda") else []
     prompts = random_prompts(d / "q35_prompts.jsonl", args.model35, args.context)
     calibrate(args, d / "q35.duckdb", "q35", d / "q35.safetensors",
-              ["--model", args.model35, "--drafter", "random", "--prompts", str(prompts), "--passes", "all,profile",
-               *dtype], tokens=args.tokens35)
+              ["--model", args.model35, "--drafter", "random", "--prompts", str(prompts), "--passes", "all,profile"],
+              tokens=args.tokens35, dtype="bfloat16" if args.device.startswith("cuda") else "float32")
     hybridspec("report", "--db", str(d / "q35.duckdb"), "--artifact", str(d / "q35.safetensors"), "--out",
                str(d / "q35_report"))
     hybridspec("estimate", "--db", str(d / "emb.duckdb"), "--name", "emb", "--artifact", str(d / "emb.safetensors"),

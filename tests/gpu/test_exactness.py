@@ -41,7 +41,8 @@ def sessions():
     """(Triton session, PyTorch session) on CUDA, fp32 with TF32 off."""
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
-    return open_session(device="cuda", backend="triton"), open_session(device="cuda", backend="torch")
+    return (open_session(device="cuda", dtype="float32", backend="triton"),
+            open_session(device="cuda", dtype="float32", backend="torch"))
 
 
 @pytest.fixture(scope="module")
