@@ -135,7 +135,7 @@ def test_cuda_without_cuda_is_one_line(monkeypatch):
 @pytest.mark.parametrize("command", ["generate", "serve", "capture", "eval"])
 def test_help_lists_the_choices(command):
     text = " ".join(runner.invoke(app, [command, "--help"], env={"COLUMNS": "220", "TERMINAL_WIDTH": "220"}).stdout.split())
-    for choices in ("[cpu|cuda|cuda:N]", "<float32|bfloat16|float16>", "<auto|torch|triton>"):
+    for choices in ("[cpu|cuda|cuda:N]", "<float32|bfloat16|float16>", "<auto|torch|triton|triton-torch-gdn>"):
         assert choices in text, (choices, text)
     if command in ("generate", "serve"):
         assert "ar, full, static:N, ratio, ratio4, nominal, hybridspec" in text and "else static:7" in text
