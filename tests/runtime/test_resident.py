@@ -198,10 +198,12 @@ def test_one_launch_selector_rounds_equal_the_host_rounds(session, engines, refe
 
 
 
-@pytest.mark.parametrize("name", ("ar", "full", "static:4", "hybridspec"))
-@pytest.mark.parametrize("sampling", (SamplingParams(temperature=1.0, seed=3),
-                                      SamplingParams(temperature=0.7, top_k=20, top_p=0.9, seed=11)),
-                         ids=("sample", "filter"))
+SAMPLE, FILTER = SamplingParams(temperature=1.0, seed=3), SamplingParams(temperature=0.7, top_k=20, top_p=0.9, seed=11)
+
+
+@pytest.mark.parametrize("name,sampling", [("ar", SAMPLE), ("full", FILTER), ("static:4", SAMPLE),
+                                           ("hybridspec", SAMPLE), ("hybridspec", FILTER)],
+                         ids=("ar-sample", "full-filter", "static-sample", "hybridspec-sample", "hybridspec-filter"))
 def test_sampled_resident_rounds_equal_the_host_rounds(session, engines, name, sampling):
     """Sampling on the device (the point-mass rule with keyed draws, the parameters in device
     buffers): the resident round emits the host round's tokens, lengths and acceptance, and the

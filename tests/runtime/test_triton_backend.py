@@ -55,7 +55,7 @@ def test_ablation_backend_runs_the_gdn_reference_in_the_resident_round(qwen35_di
     from hybridspec.runtime.session import open_session
 
     reference = load_target(qwen35_dir)
-    prompt = _prompts(reference.cfg.vocab_size)[1]
+    prompt = _prompts(reference.cfg.vocab_size)[0]
     want = Engine(reference, max_context=128).generate(prompt, policy=make_policy("ar", 15), max_new_tokens=4).token_ids
     ablation = open_session(str(qwen35_dir), "random", backend="triton-torch-gdn")  # a DFlash drafter: random weights
     engine = Engine(ablation.target, ablation.drafter, max_context=128, resident=True, graphs=False)
