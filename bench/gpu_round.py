@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.kernels.cuda_timing import copy_bandwidth, median_us  # noqa: E402
 from hybridspec.runtime.engine import Engine  # noqa: E402
 from hybridspec.runtime.policies import make_policy  # noqa: E402
+from hybridspec.runtime.sampling import SamplingParams  # noqa: E402
 from hybridspec.runtime.session import open_session  # noqa: E402
 from tests.runtime.helpers import policy_parameters, prefilled_cache  # noqa: E402
 
@@ -86,11 +87,12 @@ def exactness(session, model: str, runs: dict[str, Engine], prompts, policies, t
     return rows
 
 
-def profile_round_counts(engine: Engine, prompt, policy, rounds: int) -> tuple[float, float]:
+def profile_round_counts(engine: Engine, prompt, policy, rounds: int,
+                         sampling: SamplingParams = SamplingParams()) -> tuple[float, float]:
     """Host synchronisations and host launches per round over `rounds` rounds (prefill excluded)."""
     from torch.profiler import ProfilerActivity, profile
 
-    steps = engine.stream(prompt, policy=policy, max_new_tokens=4 * rounds + 64)
+    steps = engine.stream(prompt, policy=policy, max_new_tokens=4 * rounds + 64, sampling=sampling)
     next(steps)
     next(steps)  # the first round (its begin() work is set-up, not a round)
     torch.cuda.synchronize()
@@ -104,23 +106,27 @@ def profile_round_counts(engine: Engine, prompt, policy, rounds: int) -> tuple[f
     return syncs / done, launches / done
 
 
-def decode_rows(session, model: str, runs: dict[str, Engine], prompt, policies, tokens: int, eager_tokens: int) -> list[dict]:
+def decode_rows(session, model: str, runs: dict[str, Engine], prompt, policies, tokens: int, eager_tokens: int,
+                sampling: SamplingParams = SamplingParams()) -> list[dict]:
+    """Per policy and path: ms per round and per token, mean w, host reads and launches per round
+    (greedy, or sampled with `sampling`: the point-mass rule)."""
     rows = []
     for name in policies:
         policy = make_policy(name, session.drafter.draft_len, policy_parameters(session.drafter.draft_len))
         for path in ("graph", "eager"):
             engine = runs[path]
             t0 = time.perf_counter()
-            engine.prepare(policy)
+            engine.prepare(policy, sampling)
             prepare_s = time.perf_counter() - t0
             n = tokens if path == "graph" else eager_tokens
-            engine.generate(prompt, policy=policy, max_new_tokens=min(n, 8))  # compiles what the prefill meets
-            result = engine.generate(prompt, policy=policy, max_new_tokens=n)
-            syncs, launches = profile_round_counts(engine, prompt, policy, rounds=4 if path == "eager" else 16)
+            engine.generate(prompt, policy=policy, max_new_tokens=min(n, 8), sampling=sampling)  # compiles what the prefill meets
+            result = engine.generate(prompt, policy=policy, max_new_tokens=n, sampling=sampling)
+            syncs, launches = profile_round_counts(engine, prompt, policy, rounds=4 if path == "eager" else 16,
+                                                   sampling=sampling)
             by_w: dict[int, list[float]] = {}
             for record in result.rounds:
                 by_w.setdefault(record.w, []).append(record.seconds["total"])
-            row = dict(model=model, path=path, policy=name, rounds=len(result.rounds),
+            row = dict(model=model, path=path, policy=name, temperature=sampling.temperature, rounds=len(result.rounds),
                        ms_per_round=round(result.decode_seconds * 1e3 / len(result.rounds), 3),
                        ms_per_token=round(result.decode_seconds * 1e3 / max(1, result.decode_tokens), 3),
                        w=round(result.mean_verification_length, 2),
@@ -297,6 +303,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-exactness", action="store_true")
     ap.add_argument("--no-decode", action="store_true", help="skip the per-policy decode rows")
     ap.add_argument("--profile", action="store_true", help="kernel-time split of one verification pass")
+    ap.add_argument("--temperatures", default="0", help="decode rows at each of these temperatures (0: greedy)")
+    ap.add_argument("--no-verification", action="store_true", help="skip the per-length verification rows")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("gpu_round.py needs a CUDA GPU", file=sys.stderr)
@@ -324,8 +332,10 @@ def main(argv=None) -> int:
             result["checks"] += exactness(session, model, runs, prompts if embedded else prompts[:1], policies,
                                           48 if embedded else 16, fp32=embedded)
         if not args.no_decode:
-            result["rows"] += decode_rows(session, model, runs, prompts[0], policies, args.tokens, args.eager_tokens)
-        if not embedded:
+            for temperature in (float(t) for t in args.temperatures.split(",") if t):
+                result["rows"] += decode_rows(session, model, runs, prompts[0], policies, args.tokens,
+                                              args.eager_tokens, SamplingParams(temperature, seed=0))
+        if not embedded and not args.no_verification:
             result["rows"] += verification_rows(session, model, prompts[0], (1, 2, 4, 8, 12, 16), bandwidth)
             result["rows"] += round_floor_rows(session, model, result["rows"], args.context, bandwidth)
             if args.profile:
