@@ -226,7 +226,7 @@ COLUMN_DOCS: dict[str, dict[str, str]] = {
         "drafter": "the `--drafter` given",
         "device": "cpu or cuda",
         "dtype": "float32, bfloat16 or float16",
-        "backend": "torch or triton (the resolved `--backend`)",
+        "backend": "torch, triton or triton-torch-gdn (the resolved `--backend`)",
         "versions": "JSON: python, torch, triton, transformers, numpy, scipy, scikit-learn, statsmodels, duckdb, "
                     "polars, hybridspec",
         "params": "JSON: the pass's parameters (prompts, lengths, samples, blocks, warm-up, seed, …)",
