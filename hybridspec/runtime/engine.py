@@ -84,8 +84,8 @@ class Clock:
 class Engine:
     def __init__(self, target: HybridTarget, drafter: DFlashDrafter | None = None, *, max_context: int = 4096,
                  resident: bool | None = None, graphs: bool | None = None):
-        """resident: greedy requests decode with the GPU-resident round (default: on CUDA with a
-        Triton backend, whose MoE reads nothing back); graphs: capture its phases as CUDA graphs
+        """resident: requests decode with the GPU-resident round, greedy or sampled, unless they
+        record routing (default: on CUDA with a Triton backend, whose MoE reads nothing back); graphs: capture its phases as CUDA graphs
         (default: whenever resident runs on CUDA; False keeps it eager, the graphs' oracle)."""
         self.target, self.drafter, self.max_context = target, drafter, max_context
         self.device = target.embed_tokens.weight.device

@@ -162,7 +162,7 @@ class ResidentDecoder:
         D = drafter.draft_len if drafter is not None else 0
         self.buffers = Buffers.allocate(D, target.cfg.num_experts_per_tok, self.device)
         self.one = torch.ones(1, dtype=torch.long, device=self.device)
-        self.prepared: dict[str, tuple[Policy, Policy]] = {}  # policy name → (as prepared, its device copy)
+        self.prepared: dict[tuple[str, str], tuple[Policy, Policy]] = {}  # (policy name, sampling mode) → (as prepared, its device copy)
         self.policy: Policy | None = None
         self.mode = "greedy"  # `sampling_mode` of the request being decoded (or the graphs being captured)
         self.span = 1  # round tokens a pending commit covers (W, or 1 for ar)
@@ -268,7 +268,10 @@ class ResidentDecoder:
         """ar: one token through the target, its argmax (or sample) the next anchor."""
         buf, target, cache = self.buffers, self.target, self.cache
         out = target.forward_pass(buf.anchor.view(1, 1), cache)
-        _, token = self._accept(buf.block[0, :0], out.logits[0, :1])
+        if self.mode == "greedy":
+            token = torch.argmax(out.logits[0, 0]).view(1)
+        else:
+            _, token = self._accept(buf.block[0, :0], out.logits[0, :1])
         target.commit(cache, 1, self.one)
         buf.report[:5].copy_(torch.cat((self.one, self.one, self.one, self.one, token)).float())
         buf.anchor.copy_(token)

@@ -106,7 +106,7 @@ def sampling_probs(logits: Tensor, inv_temperature: Tensor, top_k: Tensor, top_p
     return probs / probs.sum(-1, keepdim=True)
 
 
-def _tensors(params: "SamplingParams", device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _tensors(params: SamplingParams, device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(seed, 1 / temperature, top_k, top_p) as [1] tensors on `device`."""
     return (torch.tensor([params.seed], dtype=torch.long, device=device),
             torch.tensor([1.0 / params.temperature], device=device),
@@ -114,7 +114,7 @@ def _tensors(params: "SamplingParams", device) -> tuple[Tensor, Tensor, Tensor, 
             torch.tensor([params.top_p], device=device))
 
 
-def target_probs(logits: Tensor, params: "SamplingParams") -> Tensor:
+def target_probs(logits: Tensor, params: SamplingParams) -> Tensor:
     """logits [..., V] → p^t [..., V] after temperature, top-k and top-p (fp32)."""
     _, inv_t, top_k, top_p = _tensors(params, logits.device)
     return sampling_probs(logits, inv_t, top_k, top_p, params.filtered)
@@ -138,7 +138,7 @@ def point_mass(draft: Tensor, probs: Tensor, seed: Tensor, start: Tensor) -> tup
     return accepted, race(row, seed, positions.index_select(0, accepted))
 
 
-def choose(logits: Tensor, params: "SamplingParams", position: int) -> int:
+def choose(logits: Tensor, params: SamplingParams, position: int) -> int:
     """One token from logits [V] for the token at `position` of the sequence."""
     if params.greedy:
         return int(torch.argmax(logits))
@@ -155,7 +155,7 @@ def verify_greedy(draft: Tensor, logits: Tensor) -> tuple[int, int]:
     return accepted, int(y[accepted])
 
 
-def verify_point_mass(draft: Tensor, logits: Tensor, params: "SamplingParams", position: int) -> tuple[int, int]:
+def verify_point_mass(draft: Tensor, logits: Tensor, params: SamplingParams, position: int) -> tuple[int, int]:
     """Point-mass rule over draft [w−1] with target logits [w, V] (row 0 decides the token at
     `position`) → (A, x_new)."""
     seed = _tensors(params, logits.device)[0]
