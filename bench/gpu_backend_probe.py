@@ -28,7 +28,8 @@ DEVICE = sys.argv[1] if len(sys.argv) > 1 else "cuda"
 SWAPS = {
     "shipped": {},
     "norms": {"norm_ops": lambda backend: (norm_reference.offset_rms_norm, norm_reference.gated_rms_norm)},
-    "attention": {"attention_op": lambda backend: attention_reference.gated_attention},
+    "attention": {"attention_ops": lambda backend: (attention_reference.gated_attention,
+                                                    attention_reference.norm_rope_store)},
     "router": {"router_op": lambda backend: moe_reference.router},
     "experts": {"moe_experts_op": lambda backend: moe_reference.moe_experts},
     "conv": {"gdn_conv_op": lambda backend: gdn_reference.causal_conv_silu},

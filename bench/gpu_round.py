@@ -17,6 +17,10 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
    an eager pass (the graph replays the same kernels), split into GDN, MoE (routing, experts),
    softmax attention, dense GEMMs and other, with the longest kernels named.
 
+`--variants a,b` runs steps 2–4 once per variant on the same loaded model (rows tagged `variant`):
+`shipped`, or an op family put back on its PyTorch reference (`VARIANTS`), to measure a kernel
+against what it replaced side by side in one process.
+
     python3 bench/gpu_round.py --out DIR [--models embedded,qwen3.6-35b-a3b] [--context 1024]
 
 Writes DIR/gpu_round.json ({"device", "date", "versions", "rows": [...]}) and prints a table.
@@ -38,7 +42,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.kernels.cuda_timing import copy_bandwidth, median_us  # noqa: E402
+from hybridspec.kernels.attention import reference as attention_reference  # noqa: E402
 from hybridspec.runtime.engine import Engine  # noqa: E402
+from hybridspec.runtime.layers.attention import GatedAttention  # noqa: E402
 from hybridspec.runtime.policies import make_policy  # noqa: E402
 from hybridspec.runtime.sampling import SamplingParams  # noqa: E402
 from hybridspec.runtime.session import open_session  # noqa: E402
@@ -47,6 +53,25 @@ from tests.runtime.helpers import policy_parameters, prefilled_cache  # noqa: E4
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
 LAUNCH_CALLS = ("cudaGraphLaunch", "cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC",
                 "cudaMemcpyAsync", "cudaMemsetAsync")
+
+
+# variant → {module class: {attribute: op}} set on every such module of the target
+VARIANTS = {
+    "shipped": {},
+    "prepare-ref": {GatedAttention: {"prepare_op": attention_reference.norm_rope_store}},
+}
+
+
+def apply_variant(target, name: str) -> list[tuple]:
+    """Set a variant's ops on the target's modules; returns what to put back."""
+    undo = []
+    for module in target.modules():
+        for cls, attrs in VARIANTS[name].items():
+            if isinstance(module, cls):
+                for attr, op in attrs.items():
+                    undo.append((module, attr, getattr(module, attr)))
+                    setattr(module, attr, op)
+    return undo
 
 
 def log(line: str) -> None:
@@ -305,7 +330,11 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", action="store_true", help="kernel-time split of one verification pass")
     ap.add_argument("--temperatures", default="0", help="decode rows at each of these temperatures (0: greedy)")
     ap.add_argument("--no-verification", action="store_true", help="skip the per-length verification rows")
+    ap.add_argument("--variants", default="shipped", help=f"comma list of {', '.join(VARIANTS)}")
     args = ap.parse_args(argv)
+    variants = [v for v in args.variants.split(",") if v]
+    if unknown := [v for v in variants if v not in VARIANTS]:
+        ap.error(f"unknown variant(s) {unknown}: {', '.join(VARIANTS)}")
     if not torch.cuda.is_available():
         print("gpu_round.py needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -326,22 +355,31 @@ def main(argv=None) -> int:
         session = open_session(None if embedded else model, None if embedded else "random", device="cuda",
                                dtype=dtype, backend="triton", max_context=args.context + 4 * args.tokens)
         log(f"{model}: loaded in {time.perf_counter() - t0:.1f} s")
-        runs = engines(session, args.context + 4 * args.tokens)
         prompts = prompts_for(session, model, args.context, 6 if embedded else 2)
-        if not args.no_exactness:
-            result["checks"] += exactness(session, model, runs, prompts if embedded else prompts[:1], policies,
-                                          48 if embedded else 16, fp32=embedded)
-        if not args.no_decode:
-            for temperature in (float(t) for t in args.temperatures.split(",") if t):
-                result["rows"] += decode_rows(session, model, runs, prompts[0], policies, args.tokens,
-                                              args.eager_tokens, SamplingParams(temperature, seed=0))
-        if not embedded and not args.no_verification:
-            result["rows"] += verification_rows(session, model, prompts[0], (1, 2, 4, 8, 12, 16), bandwidth)
-            result["rows"] += round_floor_rows(session, model, result["rows"], args.context, bandwidth)
-            if args.profile:
-                result["profile"] = result.get("profile", []) + profile_rows(session, model, prompts[0], (1, 8, 16))
+        for index, variant in enumerate(variants):
+            undo = apply_variant(session.target, variant)
+            runs = engines(session, args.context + 4 * args.tokens)
+            rows = []
+            if not args.no_exactness and index == 0:
+                result["checks"] += exactness(session, model, runs, prompts if embedded else prompts[:1], policies,
+                                              48 if embedded else 16, fp32=embedded)
+            if not args.no_decode:
+                for temperature in (float(t) for t in args.temperatures.split(",") if t):
+                    rows += decode_rows(session, model, runs, prompts[0], policies, args.tokens,
+                                        args.eager_tokens, SamplingParams(temperature, seed=0))
+            if not embedded and not args.no_verification:
+                rows += verification_rows(session, model, prompts[0], (1, 2, 4, 8, 12, 16), bandwidth)
+                rows += round_floor_rows(session, model, rows, args.context, bandwidth)
+                if args.profile:
+                    result["profile"] = result.get("profile", []) + [
+                        dict(row, variant=variant) for row in profile_rows(session, model, prompts[0], (1, 8, 16))]
+            result["rows"] += [dict(row, variant=variant) for row in rows]
+            for module, attr, op in undo:
+                setattr(module, attr, op)
+            del runs
+            torch.cuda.empty_cache()
         (args.out / "gpu_round.json").write_text(json.dumps(result, indent=1))
-        del runs, session
+        del session
         torch.cuda.empty_cache()
     print(json.dumps(result["checks"], indent=1))
     return 0

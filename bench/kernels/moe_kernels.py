@@ -117,14 +117,16 @@ def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
 # ---------------------------------------------------------------------------------------------
 
 
-def ours(tuning=MOE_TUNING):
+def ours(tuning=MOE_TUNING, shared: bool = True):
+    """Ours; without the shared expert when `shared` is False (its launches then run the routed
+    experts' slots only)."""
     def make(layer: Layer, inp: Inputs):
-        return lambda: moe_triton.moe_experts(inp.x, inp.ids, inp.weights, layer.gate_up, layer.down, layer.shared,
-                                              tuning=tuning)
+        return lambda: moe_triton.moe_experts(inp.x, inp.ids, inp.weights, layer.gate_up, layer.down,
+                                              layer.shared if shared else None, tuning=tuning)
     return make
 
 
-def ours_part(stages: int):
+def ours_part(stages: int, shared: bool = True):
     """The first `stages` launches of ours alone (1: the expert slots; 2: and gate_up), to take a
     call apart: down + sum = whole - (slots + gate_up)."""
     def make(layer: Layer, inp: Inputs):
@@ -138,7 +140,8 @@ def ours_part(stages: int):
         def call():
             slots = expert_slots(inp.ids, workspace, e, 16, tiles)
             if stages > 1:
-                launch_gate_up(inp.x, inp.weights, layer.gate_up, layer.shared, slots, act, 16, tuning, False)
+                launch_gate_up(inp.x, inp.weights, layer.gate_up, layer.shared if shared else None, slots, act, 16,
+                               tuning, False)
         return call
     return make
 
@@ -312,6 +315,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-sglang", action="store_true")
     ap.add_argument("--baselines", type=Path, default=Path(".baselines/site"))
     ap.add_argument("--runtime-tokens", type=int, default=24)
+    ap.add_argument("--lengths", default=None, help="comma list of T (default: all of LENGTHS, or 1,16 with --quick)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("moe_kernels.py needs a CUDA GPU", file=sys.stderr)
@@ -331,12 +335,14 @@ def main(argv=None) -> int:
     impls["torch_loop"] = torch_loop
     if args.sweep:
         impls.update({f"hybridspec[{name}]": ours({64: t}) for name, t in SWEEP.items()})
-        impls.update({"hybridspec[slots]": ours_part(1), "hybridspec[slots+gate_up]": ours_part(2)})
+        impls.update({"hybridspec[slots]": ours_part(1), "hybridspec[slots+gate_up]": ours_part(2),
+                      "hybridspec[routed only]": ours(shared=False),
+                      "hybridspec[slots+gate_up, routed only]": ours_part(2, shared=False)})
     bandwidth = copy_bandwidth(samples=10)
     result["copy_bandwidth_GBps"] = bandwidth / 1e9
     log(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s")
     samples, replays = (5, 5) if args.quick else (20, 10)
-    lengths = (1, 16) if args.quick else LENGTHS
+    lengths = tuple(int(t) for t in args.lengths.split(",")) if args.lengths else (1, 16) if args.quick else LENGTHS
     distincts = (8, 64, 128) if args.quick else DISTINCT
     for model in result["models"]:
         layers = [Layer(model, seed=r) for r in range(ROTATIONS)]

@@ -3,7 +3,11 @@ the library product plus the Triton top-k (`F.linear` then `router_topk`, two la
 PyTorch reference (`reference.router`), at the router shapes of the presets (bf16), T tokens per
 call, and the floor (the router weight's bytes over the copy bandwidth of the same run).
 
-    python3 bench/kernels/router_bench.py --out OUT [--tokens 1,2,4,8,16]
+    python3 bench/kernels/router_bench.py --out OUT [--tokens 1,2,4,8,16] [--sweep]
+
+`--sweep` also times the one-launch router at the launch shapes of `SWEEP` (`RouterTiles`: experts
+per program, hidden spans, step width, warps, rows of the last program's top-k tile), each
+checked like the shipped one first.
 
 1. correctness first: for every shape and T, the one-launch router's logits within bf16 rounding of
    F.linear's and its experts a top-k of the reference softmax of those logits (ties by lower id);
@@ -46,7 +50,17 @@ IMPLS = {
 }
 
 
-def check(model: str, tokens: int) -> str:
+SWEEP = {
+    "tail-call": triton_router.RouterTiles(tail_rows="call"),
+    "w2-call": triton_router.RouterTiles(warps=2, tail_rows="call"),
+    "w1-call": triton_router.RouterTiles(warps=1, tail_rows="call"),
+    "s8-w2-call": triton_router.RouterTiles(SPLIT=8, warps=2, tail_rows="call"),
+    "s16-w1-call": triton_router.RouterTiles(SPLIT=16, warps=1, tail_rows="call"),
+    "be32-s8-call": triton_router.RouterTiles(BE=32, SPLIT=8, tail_rows="call"),
+}
+
+
+def check(model: str, tokens: int, tiles=triton_router.ROUTER_TILES) -> str:
     e, k, h = shapes(model)
     g = torch.Generator(device="cuda").manual_seed(tokens)
     x = torch.randn(tokens, h, device="cuda", generator=g).to(torch.bfloat16)
@@ -54,7 +68,7 @@ def check(model: str, tokens: int) -> str:
     logits = torch.empty(tokens, e, device="cuda", dtype=torch.bfloat16)
     torch.cuda.set_sync_debug_mode("error")
     try:
-        ids, weights = triton_router.router(x, w, k, True, torch.bfloat16, logits=logits)
+        ids, weights = triton_router.router(x, w, k, True, torch.bfloat16, logits=logits, tiles=tiles)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.testing.assert_close(logits.float(), F.linear(x.float(), w.float()), rtol=8e-3, atol=8e-3)
@@ -84,12 +98,19 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--models", default="35b,122b,80b")
     ap.add_argument("--tokens", default="1,2,4,8,16")
+    ap.add_argument("--sweep", action="store_true", help="also the launch shapes of SWEEP")
     args = ap.parse_args(argv)
+    if args.sweep:
+        for name, tiles in SWEEP.items():
+            IMPLS[f"fused:{name}"] = lambda x, w, k, tiles=tiles: triton_router.router(x, w, k, True, x.dtype,
+                                                                                      tiles=tiles)
     args.out.mkdir(parents=True, exist_ok=True)
     models, lengths = args.models.split(","), [int(t) for t in args.tokens.split(",")]
     for model in models:
         for tokens in lengths:
             print(f"check {model} T={tokens}: {check(model, tokens)}", flush=True)
+            for name, tiles in (SWEEP.items() if args.sweep else ()):
+                print(f"check {model} T={tokens} {name}: {check(model, tokens, tiles)}", flush=True)
     bandwidth = copy_bandwidth(10)
     rows = []
     for model in models:

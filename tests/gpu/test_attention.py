@@ -8,7 +8,7 @@ import torch
 
 from hybridspec.kernels.attention import reference
 from hybridspec.kernels.attention import triton as attention_triton
-from tests.kernels.test_attention_triton import oracle
+from tests.kernels.test_attention_triton import _prepare_case, _prepare_oracle, oracle
 
 pytestmark = pytest.mark.gpu
 
@@ -57,3 +57,44 @@ def test_repeatable_without_host_reads_and_replayable_at_every_length():
         position.fill_(p)
         graph.replay()
         assert torch.equal(out, attention_triton.gated_attention(q, gate, key, value, position)), p
+
+
+@pytest.mark.parametrize("T", [1, 16])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_norm_rope_store_on_the_gpu(T, dtype):
+    """The q/k norms, RoPE and cache writes in one launch at the 35B shapes (rotary 64 of 256):
+    within the roundings' bound of the float64 definition (rounding to nearest), values bitwise."""
+    case = (1, T, H, H_KV, D, 64, S, S - T - 3)
+    args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in _prepare_case(*case, dtype, seed=T)]
+    q, k, v, q_weight, k_weight, eps, cos, sin, key, value, position = args
+    got = attention_triton.norm_rope_store(*args)
+    p = S - T - 3
+    assert torch.equal(value[:, p : p + T], v) and value[:, :p].isnan().all() and value[:, p + T :].isnan().all()
+    for out, x, w in ((got, q, q_weight), (key[:, p : p + T], k, k_weight)):
+        x, w, c, s_ = x.cpu(), w.cpu(), cos.cpu(), sin.cpu()
+        normed = _prepare_oracle(x, w, eps, torch.ones(T, 0), torch.zeros(T, 0))
+        partner = torch.cat((normed[..., 32:64], normed[..., :32], normed[..., 64:] * 0), dim=-1)
+        scale = (normed.abs() + partner.abs()) * (2**-8 if dtype == torch.bfloat16 else 2**-20)
+        assert ((out.double().cpu() - _prepare_oracle(x, w, eps, c, s_)).abs() <= 3 * scale + 1e-6).all()
+
+
+def test_norm_rope_store_replays_in_a_graph_at_every_position():
+    args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in
+            _prepare_case(1, 4, H, H_KV, D, 64, S, 0, torch.bfloat16, seed=5)]
+    key, value, position = args[8], args[9], args[10]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        attention_triton.norm_rope_store(*args)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = attention_triton.norm_rope_store(*args)
+    for p in (0, 517, S - 4):
+        key.fill_(float("nan"))
+        position.fill_(p)
+        graph.replay()
+        fresh_key = torch.full_like(key, float("nan"))
+        want = attention_triton.norm_rope_store(*args[:8], fresh_key, value, position)
+        assert torch.equal(out, want) and torch.equal(key.nan_to_num(), fresh_key.nan_to_num()), p
+        assert not key[:, p : p + 4].isnan().any() and key[:, :p].isnan().all(), p

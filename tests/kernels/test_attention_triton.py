@@ -12,6 +12,7 @@ import torch
 
 from hybridspec.kernels.attention import reference
 from hybridspec.kernels.attention import triton as attention_triton
+from hybridspec.kernels.interpreter import interpreted
 
 
 def oracle(q, gate, key, value, p: int) -> torch.Tensor:
@@ -107,3 +108,94 @@ def test_bad_arguments_are_named(bad, message):
     q, gate, key, value, position = _case(1, 2, 4, 2, 48, 16, 3, torch.float32)
     with pytest.raises(ValueError, match=message):
         attention_triton.gated_attention(*bad(q, gate, key, value), position)
+
+
+# ---------------------------------------------------------------- norm_rope_store (q/k norms, RoPE, cache writes)
+
+def _prepare_case(B, T, H, H_kv, D, R, S, p, dtype, seed=0):
+    """q as the first half of each head of a q+gate projection and k, v as slices of one fused
+    projection (the strided views the model passes); cos, sin of random frequencies."""
+    g = torch.Generator().manual_seed(seed)
+    q = (torch.randn(B, T, H, 2 * D, generator=g) * 3).to(dtype)[..., :D]
+    kv = (torch.randn(B, T, 2 * H_kv * D, generator=g) * 3).to(dtype)
+    k, v = kv[..., : H_kv * D].view(B, T, H_kv, D), kv[..., H_kv * D :].view(B, T, H_kv, D)
+    q_weight, k_weight = (torch.randn(D, generator=g) * 0.2 for _ in range(2))
+    angle = (p + torch.arange(T))[:, None].float() * torch.rand(R // 2, generator=g)
+    angle = torch.cat((angle, angle), dim=-1)
+    cache = torch.full((B, S, H_kv, D), float("nan"), dtype=dtype)
+    return (q, k, v, q_weight, k_weight, 1e-6, angle.cos().to(dtype), angle.sin().to(dtype), cache,
+            cache.clone(), torch.full((B,), p, dtype=torch.long))
+
+
+def _prepare_oracle(x, weight, eps, cos, sin):
+    """The definition in float64: x / rms(x) · (1 + weight), then RoPE on the first R features."""
+    x = x.double()
+    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (1 + weight.double())
+    return reference.apply_rope(y, cos.double(), sin.double())
+
+
+PREPARE_CASES = [  # B, T, H, H_kv, D, R, S, p
+    (1, 1, 16, 2, 256, 64, 40, 7),  # the 35B attention layers' heads, decode
+    (1, 16, 16, 2, 256, 64, 40, 24),  # a 16-token verification ending at the cache's last slot
+    (1, 3, 4, 2, 48, 48, 20, 0),  # the embedded target's shapes (rotary over the whole head)
+    (2, 3, 4, 1, 40, 16, 20, 5),  # batch of 2, one KV head, a head dim not a power of two
+]
+
+
+@pytest.mark.parametrize("case", PREPARE_CASES, ids=lambda c: "B{}-T{}-H{}-kv{}-D{}-R{}-S{}-p{}".format(*c))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_norm_rope_store_matches_the_reference(case, dtype):
+    B, T, H, H_kv, D, R, S, p = case
+    args = _prepare_case(*case, dtype, seed=sum(case))
+    q, k, v, q_weight, k_weight, eps, cos, sin, key, value, position = args
+    ref_key, ref_value = key.clone(), value.clone()
+    got = attention_triton.norm_rope_store(*args)
+    want = reference.norm_rope_store(q, k, v, q_weight, k_weight, eps, cos, sin, ref_key, ref_value, position)
+    assert got.shape == (B, T, H, D) and got.dtype == dtype and got.is_contiguous()
+    assert torch.equal(value.nan_to_num(), ref_value.nan_to_num())  # values copied bitwise, nothing else
+    written = torch.zeros(S, dtype=torch.bool)
+    written[p : p + T] = True
+    assert not key[:, written].isnan().any() and key[:, ~written].isnan().all()  # only the pass's slots
+    assert torch.equal(value[:, written], v)
+    got_key, want_key = key[:, written], ref_key[:, written]
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got_key, want_key, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got.double(), _prepare_oracle(q, q_weight, eps, cos, sin), rtol=1e-5, atol=1e-5)
+    else:  # three roundings on each path (the norm, the product, the sum), each within 2^-8 of the
+        # value rounded on a GPU (to nearest) and 2^-7 under the interpreter (towards zero): within 3
+        # (interpreted: 6) units of 2^-8 of the terms' size from the float64 definition
+        for out, x, w, ref_out in ((got, q, q_weight, want), (got_key, k, k_weight, want_key)):
+            normed = _prepare_oracle(x, w, eps, torch.ones(T, 0), torch.zeros(T, 0))
+            partner = torch.cat((normed[..., R // 2 : R], normed[..., : R // 2], normed[..., R:] * 0), dim=-1)
+            scale = (normed.abs() + partner.abs()) * 2**-8
+            exact = _prepare_oracle(x, w, eps, cos, sin)
+            assert ((ref_out.double() - exact).abs() <= 3 * scale).all()
+            assert ((out.double() - exact).abs() <= (6 if interpreted() else 3) * scale).all()
+
+
+def test_norm_rope_store_drops_positions_past_the_cache():
+    """A pass reaching past the cache writes the slots that exist and nothing else (the resident
+    round checks its budget per request; a stray position must not write out of bounds)."""
+    args = _prepare_case(1, 5, 4, 2, 48, 16, 8, 5, torch.float32)
+    key, value = args[8], args[9]
+    guard = torch.full((1, 8, 2, 48), float("nan"))
+    key_big = torch.cat((key, guard), dim=1)  # the real cache's slots followed by memory it must not touch
+    out = attention_triton.norm_rope_store(*args[:8], key_big[:, :8], value, args[10])
+    assert out.shape == (1, 5, 4, 48) and torch.isfinite(out).all()
+    assert not key_big[:, 5:8].isnan().any() and key_big[:, :5].isnan().all() and key_big[:, 8:].isnan().all()
+    assert torch.equal(value[:, 5:8], args[2][:, :3])
+
+
+@pytest.mark.parametrize("bad, message", [
+    (lambda a: (a[0][:, :1], *a[1:]), "q must be"),
+    (lambda a: (*a[:3], a[3][:8], *a[4:]), "norm weights"),
+    (lambda a: (*a[:6], a[6][:, :5], a[7][:, :5], *a[8:]), "cos and sin"),
+    (lambda a: (*a[:8], a[8][..., :8], a[9][..., :8], a[10]), "does not hold"),
+    (lambda a: (*a[:10], a[10].int()), "position"),
+])
+def test_norm_rope_store_names_bad_arguments(bad, message):
+    args = _prepare_case(1, 2, 4, 2, 48, 16, 16, 3, torch.float32)
+    for impl in (attention_triton.norm_rope_store, reference.norm_rope_store):
+        with pytest.raises(ValueError, match=message):
+            impl(*bad(args))

@@ -70,17 +70,27 @@ def test_one_launch_router_matches_the_reference(tokens, experts, top_k, hidden)
                                    atol=1e-7 if dtype == torch.float32 else 1e-3)
 
 
-def test_one_launch_router_is_batch_invariant_and_leaves_its_counter_at_zero():
+TILES = [moe_router.ROUTER_TILES, moe_router.RouterTiles(SPLIT=8, warps=1, tail_rows="call")]
+
+
+@pytest.mark.parametrize("tiles", TILES, ids=lambda t: f"be{t.BE}-s{t.SPLIT}-w{t.warps}-{t.tail_rows}")
+def test_one_launch_router_is_batch_invariant_and_leaves_its_counter_at_zero(tiles):
     """A token routes the same alone or among 15 others (the exactness of multi-token passes needs
-    it), and every call leaves the arrival counter at zero for the next one."""
+    it), and every call leaves the arrival counter at zero for the next one; at every launch shape
+    the sweep offers, with the top-k tile of a fixed 16 rows or of the call's rows, and the same
+    experts and weights as the shipped shape."""
     g = torch.Generator().manual_seed(3)
     x = torch.randn(16, 256, generator=g).to(torch.bfloat16)
     weight = (torch.randn(128, 256, generator=g) / 16).to(torch.bfloat16)
-    together = moe_router.router(x, weight, 8, True, torch.bfloat16)
+    together = moe_router.router(x, weight, 8, True, torch.bfloat16, tiles=tiles)
     for n in (0, 7, 15):
-        alone = moe_router.router(x[n : n + 1], weight, 8, True, torch.bfloat16)
+        alone = moe_router.router(x[n : n + 1], weight, 8, True, torch.bfloat16, tiles=tiles)
         assert torch.equal(alone[0], together[0][n : n + 1]) and torch.equal(alone[1], together[1][n : n + 1])
     assert int(moe_router._counter(x.device)) == 0
+    shipped = moe_router.router(x[:3], weight, 8, True, torch.float32)
+    other = moe_router.router(x[:3], weight, 8, True, torch.float32, tiles=tiles)
+    assert torch.equal(shipped[0], other[0])
+    torch.testing.assert_close(shipped[1], other[1], rtol=1e-5, atol=1e-6)
 
 
 def test_prefill_sized_calls_take_the_two_step_path():

@@ -3,13 +3,19 @@
 Token i of a pass of T tokens sits at position p + i (p = position[0], on the device) and sees the
 keys 0 … p + i; the pass's own keys and values are already in the cache. Query head h reads KV head
 h // (H / H_kv). The output is multiplied by sigmoid(gate), each step rounded to the activation
-dtype as the checkpoints' implementation does."""
+dtype as the checkpoints' implementation does.
+
+`norm_rope_store` prepares a pass's queries and keys before the attention: q and k RMS-normed per
+head (the offset norm), partial RoPE on both, the keys and values written into the cache at the
+pass's positions."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from hybridspec.kernels.norm.reference import offset_rms_norm
 
 
 def check_attention_args(q: Tensor, gate: Tensor, key: Tensor, value: Tensor, position: Tensor) -> None:
@@ -37,3 +43,50 @@ def gated_attention(q: Tensor, gate: Tensor, key: Tensor, value: Tensor, positio
     out = F.scaled_dot_product_attention(q.transpose(1, 2), key[:, :S].transpose(1, 2), value[:, :S].transpose(1, 2),
                                          attn_mask=visible, enable_gqa=True)  # [B, H, T, D]
     return out.transpose(1, 2).reshape(B, T, H * D) * torch.sigmoid(gate.reshape(B, T, H * D))
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x [B, T, heads, head_dim]; cos/sin [T, rotary_dim] (or [B, T, rotary_dim]), rotary_dim ≤ head_dim;
+    RoPE in the half-rotation layout on the first rotary_dim features, the rest passed through."""
+    rot = cos.shape[-1]
+    cos, sin = (cos[None, :, None, :], sin[None, :, None, :]) if cos.dim() == 2 else (cos[:, :, None], sin[:, :, None])
+    x_rot, x_pass = x[..., :rot], x[..., rot:]
+    return torch.cat((x_rot * cos + rotate_half(x_rot) * sin, x_pass), dim=-1)
+
+
+def check_prepare_args(q: Tensor, k: Tensor, v: Tensor, q_weight: Tensor, k_weight: Tensor, cos: Tensor,
+                       sin: Tensor, key: Tensor, value: Tensor, position: Tensor) -> None:
+    """Shapes: q [B, T, H, D]; k, v [B, T, H_kv, D]; weights [D]; cos, sin [T, R] (R even, ≤ D);
+    key, value [B, S, H_kv, D]; position [≥ 1] long."""
+    if q.dim() != 4 or k.dim() != 4 or v.shape != k.shape or k.shape[:2] != q.shape[:2] or k.shape[3] != q.shape[3]:
+        raise ValueError(f"norm_rope_store: q must be [B, T, H, D] and k, v [B, T, H_kv, D], got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    B, T, H, D = q.shape
+    if key.dim() != 4 or value.shape != key.shape or key.shape[0] != B or key.shape[2:] != k.shape[2:]:
+        raise ValueError(f"norm_rope_store: the cache {tuple(key.shape)} / {tuple(value.shape)} does not hold "
+                         f"keys {tuple(k.shape)}")
+    if q_weight.shape != (D,) or k_weight.shape != (D,):
+        raise ValueError(f"norm_rope_store: norm weights must be [{D}], got {tuple(q_weight.shape)} and "
+                         f"{tuple(k_weight.shape)}")
+    if cos.dim() != 2 or sin.shape != cos.shape or cos.shape[0] != T or cos.shape[1] % 2 or cos.shape[1] > D:
+        raise ValueError(f"norm_rope_store: cos and sin must be [{T}, R] with R even and ≤ {D}, got "
+                         f"{tuple(cos.shape)} and {tuple(sin.shape)}")
+    if position.dtype != torch.long or position.numel() < 1:
+        raise ValueError("norm_rope_store: position must be a long tensor holding the first token's position")
+
+
+def norm_rope_store(q: Tensor, k: Tensor, v: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float,
+                    cos: Tensor, sin: Tensor, key: Tensor, value: Tensor, position: Tensor) -> Tensor:
+    """q [B, T, H, D] → its per-head offset RMS norm (`q_weight`) with RoPE, in q's dtype; k, v
+    [B, T, H_kv, D]: k normed (`k_weight`) and roped, both written into key / value [B, S, H_kv, D]
+    at positions position[0] … position[0] + T − 1 (read on the device)."""
+    check_prepare_args(q, k, v, q_weight, k_weight, cos, sin, key, value, position)
+    positions = position[0] + torch.arange(q.shape[1], device=q.device)  # [T]
+    key.index_copy_(1, positions, apply_rope(offset_rms_norm(k, k_weight, eps)[0], cos, sin))
+    value.index_copy_(1, positions, v)
+    return apply_rope(offset_rms_norm(q, q_weight, eps)[0], cos, sin)

@@ -20,6 +20,8 @@ token's result depends on its own logits only (batch invariance)."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -32,7 +34,22 @@ from hybridspec.kernels.moe.tiles import dot_bt
 
 MAX_EXPERTS, MAX_TOP_K = 1024, 16
 FUSED_TOKENS, FUSED_EXPERTS = 16, 256  # calls the one-launch router takes
-BE, SPLIT, BK = 16, 4, 128  # experts per program, spans of the hidden dimension, hidden columns per step
+
+
+class RouterTiles(NamedTuple):
+    """Launch shape of the one-launch router: experts per program, spans of the hidden dimension,
+    hidden columns per step, warps per program, and whether the last program's softmax / top-k
+    tile has one row per token of the call rounded up to a power of two (`tail_rows="call"`) or
+    always FUSED_TOKENS rows (`"fixed"`)."""
+
+    BE: int = 16
+    SPLIT: int = 4
+    BK: int = 128
+    warps: int = 4
+    tail_rows: str = "fixed"
+
+
+ROUTER_TILES = RouterTiles(BE=32, SPLIT=8, tail_rows="call")  # `bench/results/router_notes.md`
 
 
 @triton.jit
@@ -98,7 +115,7 @@ def _router_fused_kernel(x_ptr, r_ptr, part_ptr, counter_ptr, logits_ptr, ids_pt
                          N, E, H: tl.constexpr, SPAN: tl.constexpr, K: tl.constexpr, RENORMALIZE: tl.constexpr,
                          SPLIT: tl.constexpr, BM: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr,
                          BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
-                         WIDEN: tl.constexpr):
+                         WIDEN: tl.constexpr, TAIL_M: tl.constexpr):
     i_e, i_s = tl.program_id(0), tl.program_id(1)
     o_m = tl.arange(0, BM)
     o_e = i_e * BE + tl.arange(0, BE)
@@ -116,19 +133,21 @@ def _router_fused_kernel(x_ptr, r_ptr, part_ptr, counter_ptr, logits_ptr, ids_pt
     tl.debug_barrier()  # every thread's partial logits stored before the release below
     arrived = tl.atomic_add(counter_ptr, 1, sem="acq_rel")
     if arrived == tl.num_programs(0) * SPLIT - 1:  # the last program: softmax and top-k of every token
+        t_m = tl.arange(0, TAIL_M)
+        t_ok = t_m < N
         cols = tl.arange(0, BLOCK_E)
-        ok = m_ok[:, None] & (cols < E)[None, :]
-        z = tl.zeros([BM, BLOCK_E], dtype=tl.float32)
+        ok = t_ok[:, None] & (cols < E)[None, :]
+        z = tl.zeros([TAIL_M, BLOCK_E], dtype=tl.float32)
         for s in tl.static_range(SPLIT):  # the spans summed in a fixed order
-            z += tl.load(part_ptr + (s * N + o_m[:, None]) * E + cols[None, :], mask=ok, other=0.0,
+            z += tl.load(part_ptr + (s * N + t_m[:, None]) * E + cols[None, :], mask=ok, other=0.0,
                          cache_modifier=".cg")
         z = z.to(logits_ptr.dtype.element_ty)  # the logits in x's dtype, as the linear layer returns them
-        tl.store(logits_ptr + o_m[:, None] * E + cols[None, :], z, mask=ok)
+        tl.store(logits_ptr + t_m[:, None] * E + cols[None, :], z, mask=ok)
         chosen_w, chosen_i = _softmax_top_k(z.to(tl.float32), cols < E, K, RENORMALIZE, BLOCK_E, BLOCK_K)
         slots = tl.arange(0, BLOCK_K)
-        keep = m_ok[:, None] & (slots < K)[None, :]
-        tl.store(ids_ptr + o_m[:, None] * K + slots[None, :], chosen_i, mask=keep)
-        tl.store(w_ptr + o_m[:, None] * K + slots[None, :], chosen_w.to(w_ptr.dtype.element_ty), mask=keep)
+        keep = t_ok[:, None] & (slots < K)[None, :]
+        tl.store(ids_ptr + t_m[:, None] * K + slots[None, :], chosen_i, mask=keep)
+        tl.store(w_ptr + t_m[:, None] * K + slots[None, :], chosen_w.to(w_ptr.dtype.element_ty), mask=keep)
         tl.atomic_xchg(counter_ptr, 0)  # every program has arrived: ready for the next call
 
 
@@ -149,7 +168,7 @@ def fused(tokens: int, experts: int) -> bool:
 
 
 def router(x: Tensor, weight: Tensor, top_k: int, renormalize: bool, dtype: torch.dtype,
-           *, logits: Tensor | None = None) -> tuple[Tensor, Tensor]:
+           *, logits: Tensor | None = None, tiles: RouterTiles = ROUTER_TILES) -> tuple[Tensor, Tensor]:
     """As `reference.router`: x [N, H], weight [E, H] → ids [N, k] (long), weights [N, k] in `dtype`.
     `logits` ([N, E] in x's dtype), when given, receives the logits the routing was taken from."""
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
@@ -174,11 +193,13 @@ def router(x: Tensor, weight: Tensor, top_k: int, renormalize: bool, dtype: torc
     if logits is None:
         logits = torch.empty(n, e, dtype=x.dtype, device=x.device)
     if n:
-        span = triton.cdiv(triton.cdiv(h, SPLIT), BK) * BK
-        part = torch.empty(SPLIT, n, e, dtype=torch.float32, device=x.device)
-        _router_fused_kernel[(triton.cdiv(e, BE), SPLIT)](
+        span = triton.cdiv(triton.cdiv(h, tiles.SPLIT), tiles.BK) * tiles.BK
+        part = torch.empty(tiles.SPLIT, n, e, dtype=torch.float32, device=x.device)
+        tail = FUSED_TOKENS if tiles.tail_rows == "fixed" else triton.next_power_of_2(n)
+        _router_fused_kernel[(triton.cdiv(e, tiles.BE), tiles.SPLIT)](
             x, weight, part, _counter(x.device), logits, ids, weights, x.stride(0), weight.stride(0), n, e,
-            H=h, SPAN=span, K=top_k, RENORMALIZE=bool(renormalize), SPLIT=SPLIT, BM=16, BE=BE, BK=BK,
-            BLOCK_E=triton.next_power_of_2(e), BLOCK_K=triton.next_power_of_2(top_k),
-            PRECISION="ieee" if x.dtype == torch.float32 else "tf32", WIDEN=interpreted(), num_warps=4)
+            H=h, SPAN=span, K=top_k, RENORMALIZE=bool(renormalize), SPLIT=tiles.SPLIT, BM=FUSED_TOKENS, BE=tiles.BE,
+            BK=tiles.BK, BLOCK_E=triton.next_power_of_2(e), BLOCK_K=triton.next_power_of_2(top_k),
+            PRECISION="ieee" if x.dtype == torch.float32 else "tf32", WIDEN=interpreted(), TAIL_M=tail,
+            num_warps=tiles.warps)
     return ids, weights

@@ -13,16 +13,18 @@ from ..cache import TargetCache
 from ..config import TargetConfig
 from .fusion import fuse_linears
 from .norms import OffsetRMSNorm
-from .rope import apply_rope
 
 
 class GatedAttention(nn.Module):
-    """`op` computes the gated attention over the cache (`kernels/attention`: the reference, or the
-    Triton kernels that read the context length on the device); the model sets it per backend."""
+    """`op` computes the gated attention over the cache and `prepare_op` the q/k norms, RoPE and the
+    cache writes before it (`kernels/attention`: the references, or the Triton kernels that read the
+    position on the device); the model sets both per backend."""
 
-    def __init__(self, cfg: TargetConfig, op: Callable = attention_reference.gated_attention):
+    def __init__(self, cfg: TargetConfig, op: Callable = attention_reference.gated_attention,
+                 prepare_op: Callable = attention_reference.norm_rope_store):
         super().__init__()
         self.op = op
+        self.prepare_op = prepare_op
         self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.q_proj = nn.Linear(cfg.hidden_size, 2 * self.n_heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=False)
@@ -49,12 +51,10 @@ class GatedAttention(nn.Module):
         K/V into the cache. `op` reads keys up to `cache.key_span` (static) or, when the host knows
         the length, up to length + T; the Triton kernels read the length on the device instead."""
         B, T, _ = x.shape
-        positions = cache.position[0] + torch.arange(T, device=x.device)  # [T]
         q_gate, k, v = self._project(x)
         q, gate = q_gate.view(B, T, self.n_heads, 2 * self.head_dim).chunk(2, dim=-1)
-        q = apply_rope(self.q_norm(q), *rope)
-        k = apply_rope(self.k_norm(k.view(B, T, self.n_kv, self.head_dim)), *rope)
-        cache.key[slot].index_copy_(1, positions, k)
-        cache.value[slot].index_copy_(1, positions, v.view(B, T, self.n_kv, self.head_dim))
+        kv_shape = (B, T, self.n_kv, self.head_dim)
+        q = self.prepare_op(q, k.view(kv_shape), v.view(kv_shape), self.q_norm.weight, self.k_norm.weight,
+                            self.q_norm.eps, *rope, cache.key[slot], cache.value[slot], cache.position)
         out = self.op(q, gate, cache.key[slot], cache.value[slot], cache.position, cache.key_span or cache.length + T)
         return self.o_proj(out)

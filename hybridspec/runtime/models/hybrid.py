@@ -111,11 +111,13 @@ def moe_experts_op(backend: str) -> Callable:
     return moe_reference.moe_experts if experts is None else experts.moe_experts
 
 
-def attention_op(backend: str) -> Callable:
-    """The gated attention of a backend (`kernels/attention`): the reference (SDPA with a boolean
-    mask over the keys read) or the split-KV Triton kernels (the length read on the device)."""
-    attention = triton_kernels(backend, "attention.triton")
-    return attention_reference.gated_attention if attention is None else attention.gated_attention
+def attention_ops(backend: str) -> tuple[Callable, Callable]:
+    """(gated attention, norm_rope_store) of a backend (`kernels/attention`): the references (SDPA
+    with a boolean mask over the keys read; the q/k norms, RoPE and cache writes as separate ops) or
+    the Triton kernels (split-KV attention reading the length on the device; one launch for the
+    norms, RoPE and cache writes)."""
+    attention = triton_kernels(backend, "attention.triton") or attention_reference
+    return attention.gated_attention, attention.norm_rope_store
 
 
 def norm_ops(backend: str) -> tuple[Callable, Callable]:
@@ -176,13 +178,13 @@ class HybridTarget(nn.Module):
         self.feature_layers = tuple(feature_layers)  # layers whose output the drafter reads (its target_layer_ids)
         offset_norm, gated_norm = norm_ops(backend)
         route = router_op(backend)
-        attend = attention_op(backend)
+        attend, prepare = attention_ops(backend)
         conv = gdn_conv_op(backend)
         for module in self.modules():
             if isinstance(module, Router):
                 module.op = route
             elif isinstance(module, GatedAttention):
-                module.op = attend
+                module.op, module.prepare_op = attend, prepare
             elif isinstance(module, GatedDeltaNet):
                 module.conv_op = conv
             elif isinstance(module, OffsetRMSNorm):
