@@ -42,9 +42,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.kernels.cuda_timing import copy_bandwidth, median_us  # noqa: E402
+from hybridspec.kernels import pdl  # noqa: E402
 from hybridspec.kernels.attention import reference as attention_reference  # noqa: E402
 from hybridspec.runtime.engine import Engine  # noqa: E402
+from hybridspec.kernels.moe import router as moe_router  # noqa: E402
 from hybridspec.runtime.layers.attention import GatedAttention  # noqa: E402
+from hybridspec.runtime.layers.moe import SparseMoE  # noqa: E402
 from hybridspec.runtime.policies import make_policy  # noqa: E402
 from hybridspec.runtime.sampling import SamplingParams  # noqa: E402
 from hybridspec.runtime.session import open_session  # noqa: E402
@@ -55,22 +58,27 @@ LAUNCH_CALLS = ("cudaGraphLaunch", "cudaLaunchKernel", "cuLaunchKernel", "cuLaun
                 "cudaMemcpyAsync", "cudaMemsetAsync")
 
 
-# variant → {module class: {attribute: op}} set on every such module of the target
+# variant → {module class: {attribute: op}} set on every such module of the target, or
+# {python module: {attribute: value}} set on that module
 VARIANTS = {
     "shipped": {},
     "prepare-ref": {GatedAttention: {"prepare_op": attention_reference.norm_rope_store}},
+    # the shared expert in the experts' kernels (its gate_up a slot of theirs), not in the router's launch
+    "shared-in-experts": {SparseMoE: {"route_op": lambda x, w, k, renormalize, dtype, shared:
+                                      moe_router.route(x, w, k, renormalize, dtype, None)}},
+    "pdl": {pdl: {"ENABLED": True}},  # the kernels of `kernels/pdl.py` launched with PDL
 }
 
 
 def apply_variant(target, name: str) -> list[tuple]:
     """Set a variant's ops on the target's modules; returns what to put back."""
     undo = []
-    for module in target.modules():
-        for cls, attrs in VARIANTS[name].items():
-            if isinstance(module, cls):
-                for attr, op in attrs.items():
-                    undo.append((module, attr, getattr(module, attr)))
-                    setattr(module, attr, op)
+    for key, attrs in VARIANTS[name].items():
+        owners = [key] if not isinstance(key, type) else [m for m in target.modules() if isinstance(m, key)]
+        for owner in owners:
+            for attr, value in attrs.items():
+                undo.append((owner, attr, getattr(owner, attr)))
+                setattr(owner, attr, value)
     return undo
 
 

@@ -80,3 +80,50 @@ def test_bad_layouts_are_named():
         moe_triton.moe_experts(**{**args, "down": args["down"].double()})
     with pytest.raises(ValueError, match="gate_up must be contiguous"):
         moe_triton.moe_experts(**{**args, "gate_up": args["gate_up"].transpose(1, 2).contiguous().transpose(1, 2)})
+
+
+@pytest.mark.parametrize("n, shape, dtype", [
+    (1, (8, 256, 64, 32, 48), torch.float32),  # 35B-like k and E; Is = 48: three 16-column tiles of 8 spans' programs
+    (5, (4, 64, 80, 24, 40), torch.bfloat16),
+    (16, (2, 16, 32, 16, 16), torch.float32),
+])
+def test_shared_activation_from_the_routers_launch(n, shape, dtype):
+    """`router.route` computes the shared expert's activation beside the router's programs (the
+    same routing as `router`); the experts given it run the routed experts only and sum the same
+    result as when they compute the shared expert themselves, and as the reference given it."""
+    from hybridspec.kernels.moe import reference
+    from hybridspec.kernels.moe import router as moe_router
+
+    k, e, h, i, i_s = shape
+    args = moe_inputs(n, k, e, h, i, i_s, dtype=dtype, seed=n + 100)
+    router_weight = (torch.randn(e, h, generator=torch.Generator().manual_seed(n)) / h**0.5).to(dtype)
+    ids, weights, act = moe_router.route(args["x"], router_weight, k, True, dtype, args["shared"])
+    want = moe_router.router(args["x"], router_weight, k, True, dtype)
+    assert torch.equal(ids, want[0]) and torch.equal(weights, want[1])
+    assert act.shape == (n, i_s) and act.dtype == dtype
+    exact = reference.shared_activation(args["x"].double(), type(args["shared"])(*(t.double() for t in args["shared"])))
+    assert_close("shared activation", exact, act, RATIO[dtype])
+    args.update(ids=ids, weights=weights)
+    with NoHostRead():
+        given = moe_triton.moe_experts(**args, shared_act=act)
+    assert_close("experts given the activation", moe_oracle(**args), given, RATIO[dtype])
+    if dtype == torch.float32:
+        torch.testing.assert_close(given, moe_triton.moe_experts(**args), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(given, reference_moe(**args, shared_act=act), rtol=1e-5, atol=1e-6)
+
+
+def test_prefill_sized_routing_leaves_the_shared_expert_to_the_experts():
+    from hybridspec.kernels.moe import router as moe_router
+
+    args = moe_inputs(40, 2, 16, 32, 16, 16, seed=7)
+    ids, weights, act = moe_router.route(args["x"], torch.randn(16, 32), 2, True, torch.float32, args["shared"])
+    assert act is None and ids.shape == (40, 2)
+
+
+def test_shared_activation_arguments_are_checked():
+    args = moe_inputs(3, 2, 16, 32, 16, 24, seed=8)
+    for impl in (moe_triton.moe_experts, reference_moe):
+        with pytest.raises(ValueError, match="shared_act"):
+            impl(**args, shared_act=torch.zeros(3, 16))
+        with pytest.raises(ValueError, match="without a shared expert"):
+            impl(**dict(args, shared=None), shared_act=torch.zeros(3, 24))

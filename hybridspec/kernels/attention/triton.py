@@ -28,8 +28,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from hybridspec.kernels import pdl
 from hybridspec.kernels.attention.reference import check_attention_args, check_prepare_args
 from hybridspec.kernels.interpreter import interpreted
+from hybridspec.kernels.pdl import wait_then_release
 
 LOG2E = 1.4426950408889634
 
@@ -39,7 +41,9 @@ def _attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, acc_ptr, ml_ptr,
                        stride_qb, stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
                        stride_vh, T, S, CH, SPLITS, ROWS, qk_scale,
                        G: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr,
-                       BN: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr):
+                       BN: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr, USE_GDC: tl.constexpr):
+    if USE_GDC:
+        wait_then_release()
     i_bh, i_r, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, kh = i_bh // HKV, i_bh % HKV
     p = tl.load(pos_ptr)
@@ -89,7 +93,9 @@ def _attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, acc_ptr, ml_ptr,
 @triton.jit
 def _attn_combine_kernel(acc_ptr, ml_ptr, gate_ptr, pos_ptr, out_ptr, stride_gb, stride_gt, stride_gh,
                          T, S, CH, SPLITS, ROWS, H: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
-                         BD: tl.constexpr):
+                         BD: tl.constexpr, USE_GDC: tl.constexpr):
+    if USE_GDC:
+        wait_then_release()
     row = tl.program_id(0)  # (b, t, h)
     b, t, h = row // (T * H), (row // H) % T, row % H
     kh, r = h // G, t * G + h % G
@@ -143,7 +149,10 @@ def _norm_rope_store_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_pt
                             out_ptr, stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh,
                             stride_vb, stride_vt, stride_vh, stride_ct, stride_st, stride_cb, stride_cs,
                             stride_ch, stride_xb, stride_xs, stride_xh, T, S, eps,
-                            H: tl.constexpr, D: tl.constexpr, ROT: tl.constexpr, BD: tl.constexpr):
+                            H: tl.constexpr, D: tl.constexpr, ROT: tl.constexpr, BD: tl.constexpr,
+                            USE_GDC: tl.constexpr):
+    if USE_GDC:
+        wait_then_release()
     i_bt, j = tl.program_id(0), tl.program_id(1)  # (b, t); query head j < H, else KV head j − H
     b, t = i_bt // T, i_bt % T
     dtype = out_ptr.dtype.element_ty
@@ -185,7 +194,7 @@ def norm_rope_store(q: Tensor, k: Tensor, v: Tensor, q_weight: Tensor, k_weight:
             v.stride(0), v.stride(1), v.stride(2), cos.stride(0), sin.stride(0),
             key.stride(0), key.stride(1), key.stride(2), value.stride(0), value.stride(1), value.stride(2),
             T, key.shape[1], eps, H=H, D=D, ROT=cos.shape[1], BD=triton.next_power_of_2(D),
-            num_warps=2 if D > 128 else 1)
+            num_warps=2 if D > 128 else 1, **pdl.options(q))
     return out
 
 
@@ -233,8 +242,9 @@ def gated_attention(q: Tensor, gate: Tensor, key: Tensor, value: Tensor, positio
         value.stride(0), value.stride(1), value.stride(2), T, S, lay["CH"], lay["splits"], rows,
         LOG2E / math.sqrt(D), G=lay["G"], HKV=H_kv, D=D, BD=lay["BD"], BM=lay["BM"], BN=lay["BN"],
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", WIDEN=widen,
-        num_warps=lay["warps"], num_stages=2)
+        num_warps=lay["warps"], num_stages=2, **pdl.options(q))
     _attn_combine_kernel[(B * T * H,)](
         acc, ml, gate, position, out, gate.stride(0), gate.stride(1), gate.stride(2),
-        T, S, lay["CH"], lay["splits"], rows, H=H, G=lay["G"], D=D, BD=lay["BD"], num_warps=4 if D > 128 else 2)
+        T, S, lay["CH"], lay["splits"], rows, H=H, G=lay["G"], D=D, BD=lay["BD"], num_warps=4 if D > 128 else 2,
+        **pdl.options(q))
     return out

@@ -15,12 +15,17 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from hybridspec.kernels import pdl
+from hybridspec.kernels.pdl import wait_then_release
+
 
 @triton.jit
 def _conv_silu_kernel(x_ptr, s_ptr, w_ptr, y_ptr, xo_ptr, T, C,
                       stride_xb, stride_xt, stride_sb, stride_sc, stride_sk, stride_wc, stride_wk,
                       stride_yb, stride_yt, stride_ob, stride_ot,
-                      K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, COPY: tl.constexpr):
+                      K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, COPY: tl.constexpr, USE_GDC: tl.constexpr):
+    if USE_GDC:
+        wait_then_release()
     i_b, i_c, i_t = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_t = i_t * BT + tl.arange(0, BT)
     o_c = i_c * BC + tl.arange(0, BC)
@@ -60,5 +65,5 @@ def causal_conv_silu(x: Tensor, state: Tensor, weight: Tensor, *, x_out: Tensor 
     _conv_silu_kernel[(B, triton.cdiv(C, bc), triton.cdiv(T, bt))](
         x, state, weight, y, xo, T, C, x.stride(0), x.stride(1), state.stride(0), state.stride(1), state.stride(2),
         weight.stride(0), weight.stride(2), y.stride(0), y.stride(1), xo.stride(0), xo.stride(1),
-        K=K, BT=bt, BC=bc, COPY=x_out is not None, num_warps=4)
+        K=K, BT=bt, BC=bc, COPY=x_out is not None, num_warps=4, **pdl.options(x))
     return y

@@ -19,25 +19,10 @@ import torch
 import triton
 import triton.language as tl
 
-from hybridspec.kernels.moe.tiles import dot_bt
+from hybridspec.kernels import pdl
+from hybridspec.kernels.moe.tiles import gated_products
 from hybridspec.kernels.moe.tuning import step_width
-
-
-@triton.jit
-def _gated_products(p_x, p_g, p_u, x_ok, n_ok, H: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                    BK: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr):
-    """[BM, BN] fp32 products x W_gate^T and x W_up^T over the hidden dimension in steps of BK."""
-    o_c = tl.arange(0, BK)
-    acc_g = tl.zeros([BM, BN], dtype=tl.float32)
-    acc_u = tl.zeros([BM, BN], dtype=tl.float32)
-    for c in range(0, H, BK):
-        c_ok = c + o_c < H
-        b_x = tl.load(p_x + c, mask=x_ok[:, None] & c_ok[None, :], other=0.0)  # [BM, BK]
-        b_g = tl.load(p_g + c, mask=n_ok[:, None] & c_ok[None, :], other=0.0)  # [BN, BK]
-        b_u = tl.load(p_u + c, mask=n_ok[:, None] & c_ok[None, :], other=0.0)  # [BN, BK]
-        acc_g = dot_bt(b_x, b_g, acc_g, PRECISION, WIDEN)
-        acc_u = dot_bt(b_x, b_u, acc_u, PRECISION, WIDEN)
-    return acc_g, acc_u
+from hybridspec.kernels.pdl import wait_then_release
 
 
 @triton.jit
@@ -52,7 +37,9 @@ def _moe_gate_up_kernel(x_ptr, rw_ptr, gu_ptr, sg_ptr, su_ptr, sgw_ptr, slot_exp
                         count_ptr, act_ptr, stride_xn, stride_ge, stride_gn, stride_sgn, stride_sun,
                         stride_an, stride_ak, N, K: tl.constexpr, H: tl.constexpr,
                         I: tl.constexpr, IS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                        BK: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr):
+                        BK: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr, USE_GDC: tl.constexpr):
+    if USE_GDC:
+        wait_then_release()
     i_s, i_t = tl.program_id(0), tl.program_id(1)
     o_m = tl.arange(0, BM)
     o_n = i_t * BN + tl.arange(0, BN)
@@ -65,7 +52,7 @@ def _moe_gate_up_kernel(x_ptr, rw_ptr, gu_ptr, sg_ptr, su_ptr, sgw_ptr, slot_exp
             hit = b_kpos >= 0
             n_ok = o_n < I
             p_g = gu_ptr + e * stride_ge + o_n[:, None] * stride_gn + o_c[None, :]
-            acc_g, acc_u = _gated_products(p_x, p_g, p_g + I * stride_gn, hit, n_ok, H, BM, BN, BK,
+            acc_g, acc_u = gated_products(p_x, p_g, p_g + I * stride_gn, hit, n_ok, H, BM, BN, BK,
                                              PRECISION, WIDEN)
             b_w = tl.load(rw_ptr + o_m * K + b_kpos, mask=hit, other=0.0).to(tl.float32)  # [BM]
             _store_act(act_ptr, acc_g, acc_u, b_w, o_m, b_kpos, hit, o_n, n_ok, stride_an, stride_ak)
@@ -74,7 +61,7 @@ def _moe_gate_up_kernel(x_ptr, rw_ptr, gu_ptr, sg_ptr, su_ptr, sgw_ptr, slot_exp
         n_ok = o_n < IS
         p_g = sg_ptr + o_n[:, None] * stride_sgn + o_c[None, :]
         p_u = su_ptr + o_n[:, None] * stride_sun + o_c[None, :]
-        acc_g, acc_u = _gated_products(p_x, p_g, p_u, m_ok, n_ok, H, BM, BN, BK, PRECISION, WIDEN)
+        acc_g, acc_u = gated_products(p_x, p_g, p_u, m_ok, n_ok, H, BM, BN, BK, PRECISION, WIDEN)
         acc_s = tl.zeros([BM], dtype=tl.float32)
         for c in range(0, H, BK):
             c_ok = c + o_c < H
@@ -100,5 +87,5 @@ def launch_gate_up(x, weights, gate_up, shared, slots, act, block_m: int, tuning
         x.stride(0), gate_up.stride(0), gate_up.stride(1), sg.stride(0), su.stride(0), act.stride(0), act.stride(1),
         N=n, K=k, H=x.shape[1], I=i, IS=i_s, BM=block_m, BN=bn, BK=bk,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32", WIDEN=widen,
-        num_warps=tuning.gate_up_warps, num_stages=tuning.gate_up_stages)
+        num_warps=tuning.gate_up_warps, num_stages=tuning.gate_up_stages, **pdl.options(x))
 

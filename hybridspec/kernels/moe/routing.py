@@ -16,11 +16,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from hybridspec.kernels import pdl
+from hybridspec.kernels.pdl import wait_then_release
 
 @triton.jit
 def _moe_slots_kernel(ids_ptr, scratch_ptr, slot_expert_ptr, slot_kpos_ptr, count_ptr, arrivals_ptr, TILES,
                       N, K: tl.constexpr, E: tl.constexpr, EP: tl.constexpr,
-                      NKP: tl.constexpr, BM: tl.constexpr, FILL: tl.constexpr):
+                      NKP: tl.constexpr, BM: tl.constexpr, FILL: tl.constexpr, USE_GDC: tl.constexpr):
+    if USE_GDC:
+        wait_then_release()
     o_e = tl.arange(0, EP)
     o_a = tl.arange(0, NKP)
     a_ok = o_a < N * K
@@ -57,7 +61,7 @@ def expert_slots(ids, workspace, n_experts: int, block_m: int, tiles: int):
     arrivals = rest[nk + nk * block_m + 1 : nk + nk * block_m + 1 + tiles]
     _moe_slots_kernel[(1,)](ids, scratch, slot_expert, slot_kpos, count, arrivals, tiles, N=n, K=k, E=n_experts,
                             EP=triton.next_power_of_2(n_experts), NKP=triton.next_power_of_2(block_m * k),
-                            BM=block_m, FILL=1024, num_warps=4)
+                            BM=block_m, FILL=1024, num_warps=4, **pdl.options(ids))
     return slot_expert, slot_kpos, count, arrivals
 
 

@@ -10,14 +10,18 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from hybridspec.kernels import pdl
 from hybridspec.kernels.interpreter import interpreted
+from hybridspec.kernels.pdl import wait_then_release
 
 MAX_N = 16384
 
 
 @triton.jit
 def _offset_rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, stride_x, stride_r, stride_y, stride_s, N, eps,
-                            HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+                            HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, USE_GDC: tl.constexpr):
+    if USE_GDC:
+        wait_then_release()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < N
@@ -34,7 +38,9 @@ def _offset_rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, stride_x, stride_
 
 @triton.jit
 def _gated_rms_norm_kernel(x_ptr, g_ptr, w_ptr, y_ptr, stride_xt, stride_xh, stride_gt, stride_gh, H, N, eps,
-                           BLOCK: tl.constexpr):
+                           BLOCK: tl.constexpr, USE_GDC: tl.constexpr):
+    if USE_GDC:
+        wait_then_release()
     row = tl.program_id(0).to(tl.int64)  # one (token, head) row; y is contiguous
     t, h = row // H, row % H
     cols = tl.arange(0, BLOCK)
@@ -86,7 +92,7 @@ def offset_rms_norm(x: Tensor, weight: Tensor, eps: float, residual: Tensor | No
     if rows.shape[0]:
         _offset_rms_norm_kernel[(rows.shape[0],)](
             rows, r_rows, weight, y, s_rows, rows.stride(0), r_rows.stride(0), n, s_rows.stride(0), n, eps,
-            HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(n))
+            HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(n), **pdl.options(x))
     return y, s
 
 
@@ -110,5 +116,6 @@ def gated_rms_norm(x: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tenso
     y = torch.empty(x.shape, dtype=gate.dtype, device=x.device)
     if xs.numel():
         _gated_rms_norm_kernel[(xs.shape[0] * heads,)](xs, gs, weight, y, xs.stride(0), xs.stride(1), gs.stride(0),
-                                                       gs.stride(1), heads, n, eps, BLOCK=triton.next_power_of_2(n))
+                                                       gs.stride(1), heads, n, eps, BLOCK=triton.next_power_of_2(n),
+                                                       **pdl.options(gate))
     return y

@@ -26,7 +26,7 @@ from ..cache import TargetCache
 from ..config import ConfigError, TargetConfig
 from ..layers.attention import GatedAttention
 from ..layers.gdn import GatedDeltaNet
-from ..layers.moe import DenseMLP, Router, SparseMoE
+from ..layers.moe import DenseMLP, SparseMoE
 from ..layers.norms import GatedRMSNorm, OffsetRMSNorm
 from ..layers.rope import rope_cos_sin, rope_inv_freq
 
@@ -40,6 +40,7 @@ class Stage0:
     moe_input: Tensor  # [B, u, hidden]  post-attention norm output (router and experts input)
     expert_ids: Tensor  # [B, u, k]
     expert_weights: Tensor  # [B, u, k]
+    shared_act: Tensor | None = None  # [B, u, Is]  the shared expert's activation, when routing computed it
 
 
 @dataclass
@@ -97,11 +98,11 @@ def gdn_conv_op(backend: str) -> Callable:
     return gdn_reference.causal_conv_silu if gdn_triton is None else gdn_triton.causal_conv_silu
 
 
-def router_op(backend: str) -> Callable:
-    """The router (logits, softmax, top-k) of a backend: the reference, or the Triton router (one
-    launch per call of up to 16 tokens)."""
+def route_op(backend: str) -> Callable:
+    """The routing call (logits, softmax, top-k) of a backend: the reference, or the Triton router
+    (one launch per call of up to 16 tokens, which also computes the shared expert's activation)."""
     router = triton_kernels(backend, "moe.router")
-    return moe_reference.router if router is None else router.router
+    return moe_reference.route if router is None else router.route
 
 
 def moe_experts_op(backend: str) -> Callable:
@@ -127,9 +128,18 @@ def norm_ops(backend: str) -> tuple[Callable, Callable]:
     return norms.offset_rms_norm, norms.gated_rms_norm
 
 
+def whole(t: Tensor) -> Tensor:
+    """A layer output that is already complete (one process holds every head and column)."""
+    return t
+
+
 class DecoderLayer(nn.Module):
+    """`reduce` completes the token mixer's and the MLP block's outputs: `whole` in one process, an
+    all-reduce over the ranks under tensor parallelism (`runtime/tensor_parallel.py`)."""
+
     def __init__(self, cfg: TargetConfig, index: int, verify: Callable, experts: Callable):
         super().__init__()
+        self.reduce: Callable[[Tensor], Tensor] = whole
         self.is_gdn = cfg.layer_types[index] == "linear_attention"
         if self.is_gdn:
             self.linear_attn = GatedDeltaNet(cfg, verify)
@@ -149,7 +159,7 @@ class DecoderLayer(nn.Module):
         """The token mixer on h = input_layernorm(x), its residual add fused into the post-attention
         norm: returns (post_attention_layernorm(x'), x') with x' = x + mixer(h)."""
         h = self.linear_attn(h, cache, slot) if self.is_gdn else self.self_attn(h, cache, slot, rope)
-        return self.post_attention_layernorm.add_norm(h, x)
+        return self.post_attention_layernorm.add_norm(self.reduce(h), x)
 
 
 def device_resident(backend: str) -> bool:
@@ -177,12 +187,12 @@ class HybridTarget(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(cfg.rotary_dim, cfg.rope_theta), persistent=False)
         self.feature_layers = tuple(feature_layers)  # layers whose output the drafter reads (its target_layer_ids)
         offset_norm, gated_norm = norm_ops(backend)
-        route = router_op(backend)
+        route = route_op(backend)
         attend, prepare = attention_ops(backend)
         conv = gdn_conv_op(backend)
         for module in self.modules():
-            if isinstance(module, Router):
-                module.op = route
+            if isinstance(module, SparseMoE):
+                module.route_op = route
             elif isinstance(module, GatedAttention):
                 module.op, module.prepare_op = attend, prepare
             elif isinstance(module, GatedDeltaNet):
@@ -226,8 +236,7 @@ class HybridTarget(nn.Module):
         layer = self.layers[0]
         x = self.embed_tokens(tokens)
         moe_input, residual = layer.mix(layer.input_layernorm(x), x, cache, 0, rope=None)  # [B, u, hidden]
-        ids, weights = layer.mlp.route(moe_input)
-        return Stage0(u, residual, moe_input, ids, weights)
+        return Stage0(u, residual, moe_input, *layer.mlp.route(moe_input))
 
     @torch.no_grad()
     def stage1(self, s0: Stage0, w: int, cache: TargetCache, *, record_routing: bool = False) -> PassOutput:
@@ -238,7 +247,9 @@ class HybridTarget(nn.Module):
         layer0 = self.layers[0]
         ids, weights = s0.expert_ids[:, :w], s0.expert_weights[:, :w]
         # each layer's output is x + delta; the add is fused into the next norm, which also returns it
-        x, delta = s0.residual[:, :w], layer0.mlp.run_experts(s0.moe_input[:, :w], ids, weights)
+        shared_act = None if s0.shared_act is None else s0.shared_act[:, :w]
+        delta = layer0.reduce(layer0.mlp.run_experts(s0.moe_input[:, :w], ids, weights, shared_act))
+        x = s0.residual[:, :w]
         routing = [ids] if record_routing else None
         taps = set(self.feature_layers)
         outputs = {}
@@ -249,12 +260,12 @@ class HybridTarget(nn.Module):
                 outputs[index - 1] = x
             h, x = layer.mix(h, x, cache, self._slot[index], rope)
             if layer.is_moe:
-                ids, weights = layer.mlp.route(h)
+                ids, weights, shared_act = layer.mlp.route(h)
                 if routing is not None:
                     routing.append(ids)
-                delta = layer.mlp.run_experts(h, ids, weights)
+                delta = layer.reduce(layer.mlp.run_experts(h, ids, weights, shared_act))
             else:
-                delta = layer.mlp(h)
+                delta = layer.reduce(layer.mlp(h))
         normed, x = self.norm.add_norm(delta, x)
         if len(self.layers) - 1 in taps:
             outputs[len(self.layers) - 1] = x

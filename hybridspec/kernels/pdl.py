@@ -1,0 +1,45 @@
+"""Programmatic dependent launch (SM90 and later) for the decoding round's kernels.
+
+A kernel launched with it may start while the previous kernel of the stream is finishing: its
+launch and the scheduling of its programs overlap the previous kernel's tail. Each such kernel
+calls `wait_then_release` before its first memory access: it waits until the previous kernel has
+finished and its writes are visible, then lets the next kernel launch. The results are unchanged;
+only the gaps between launches shrink. `ENABLED` switches it on for every kernel that takes its
+options here; it is off until measured in whole rounds (`bench/gpu_round.py --variants
+shipped,pdl`, `bench/results/gpu_round_notes.md`): behind other PDL launches a PDL kernel has also
+been seen to cost time (`bench/results/gdn_kernels_notes.md`)."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from hybridspec.kernels.interpreter import interpreted
+
+ENABLED = False
+
+
+@functools.cache
+def _capable(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
+def options(x: Tensor) -> dict:
+    """Launch options for a kernel taking `USE_GDC`: programmatic dependent launch where enabled and
+    possible (a CUDA device of compute capability 9 or higher, compiled: the interpreter cannot run
+    the inline PTX); the capability is looked up once per device."""
+    if ENABLED and x.is_cuda and not interpreted() and _capable(x.device.index):
+        return dict(USE_GDC=True, launch_pdl=True)
+    return dict(USE_GDC=False)
+
+
+@triton.jit
+def wait_then_release():
+    """Wait for the previous kernel of the stream (finished, its writes visible), then let the next
+    kernel launch."""
+    tl.extra.cuda.gdc_wait()
+    tl.extra.cuda.gdc_launch_dependents()
