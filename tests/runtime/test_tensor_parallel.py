@@ -1,0 +1,106 @@
+"""Tensor parallelism on CPU with gloo, world size 2 (spawned processes): each rank's target holds
+half the heads and intermediate columns; its logits equal one process's within fp32 rounding (the
+all-reduce sums the halves in another order), and greedy decoding through the engine (the embedded
+drafter, `ar` and speculative policies) emits one process's tokens on every rank. The split itself:
+counts not divisible by the world size are named; every slice is where the docstring puts it."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from hybridspec.runtime.config import ConfigError
+from hybridspec.runtime.tensor_parallel import local_config, shard_state
+
+WORLD = 2
+POLICIES = ("ar", "hybridspec")  # one process's rounds (w per round) as well as its tokens
+
+
+def _rank(rank: int, world: int, rendezvous: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
+    try:
+        from hybridspec.runtime.engine import Engine
+        from hybridspec.runtime.policies import make_policy
+        from hybridspec.runtime.session import open_session
+        from hybridspec.runtime.tensor_parallel import tensor_parallel_target
+        from tests.runtime.helpers import policy_parameters, prefilled_cache
+
+        session = open_session(device="cpu", dtype="float32", backend="torch")
+        full, drafter = session.target, session.drafter
+        local = tensor_parallel_target(full)
+        assert local.cfg.linear_num_value_heads * world == full.cfg.linear_num_value_heads
+        prompt = session.codec.encode("The tensor-parallel target splits every layer's heads across the ranks.")
+        block = torch.tensor([prompt[-6:]])
+        logits = []
+        for target in (full, local):
+            cache = prefilled_cache(target, prompt[:-6], 16)
+            logits.append(target.forward_pass(block, cache).logits)
+        assert local.new_cache(max_len=64).ssm.shape[2] * world == full.new_cache(max_len=64).ssm.shape[2]
+        torch.testing.assert_close(logits[1], logits[0], rtol=1e-5, atol=1e-5)
+        gathered = [torch.empty_like(logits[1]) for _ in range(world)]
+        dist.all_gather(gathered, logits[1])
+        assert all(torch.equal(g, gathered[0]) for g in gathered)  # every rank holds the same logits
+        params = policy_parameters(drafter.draft_len)
+        for name in POLICIES:
+            policy = make_policy(name, drafter.draft_len, params)
+            want = Engine(full, drafter, max_context=256).generate(prompt, policy=policy, max_new_tokens=24)
+            got = Engine(local, drafter, max_context=256).generate(prompt, policy=policy, max_new_tokens=24)
+            assert got.token_ids == want.token_ids, (rank, name)
+            assert [r.w for r in got.rounds] == [r.w for r in want.rounds], (rank, name)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_ranks_with_gloo_equal_one_process(tmp_path):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    mp.spawn(_rank, args=(WORLD, str(tmp_path / "rendezvous")), nprocs=WORLD, join=True)
+
+
+@pytest.fixture(scope="module")
+def embedded_target():
+    from hybridspec.runtime.session import open_session
+
+    return open_session(device="cpu", dtype="float32", backend="torch").target
+
+
+def test_local_config_divides_the_split_counts_and_names_what_does_not_divide(embedded_target):
+    cfg = embedded_target.cfg
+    half = local_config(cfg, 2)
+    assert (half.num_attention_heads, half.linear_num_value_heads, half.moe_intermediate_size) == (
+        cfg.num_attention_heads // 2, cfg.linear_num_value_heads // 2, cfg.moe_intermediate_size // 2)
+    assert half.hidden_size == cfg.hidden_size and half.num_experts == cfg.num_experts
+    with pytest.raises(ConfigError, match="num_key_value_heads = 2 .attention KV heads. is not a multiple of 4"):
+        local_config(cfg, 4)
+
+
+def test_shard_state_slices(embedded_target):
+    """The slices by hand on the embedded target: GDN q/k/v rows of the rank's key and value heads,
+    A_log, out_proj's columns, gate and up rows of the rank's intermediate columns, o_proj's
+    columns; the router and the LM head whole."""
+    cfg, state = embedded_target.cfg, embedded_target.state_dict()
+    gdn = f"layers.{cfg.gdn_layers[0]}."
+    attn = f"layers.{cfg.attention_layers[0]}."
+    dk, dv, hk, hv = cfg.linear_key_head_dim, cfg.linear_value_head_dim, cfg.linear_num_key_heads, cfg.linear_num_value_heads
+    i, d = cfg.moe_intermediate_size, cfg.head_dim
+    for rank in range(2):
+        part = shard_state(state, cfg, rank, 2)
+        qkv = state[gdn + "linear_attn.in_proj_qkv.weight"]
+        q, k, v = qkv.split((hk * dk, hk * dk, hv * dv))
+        sl = lambda t, n: t[rank * n // 2 : (rank + 1) * n // 2]  # noqa: E731
+        assert torch.equal(part[gdn + "linear_attn.in_proj_qkv.weight"],
+                           torch.cat((sl(q, hk * dk), sl(k, hk * dk), sl(v, hv * dv))))
+        assert torch.equal(part[gdn + "linear_attn.A_log"], sl(state[gdn + "linear_attn.A_log"], hv))
+        assert torch.equal(part[gdn + "linear_attn.out_proj.weight"],
+                           sl(state[gdn + "linear_attn.out_proj.weight"].T, hv * dv).T)
+        gu = state[gdn + "mlp.experts.gate_up_proj"]
+        assert torch.equal(part[gdn + "mlp.experts.gate_up_proj"],
+                           torch.cat((sl(gu[:, :i].transpose(0, 1), i), sl(gu[:, i:].transpose(0, 1), i))).transpose(0, 1))
+        assert torch.equal(part[attn + "self_attn.o_proj.weight"],
+                           sl(state[attn + "self_attn.o_proj.weight"].T, cfg.num_attention_heads * d).T)
+        assert torch.equal(part[gdn + "mlp.gate.weight"], state[gdn + "mlp.gate.weight"])  # the router whole
+        assert torch.equal(part["lm_head.weight"], state["lm_head.weight"])
