@@ -46,6 +46,8 @@ def generate(
     graphs: GraphsOpt = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Use an artifact fitted for another model/drafter.")] = False,
+    tp: Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel ranks: spawned processes, one GPU each "
+                                    "on CUDA (NCCL), gloo on CPU.")] = 1,
 ) -> None:
     """Generate from one prompt with a length policy and print the tokens and round statistics."""
     from ..runtime.generation import GenerateRequest, run_generate
@@ -54,7 +56,7 @@ def generate(
     request = GenerateRequest(model=model, drafter=drafter, prompt=prompt, prompt_ids=prompt_ids, policy=policy,
                               artifact=artifact, max_new_tokens=max_new_tokens, temperature=temperature,
                               top_p=top_p, top_k=top_k, seed=seed, device=device, dtype=dtype, backend=backend, graphs=graphs,
-                              force=force)
+                              force=force, tp=tp)
     try:
         summary = run_generate(request)
     except ValueError as exc:  # ConfigError, PolicyError, ArtifactError, bad sampling values

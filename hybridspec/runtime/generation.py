@@ -38,6 +38,7 @@ class GenerateRequest:
     dtype: str = "float32"
     backend: str = "auto"
     graphs: bool = True  # False: the resident round without CUDA graphs
+    tp: int = 1  # tensor-parallel ranks (spawned processes; `tensor_parallel.py`)
 
 
 def _prompt(request: GenerateRequest, session: Session) -> list[int]:
@@ -66,10 +67,22 @@ def run_generate(request: GenerateRequest) -> dict:
     if not -(2**63) <= request.seed < 2**63:
         raise ValueError(f"--seed must be a 64-bit integer, got {request.seed}")
     sampling = SamplingParams(request.temperature, request.top_k, request.top_p, request.seed)
+    if request.tp < 1:
+        raise ValueError(f"--tp must be at least 1, got {request.tp}")
+    if (request.prompt is None) == (request.prompt_ids is None):  # before any rank is spawned
+        raise ValueError("give exactly one of a prompt text or prompt ids")
+    if request.tp > 1:
+        from .tensor_parallel import spawn
+
+        return spawn(_generate, request.tp, request.device, request, sampling, True)
+    return _generate(request, sampling, False)
+
+
+def _generate(request: GenerateRequest, sampling: SamplingParams, tensor_parallel: bool) -> dict:
     name = request.policy or default_policy(request.artifact)
     session = open_session(request.model, request.drafter, need_drafter=name != "ar",
                            device=request.device, dtype=request.dtype, backend=request.backend, seed=request.seed,
-                           graphs=request.graphs)
+                           graphs=request.graphs, tensor_parallel=tensor_parallel)
     params, _ = resolve_policy(name, request.artifact, session, request.force)
     draft_len = session.drafter.draft_len if session.drafter is not None else 0
     policy = make_policy(name, draft_len, params, device=request.device)

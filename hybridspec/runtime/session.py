@@ -66,11 +66,13 @@ class Session:
 
 def open_session(model: str | None = None, drafter: str | None = None, *, need_drafter: bool = True,
                  device: str = "cpu", dtype: str = "auto", backend: str = "auto",
-                 max_context: int = 4096, seed: int = 0, graphs: bool = True) -> Session:
+                 max_context: int = 4096, seed: int = 0, graphs: bool = True,
+                 tensor_parallel: bool = False) -> Session:
     """Load the target (directory, repo id or preset) and, when needed, the drafter (directory, repo id,
     or `random` for a random one; random presets default to `random`). `dtype` `auto`: bfloat16 on
     CUDA, float32 elsewhere. `graphs=False` (`--no-graphs`): the GPU-resident round runs eagerly, the
-    oracle of its CUDA graphs."""
+    oracle of its CUDA graphs. `tensor_parallel`: inside an initialised process group, this rank's
+    part of the target (`tensor_parallel.tensor_parallel_target`; the drafter whole)."""
     backend = resolve_backend(backend, device)
     name = model if model is not None else default_model()[0]  # as given: what outputs call the model
     model, drafter = resolve_pair(model, drafter)
@@ -87,6 +89,10 @@ def open_session(model: str | None = None, drafter: str | None = None, *, need_d
             _check_pair(cfg, dcfg, drafter)
             features = dcfg.target_layer_ids
     target = load_target(model, device=device, dtype=dtype, backend=backend, seed=seed, feature_layers=features)
+    if tensor_parallel:
+        from .tensor_parallel import tensor_parallel_target
+
+        target = tensor_parallel_target(target)
     draft = None
     if need_drafter:
         draft = (random_drafter(target, seed=seed + 1) if random

@@ -26,9 +26,13 @@ the MoE blocks; which one is faster is for the two-GPU measurement to decide.
 from __future__ import annotations
 
 import dataclasses
+import tempfile
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 from torch import Tensor
 
 from .config import ConfigError, TargetConfig
@@ -142,3 +146,46 @@ def tensor_parallel_target(full: HybridTarget, group=None) -> HybridTarget:
     for layer in local.layers:
         layer.reduce = reduce
     return local
+
+
+def spawn(fn: Callable[..., Any], world: int, device: str, *args) -> Any:
+    """Run fn(*args) on `world` spawned processes joined in a fresh process group (gloo on CPU;
+    NCCL on CUDA, rank r on GPU r) and return rank 0's result. An error on any rank is raised here."""
+    if device.startswith("cuda") and torch.cuda.device_count() < world:
+        raise ValueError(f"tensor parallelism over {world} ranks needs {world} GPUs, this machine has "
+                         f"{torch.cuda.device_count()}")
+    context = mp.get_context("spawn")
+    results = context.SimpleQueue()
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            mp.spawn(_rank_main, args=(world, device, f"{tmp}/rendezvous", fn, args, results), nprocs=world,
+                     join=True)
+        except mp.ProcessRaisedException as exc:
+            if (error := bad_input(str(exc))) is not None:
+                raise error from None
+            raise
+    return results.get()
+
+
+def bad_input(rank_failure: str) -> ValueError | None:
+    """A rank's failure (its traceback as `mp.spawn` reports it) as the ValueError the command
+    reports for bad input, when that is what the rank raised; None for any other error."""
+    kind, _, message = rank_failure.strip().splitlines()[-1].partition(": ")
+    if kind.rsplit(".", 1)[-1] in ("ValueError", "ConfigError", "PolicyError", "ArtifactError"):
+        return ValueError(message)
+    return None
+
+
+def _rank_main(rank: int, world: int, device: str, rendezvous: str, fn, args, results) -> None:
+    backend = "nccl" if device.startswith("cuda") else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    else:
+        torch.set_num_threads(max(1, torch.get_num_threads() // world))
+    dist.init_process_group(backend, init_method=f"file://{rendezvous}", rank=rank, world_size=world)
+    try:
+        out = fn(*args)
+        if rank == 0:
+            results.put(out)
+    finally:
+        dist.destroy_process_group()

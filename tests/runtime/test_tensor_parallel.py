@@ -6,6 +6,7 @@ counts not divisible by the world size are named; every slice is where the docst
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -104,3 +105,25 @@ def test_shard_state_slices(embedded_target):
                            sl(state[attn + "self_attn.o_proj.weight"].T, cfg.num_attention_heads * d).T)
         assert torch.equal(part[gdn + "mlp.gate.weight"], state[gdn + "mlp.gate.weight"])  # the router whole
         assert torch.equal(part["lm_head.weight"], state["lm_head.weight"])
+
+
+def test_generate_over_two_ranks_emits_the_tokens_of_one_process():
+    """`generate --tp 2`: spawned ranks (gloo), rank 0's summary, the tokens of one process."""
+    from hybridspec.runtime.generation import GenerateRequest, run_generate
+
+    request = GenerateRequest(prompt="Split the heads over two ranks.", policy="static:4", max_new_tokens=16)
+    one = run_generate(request)
+    two = run_generate(dataclasses.replace(request, tp=2))
+    assert two["token_ids"] == one["token_ids"] and two["rounds"] == one["rounds"]
+    with pytest.raises(ValueError, match="give exactly one of a prompt text or prompt ids"):
+        run_generate(dataclasses.replace(request, prompt=None, tp=2))
+
+
+def test_a_ranks_bad_input_is_reported_as_such():
+    from hybridspec.runtime.tensor_parallel import bad_input
+
+    failure = ("\n\n-- Process 1 terminated with the following error:\nTraceback (most recent call last):\n"
+               '  File "x.py", line 1, in f\nhybridspec.runtime.config.ConfigError: unknown model \'nope\'\n')
+    error = bad_input(failure)
+    assert isinstance(error, ValueError) and str(error) == "unknown model 'nope'"
+    assert bad_input("Traceback (most recent call last):\nRuntimeError: NCCL error") is None
