@@ -38,13 +38,16 @@ def exact(target):
 
 
 def exact_joint(target) -> dict:
-    """P(t1 … t4) of target-only sampling, by enumeration: {tuple: probability}."""
+    """P(t1 … t4) of target-only sampling, by enumeration: {tuple: probability}. The prefixes of each
+    length are the rows of one batched prefill (rows do not interact: each row's last logits are
+    those of a prefill of its prefix alone, to float rounding)."""
     V, params = target.cfg.vocab_size, SamplingParams(**SAMPLING)
     probs = {}
-    for prefix in itertools.chain.from_iterable(itertools.product(range(V), repeat=n) for n in range(TOKENS)):
-        cache = target.new_cache(max_len=32, tokens_per_pass=16)
-        logits = target.prefill(torch.tensor([PROMPT + list(prefix)]), cache).logits[0, -1]
-        probs[prefix] = target_probs(logits, params).double().numpy()
+    for n in range(TOKENS):
+        prefixes = list(itertools.product(range(V), repeat=n))  # V^n of them
+        cache = target.new_cache(max_len=32, tokens_per_pass=16, batch=len(prefixes))
+        logits = target.prefill(torch.tensor([PROMPT + list(p) for p in prefixes]), cache).logits[:, -1]  # [V^n, V]
+        probs.update(zip(prefixes, target_probs(logits, params).double().numpy()))
     joint = {}
     for seq in itertools.product(range(V), repeat=TOKENS):
         p = np.prod([probs[seq[:i]][seq[i]] for i in range(TOKENS)])
@@ -53,6 +56,7 @@ def exact_joint(target) -> dict:
     return joint
 
 
+@torch.inference_mode()  # nothing here needs autograd: inference mode skips its bookkeeping on every op
 def _sample(target, policy_name: str) -> dict:
     engine = Engine(target, random_drafter(target, seed=9), max_context=64)
     policy = make_policy(policy_name, 15, policy_parameters(rho=60.0))

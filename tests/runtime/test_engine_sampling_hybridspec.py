@@ -5,12 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.runtime.test_engine_sampling import _p_value, _sample, exact_joint, target  # noqa: F401 (fixture)
-
-
-@pytest.fixture(scope="module")
-def exact(target):  # noqa: F811
-    return exact_joint(target)
+from tests.runtime.test_engine_sampling import _p_value, _sample, exact, target  # noqa: F401 (fixtures)
 
 
 @pytest.mark.slow

@@ -8,12 +8,7 @@ import torch
 
 from hybridspec.runtime import engine as engine_module
 from hybridspec.runtime.sampling import ACCEPT_LANE, keyed_uniforms, race, target_probs
-from tests.runtime.test_engine_sampling import _p_value, _sample, exact_joint, target  # noqa: F401 (fixture)
-
-
-@pytest.fixture(scope="module")
-def exact(target):  # noqa: F811
-    return exact_joint(target)
+from tests.runtime.test_engine_sampling import _p_value, _sample, exact, target  # noqa: F401 (fixtures)
 
 
 def _min_p_over_q(draft, logits, params, position):

@@ -1,7 +1,8 @@
 """The runtime on the Triton kernels (under TRITON_INTERPRET=1 on CPU tensors): the gated GDN
 verification kernels, writing z / |k|, g_cum and the raw k into the round buffers (`raw_keys`) and
-folding each round's commit into the next verification, the one-launch commit (the flush), and the
-split-KV attention, decode exactly the `ar` tokens of the PyTorch backend."""
+folding each round's commit into the next verification, the split-KV attention, the router with
+the shared expert's activation and the expert kernels, decode exactly the `ar` tokens of the
+PyTorch backend."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 from hybridspec.runtime.engine import Engine
 from hybridspec.runtime.loading import load_target
 from hybridspec.runtime.policies import make_policy
+from tests.checkpoints import write_tiny_qwen3_5_moe
 from tests.runtime.helpers import ScriptedDrafter, policy_parameters
 
 pytest.importorskip("triton")
@@ -22,15 +24,38 @@ def _prompts(vocab: int) -> list[list[int]]:
     return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in (5, 20)]  # 20: prefill > 16
 
 
+@pytest.fixture(scope="module")
+def alternating_dir(tmp_path_factory):
+    """Layers GDN, attention, GDN, attention, with the widths of `qwen35_dir`: two of each kind, so
+    that, as in the 8 layers of `qwen35_dir`, each cache is read and written at a slot other than 0
+    and GDN layers run both in Stage 0 and in Stage 1, with about half its kernel launches (which
+    the interpreter runs program by program)."""
+    return write_tiny_qwen3_5_moe(tmp_path_factory.mktemp("alternating"), num_hidden_layers=4,
+                                  full_attention_interval=2)
+
+
+@pytest.fixture(scope="module")
+def torch_ar_tokens(alternating_dir) -> list[tuple[list[int], list[int]]]:
+    """(prompt, the PyTorch backend's `ar` tokens) per prompt."""
+    reference = load_target(alternating_dir, feature_layers=ScriptedDrafter.feature_layers)
+    ar, pairs = make_policy("ar", 15), []
+    for prompt in _prompts(reference.cfg.vocab_size):
+        result = Engine(reference, max_context=128).generate(prompt, policy=ar, max_new_tokens=NEW_TOKENS)
+        pairs.append((prompt, result.token_ids))
+    return pairs
+
+
+@pytest.fixture(scope="module")
+def triton_target(alternating_dir):
+    return load_target(alternating_dir, backend="triton", feature_layers=ScriptedDrafter.feature_layers)
+
+
 @pytest.mark.parametrize("policy_name", ["full", "hybridspec"])
-def test_triton_backend_emits_exactly_the_torch_ar_tokens(qwen35_dir, policy_name):
-    reference = load_target(qwen35_dir, feature_layers=ScriptedDrafter.feature_layers)
-    triton_target = load_target(qwen35_dir, backend="triton", feature_layers=ScriptedDrafter.feature_layers)
-    ar = make_policy("ar", 15)
+def test_triton_backend_emits_exactly_the_torch_ar_tokens(triton_target, torch_ar_tokens, policy_name):
+    vocab = triton_target.cfg.vocab_size
     accepted = set()
-    for i, prompt in enumerate(_prompts(reference.cfg.vocab_size)):
-        want = Engine(reference, max_context=128).generate(prompt, policy=ar, max_new_tokens=NEW_TOKENS).token_ids
-        drafter = ScriptedDrafter(prompt + want, reference.cfg.vocab_size, seed=i)
+    for i, (prompt, want) in enumerate(torch_ar_tokens):
+        drafter = ScriptedDrafter(prompt + want, vocab, seed=i)
         engine = Engine(triton_target, drafter, max_context=128)
         result = engine.generate(prompt, policy=make_policy(policy_name, 15, policy_parameters()),
                                  max_new_tokens=NEW_TOKENS)
@@ -39,7 +64,7 @@ def test_triton_backend_emits_exactly_the_torch_ar_tokens(qwen35_dir, policy_nam
     assert len(accepted) >= 3, f"acceptance counts seen: {sorted(accepted)}"  # commits of several m
 
 
-def test_ablation_backend_runs_the_gdn_reference_in_the_resident_round(qwen35_dir):
+def test_ablation_backend_runs_the_gdn_reference_in_the_resident_round(alternating_dir):
     """`triton-torch-gdn` (the paper's Table 3 ablation): the GDN layers take the PyTorch reference
     (verification, fold, conv), everything else the Triton kernels; its passes read nothing back,
     so the resident round runs it, and HybridSpec's rounds (random DFlash drafter) emit the torch
@@ -54,10 +79,11 @@ def test_ablation_backend_runs_the_gdn_reference_in_the_resident_round(qwen35_di
     assert triton_kernels("triton-torch-gdn", "norm.triton") is not None
     from hybridspec.runtime.session import open_session
 
-    reference = load_target(qwen35_dir)
+    reference = load_target(alternating_dir)
     prompt = _prompts(reference.cfg.vocab_size)[0]
     want = Engine(reference, max_context=128).generate(prompt, policy=make_policy("ar", 15), max_new_tokens=4).token_ids
-    ablation = open_session(str(qwen35_dir), "random", backend="triton-torch-gdn")  # a DFlash drafter: random weights
+    # a DFlash drafter with random weights
+    ablation = open_session(str(alternating_dir), "random", backend="triton-torch-gdn")
     engine = Engine(ablation.target, ablation.drafter, max_context=128, resident=True, graphs=False)
     D = ablation.drafter.draft_len
     result = engine.generate(prompt, policy=make_policy("hybridspec", D, policy_parameters(D)), max_new_tokens=4)
