@@ -5,9 +5,8 @@ launch and the scheduling of its programs overlap the previous kernel's tail. Ea
 calls `wait_then_release` before its first memory access: it waits until the previous kernel has
 finished and its writes are visible, then lets the next kernel launch. The results are unchanged;
 only the gaps between launches shrink. `ENABLED` switches it on for every kernel that takes its
-options here; it is off until measured in whole rounds (`bench/gpu_round.py --variants
-shipped,pdl`, `bench/results/gpu_round_notes.md`): behind other PDL launches a PDL kernel has also
-been seen to cost time (`bench/results/gdn_kernels_notes.md`)."""
+options here (off: `bench/gpu_round.py --variants shipped,pdl` measures it in whole rounds; the GDN
+verify kernels choose it per tuning row instead, `gdn/launch.py`)."""
 
 from __future__ import annotations
 
@@ -28,11 +27,17 @@ def _capable(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
+def available(x: Tensor) -> bool:
+    """Whether a kernel on x's device can launch with it: a CUDA device of compute capability 9 or
+    higher, compiled (the interpreter cannot run the inline PTX); the capability is looked up once
+    per device, not at every launch of the decoding round."""
+    return x.is_cuda and not interpreted() and _capable(x.device.index)
+
+
 def options(x: Tensor) -> dict:
     """Launch options for a kernel taking `USE_GDC`: programmatic dependent launch where enabled and
-    possible (a CUDA device of compute capability 9 or higher, compiled: the interpreter cannot run
-    the inline PTX); the capability is looked up once per device."""
-    if ENABLED and x.is_cuda and not interpreted() and _capable(x.device.index):
+    available."""
+    if ENABLED and available(x):
         return dict(USE_GDC=True, launch_pdl=True)
     return dict(USE_GDC=False)
 

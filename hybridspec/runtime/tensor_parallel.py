@@ -139,9 +139,7 @@ def tensor_parallel_target(full: HybridTarget, group=None) -> HybridTarget:
     local.load_state_dict(shard_state(full.state_dict(), full.cfg, rank, world))
     if full.cfg.tie_word_embeddings:
         local.lm_head.weight = local.embed_tokens.weight
-    if any(getattr(layer.linear_attn if layer.is_gdn else layer.self_attn, "_in_proj" if layer.is_gdn else "_qkv")
-           is not None for layer in full.layers):
-        local.fuse_projections()
+    local.fuse_projections()  # as the loaders leave a target
     reduce = AllReduce(group)
     for layer in local.layers:
         layer.reduce = reduce

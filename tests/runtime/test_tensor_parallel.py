@@ -7,7 +7,6 @@ counts not divisible by the world size are named; every slice is where the docst
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import pytest
 import torch
@@ -58,7 +57,6 @@ def _rank(rank: int, world: int, rendezvous: str) -> None:
 
 
 def test_two_ranks_with_gloo_equal_one_process(tmp_path):
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     mp.spawn(_rank, args=(WORLD, str(tmp_path / "rendezvous")), nprocs=WORLD, join=True)
 
 

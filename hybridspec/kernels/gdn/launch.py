@@ -1,29 +1,20 @@
 """What the GDN launchers share: launch options and the verify kernels' common arguments (the
 recurrent and split kernels take the same pointers, strides and shapes)."""
 
-import functools
-
-import torch
 import triton
 from torch import Tensor
 
+from hybridspec.kernels import pdl as pdl_launch
 from hybridspec.kernels.gdn.reference import L2_EPS
 from hybridspec.kernels.gdn.tuning import VerifyTuning
-from hybridspec.kernels.interpreter import interpreted
 
 BLOCK_T = 16  # tokens padded to the smallest tl.dot tile
 
 
-@functools.cache
-def _pdl_capable(device_index: int) -> bool:
-    return torch.cuda.get_device_capability(device_index)[0] >= 9
-
-
 def launch_options(pdl: bool, x: Tensor) -> dict:
-    """Launch with programmatic dependent launch where asked for and possible: a CUDA device of
-    compute capability 9 or higher, compiled (the interpreter cannot run the kernels' inline PTX).
-    The capability is looked up once per device, not at every launch of the decoding round."""
-    if pdl and x.is_cuda and not interpreted() and _pdl_capable(x.device.index):
+    """Launch with programmatic dependent launch where the tuning asks for it and it is available
+    (`kernels/pdl.py`)."""
+    if pdl and pdl_launch.available(x):
         return dict(USE_GDC=True, launch_pdl=True)
     return dict(USE_GDC=False)
 

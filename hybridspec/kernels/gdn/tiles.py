@@ -10,15 +10,6 @@ import triton.language as tl
 
 
 @triton.jit
-def grid_dependency():
-    """Programmatic dependent launch: wait until the previous kernel of the stream has finished and
-    its writes are visible, before any load, then let the next kernel launch at once (its launch
-    and prologue overlap this kernel's body; its own wait still fences on this one's end)."""
-    tl.extra.cuda.gdc_wait()
-    tl.extra.cuda.gdc_launch_dependents()
-
-
-@triton.jit
 def log1p(y):
     """log(1 + y), accurate for small y (the rounding of 1 + y cancels in log(u) y / (u - 1))."""
     u = 1.0 + y

@@ -13,8 +13,9 @@ import triton
 import triton.language as tl
 
 from hybridspec.kernels.gdn.launch import launch_options, verify_arguments
-from hybridspec.kernels.gdn.tiles import grid_dependency, log_decay, pending_tiles, pending_weights
+from hybridspec.kernels.gdn.tiles import log_decay, pending_tiles, pending_weights
 from hybridspec.kernels.gdn.tuning import VerifyTuning
+from hybridspec.kernels.pdl import wait_then_release
 
 
 @triton.jit
@@ -67,7 +68,7 @@ def gdn_verify_recurrent_kernel(
     and z is stored as z_i / |k_i|. FOLD: the previous round's commit (Eq. 7) on these rows first
     (`fold_rows`), stored in place and verified from. USE_GDC: programmatic dependent launch."""
     if USE_GDC:
-        grid_dependency()
+        wait_then_release()
     i_bh, i_v = tl.program_id(0), tl.program_id(1)
     i_b, i_h = (i_bh // HV).to(tl.int64), i_bh % HV
     i_hk = i_h // GROUP

@@ -40,13 +40,13 @@ from hybridspec.kernels.gdn.launch import BLOCK_T, launch_options, verify_argume
 from hybridspec.kernels.interpreter import interpreted
 from hybridspec.kernels.gdn.tiles import (
     dot_bt,
-    grid_dependency,
     log_decay,
     pending_tiles,
     pending_weights,
     split_bf16,
 )
 from hybridspec.kernels.gdn.tuning import VerifyTuning
+from hybridspec.kernels.pdl import wait_then_release
 
 
 @triton.jit
@@ -184,7 +184,7 @@ def gdn_verify_split_kernel(
     and verified from. USE_GDC: launched with programmatic dependent launch. WIDEN: interpreted
     (`dot_bt`)."""
     if USE_GDC:
-        grid_dependency()
+        wait_then_release()
     i_bh, i_v = tl.program_id(0), tl.program_id(1)
     i_b, i_h = (i_bh // HV).to(tl.int64), i_bh % HV
     i_hk = i_h // GROUP

@@ -98,9 +98,7 @@ def launch_down(act, down, shared, slots, out, block_m: int, tuning, widen: bool
     e, h, i = down.shape
     i_s = shared.down.shape[1] if shared is not None else 0
     sd = shared.down if shared is not None else down[0]
-    if shared_act is None:
-        shared_act = act[:, k1 - 1]
-    sa = shared_act if shared is not None else act[:, 0]
+    sa = act[:, k1 - 1] if shared_act is None else shared_act  # read only by the shared expert's programs
     slot_expert, slot_kpos, count, arrivals = slots
     bh, tiles = column_tiles(h, tuning)
     bk = step_width(tuning.down_bk, max(i, i_s), block_m + bh, act.element_size(), tuning.down_stages)

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from hybridspec.kernels import pdl
-from hybridspec.kernels.moe.tiles import gated_products
+from hybridspec.kernels.moe.tiles import gated_products, shared_gate
 from hybridspec.kernels.moe.tuning import step_width
 from hybridspec.kernels.pdl import wait_then_release
 
@@ -62,13 +62,9 @@ def _moe_gate_up_kernel(x_ptr, rw_ptr, gu_ptr, sg_ptr, su_ptr, sgw_ptr, slot_exp
         p_g = sg_ptr + o_n[:, None] * stride_sgn + o_c[None, :]
         p_u = su_ptr + o_n[:, None] * stride_sun + o_c[None, :]
         acc_g, acc_u = gated_products(p_x, p_g, p_u, m_ok, n_ok, H, BM, BN, BK, PRECISION, WIDEN)
-        acc_s = tl.zeros([BM], dtype=tl.float32)
-        for c in range(0, H, BK):
-            c_ok = c + o_c < H
-            b_x = tl.load(p_x + c, mask=m_ok[:, None] & c_ok[None, :], other=0.0).to(tl.float32)
-            acc_s += tl.sum(b_x * tl.load(sgw_ptr + c + o_c, mask=c_ok, other=0.0).to(tl.float32)[None, :], 1)
         b_kpos = tl.full([BM], K, dtype=tl.int32)
-        _store_act(act_ptr, acc_g, acc_u, tl.sigmoid(acc_s), o_m, b_kpos, m_ok, o_n, n_ok, stride_an, stride_ak)
+        _store_act(act_ptr, acc_g, acc_u, shared_gate(p_x, sgw_ptr, m_ok, H, BM, BK), o_m, b_kpos, m_ok, o_n, n_ok,
+                   stride_an, stride_ak)
 
 
 def launch_gate_up(x, weights, gate_up, shared, slots, act, block_m: int, tuning, widen: bool) -> None:

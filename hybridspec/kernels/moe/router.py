@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from hybridspec.kernels import pdl
 from hybridspec.kernels.interpreter import interpreted
 from hybridspec.kernels.moe.checks import SharedExpert
-from hybridspec.kernels.moe.tiles import dot_bt, gated_products
+from hybridspec.kernels.moe.tiles import dot_bt, gated_products, shared_gate
 from hybridspec.kernels.pdl import wait_then_release
 
 MAX_EXPERTS, MAX_TOP_K = 1024, 16
@@ -151,12 +151,7 @@ def _shared_activation(x_ptr, sg_ptr, su_ptr, sgw_ptr, sa_ptr, stride_xn, stride
     acc_g, acc_u = gated_products(p_x, sg_ptr + o_n[:, None] * stride_sgn + o_c[None, :],
                                    su_ptr + o_n[:, None] * stride_sun + o_c[None, :], m_ok, n_ok, H, BM, BNS, BK,
                                    PRECISION, WIDEN)
-    acc_s = tl.zeros([BM], dtype=tl.float32)
-    for c in range(0, H, BK):
-        c_ok = c + o_c < H
-        b_x = tl.load(p_x + c, mask=m_ok[:, None] & c_ok[None, :], other=0.0).to(tl.float32)
-        acc_s += tl.sum(b_x * tl.load(sgw_ptr + c + o_c, mask=c_ok, other=0.0).to(tl.float32)[None, :], 1)
-    b_act = acc_g * tl.sigmoid(acc_g) * acc_u * tl.sigmoid(acc_s)[:, None]
+    b_act = acc_g * tl.sigmoid(acc_g) * acc_u * shared_gate(p_x, sgw_ptr, m_ok, H, BM, BK)[:, None]
     tl.store(sa_ptr + o_m[:, None] * stride_san + o_n[None, :], b_act.to(sa_ptr.dtype.element_ty),
              mask=m_ok[:, None] & n_ok[None, :])
 
