@@ -46,8 +46,8 @@ def generate(
     graphs: GraphsOpt = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Use an artifact fitted for another model/drafter.")] = False,
-    tp: Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel ranks: spawned processes, one GPU each "
-                                    "on CUDA (NCCL), gloo on CPU.")] = 1,
+    tp: Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel ranks: spawned processes (or torchrun's), "
+                                    "one GPU each on CUDA (NCCL), gloo on CPU.")] = 1,
 ) -> None:
     """Generate from one prompt with a length policy and print the tokens and round statistics."""
     from ..runtime.generation import GenerateRequest, run_generate
@@ -61,6 +61,8 @@ def generate(
         summary = run_generate(request)
     except ValueError as exc:  # ConfigError, PolicyError, ArtifactError, bad sampling values
         _fail(str(exc))
+    if summary is None:  # a rank other than 0 under torchrun: rank 0 prints
+        return
     if as_json:
         print(json.dumps(summary))
         return

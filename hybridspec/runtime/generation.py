@@ -38,7 +38,7 @@ class GenerateRequest:
     dtype: str = "float32"
     backend: str = "auto"
     graphs: bool = True  # False: the resident round without CUDA graphs
-    tp: int = 1  # tensor-parallel ranks (spawned processes; `tensor_parallel.py`)
+    tp: int = 1  # tensor-parallel ranks (spawned, or this process one of torchrun's; `tensor_parallel.launch`)
 
 
 def _prompt(request: GenerateRequest, session: Session) -> list[int]:
@@ -62,8 +62,9 @@ def _prompt(request: GenerateRequest, session: Session) -> list[int]:
     return session.codec.encode(request.prompt)
 
 
-def run_generate(request: GenerateRequest) -> dict:
-    """Load, decode, and summarise as the JSON object `generate --json` prints."""
+def run_generate(request: GenerateRequest) -> dict | None:
+    """Load, decode, and summarise as the JSON object `generate --json` prints (None on the ranks
+    other than 0 under torchrun, `tensor_parallel.launch`)."""
     if not -(2**63) <= request.seed < 2**63:
         raise ValueError(f"--seed must be a 64-bit integer, got {request.seed}")
     sampling = SamplingParams(request.temperature, request.top_k, request.top_p, request.seed)
@@ -72,9 +73,9 @@ def run_generate(request: GenerateRequest) -> dict:
     if (request.prompt is None) == (request.prompt_ids is None):  # before any rank is spawned
         raise ValueError("give exactly one of a prompt text or prompt ids")
     if request.tp > 1:
-        from .tensor_parallel import spawn
+        from .tensor_parallel import launch
 
-        return spawn(_generate, request.tp, request.device, request, sampling, True)
+        return launch(_generate, request.tp, request.device, request, sampling, True)
     return _generate(request, sampling, False)
 
 

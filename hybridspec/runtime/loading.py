@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from torch import nn
+from torch import Tensor, nn
 
 from .config import (TARGET_MODEL_TYPES, ConfigError, DrafterConfig, TargetConfig, default_target_layer_ids,
                      drafter_config_from_dict, read_config_json, target_config_from_dict)
@@ -24,7 +24,8 @@ from .models import qwen3_5_moe, qwen3_next
 from .models.common import Placement, strip_prefix
 from .models.hybrid import HybridTarget
 from .presets import PRESETS, preset_config
-from .weights import check_memory, materialize_, plan_load, read_checkpoint, stream_, weight_bytes
+from .sharding import local_config, shard_tensor
+from .weights import check_memory, materialize_, plan_load, read_checkpoint, stream_, stream_parts_, weight_bytes
 
 RANDOM_BLOCK_SIZE = 16  # a random drafter's block: anchor + D = 15 draft tokens
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -46,16 +47,37 @@ def init_random_(model: HybridTarget, seed: int = 0) -> HybridTarget:
     gen = torch.Generator(device=model.embed_tokens.weight.device).manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("A_log"):
-                p.copy_(torch.empty(p.shape, device=p.device).uniform_(1.0, 16.0, generator=gen).log())
-            elif name.endswith("dt_bias") or name.endswith("linear_attn.norm.weight"):
-                p.fill_(1.0)
-            elif p.ndim == 1:
-                p.zero_()
-            else:
-                fan_in = p.shape[-1]
-                p.normal_(0.0, min(0.02, 1.0 / math.sqrt(fan_in)), generator=gen)
+            _init_random_param_(name, p, gen)
     return model
+
+
+def init_random_part_(model: HybridTarget, cfg: TargetConfig, rank: int, world: int, seed: int = 0) -> HybridTarget:
+    """Rank `rank`'s part (`sharding.shard_tensor`) of the weights `init_random_` gives the full
+    target of `cfg`, drawn one full parameter at a time on the model's device (so a rank never
+    holds more than its part and one full parameter)."""
+    p = model.embed_tokens.weight
+    gen = torch.Generator(device=p.device).manual_seed(seed)
+    with torch.device("meta"):
+        full = HybridTarget(cfg, backend=model.backend, feature_layers=model.feature_layers)
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, shape in ((n, q.shape) for n, q in full.named_parameters()):  # init_random_'s order
+            whole = torch.empty(shape, device=p.device, dtype=p.dtype)
+            _init_random_param_(name, whole, gen)
+            params[name].copy_(shard_tensor(name, whole, cfg, rank, world))
+    return model
+
+
+def _init_random_param_(name: str, p: Tensor, gen: torch.Generator) -> None:
+    if name.endswith("A_log"):
+        p.copy_(torch.empty(p.shape, device=p.device).uniform_(1.0, 16.0, generator=gen).log())
+    elif name.endswith("dt_bias") or name.endswith("linear_attn.norm.weight"):
+        p.fill_(1.0)
+    elif p.ndim == 1:
+        p.zero_()
+    else:
+        fan_in = p.shape[-1]
+        p.normal_(0.0, min(0.02, 1.0 / math.sqrt(fan_in)), generator=gen)
 
 
 def target_config(spec: str | Path) -> TargetConfig:
@@ -87,25 +109,36 @@ def build_target(cfg: TargetConfig, *, device: str, dtype: str, backend: str, fe
 
 
 def load_target(spec: str | Path, *, device: str = "cpu", dtype: str = "auto", backend: str = "torch",
-                seed: int = 0, feature_layers: tuple[int, ...] = ()) -> HybridTarget:
+                seed: int = 0, feature_layers: tuple[int, ...] = (), shard: tuple[int, int] = (0, 1)) -> HybridTarget:
     """A model reference with a supported config.json (directory or repo id), or a preset name
     (random weights). `feature_layers`: the layers whose outputs the drafter reads (its
-    `target_layer_ids`; none without a drafter). Checkpoint tensors stream onto `device` in `dtype`."""
-    cfg = target_config(spec)
+    `target_layer_ids`; none without a drafter). Checkpoint tensors stream onto `device` in `dtype`.
+    `shard` (rank, world): only that rank's part of the target under tensor parallelism
+    (`sharding.py`), with the weights of the full target's slices; the device holds only the part."""
+    rank, world = shard
+    full_cfg = target_config(spec)
+    cfg = local_config(full_cfg, world) if world > 1 else full_cfg
     path = Path(resolve_reference(spec))
+    what = f"preset {spec}" if not path.is_dir() else describe(path)
+    if world > 1:
+        what += f" (rank {rank} of {world})"
     if not path.is_dir():
         model = build_target(cfg, device=device, dtype=dtype, backend=backend, feature_layers=feature_layers,
-                             what=f"preset {spec}")
-        return _fused(init_random_(model, seed)).eval()
+                             what=what)
+        model = init_random_part_(model, full_cfg, rank, world, seed) if world > 1 else init_random_(model, seed)
+        return _fused(model).eval()
     source = describe(path)
     with torch.device("meta"):  # the headers are checked against the shapes before anything is allocated
-        shapes = HybridTarget(cfg, backend=backend, feature_layers=feature_layers)
-    route = lambda name: _PLACEMENTS[cfg.model_type](name, cfg)  # noqa: E731
+        shapes = HybridTarget(full_cfg, backend=backend, feature_layers=feature_layers)
+    route = lambda name: _PLACEMENTS[full_cfg.model_type](name, full_cfg)  # noqa: E731
     plan = plan_load(shapes, read_checkpoint(path, source), route, source,
-                     optional=("lm_head.weight",) if cfg.tie_word_embeddings else ())
-    model = build_target(cfg, device=device, dtype=dtype, backend=backend, feature_layers=feature_layers,
-                         what=source)
-    stream_(model, plan, torch.device(device))
+                     optional=("lm_head.weight",) if full_cfg.tie_word_embeddings else ())
+    model = build_target(cfg, device=device, dtype=dtype, backend=backend, feature_layers=feature_layers, what=what)
+    if world > 1:
+        full_shapes = {name: p.shape for name, p in shapes.named_parameters()}
+        stream_parts_(model, plan, full_shapes, lambda name, t: shard_tensor(name, t, full_cfg, rank, world))
+    else:
+        stream_(model, plan, torch.device(device))
     return _fused(model).eval()
 
 
@@ -120,10 +153,12 @@ def random_drafter_layers(cfg: TargetConfig, num_layers: int = 2) -> tuple[int, 
     return tuple(default_target_layer_ids(cfg.num_hidden_layers, num_layers))
 
 
-def random_drafter(target: HybridTarget, *, num_layers: int = 2, block_size: int = RANDOM_BLOCK_SIZE, seed: int = 0):
+def random_drafter(target: HybridTarget, *, cfg: TargetConfig | None = None, num_layers: int = 2,
+                   block_size: int = RANDOM_BLOCK_SIZE, seed: int = 0):
     """A DFlash drafter with random weights shaped for `target` (cost profiling, demos, tests), reading
-    the layers the target was built to expose (`random_drafter_layers` when it exposes none)."""
-    cfg = target.cfg
+    the layers the target was built to expose (`random_drafter_layers` when it exposes none). `cfg`:
+    the full target's config when `target` is one rank's part (the drafter is whole on every rank)."""
+    cfg = cfg or target.cfg
     dcfg = DrafterConfig(  # the target's attention shapes
         hidden_size=cfg.hidden_size, num_hidden_layers=num_layers, num_attention_heads=cfg.num_attention_heads,
         num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,

@@ -71,8 +71,9 @@ def open_session(model: str | None = None, drafter: str | None = None, *, need_d
     """Load the target (directory, repo id or preset) and, when needed, the drafter (directory, repo id,
     or `random` for a random one; random presets default to `random`). `dtype` `auto`: bfloat16 on
     CUDA, float32 elsewhere. `graphs=False` (`--no-graphs`): the GPU-resident round runs eagerly, the
-    oracle of its CUDA graphs. `tensor_parallel`: inside an initialised process group, this rank's
-    part of the target (`tensor_parallel.tensor_parallel_target`; the drafter whole)."""
+    oracle of its CUDA graphs. `tensor_parallel`: inside an initialised process group, only this
+    rank's part of the target is loaded, its layers' outputs all-reduced (`tensor_parallel.py`); the
+    drafter whole."""
     backend = resolve_backend(backend, device)
     name = model if model is not None else default_model()[0]  # as given: what outputs call the model
     model, drafter = resolve_pair(model, drafter)
@@ -88,14 +89,20 @@ def open_session(model: str | None = None, drafter: str | None = None, *, need_d
             dcfg = drafter_config(drafter)
             _check_pair(cfg, dcfg, drafter)
             features = dcfg.target_layer_ids
-    target = load_target(model, device=device, dtype=dtype, backend=backend, seed=seed, feature_layers=features)
+    shard = (0, 1)
     if tensor_parallel:
-        from .tensor_parallel import tensor_parallel_target
+        import torch.distributed as dist
 
-        target = tensor_parallel_target(target)
+        shard = (dist.get_rank(), dist.get_world_size())
+    target = load_target(model, device=device, dtype=dtype, backend=backend, seed=seed, feature_layers=features,
+                         shard=shard)
+    if tensor_parallel:
+        from .tensor_parallel import parallelize
+
+        target = parallelize(target)
     draft = None
     if need_drafter:
-        draft = (random_drafter(target, seed=seed + 1) if random
+        draft = (random_drafter(target, cfg=cfg, seed=seed + 1) if random
                  else load_drafter(drafter, target.embed_tokens, target.lm_head))
     codec = load_codec(Path(model)) if Path(model).is_dir() else None
     engine = Engine(target, draft, max_context=max_context, graphs=None if graphs else False)

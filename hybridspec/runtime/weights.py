@@ -226,3 +226,30 @@ def stream_(model: nn.Module, plan: Plan, device: torch.device) -> None:
                     target[first:first + rows.shape[0]].copy_(rows)
     finally:
         reader.close()
+
+
+@torch.no_grad()
+def stream_parts_(model: nn.Module, plan: Plan, full_shapes: dict[str, torch.Size],
+                  part: Callable[[str, Tensor], Tensor]) -> None:
+    """Fill `model`, one rank's part of a model, from a plan made against the full model's shapes
+    (`full_shapes`): each full parameter is assembled on the host in the model's dtype, handed to
+    `part(name, full)` once every element of it has arrived, and only the part is copied to the
+    model's device. The host holds the parameters being assembled, not the model."""
+    params = dict(model.named_parameters())
+    dtype = next(iter(params.values())).dtype
+    staged: dict[str, Tensor] = {}
+    filled: dict[str, int] = defaultdict(int)
+    reader = ChunkReader(torch.device("cpu"))
+    try:
+        for tensor, places in plan:
+            whole = reader.whole(tensor)
+            for p in places:
+                if p.param not in staged:
+                    staged[p.param] = torch.empty(full_shapes[p.param], dtype=dtype)
+                target = staged[p.param][p.index]
+                target.copy_(p.transform(whole) if p.transform else whole)
+                filled[p.param] += target.numel()
+                if filled[p.param] == staged[p.param].numel():
+                    params[p.param].copy_(part(p.param, staged.pop(p.param)))
+    finally:
+        reader.close()

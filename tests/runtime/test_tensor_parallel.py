@@ -1,8 +1,10 @@
-"""Tensor parallelism on CPU with gloo, world size 2 (spawned processes): each rank's target holds
-half the heads and intermediate columns; its logits equal one process's within fp32 rounding (the
-all-reduce sums the halves in another order), and greedy decoding through the engine (the embedded
-drafter, `ar` and speculative policies) emits one process's tokens on every rank. The split itself:
-counts not divisible by the world size are named; every slice is where the docstring puts it."""
+"""Tensor parallelism on CPU with gloo, world size 2 (spawned processes): each rank loads only its
+part of the target (half the heads and intermediate columns); its logits equal one process's within
+fp32 rounding (the all-reduce sums the halves in another order), and greedy decoding through the
+engine (the embedded drafter, `ar` and speculative policies) emits one process's tokens on every
+rank. The split itself: counts not divisible by the world size are named; every slice is where the
+docstring puts it; a rank's part loaded from a checkpoint or drawn for a preset equals the slices of
+the whole target."""
 
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from hybridspec.runtime.config import ConfigError
-from hybridspec.runtime.tensor_parallel import local_config, shard_state
+from hybridspec.runtime.loading import load_target
+from hybridspec.runtime.sharding import local_config, shard_state
 
 WORLD = 2
 POLICIES = ("ar", "hybridspec")  # one process's rounds (w per round) as well as its tokens
@@ -26,13 +29,14 @@ def _rank(rank: int, world: int, rendezvous: str) -> None:
     try:
         from hybridspec.runtime.engine import Engine
         from hybridspec.runtime.policies import make_policy
-        from hybridspec.runtime.session import open_session
-        from hybridspec.runtime.tensor_parallel import tensor_parallel_target
+        from hybridspec.runtime.session import EMBEDDED, open_session
+        from hybridspec.runtime.tensor_parallel import parallelize
         from tests.runtime.helpers import policy_parameters, prefilled_cache
 
         session = open_session(device="cpu", dtype="float32", backend="torch")
         full, drafter = session.target, session.drafter
-        local = tensor_parallel_target(full)
+        local = parallelize(load_target(EMBEDDED / "target", dtype="float32", feature_layers=full.feature_layers,
+                                        shard=(rank, world)))
         assert local.cfg.linear_num_value_heads * world == full.cfg.linear_num_value_heads
         prompt = session.codec.encode("The tensor-parallel target splits every layer's heads across the ranks.")
         block = torch.tensor([prompt[-6:]])
@@ -103,6 +107,22 @@ def test_shard_state_slices(embedded_target):
                            sl(state[attn + "self_attn.o_proj.weight"].T, cfg.num_attention_heads * d).T)
         assert torch.equal(part[gdn + "mlp.gate.weight"], state[gdn + "mlp.gate.weight"])  # the router whole
         assert torch.equal(part["lm_head.weight"], state["lm_head.weight"])
+
+
+@pytest.mark.parametrize("model", ["random-tiny", "qwen35_dir", "qwen3next_dir"])
+def test_a_ranks_loaded_part_equals_the_slices_of_the_whole_target(model, request):
+    """`load_target(shard=…)` reads a checkpoint (fused 3-D experts; per-expert tensors and fused
+    qkvz/ba projections) or draws a preset's weights one full parameter at a time, and keeps only
+    the rank's slices: the same tensors as `shard_state` of the whole target."""
+    spec = request.getfixturevalue(model) if model.endswith("_dir") else model
+    whole = load_target(spec, dtype="float32")
+    for rank in range(2):
+        part = load_target(spec, dtype="float32", shard=(rank, 2))
+        assert part.cfg == local_config(whole.cfg, 2)
+        want, got = shard_state(whole.state_dict(), whole.cfg, rank, 2), part.state_dict()
+        assert set(got) == set(want)
+        for name in want:
+            assert torch.equal(got[name], want[name]), (model, rank, name)
 
 
 def test_generate_over_two_ranks_emits_the_tokens_of_one_process():
