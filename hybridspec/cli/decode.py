@@ -9,8 +9,8 @@ from typing import Annotated, Literal, Optional
 import typer
 from rich.table import Table
 
-from .common import (ArtifactOpt, BackendOpt, DeviceOpt, DrafterOpt, DtypeOpt, GraphsOpt, ModelOpt, PolicyOpt, _fail,
-                     app, console, err_console, missing_extra)
+from .common import (ArtifactOpt, BackendOpt, DeviceOpt, DrafterOpt, DtypeOpt, GraphsOpt, ModelOpt, PolicyOpt,
+                     TensorParallelOpt, _fail, app, console, err_console, missing_extra)
 
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # torch.Generator.manual_seed's range
 LogLevel = Literal["debug", "info", "warning", "error"]
@@ -46,8 +46,7 @@ def generate(
     graphs: GraphsOpt = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Use an artifact fitted for another model/drafter.")] = False,
-    tp: Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel ranks: spawned processes (or torchrun's), "
-                                    "one GPU each on CUDA (NCCL), gloo on CPU.")] = 1,
+    tp: TensorParallelOpt = 1,
 ) -> None:
     """Generate from one prompt with a length policy and print the tokens and round statistics."""
     from ..runtime.generation import GenerateRequest, run_generate

@@ -14,13 +14,14 @@ from pathlib import Path
 from typing import Protocol
 
 import torch
+import torch.distributed as dist
 
 from ..runtime.presets import PRESETS, preset_config
 from ..runtime.session import EMBEDDED, model_identity, open_session, resolve_backend, resolve_pair
 from ..runtime.tokenizer import load_codec
 from ..workbench.prompts import Prompt, load_prompts, select_categories
 from ..workbench.runinfo import cpu_model, file_digest, gpu_model, set_threads, software_versions
-from ..workbench.store import RunSpec, Store, check_writable, open_verified
+from ..workbench.store import RunSpec, Store
 from .capture import CapturePass
 from .common import CaptureConfig, CaptureConfigError, CollectorPass, PassContext, PromptIds
 from .fixed import FixedPass, subset_per_category
@@ -110,13 +111,19 @@ def read_vocab_size(model: str) -> int:
 
 
 def run_campaign(config: CaptureConfig, reporter: Reporter | None = None) -> list[PassSummary]:
-    """Run `config.passes` into `config.db`; one summary per pass."""
+    """Run `config.passes` into `config.db`; one summary per pass (`--nproc` and `--tp` run it over
+    several processes: `parallel.py`; None on torchrun's ranks other than 0)."""
+    from .parallel import campaign_store, run_data_parallel, run_tensor_parallel
+
+    if config.nproc > 1:
+        return run_data_parallel(config)
+    if config.tp > 1 and not dist.is_initialized():
+        return run_tensor_parallel(config)
     reporter = reporter or NullReporter()
     shard_index, shard_count = config.shard
-    check_writable(config.db)
     prompt_file = Path(config.prompts) if config.prompts is not None else EMBEDDED / "prompts.jsonl"
     threads = set_threads(config.threads, config.device)
-    with open_verified(config.db) as store:  # refuses a damaged store, or one of a newer schema
+    with campaign_store(config) as store:
         for name in config.passes:
             store.check_name_free(config.name, name, shard_index, resume=config.resume, overwrite=config.overwrite)
         prompts = load_prompts(prompt_file, split=config.split)  # file:line errors
@@ -131,7 +138,7 @@ def run_campaign(config: CaptureConfig, reporter: Reporter | None = None) -> lis
         vocab = read_vocab_size(models.model)
         ids = prompt_ids(prompts, codec, vocab, prompt_file)
         session = open_session(models.model, models.drafter, device=config.device, dtype=config.dtype,
-                               backend=backend, seed=config.seed, graphs=config.graphs,
+                               backend=backend, seed=config.seed, graphs=config.graphs, tensor_parallel=config.tp > 1,
                                max_context=max(len(p.ids) for p in ids) + config.new_tokens + 2 * MAX_BLOCK)
         ctx = PassContext(config, session, ids, file_digest(prompt_file))
         host = dict(versions=software_versions(), threads=threads, host_cpu=cpu_model(), host_gpu=gpu_model(config.device))
@@ -141,12 +148,19 @@ def run_campaign(config: CaptureConfig, reporter: Reporter | None = None) -> lis
                 collector = PASSES[name]()
                 spec = RunSpec(name=config.name, pass_name=name, model_id=models.model_id,
                                drafter_id=models.drafter_id, device=config.device, dtype=config.dtype,
-                               backend=backend, params=collector.params(ctx), model=models.model,
+                               backend=backend, params=run_params(collector, ctx), model=models.model,
                                drafter=models.drafter, shard_count=shard_count, **host)
                 summary = run_pass(store, ctx, collector, spec, shard_index, reporter)
                 reporter.pass_finished(summary)
                 summaries.append(summary)
         return summaries
+
+
+def run_params(collector: CollectorPass, ctx: PassContext) -> dict:
+    """A run's parameters: the pass's, and the tensor-parallel world size when there is one (costs
+    measured on another layout are another run)."""
+    tp = ctx.config.tp
+    return {**collector.params(ctx), **({"tensor_parallel": tp} if tp > 1 else {})}
 
 
 def run_pass(store: Store, ctx: PassContext, collector: CollectorPass, spec: RunSpec, shard_index: int,

@@ -94,9 +94,16 @@ class CaptureConfig:
     seed: int = 0
     threads: int | None = None  # torch CPU threads; None: 1 on a CPU device (workbench.runinfo.set_threads)
     categories: tuple[str, ...] | None = None  # None: every category of the split
+    tp: int = 1  # tensor-parallel ranks (`collectors/parallel.py`)
+    nproc: int = 1  # data-parallel processes, shard i/nproc each, merged into `db`
 
     def __post_init__(self):
         check_run_options(self, CaptureConfigError)
+        if self.tp < 1 or self.nproc < 1:
+            raise CaptureConfigError(f"--tp {self.tp} / --nproc {self.nproc}: each must be ≥ 1")
+        if self.nproc > 1 and (self.tp > 1 or self.shard != (0, 1)):
+            raise CaptureConfigError(f"--nproc {self.nproc} runs its own shards, one process each: it excludes "
+                                     f"--tp {self.tp} and --shard {self.shard[0]}/{self.shard[1]}")
         bad = [p for p in self.passes if p not in PASS_NAMES]
         if bad or not self.passes:
             raise CaptureConfigError(f"passes {self.passes}: choose from {', '.join(PASS_NAMES)}")

@@ -17,6 +17,7 @@ so that an idle server's followers may wait for the next request as long as it t
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -101,21 +102,27 @@ def spawn(fn: Callable[..., Any], world: int, device: str, *args, quiet_interrup
     if device.startswith("cuda") and torch.cuda.device_count() < world:
         raise ValueError(f"tensor parallelism over {world} ranks needs {world} GPUs, this machine has "
                          f"{torch.cuda.device_count()}")
-    context = mp.get_context("spawn")
-    results = context.SimpleQueue()
+    results = mp.get_context("spawn").SimpleQueue()
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if quiet_interrupt else None
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            mp.spawn(_rank_main, args=(world, device, f"file://{tmp}/rendezvous", fn, args, results), nprocs=world,
-                     join=True)
-        except mp.ProcessRaisedException as exc:
-            if (error := bad_input(str(exc))) is not None:
-                raise error from None
-            raise
+            run_processes(_rank_main, world, (world, device, f"file://{tmp}/rendezvous", fn, args, results))
         finally:
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
     return results.get()
+
+
+def run_processes(fn: Callable[..., None], count: int, args: tuple) -> None:
+    """fn(i, *args) in `count` spawned processes, i = 0 … count − 1; waits for all. The first failure
+    is raised here (the others are stopped), a process's bad input as the ValueError it raised."""
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)  # its note that it stops the others
+    try:
+        mp.spawn(fn, args=args, nprocs=count, join=True)
+    except mp.ProcessRaisedException as exc:
+        if (error := bad_input(str(exc))) is not None:
+            raise error from None
+        raise
 
 
 def bad_input(rank_failure: str) -> ValueError | None:

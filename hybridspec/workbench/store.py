@@ -190,8 +190,7 @@ class Store:
         existing = self.run_row(run_id)
         with self._transaction():
             if existing is not None and overwrite:
-                for table in (*DATA_TABLES, "run_shards", "runs"):
-                    self.con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
+                self._delete_rows(run_id)
                 existing = None
             if existing is None:
                 self.con.execute(
@@ -208,6 +207,15 @@ class Store:
                 self.con.execute("INSERT INTO run_shards VALUES (?, ?, ?, 'running', ?, ?, NULL)",
                                  [run_id, shard_index, spec.shard_count, socket.gethostname(), _now()])
         return run_id
+
+    def delete_run(self, run_id: str) -> None:
+        """Remove a run and all its rows (what `--overwrite` replaces); nothing when there is none."""
+        with self._transaction():
+            self._delete_rows(run_id)
+
+    def _delete_rows(self, run_id: str) -> None:
+        for table in (*DATA_TABLES, "run_shards", "runs"):
+            self.con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
 
     def _check_identity(self, existing: dict, spec: RunSpec) -> None:
         wanted = asdict(spec)

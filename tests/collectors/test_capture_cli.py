@@ -1,6 +1,6 @@
 """`hybridspec capture` / `merge` end to end, with real subprocesses: a SIGKILL mid-pass then
-`--resume` gives the rows of an uninterrupted run; two shards merged give the single-process rows;
-bad input is refused before any model is loaded."""
+`--resume` gives the rows of an uninterrupted run; two shards (`--nproc 2`) merged give the
+single-process rows; bad input is refused before any model is loaded."""
 
 from __future__ import annotations
 
@@ -109,29 +109,30 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(qwen35_dir, prompt_file
     assert len(reference["draft_positions"]) == 15 * len(reference["rounds"]) > 0
 
 
-def test_two_shards_merged_equal_one_process(qwen35_dir, prompt_file, tmp_path):
-    common = ["--passes", "all", "--quick", "--max-new-tokens", "24"]
-    procs = [subprocess.Popen(_subprocess(_args(qwen35_dir, prompt_file, tmp_path / f"s{i}.duckdb", *common,
-                                                "--shard", f"{i}/2")),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV, cwd=ROOT)
-             for i in range(2)]
-    for proc in procs:
-        out, _ = proc.communicate(timeout=300)
-        assert proc.returncode == 0, out
-    shard0 = deterministic_rows(tmp_path / "s0.duckdb")
+def test_nproc_two_shards_merged_equal_one_process(qwen35_dir, prompt_file, tmp_path):
+    """`--nproc 2`: two processes run shards 0/2 and 1/2 into their own stores beside --db (half of
+    every run each), merged into --db: the rows of one process."""
+    db = tmp_path / "all.duckdb"
+    run = subprocess.run(_subprocess(_args(qwen35_dir, prompt_file, db, "--passes", "all", "--quick",
+                                           "--max-new-tokens", "24", "--nproc", "2")),
+                         capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    shard0 = deterministic_rows(tmp_path / "all.shard-0-of-2.duckdb")
     assert {status for (_, _, _, status, *_) in shard0["runs"]} == {"running"}  # half of every run
-    merged = runner.invoke(app, ["merge", str(tmp_path / "all.duckdb"), str(tmp_path / "s0.duckdb"),
-                                 str(tmp_path / "s1.duckdb")])
-    assert merged.exit_code == 0, merged.output
     reference = _reference(qwen35_dir, prompt_file, tmp_path / "ref.duckdb", passes=ALL_PASSES, quick=True,
                            max_new_tokens=24, shard=(0, 1))
-    got = deterministic_rows(tmp_path / "all.duckdb")
+    got = deterministic_rows(db)
     # the reference is one shard of one; the merged runs are 2 shards, otherwise identical
     assert [r[:7] for r in got["runs"]] == [r[:7] for r in reference["runs"]]
     assert {r[3] for r in got["runs"]} == {"finished"} and {r[7] for r in got["runs"]} == {2}
     for table in DATA_TABLES:
         assert got[table] == reference[table], table
         assert 0 < len(got[table]) or table in EVAL_TABLES + PROFILE_TABLES  # every table `all` writes is filled
+    again = subprocess.run(_subprocess(_args(qwen35_dir, prompt_file, db, "--passes", "all", "--quick",
+                                             "--max-new-tokens", "24", "--nproc", "2", "--resume")),
+                           capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=600)
+    assert again.returncode == 0 and "already committed" in again.stdout, again.stdout + again.stderr
+    assert deterministic_rows(db) == got  # a finished campaign resumed: nothing run again, nothing doubled
 
 
 # ---------------------------------------------------------------- bad input, refused before loading

@@ -1,0 +1,159 @@
+"""A campaign over several processes.
+
+`--nproc N` (data parallel): N processes each run shard i/N of every pass (`--shard i/N`) into their
+own store beside the campaign's (`shard_store`), one GPU each on CUDA; their rows are then merged
+into the campaign's store (`merge_stores`: identical rows once), which therefore holds the rows one
+process would have written. The shard stores stay: `--resume` continues them after a crash.
+
+`--tp N` (tensor parallel): N ranks run the runtime together (`runtime/tensor_parallel.py`); every
+rank runs the same passes on the same units, rank 0 alone opens the store (`LeaderStore`) and tells
+the others what it answered (`FollowerStore`), so a resumed run skips the same units on every rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+from ..runtime.tensor_parallel import launch, rank, run_processes, share
+from ..workbench.store import RunSpec, Store, StoreError, check_writable, merge_stores, open_verified, run_id_for
+from .common import CaptureConfig
+
+
+def shard_store(db: Path, index: int, count: int) -> Path:
+    """Where shard `index` of `count` of a `--nproc` campaign writes: beside `db`."""
+    db = Path(db)
+    return db.with_name(f"{db.stem}.shard-{index}-of-{count}{db.suffix or '.duckdb'}")
+
+
+class LeaderStore:
+    """Rank 0's store under tensor parallelism: the store itself, whose answers that the other ranks
+    need (the run's id, the units already committed) are shared with them."""
+
+    def __init__(self, store: Store):
+        self.store = store
+
+    def start_run(self, spec: RunSpec, shard_index: int = 0, **options) -> str:
+        return share(self.store.start_run(spec, shard_index, **options))
+
+    def done_units(self, run_id: str) -> set[str]:
+        return share(self.store.done_units(run_id))
+
+    def __getattr__(self, name: str):
+        return getattr(self.store, name)
+
+    def __enter__(self) -> "LeaderStore":
+        self.store.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.store.__exit__(*exc)
+
+
+class FollowerStore:
+    """The store as a rank other than 0 sees it: rank 0's answers, nothing written."""
+
+    def check_name_free(self, *args, **options) -> None:
+        pass
+
+    def start_run(self, spec: RunSpec, shard_index: int = 0, **options) -> str:
+        return share()
+
+    def done_units(self, run_id: str) -> set[str]:
+        return share()
+
+    def commit_unit(self, run_id: str, unit: str, rows: dict[str, list[dict]], shard_index: int = 0) -> int:
+        return sum(len(r) for r in rows.values())
+
+    def finish_shard(self, run_id: str, shard_index: int) -> None:
+        pass
+
+    def counts(self, run_id: str | None = None) -> dict[str, int]:
+        return {}
+
+    def run_row(self, run_id: str) -> dict:
+        return {"status": "followed rank 0"}
+
+    def __enter__(self) -> "FollowerStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+def campaign_store(config: CaptureConfig):
+    """The store of this process's campaign (a context manager): the store file, or under tensor
+    parallelism rank 0's store shared (`LeaderStore`) and, on the other ranks, `FollowerStore`."""
+    if rank() != 0:
+        return FollowerStore()
+    check_writable(config.db)
+    store = open_verified(config.db)  # refuses a damaged store, or one of a newer schema
+    return LeaderStore(store) if config.tp > 1 else store
+
+
+def run_tensor_parallel(config: CaptureConfig) -> list:
+    """The campaign on `config.tp` ranks (spawned, or this process one of torchrun's); rank 0's
+    summaries (None on torchrun's other ranks)."""
+    return launch(_campaign_rank, config.tp, config.device, config)
+
+
+def _campaign_rank(config: CaptureConfig) -> list:
+    from rich.console import Console
+
+    from .campaign import NullReporter, run_campaign
+    from .progress import RichReporter
+
+    if rank() != 0:
+        return run_campaign(config, NullReporter())
+    with RichReporter(Console()) as reporter:
+        return run_campaign(config, reporter)
+
+
+def run_data_parallel(config: CaptureConfig) -> list:
+    """`--nproc N`: shard i/N in process i (GPU i on CUDA) into `shard_store(db, i, N)`, then every shard
+    store merged into `config.db`; one summary per pass (units and rows of the merged run)."""
+    from .campaign import PassSummary
+
+    count = config.nproc
+    if config.device == "cuda" and torch.cuda.device_count() < count:
+        raise StoreError(f"--nproc {count} on cuda needs {count} GPUs, this machine has {torch.cuda.device_count()}")
+    check_writable(config.db)
+    with open_verified(config.db) as store:  # the campaign's own store: names free, schema current
+        for name in config.passes:
+            store.check_name_free(config.name, name, 0, resume=config.resume, overwrite=config.overwrite)
+    shards = [dataclasses.replace(config, nproc=1, shard=(i, count), db=shard_store(config.db, i, count))
+              for i in range(count)]
+    results = mp.get_context("spawn").SimpleQueue()
+    run_processes(_shard_main, count, (shards, results))
+    per_shard = [results.get() for _ in range(count)]
+    with Store(config.db) as store:
+        if config.overwrite:
+            for name in config.passes:
+                store.delete_run(run_id_for(config.name, name))
+    merge_stores(config.db, [s.db for s in shards])
+    summaries = []
+    with Store(config.db, read_only=True) as store:
+        for p, name in enumerate(config.passes):
+            parts = [s[p] for s in per_shard]
+            run_id = parts[0].run_id
+            counts = {t: n for t, n in store.counts(run_id).items() if n and t not in ("runs", "units")}
+            summaries.append(PassSummary(name, run_id, store.run_row(run_id)["status"], sum(s.units for s in parts),
+                                         sum(s.resumed for s in parts), sum(s.committed for s in parts), counts,
+                                         max(s.seconds for s in parts)))
+    return summaries
+
+
+def _shard_main(index: int, shards: list[CaptureConfig], results) -> None:
+    from rich.console import Console
+
+    from .campaign import run_campaign
+    from .progress import RichReporter
+
+    config = shards[index]
+    if config.device == "cuda":
+        torch.cuda.set_device(index)  # `cuda` (the runs' device) is this process's GPU
+    with RichReporter(Console(force_terminal=False)) as reporter:  # one plain line per unit
+        results.put(run_campaign(config, reporter))
