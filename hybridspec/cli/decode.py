@@ -129,6 +129,7 @@ def serve(
     graphs: GraphsOpt = True,
     max_context: Annotated[int, typer.Option("--max-context", min=2, help="Prompt + generated tokens per request.")] = 4096,
     force: Annotated[bool, typer.Option("--force", help="Use an artifact fitted for another model/drafter.")] = False,
+    tp: TensorParallelOpt = 1,
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API (completions, chat, models, health, metrics)."""
     try:
@@ -142,15 +143,22 @@ def serve(
         except (OSError, UnicodeDecodeError, IndexError) as exc:
             _fail(f"--api-key-file {api_key_file}: cannot read a key ({type(exc).__name__}: {exc})")
     policy = _policy_note(policy, artifact)
+    options = dict(artifact=artifact, model=model, drafter=drafter, policy=policy, device=device, dtype=dtype,
+                   backend=backend, max_context=max_context, force=force, graphs=graphs, model_name=served_model_name)
+    server = dict(host=host, port=port, api_key=api_key, max_request_bytes=max_request_bytes, log_level=log_level)
+    banner = f"serving [bold]{{model}}[/] (policy {policy}) on http://{host}:{port}/v1"
     try:
-        service = open_service(artifact=artifact, model=model, drafter=drafter, policy=policy, device=device,
-                               dtype=dtype, backend=backend, max_context=max_context, force=force, graphs=graphs,
-                               model_name=served_model_name)
+        if tp > 1:  # rank 0 serves, the other ranks run its engine steps with it
+            from ..runtime.tensor_parallel import launch
+            from ..serve.parallel import serve_rank
+
+            launch(serve_rank, tp, device, options, server, banner + f" over {tp} ranks", quiet_interrupt=True)
+            return
+        service = open_service(**options)
     except ValueError as exc:  # ConfigError, PolicyError, ArtifactError
         _fail(str(exc))
-    console.print(f"serving [bold]{service.model_name}[/] (policy {policy}) on http://{host}:{port}/v1")
-    run_server(service, host=host, port=port, api_key=api_key, max_request_bytes=max_request_bytes,
-               log_level=log_level)
+    console.print(banner.format(model=service.model_name))
+    run_server(service, **server)
 
 
 @app.command("train-embedded")

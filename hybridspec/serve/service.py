@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..artifacts.params import PolicyParameters
@@ -21,6 +22,7 @@ from ..runtime.generation import default_policy
 from ..runtime.policies import Policy, make_policy, resolve_policy
 from ..runtime.sampling import SamplingParams
 from ..runtime.session import Session, open_session
+from ..runtime.tensor_parallel import mirrored
 from ..runtime.tokenizer import ChatTemplateError, TextCodec
 from .api import RequestBody, RequestError
 from .metrics import ServerMetrics
@@ -31,16 +33,25 @@ QUEUE_POLL_S = 0.1  # how often a queued request checks that its client is still
 Abandoned = Callable[[], Awaitable[bool]]  # True once the client has gone away
 
 
+@dataclass(frozen=True)
+class StreamRequest:
+    """What the engine needs to run one request (and what the other ranks are told under tensor parallelism)."""
+
+    prompt_ids: list[int]
+    policy: str
+    max_tokens: int
+    sampling: SamplingParams
+
+
 class Decoding:
     """One request on the engine: its round stream, the decoded text, stop sequences and usage.
     `advance` and `close` run in the worker thread only."""
 
-    def __init__(self, service: Service, prompt_ids: list[int], policy: Policy, policy_name: str, max_tokens: int,
+    def __init__(self, service: Service, prompt_ids: list[int], policy_name: str, max_tokens: int,
                  sampling: SamplingParams, stops: list[str], arrived: float):
         self.service, self.prompt_ids, self.stops, self.arrived = service, prompt_ids, stops or [], arrived
         self.labels = {"model_name": service.model_name, "policy": policy_name}
-        self.steps = service.session.engine.stream(prompt_ids, policy=policy, max_new_tokens=max_tokens,
-                                                   sampling=sampling, eos_ids=service.session.eos_ids)
+        self.steps = service.steps(StreamRequest(prompt_ids, policy_name, max_tokens, sampling))
         self.ids: list[int] = []
         self.text, self.sent = "", 0  # visible text; characters already handed out
         self.finish_reason: str | None = None
@@ -146,8 +157,10 @@ def _first_stop(text: str, stops: list[str]) -> int | None:
 class Service:
     """The model, its policies and the FIFO queue in front of the engine."""
 
-    def __init__(self, session: Session, *, params: PolicyParameters | None, policy: str, model_name: str):
+    def __init__(self, session: Session, *, params: PolicyParameters | None, policy: str, model_name: str,
+                 tensor_parallel: bool = False):
         self.session, self.params, self.model_name = session, params, model_name
+        self.tensor_parallel = tensor_parallel  # every rank runs each engine step (`steps`)
         self.draft_len = session.drafter.draft_len if session.drafter is not None else 0
         self.policies: dict[str, Policy] = {}
         self.default_policy_name = policy
@@ -163,6 +176,18 @@ class Service:
         if name not in self.policies:
             self.policies[name] = make_policy(name, self.draft_len, self.params, device=str(self.session.engine.device))
         return self.policies[name]
+
+    def steps(self, request: StreamRequest) -> Iterator:
+        """The engine's round stream for `request`; under tensor parallelism every step runs on every
+        rank (`tensor_parallel.mirrored`; the other ranks run `follow(service.engine_steps)`)."""
+        if self.tensor_parallel:
+            return mirrored(lambda: self.engine_steps(request), request)
+        return self.engine_steps(request)
+
+    def engine_steps(self, request: StreamRequest) -> Iterator:
+        return self.session.engine.stream(request.prompt_ids, policy=self.policy(request.policy),
+                                          max_new_tokens=request.max_tokens, sampling=request.sampling,
+                                          eos_ids=self.session.eos_ids)
 
     def visible_text(self, ids: list[int]) -> str:
         codec = self.session.codec
@@ -226,7 +251,7 @@ class Service:
         except ValueError as exc:
             raise RequestError(str(exc), None) from None
         arrived = time.monotonic() if arrived is None else arrived
-        return Decoding(self, prompt_ids, policy, name, max_tokens or room, sampling, body.stop, arrived)
+        return Decoding(self, prompt_ids, name, max_tokens or room, sampling, body.stop, arrived)
 
     def discard(self, decoding: Decoding) -> None:
         """Count a decoding that will not run (or not run on) as cancelled, behind any round in flight."""
@@ -287,13 +312,14 @@ class Service:
 def open_service(*, artifact: Path | None = None, model: str | None = None, drafter: str | None = None,
                  policy: str | None = None, device: str = "cpu", dtype: str = "float32", backend: str = "auto",
                  max_context: int = 4096, force: bool = False, model_name: str | None = None,
-                 graphs: bool = True) -> Service:
+                 graphs: bool = True, tensor_parallel: bool = False) -> Service:
     """Load the model, the drafter and the artifact for `serve` (`resolve_policy`: the default policy
     needs an artifact when it needs parameters; one fitted for another pair is refused unless `force`).
-    Without `policy`: `hybridspec` with an artifact, else `default_policy`'s choice."""
+    Without `policy`: `hybridspec` with an artifact, else `default_policy`'s choice. `tensor_parallel`:
+    on one rank of a process group (`serve/parallel.py`)."""
     policy = policy or default_policy(artifact)
     session = open_session(model, drafter, device=device, dtype=dtype, backend=backend, max_context=max_context,
-                           graphs=graphs)
+                           graphs=graphs, tensor_parallel=tensor_parallel)
     params, _ = resolve_policy(policy, artifact, session, force)
     name = model_name or (model if model is not None else EMBEDDED_NAME)
-    return Service(session, params=params, policy=policy, model_name=name)
+    return Service(session, params=params, policy=policy, model_name=name, tensor_parallel=tensor_parallel)
