@@ -125,13 +125,29 @@ def test_a_ranks_loaded_part_equals_the_slices_of_the_whole_target(model, reques
             assert torch.equal(got[name], want[name]), (model, rank, name)
 
 
-def test_generate_over_two_ranks_emits_the_tokens_of_one_process():
-    """`generate --tp 2`: spawned ranks (gloo), rank 0's summary, the tokens of one process."""
+def test_generate_under_torchrun_emits_the_tokens_of_one_process():
+    """`torchrun --nproc-per-node 2 -m hybridspec generate --tp 2`: each process is one rank (env://
+    rendezvous, gloo), rank 0 alone prints its summary: one process's tokens and rounds."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
     from hybridspec.runtime.generation import GenerateRequest, run_generate
 
     request = GenerateRequest(prompt="Split the heads over two ranks.", policy="static:4", max_new_tokens=16)
     one = run_generate(request)
-    two = run_generate(dataclasses.replace(request, tp=2))
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    assert torchrun is not None
+    run = subprocess.run([torchrun, "--nproc-per-node", "2", "-m", "hybridspec", "generate", "--tp", "2", "--prompt",
+                          request.prompt, "--policy", "static:4", "--max-new-tokens", "16", "--json"],
+                         capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                         cwd=Path(__file__).resolve().parents[2])
+    assert run.returncode == 0, run.stdout + run.stderr
+    (line,) = [x for x in run.stdout.splitlines() if x.startswith("{")]  # one summary: rank 0's
+    two = json.loads(line)
     assert two["token_ids"] == one["token_ids"] and two["rounds"] == one["rounds"]
     with pytest.raises(ValueError, match="give exactly one of a prompt text or prompt ids"):
         run_generate(dataclasses.replace(request, prompt=None, tp=2))
