@@ -22,6 +22,7 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 against what it replaced side by side in one process.
 
     python3 bench/gpu_round.py --out DIR [--models embedded,qwen3.6-35b-a3b] [--context 1024]
+    python3 bench/gpu_round.py --out DIR --models qwen3.5-122b-a10b --tp 2   # two GPUs, each rank its half
 
 Writes DIR/gpu_round.json ({"device", "date", "versions", "rows": [...]}) and prints a table.
 """
@@ -83,7 +84,10 @@ def apply_variant(target, name: str) -> list[tuple]:
 
 
 def log(line: str) -> None:
-    print(line, flush=True)
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(line, flush=True)
 
 
 def engines(session, max_context: int) -> dict[str, Engine]:
@@ -339,6 +343,8 @@ def main(argv=None) -> int:
     ap.add_argument("--temperatures", default="0", help="decode rows at each of these temperatures (0: greedy)")
     ap.add_argument("--no-verification", action="store_true", help="skip the per-length verification rows")
     ap.add_argument("--variants", default="shipped", help=f"comma list of {', '.join(VARIANTS)}")
+    ap.add_argument("--tp", type=int, default=0, help="tensor-parallel ranks, one GPU each (spawned, or torchrun's); "
+                    "1: one rank through the same code (an all-reduce over one GPU); 0: no process group")
     args = ap.parse_args(argv)
     variants = [v for v in args.variants.split(",") if v]
     if unknown := [v for v in variants if v not in VARIANTS]:
@@ -346,12 +352,29 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("gpu_round.py needs a CUDA GPU", file=sys.stderr)
         return 2
+    command = "python3 bench/gpu_round.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    if args.tp:
+        from hybridspec.runtime.tensor_parallel import launch
+
+        launch(run, args.tp, "cuda", args, variants, command)
+    else:
+        run(args, variants, command)
+    return 0
+
+
+def run(args, variants: list[str], command: str) -> None:
+    """Every model and variant of `main`'s arguments; under `--tp` on every rank, rank 0 writes and
+    prints (each rank's weights, caches and floor are its own part's: bytes per GPU)."""
+    import torch.distributed as dist
+
+    tensor_parallel = dist.is_initialized()
+    writer = not tensor_parallel or dist.get_rank() == 0
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     policies = [p for p in args.policies.split(",") if p]
-    result = dict(device=torch.cuda.get_device_name(), date=dt.date.today().isoformat(),
-                  command="python3 bench/gpu_round.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-                  versions=versions(), checks=[], rows=[])
+    result = dict(device=torch.cuda.get_device_name(), date=dt.date.today().isoformat(), command=command,
+                  versions=versions(), checks=[], rows=[],
+                  tensor_parallel=dist.get_world_size() if tensor_parallel else None)
     bandwidth = copy_bandwidth(samples=9)
     result["copy_bandwidth_TBps"] = round(bandwidth / 1e12, 3)
     log(f"{result['device']} {result['versions']} copy {bandwidth / 1e12:.2f} TB/s")
@@ -361,7 +384,8 @@ def main(argv=None) -> int:
         dtype = "float32" if embedded else "bfloat16"
         t0 = time.perf_counter()
         session = open_session(None if embedded else model, None if embedded else "random", device="cuda",
-                               dtype=dtype, backend="triton", max_context=args.context + 4 * args.tokens)
+                               dtype=dtype, backend="triton", max_context=args.context + 4 * args.tokens,
+                               tensor_parallel=tensor_parallel)
         log(f"{model}: loaded in {time.perf_counter() - t0:.1f} s")
         prompts = prompts_for(session, model, args.context, 6 if embedded else 2)
         for index, variant in enumerate(variants):
@@ -386,11 +410,12 @@ def main(argv=None) -> int:
                 setattr(module, attr, op)
             del runs
             torch.cuda.empty_cache()
-        (args.out / "gpu_round.json").write_text(json.dumps(result, indent=1))
+        if writer:
+            (args.out / "gpu_round.json").write_text(json.dumps(result, indent=1))
         del session
         torch.cuda.empty_cache()
-    print(json.dumps(result["checks"], indent=1))
-    return 0
+    if writer:
+        print(json.dumps(result["checks"], indent=1))
 
 
 if __name__ == "__main__":
