@@ -149,9 +149,11 @@ def serve(
     banner = f"serving [bold]{{model}}[/] (policy {policy}) on http://{host}:{port}/v1"
     try:
         if tp > 1:  # rank 0 serves, the other ranks run its engine steps with it
+            from ..runtime.session import check_tensor_parallel
             from ..runtime.tensor_parallel import launch
             from ..serve.parallel import serve_rank
 
+            check_tensor_parallel(model, tp)
             launch(serve_rank, tp, device, options, server, banner + f" over {tp} ranks", quiet_interrupt=True)
             return
         service = open_service(**options)

@@ -101,9 +101,12 @@ class CaptureConfig:
         check_run_options(self, CaptureConfigError)
         if self.tp < 1 or self.nproc < 1:
             raise CaptureConfigError(f"--tp {self.tp} / --nproc {self.nproc}: each must be ≥ 1")
-        if self.nproc > 1 and (self.tp > 1 or self.shard != (0, 1)):
-            raise CaptureConfigError(f"--nproc {self.nproc} runs its own shards, one process each: it excludes "
-                                     f"--tp {self.tp} and --shard {self.shard[0]}/{self.shard[1]}")
+        if self.nproc > 1 and self.tp > 1:
+            raise CaptureConfigError(f"--nproc {self.nproc} with --tp {self.tp}: data-parallel processes of "
+                                     "tensor-parallel ranks are not supported; choose one")
+        if self.nproc > 1 and self.shard != (0, 1):
+            raise CaptureConfigError(f"--nproc {self.nproc} runs its own shards (i/{self.nproc}, one per process): "
+                                     f"it excludes --shard {self.shard[0]}/{self.shard[1]}")
         bad = [p for p in self.passes if p not in PASS_NAMES]
         if bad or not self.passes:
             raise CaptureConfigError(f"passes {self.passes}: choose from {', '.join(PASS_NAMES)}")

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
+from ..runtime.session import check_tensor_parallel
 from ..runtime.tensor_parallel import launch, rank, run_processes, share
 from ..workbench.store import RunSpec, Store, StoreError, check_writable, merge_stores, open_verified, run_id_for
 from .common import CaptureConfig
@@ -97,6 +98,7 @@ def campaign_store(config: CaptureConfig):
 def run_tensor_parallel(config: CaptureConfig) -> list:
     """The campaign on `config.tp` ranks (spawned, or this process one of torchrun's); rank 0's
     summaries (None on torchrun's other ranks)."""
+    check_tensor_parallel(config.model, config.tp)
     return launch(_campaign_rank, config.tp, config.device, config)
 
 

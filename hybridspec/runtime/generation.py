@@ -8,7 +8,7 @@ from pathlib import Path
 from .engine import GenerationResult
 from .policies import make_policy, resolve_policy
 from .sampling import SamplingParams
-from .session import Session, open_session
+from .session import Session, check_tensor_parallel, open_session
 
 
 POLICY_WITHOUT_ARTIFACT = "static:7"  # fastest artifact-free policy on the embedded pair (bench/results/eval.md)
@@ -75,6 +75,7 @@ def run_generate(request: GenerateRequest) -> dict | None:
     if request.tp > 1:
         from .tensor_parallel import launch
 
+        check_tensor_parallel(request.model, request.tp)
         return launch(_generate, request.tp, request.device, request, sampling, True)
     return _generate(request, sampling, False)
 

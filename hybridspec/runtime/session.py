@@ -18,6 +18,7 @@ from .hub import resolve_reference
 from .loading import drafter_config, load_drafter, load_target, random_drafter, random_drafter_layers, target_config
 from .models.hybrid import HybridTarget
 from .presets import PRESETS, preset_config
+from .sharding import local_config
 from .tokenizer import TextCodec, load_codec
 
 EMBEDDED = Path(__file__).resolve().parent.parent / "assets" / "embedded"
@@ -109,6 +110,12 @@ def open_session(model: str | None = None, drafter: str | None = None, *, need_d
     model_id, drafter_id = model_identity(model, drafter if draft is not None else None, seed=seed,
                                           with_drafter=draft is not None)
     return Session(name, target, draft, engine, codec, eos_ids(model, target.cfg), model_id, drafter_id)
+
+
+def check_tensor_parallel(model: str | None, world: int) -> None:
+    """ConfigError, before any rank starts, when the target of `model` (None: the default) cannot be
+    split over `world` ranks (`sharding.local_config`)."""
+    local_config(target_config(resolve_pair(model, None)[0]), world)
 
 
 def eos_ids(model: str, cfg: TargetConfig) -> tuple[int, ...]:

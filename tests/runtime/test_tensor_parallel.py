@@ -161,3 +161,12 @@ def test_a_ranks_bad_input_is_reported_as_such():
     error = bad_input(failure)
     assert isinstance(error, ValueError) and str(error) == "unknown model 'nope'"
     assert bad_input("Traceback (most recent call last):\nRuntimeError: NCCL error") is None
+
+
+def test_a_world_size_that_does_not_divide_is_refused_before_any_rank_starts(monkeypatch):
+    from hybridspec.runtime import tensor_parallel
+    from hybridspec.runtime.generation import GenerateRequest, run_generate
+
+    monkeypatch.setattr(tensor_parallel, "spawn", lambda *a, **k: pytest.fail("a rank was spawned"))
+    with pytest.raises(ConfigError, match="over 3 ranks: num_attention_heads = 4 .attention heads. is not a multiple"):
+        run_generate(GenerateRequest(prompt="x", tp=3))
