@@ -92,7 +92,7 @@ def _kill_after_commits(cmd: list[str], commits: int, timeout: float = 120.0) ->
 
 
 def test_sigkill_then_resume_equals_an_uninterrupted_run(qwen35_dir, prompt_file, tmp_path):
-    args = _args(qwen35_dir, prompt_file, tmp_path / "killed.duckdb", "--passes", "capture", "--max-new-tokens", "48")
+    args = _args(qwen35_dir, prompt_file, tmp_path / "killed.duckdb", "--passes", "capture", "--max-new-tokens", "24")
     _kill_after_commits(_subprocess(args), commits=2)
     with Store(tmp_path / "killed.duckdb", read_only=True) as store:  # what the kill left behind
         done = store.query("SELECT count(*) FROM units")[0][0]
@@ -104,7 +104,7 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(qwen35_dir, prompt_file
     resumed = subprocess.run(_subprocess([*args, "--resume"]), capture_output=True, text=True, env=ENV, cwd=ROOT)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert f"{done} already committed" in resumed.stdout
-    reference = _reference(qwen35_dir, prompt_file, tmp_path / "ref.duckdb", passes=("capture",), max_new_tokens=48)
+    reference = _reference(qwen35_dir, prompt_file, tmp_path / "ref.duckdb", passes=("capture",), max_new_tokens=24)
     assert deterministic_rows(tmp_path / "killed.duckdb") == reference
     assert len(reference["draft_positions"]) == 15 * len(reference["rounds"]) > 0
 

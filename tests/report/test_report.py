@@ -1,11 +1,14 @@
 """`build_report` on a real quick campaign: every section is there, its numbers equal a direct
 recomputation from the store and the artifact, the page embeds one valid PNG per plot and
-nothing external, and a store lacking passes names what is missing."""
+nothing external, and a store lacking passes names what is missing; the `hybridspec report` CLI
+adapter writes the page and prints the summary and where it is (in this file: the calibrated
+campaign is built once per test process)."""
 
 from __future__ import annotations
 
 import base64
 import io
+import json
 import re
 from html import unescape
 
@@ -13,8 +16,10 @@ import numpy as np
 import pytest
 from PIL import Image
 from rich.console import Console
+from typer.testing import CliRunner
 
 from hybridspec.artifacts.artifact import load_artifact
+from hybridspec.cli import app
 from hybridspec.report import ReportError, build_report, summary
 from hybridspec.workbench.store import Store, run_id_for
 from tests.report.conftest import CAMPAIGN, POLICIES
@@ -227,3 +232,26 @@ def test_without_eval_runs_the_policy_table_is_estimated_only(capture_only, cali
     assert policies.status == "partial" and "no eval run" in policies.note
     assert {"ar", "full", "hybridspec"} <= set(policies.tables["policies"]["policy"])
     assert status["cost"] == "missing" and status["lengths"] == "missing"
+
+
+# ---------------------------------------------------------------- the CLI adapter
+def test_report_command_writes_the_page_and_names_it(calibrated, tmp_path):
+    db, artifact = calibrated
+    out = tmp_path / "page"
+    cli = CliRunner()
+    result = cli.invoke(app, ["report", "--db", str(db), "--artifact", str(artifact), "--out", str(out)],
+                        terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert (out / "index.html").is_file() and "report:" in result.output
+    assert str((out / "index.html").resolve()) in result.output.replace("\n", "")
+    as_json = cli.invoke(app, ["report", "--db", str(db), "--artifact", str(artifact), "--out", str(tmp_path / "j"),
+                               "--json"])
+    assert as_json.exit_code == 0, as_json.output
+    printed = json.loads(as_json.stdout)
+    assert printed["path"] == str((tmp_path / "j" / "index.html").resolve()) and len(printed["sections"]) >= 10
+    assert all(s["status"] for s in printed["sections"])
+
+
+def test_report_command_refuses_a_missing_store(tmp_path):
+    result = CliRunner().invoke(app, ["report", "--db", str(tmp_path / "none.duckdb"), "--out", str(tmp_path / "x")])
+    assert result.exit_code != 0 and "none.duckdb" in result.output
