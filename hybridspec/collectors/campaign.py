@@ -26,6 +26,7 @@ from .capture import CapturePass
 from .common import CaptureConfig, CaptureConfigError, CollectorPass, PassContext, PromptIds
 from .fixed import FixedPass, subset_per_category
 from .moe import MoePass
+from .parallel import campaign_store, run_data_parallel, run_tensor_parallel
 from .profile import ProfilePass
 from .routing import RoutingPass
 from .stage0 import Stage0Pass
@@ -113,8 +114,6 @@ def read_vocab_size(model: str) -> int:
 def run_campaign(config: CaptureConfig, reporter: Reporter | None = None) -> list[PassSummary]:
     """Run `config.passes` into `config.db`; one summary per pass (`--nproc` and `--tp` run it over
     several processes: `parallel.py`; None on torchrun's ranks other than 0)."""
-    from .parallel import campaign_store, run_data_parallel, run_tensor_parallel
-
     if config.nproc > 1:
         return run_data_parallel(config)
     if config.tp > 1 and not dist.is_initialized():
