@@ -135,22 +135,22 @@ def bad_input(rank_failure: str) -> ValueError | None:
     return None
 
 
-def _init_group(rank: int, world: int, device: str, init_method: str, local_rank: int) -> None:
+def _init_group(index: int, world: int, device: str, init_method: str, local_rank: int) -> None:
     global _control
     backend = "nccl" if device.startswith("cuda") else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
     else:
         torch.set_num_threads(max(1, torch.get_num_threads() // world))
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world)
+    dist.init_process_group(backend, init_method=init_method, rank=index, world_size=world)
     _control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
 
 
-def _rank_main(rank: int, world: int, device: str, init_method: str, fn, args, results) -> None:
-    _init_group(rank, world, device, init_method, rank)
+def _rank_main(index: int, world: int, device: str, init_method: str, fn, args, results) -> None:
+    _init_group(index, world, device, init_method, index)
     try:
         out = fn(*args)
-        if rank == 0:
+        if index == 0:
             results.put(out)
     finally:
         dist.destroy_process_group()

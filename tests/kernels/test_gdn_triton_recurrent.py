@@ -1,6 +1,6 @@
 """The recurrent verify kernel (forward substitution in state space) against the reference, under
-TRITON_INTERPRET=1: at every length on both shapes (it ships up to four tokens; the other lengths
-check the same code paths with longer token loops), raw or normalised inputs, bf16 or fp32."""
+TRITON_INTERPRET=1: at every length it ships (up to four tokens) on both shapes and at longer token
+loops up to 16, raw or normalised inputs, bf16 or fp32."""
 
 import os
 
@@ -19,9 +19,11 @@ from tests.kernels.gdn_cases import assert_slices_only, check_gated_verify, chec
 from tests.kernels.test_gdn_reference import raw_inputs  # noqa: E402
 from tests.tolerance import assert_close  # noqa: E402
 
-# every T on both shapes with 32-row blocks (dv = 40: a full and a masked block); the shipped
-# one-warp shapes (8 rows up to T = 2, 4 rows at T = 3, 4) at a few lengths
-RECURRENT_CASES = [("recurrent-32x4", shape, T) for shape in SHAPES for T in range(1, 17)]
+# both shapes with 32-row blocks (dv = 40: a full and a masked block) at every length the kernel
+# ships (1 … 4) and at longer token loops (odd, a power of two, the longest); the shipped one-warp
+# shapes (8 rows up to T = 2, 4 rows at T = 3, 4) at a few lengths
+LENGTHS = (1, 2, 3, 4, 5, 8, 13, 16)
+RECURRENT_CASES = [("recurrent-32x4", shape, T) for shape in SHAPES for T in LENGTHS]
 RECURRENT_CASES += [("recurrent-8x1", "grouped", T) for T in (1, 3, 4, 7)]
 RECURRENT_CASES += [("recurrent-4x1", "ungrouped", T) for T in (2, 5, 6)]
 
@@ -48,7 +50,7 @@ def test_recurrent_verify_bf16_inputs_into_buffer_slices(T):
     assert_slices_only(T, z_buf, g_buf)
 
 
-GATED_CASES = [("grouped", T) for T in range(1, 17)] + [("ungrouped", T) for T in (1, 2, 5, 12, 16)]
+GATED_CASES = [("grouped", T) for T in LENGTHS] + [("ungrouped", T) for T in (1, 2, 5, 12, 16)]
 
 
 @pytest.mark.parametrize(("shape", "T"), GATED_CASES)
