@@ -1,9 +1,10 @@
 """A campaign over several processes.
 
 `--nproc N` (data parallel): N processes each run shard i/N of every pass (`--shard i/N`) into their
-own store beside the campaign's (`shard_store`), one GPU each on CUDA; their rows are then merged
-into the campaign's store (`merge_stores`: identical rows once), which therefore holds the rows one
-process would have written. The shard stores stay: `--resume` continues them after a crash.
+own store beside the campaign's (`shard_store`), one GPU each on CUDA; the rows of this campaign's
+runs are then merged into the campaign's store (`merge_stores`: identical rows once), which
+therefore holds the rows one process would have written (timings aside). The shard stores stay:
+`--resume` continues them after a crash.
 
 `--tp N` (tensor parallel): N ranks run the runtime together (`runtime/tensor_parallel.py`); every
 rank runs the same passes on the same units, rank 0 alone opens the store (`LeaderStore`) and tells
@@ -122,10 +123,18 @@ def run_data_parallel(config: CaptureConfig) -> list:
     count = config.nproc
     if config.device == "cuda" and torch.cuda.device_count() < count:
         raise StoreError(f"--nproc {count} on cuda needs {count} GPUs, this machine has {torch.cuda.device_count()}")
+    if config.device.startswith("cuda:"):
+        raise StoreError(f"--nproc {count} runs process i on GPU i: give --device cuda, not {config.device}")
     check_writable(config.db)
+    run_ids = [run_id_for(config.name, name) for name in config.passes]
     with open_verified(config.db) as store:  # the campaign's own store: names free, schema current
-        for name in config.passes:
+        for name, run_id in zip(config.passes, run_ids):
             store.check_name_free(config.name, name, 0, resume=config.resume, overwrite=config.overwrite)
+            row = store.run_row(run_id)
+            if row is not None and not config.overwrite and row["shard_count"] != count:
+                raise StoreError(f"{config.db}: run {config.name!r} (pass {name}) was captured in {row['shard_count']} "
+                                 f"shard(s); --nproc {count} would capture it in {count}: resume it with --nproc "
+                                 f"{row['shard_count']}, or use --overwrite or another --name")
     shards = [dataclasses.replace(config, nproc=1, shard=(i, count), db=shard_store(config.db, i, count))
               for i in range(count)]
     results = mp.get_context("spawn").SimpleQueue()
@@ -133,9 +142,9 @@ def run_data_parallel(config: CaptureConfig) -> list:
     per_shard = [results.get() for _ in range(count)]
     with Store(config.db) as store:
         if config.overwrite:
-            for name in config.passes:
-                store.delete_run(run_id_for(config.name, name))
-    merge_stores(config.db, [s.db for s in shards])
+            for run_id in run_ids:
+                store.delete_run(run_id)
+    merge_stores(config.db, [s.db for s in shards], run_ids)  # this campaign's runs only
     summaries = []
     with Store(config.db, read_only=True) as store:
         for p, name in enumerate(config.passes):

@@ -1,5 +1,6 @@
 """Which part of the hybrid target one rank of a tensor-parallel group holds (no communication here;
-`tensor_parallel.py` runs it, the loaders read only these parts).
+`tensor_parallel.py` runs it; the loaders keep only these parts, each rank reading every full tensor
+of the checkpoint once).
 
 Each of the P ranks builds the target of `local_config`: the same layers with 1/P of the heads and
 of the intermediate columns. Rank r takes contiguous slices of the full weights:

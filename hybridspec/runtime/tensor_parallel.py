@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import signal
-import sys
 import tempfile
 import traceback
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -82,6 +83,9 @@ def launch(fn: Callable[..., Any], world: int, device: str, *args, quiet_interru
     this process is one of the ranks (the others return None); otherwise `world` ranks are spawned
     here and this process waits for them. `quiet_interrupt`: this process ignores Ctrl-C while it
     waits (a server's rank 0 shuts the group down on it)."""
+    if device.startswith("cuda:") and world > 1:
+        raise ValueError(f"--tp {world} puts rank r on GPU r (torchrun: its LOCAL_RANK): give --device cuda, "
+                         f"not {device}")
     if under_torchrun():
         size = int(os.environ["WORLD_SIZE"])
         if size != world:
@@ -98,19 +102,34 @@ def launch(fn: Callable[..., Any], world: int, device: str, *args, quiet_interru
 
 def spawn(fn: Callable[..., Any], world: int, device: str, *args, quiet_interrupt: bool = False) -> Any:
     """Run fn(*args) on `world` spawned processes joined in a fresh process group (gloo on CPU;
-    NCCL on CUDA, rank r on GPU r) and return rank 0's result. An error on any rank is raised here."""
-    if device.startswith("cuda") and torch.cuda.device_count() < world:
-        raise ValueError(f"tensor parallelism over {world} ranks needs {world} GPUs, this machine has "
-                         f"{torch.cuda.device_count()}")
-    results = mp.get_context("spawn").SimpleQueue()
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if quiet_interrupt else None
+    NCCL on CUDA, rank r on GPU r) and return rank 0's result. An error on any rank is raised here;
+    rank 0's own error first (the others' then only say that rank 0 left the group)."""
+    if device.startswith("cuda") and world > 1:
+        if torch.cuda.device_count() < world:
+            raise ValueError(f"tensor parallelism over {world} ranks needs {world} GPUs, this machine has "
+                             f"{torch.cuda.device_count()}")
+    previous = signal.signal(signal.SIGINT, _ignore) if quiet_interrupt else None
     with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
         try:
-            run_processes(_rank_main, world, (world, device, f"file://{tmp}/rendezvous", fn, args, results))
+            run_processes(_rank_main, world, (world, device, f"file://{tmp}/rendezvous", fn, args, folder))
+        except Exception:
+            if (failure := folder / "rank0.error").is_file():
+                text = failure.read_text()
+                raise (bad_input(text) or RuntimeError(f"rank 0 failed:\n{text}")) from None
+            raise
         finally:
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
-    return results.get()
+        if not (folder / "rank0.result").is_file():
+            raise RuntimeError("rank 0 ended without a result (interrupted?)")
+        with (folder / "rank0.result").open("rb") as f:
+            return pickle.load(f)
+
+
+def _ignore(signum, frame) -> None:
+    """SIGINT in the waiting parent: nothing (a Python handler, unlike SIG_IGN, is not inherited by
+    the spawned ranks, which keep Ctrl-C)."""
 
 
 def run_processes(fn: Callable[..., None], count: int, args: tuple) -> None:
@@ -146,12 +165,18 @@ def _init_group(index: int, world: int, device: str, init_method: str, local_ran
     _control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
 
 
-def _rank_main(index: int, world: int, device: str, init_method: str, fn, args, results) -> None:
+def _rank_main(index: int, world: int, device: str, init_method: str, fn, args, folder: Path) -> None:
+    """One spawned rank; rank 0 leaves its result (or its error, before the group goes) in `folder`."""
     _init_group(index, world, device, init_method, index)
     try:
         out = fn(*args)
         if index == 0:
-            results.put(out)
+            with (folder / "rank0.result").open("wb") as f:
+                pickle.dump(out, f)
+    except BaseException:
+        if index == 0:
+            (folder / "rank0.error").write_text(traceback.format_exc())
+        raise
     finally:
         dist.destroy_process_group()
 
@@ -179,8 +204,8 @@ def mirrored(start: Callable[[], Iterator], message: Any) -> Iterator:
 
 def follow(start: Callable[[Any], Iterator]) -> None:
     """A follower rank's loop: run the streams rank 0 announces (`start(message)` begins one), step by
-    step, until rank 0 says stop. Ctrl-C is left to rank 0, which stops the group. An error of a step
-    ends that stream here as it ends rank 0's, which reports it."""
+    step, until rank 0 says stop. Ctrl-C is left to rank 0, which stops the group (under torchrun,
+    torchrun stops every rank itself). An error of a step ends this rank, and so the group."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     steps: Iterator | None = None
     while True:
@@ -190,11 +215,8 @@ def follow(start: Callable[[Any], Iterator]) -> None:
         if command == "stream":
             steps = start(rest[0])
         elif command == "next" and steps is not None:
-            try:
-                next(steps, None)
-            except Exception:  # rank 0's step failed the same way; it answers the request
-                traceback.print_exc(file=sys.stderr)
-                steps = None
+            next(steps, None)  # an error here ends this rank, and with it the group: a rank that
+            # stopped stepping while rank 0 goes on would leave rank 0 waiting in its next all-reduce
         elif command == "close" and steps is not None:
             steps.close()
             steps = None

@@ -1,6 +1,7 @@
 """`serve --tp N`: every rank loads its part of the target and builds the same service; rank 0 serves
 HTTP and the others run each of its engine steps with it (`tensor_parallel.mirrored` / `follow`).
-Ctrl-C reaches rank 0's server, which shuts down and then stops the other ranks."""
+Ctrl-C reaches rank 0's server, which shuts down and then stops the other ranks (under torchrun,
+torchrun stops every rank itself)."""
 
 from __future__ import annotations
 
@@ -24,4 +25,5 @@ def serve_rank(service_options: dict, server_options: dict, banner: str) -> None
     try:
         serve(service, **server_options)
     finally:
+        service.executor.shutdown(wait=True)  # no engine step left to announce beside the stop
         stop_followers()

@@ -328,8 +328,9 @@ def _column(values: list) -> np.ndarray:
     return np.array(values)
 
 
-def merge_stores(out: Path, inputs: list[Path]) -> dict[str, int]:
+def merge_stores(out: Path, inputs: list[Path], run_ids: list[str] | None = None) -> dict[str, int]:
     """Union of the rows of shard stores into `out` (created or extended); rows per table after.
+    `run_ids`: only those runs' rows (every run when None).
 
     Runs present in several inputs must agree on their identity (model, drafter, device, params);
     a run's status is recomputed from its shards. Identical rows are kept once; a row whose key
@@ -349,17 +350,18 @@ def merge_stores(out: Path, inputs: list[Path]) -> dict[str, int]:
                 if source.version != SCHEMA_VERSION:
                     raise StoreError(f"merge: {path} has schema version {source.version}; open it once with this "
                                      f"hybridspec (schema {SCHEMA_VERSION}) to migrate it")
-            _merge_one(target, path)
+            _merge_one(target, path, run_ids)
         return target.counts()
 
 
-def _merge_one(target: Store, path: Path) -> None:
+def _merge_one(target: Store, path: Path, run_ids: list[str] | None) -> None:
     con = target.con
     quoted = str(path).replace("'", "''")
+    where, params = ("WHERE run_id IN (SELECT unnest(?))", [run_ids]) if run_ids is not None else ("", [])
     con.execute(f"ATTACH '{quoted}' AS src (READ_ONLY)")
     try:
         with target._transaction():
-            for run in con.execute("SELECT * FROM src.runs").fetchall():
+            for run in con.execute(f"SELECT * FROM src.runs {where}", params).fetchall():
                 cols = [c[0] for c in con.description]
                 row = dict(zip(cols, run))
                 mine = target.run_row(row["run_id"])
@@ -369,8 +371,8 @@ def _merge_one(target: Store, path: Path) -> None:
                             raise StoreError(f"merge: {path}: run {row['name']!r} (pass {row['pass']}) has {key} "
                                              f"{row[key]!r}, the merged store has {mine[key]!r}")
             for table in KEYS:
-                con.execute(f"INSERT OR IGNORE INTO {table} BY NAME SELECT * FROM src.{table}")
-            for (run_id,) in con.execute("SELECT run_id FROM src.runs").fetchall():
+                con.execute(f"INSERT OR IGNORE INTO {table} BY NAME SELECT * FROM src.{table} {where}", params)
+            for (run_id,) in con.execute(f"SELECT run_id FROM src.runs {where}", params).fetchall():
                 target._refresh_run_status(run_id)
     finally:
         con.execute("DETACH src")

@@ -178,6 +178,11 @@ def test_newer_schema_and_reused_names_are_refused(no_model_load, qwen35_dir, pr
         store.finish_shard(store.start_run(spec), 0)
     message = _error([*_args(qwen35_dir, prompt_file, used), "--passes", "moe"])
     assert _has(message, "run 't' (pass moe) already exists and is finished") and _has(message, "--overwrite")
+    # a run captured in one process cannot be resumed by --nproc 2 (its shards would not merge)
+    message = _error([*_args(qwen35_dir, prompt_file, used), "--passes", "moe", "--nproc", "2", "--resume"])
+    assert _has(message, "was captured in 1 shard(s); --nproc 2 would capture it in 2")
+    assert _has(_error([*_args(qwen35_dir, prompt_file, used), "--nproc", "2", "--tp", "2"]), "choose one")
+    assert _has(_error([*_args(qwen35_dir, prompt_file, used), "--nproc", "2", "--shard", "0/2"]), "excludes --shard 0/2")
 
 
 def test_the_cli_hands_its_options_to_run_campaign(monkeypatch, tmp_path):

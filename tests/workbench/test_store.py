@@ -132,6 +132,12 @@ def test_merge_is_the_union_and_finishes_a_run_when_every_shard_has(tmp_path):
         other.start_run(RunSpec(**{**_spec(shard_count=2).__dict__, "model_id": "x" * 64}))
     with pytest.raises(StoreError, match="has model_id"):
         merge_stores(tmp_path / "all.duckdb", [tmp_path / "other.duckdb"])
+    with Store(shards[0]) as store:  # a run of another name beside the campaign's in a shard store
+        other_run = store.start_run(_spec(name="older", shard_count=2), 0)
+        store.commit_unit(other_run, "u=1", _timings(other_run, 1), 0)
+    counts = merge_stores(tmp_path / "only.duckdb", shards, [run])  # the named runs only
+    assert counts["runs"] == 1 and counts["stage0_timings"] == 12
+    assert merge_stores(tmp_path / "only.duckdb", shards)["runs"] == 2
 
 
 def test_content_identities(tmp_path, qwen35_dir):
