@@ -14,10 +14,11 @@ the others what it answered (`FollowerStore`), so a resumed run skips the same u
 from __future__ import annotations
 
 import dataclasses
+import pickle
+import tempfile
 from pathlib import Path
 
 import torch
-import torch.multiprocessing as mp
 
 from ..runtime.session import check_tensor_parallel
 from ..runtime.tensor_parallel import launch, rank, run_processes, share
@@ -137,9 +138,12 @@ def run_data_parallel(config: CaptureConfig) -> list:
                                  f"{row['shard_count']}, or use --overwrite or another --name")
     shards = [dataclasses.replace(config, nproc=1, shard=(i, count), db=shard_store(config.db, i, count))
               for i in range(count)]
-    results = mp.get_context("spawn").SimpleQueue()
-    run_processes(_shard_main, count, (shards, results))
-    per_shard = [results.get() for _ in range(count)]
+    with tempfile.TemporaryDirectory() as tmp:  # each shard's summaries, read once all have ended
+        run_processes(_shard_main, count, (shards, Path(tmp)))
+        missing = [i for i in range(count) if not (Path(tmp) / f"shard{i}.pkl").is_file()]
+        if missing:
+            raise RuntimeError(f"--nproc {count}: shard(s) {missing} ended without a result (interrupted?)")
+        per_shard = [pickle.loads((Path(tmp) / f"shard{i}.pkl").read_bytes()) for i in range(count)]
     with Store(config.db) as store:
         if config.overwrite:
             for run_id in run_ids:
@@ -157,7 +161,7 @@ def run_data_parallel(config: CaptureConfig) -> list:
     return summaries
 
 
-def _shard_main(index: int, shards: list[CaptureConfig], results) -> None:
+def _shard_main(index: int, shards: list[CaptureConfig], folder: Path) -> None:
     from rich.console import Console
 
     from .campaign import run_campaign
@@ -167,4 +171,5 @@ def _shard_main(index: int, shards: list[CaptureConfig], results) -> None:
     if config.device == "cuda":
         torch.cuda.set_device(index)  # `cuda` (the runs' device) is this process's GPU
     with RichReporter(Console(force_terminal=False)) as reporter:  # one plain line per unit
-        results.put(run_campaign(config, reporter))
+        summaries = run_campaign(config, reporter)
+    (folder / f"shard{index}.pkl").write_bytes(pickle.dumps(summaries))
