@@ -11,9 +11,11 @@ import pytest
 import torch
 
 from tests.checkpoints import write_tiny_qwen3_5_moe, write_tiny_qwen3_next
+from tests.interpreter import patch_the_language_once_per_launch
 
 # The tests run tiny models: one thread avoids thread start-up cost per op (several times faster).
 torch.set_num_threads(1)
+patch_the_language_once_per_launch()
 
 
 @pytest.fixture(scope="session")
