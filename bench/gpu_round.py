@@ -349,6 +349,15 @@ def main(argv=None) -> int:
     variants = [v for v in args.variants.split(",") if v]
     if unknown := [v for v in variants if v not in VARIANTS]:
         ap.error(f"unknown variant(s) {unknown}: {', '.join(VARIANTS)}")
+    if args.tp:  # a layout the target cannot take is refused before any rank starts
+        from hybridspec.runtime.config import ConfigError
+        from hybridspec.runtime.session import check_tensor_parallel
+
+        for model in (m for m in args.models.split(",") if m):
+            try:
+                check_tensor_parallel(None if model == "embedded" else model, args.tp)
+            except ConfigError as exc:
+                ap.error(f"--tp {args.tp} with --models {model}: {exc}")
     if not torch.cuda.is_available():
         print("gpu_round.py needs a CUDA GPU", file=sys.stderr)
         return 2
