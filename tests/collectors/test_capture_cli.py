@@ -113,14 +113,15 @@ def test_nproc_two_shards_merged_equal_one_process(qwen35_dir, prompt_file, tmp_
     """`--nproc 2`: two processes run shards 0/2 and 1/2 into their own stores beside --db (half of
     every run each), merged into --db: the rows of one process."""
     db = tmp_path / "all.duckdb"
-    run = subprocess.run(_subprocess(_args(qwen35_dir, prompt_file, db, "--passes", "all", "--quick",
-                                           "--max-new-tokens", "24", "--nproc", "2")),
+    args = _args(qwen35_dir, prompt_file, db, "--passes", "all", "--quick", "--categories", "a", "--max-new-tokens",
+                 "24", "--nproc", "2")  # 2 prompts: one per shard
+    run = subprocess.run(_subprocess(args),
                          capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     shard0 = deterministic_rows(tmp_path / "all.shard-0-of-2.duckdb")
     assert {status for (_, _, _, status, *_) in shard0["runs"]} == {"running"}  # half of every run
     reference = _reference(qwen35_dir, prompt_file, tmp_path / "ref.duckdb", passes=ALL_PASSES, quick=True,
-                           max_new_tokens=24, shard=(0, 1))
+                           max_new_tokens=24, shard=(0, 1), categories=("a",))
     got = deterministic_rows(db)
     # the reference is one shard of one; the merged runs are 2 shards, otherwise identical
     assert [r[:7] for r in got["runs"]] == [r[:7] for r in reference["runs"]]
@@ -128,8 +129,7 @@ def test_nproc_two_shards_merged_equal_one_process(qwen35_dir, prompt_file, tmp_
     for table in DATA_TABLES:
         assert got[table] == reference[table], table
         assert 0 < len(got[table]) or table in EVAL_TABLES + PROFILE_TABLES  # every table `all` writes is filled
-    again = subprocess.run(_subprocess(_args(qwen35_dir, prompt_file, db, "--passes", "all", "--quick",
-                                             "--max-new-tokens", "24", "--nproc", "2", "--resume")),
+    again = subprocess.run(_subprocess([*args, "--resume"]),
                            capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=600)
     assert again.returncode == 0 and "already committed" in again.stdout, again.stdout + again.stderr
     assert deterministic_rows(db) == got  # a finished campaign resumed: nothing run again, nothing doubled

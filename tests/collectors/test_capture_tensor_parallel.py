@@ -29,11 +29,13 @@ def _close(got: list[tuple], want: list[tuple]) -> bool:
 
 def test_two_ranks_write_one_processs_rows(qwen35_dir, prompt_file, tmp_path):
     db = tmp_path / "tp.duckdb"
-    args = _args(qwen35_dir, prompt_file, db, "--passes", "capture", "--max-new-tokens", "24", "--tp", "2")
+    args = _args(qwen35_dir, prompt_file, db, "--passes", "capture", "--max-new-tokens", "24", "--categories", "a",
+                 "--tp", "2")  # the 4 prompts of one category
     run = subprocess.run(_subprocess(args), capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert run.stdout.count(" committed (") == 8  # rank 0's reporter, one line per prompt
-    reference = _reference(qwen35_dir, prompt_file, tmp_path / "one.duckdb", passes=("capture",), max_new_tokens=24)
+    assert run.stdout.count(" committed (") == 4  # rank 0's reporter, one line per prompt
+    reference = _reference(qwen35_dir, prompt_file, tmp_path / "one.duckdb", passes=("capture",), max_new_tokens=24,
+                           categories=("a",))
     got = deterministic_rows(db)
     for table in ("prompts", "rounds"):
         assert got[table] == reference[table] and got[table], table
@@ -43,5 +45,5 @@ def test_two_ranks_write_one_processs_rows(qwen35_dir, prompt_file, tmp_path):
     assert params.pop("tensor_parallel") == 2 and params == json.loads(one_row[6])
     resumed = subprocess.run(_subprocess([*args, "--resume"]), capture_output=True, text=True, env=ENV, cwd=ROOT,
                              timeout=600)
-    assert resumed.returncode == 0 and "8 already committed" in resumed.stdout, resumed.stdout + resumed.stderr
+    assert resumed.returncode == 0 and "4 already committed" in resumed.stdout, resumed.stdout + resumed.stderr
     assert deterministic_rows(db) == got
