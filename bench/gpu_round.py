@@ -71,6 +71,9 @@ VARIANTS = {
     "shared-in-experts": {SparseMoE: {"route_op": lambda x, w, k, renormalize, dtype, shared:
                                       moe_router.route(x, w, k, renormalize, dtype, None)}},
     "pdl": {pdl: {"ENABLED": True}},  # the kernels of `kernels/pdl.py` launched with PDL
+    "shared-in-experts+pdl": {SparseMoE: {"route_op": lambda x, w, k, renormalize, dtype, shared:
+                                          moe_router.route(x, w, k, renormalize, dtype, None)},
+                              pdl: {"ENABLED": True}},
     # the gate_up programs prefetch their experts' down weights into L2 in calls of up to 2 tokens
     "prefetch-down": {SparseMoE: {"experts_op": functools.partial(
         moe_triton.moe_experts, tuning={2: MoETuning(prefetch_down=True), 64: MoETuning()})}},

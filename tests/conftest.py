@@ -15,7 +15,14 @@ from tests.interpreter import patch_the_language_once_per_launch
 
 # The tests run tiny models: one thread avoids thread start-up cost per op (several times faster).
 torch.set_num_threads(1)
-patch_the_language_once_per_launch()
+
+
+def pytest_sessionstart(session):
+    """After every conftest's pytest_configure (tests/gpu's turns the interpreter off for a GPU run):
+    the interpreter's set-up once per launch, where the kernels are interpreted. Triton is first
+    imported here or later, never while TRITON_INTERPRET may still change."""
+    if os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on"):
+        patch_the_language_once_per_launch()
 
 
 # The files that take longest on one worker, longest first (about 150 … 40 s each on the 2-core

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from hybridspec.kernels.interpreter import interpreted
 
-ENABLED = False
+ENABLED = True
 
 
 @functools.cache

@@ -102,7 +102,8 @@ def route_op(backend: str) -> Callable:
     """The routing call (logits, softmax, top-k) of a backend: the reference, or the Triton router
     (one launch per call of up to 16 tokens, which also computes the shared expert's activation)."""
     router = triton_kernels(backend, "moe.router")
-    return moe_reference.route if router is None else router.route
+    return moe_reference.route if router is None else (lambda x, w, k, renormalize, dtype, shared:
+                                                           router.route(x, w, k, renormalize, dtype, None))
 
 
 def moe_experts_op(backend: str) -> Callable:
