@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import functools
 import json
 import platform
 import statistics
@@ -47,9 +46,6 @@ from bench.kernels.cuda_timing import copy_bandwidth, median_us  # noqa: E402
 from hybridspec.kernels import pdl  # noqa: E402
 from hybridspec.kernels.attention import reference as attention_reference  # noqa: E402
 from hybridspec.runtime.engine import Engine  # noqa: E402
-from hybridspec.kernels.moe import router as moe_router  # noqa: E402
-from hybridspec.kernels.moe import triton as moe_triton  # noqa: E402
-from hybridspec.kernels.moe.tuning import MoETuning  # noqa: E402
 from hybridspec.runtime.layers.attention import GatedAttention  # noqa: E402
 from hybridspec.runtime.layers.moe import SparseMoE  # noqa: E402
 from hybridspec.runtime.policies import make_policy  # noqa: E402
@@ -67,16 +63,7 @@ LAUNCH_CALLS = ("cudaGraphLaunch", "cudaLaunchKernel", "cuLaunchKernel", "cuLaun
 VARIANTS = {
     "shipped": {},
     "prepare-ref": {GatedAttention: {"prepare_op": attention_reference.norm_rope_store}},
-    # the shared expert in the experts' kernels (its gate_up a slot of theirs), not in the router's launch
-    "shared-in-experts": {SparseMoE: {"route_op": lambda x, w, k, renormalize, dtype, shared:
-                                      moe_router.route(x, w, k, renormalize, dtype, None)}},
-    "pdl": {pdl: {"ENABLED": True}},  # the kernels of `kernels/pdl.py` launched with PDL
-    "shared-in-experts+pdl": {SparseMoE: {"route_op": lambda x, w, k, renormalize, dtype, shared:
-                                          moe_router.route(x, w, k, renormalize, dtype, None)},
-                              pdl: {"ENABLED": True}},
-    # the gate_up programs prefetch their experts' down weights into L2 in calls of up to 2 tokens
-    "prefetch-down": {SparseMoE: {"experts_op": functools.partial(
-        moe_triton.moe_experts, tuning={2: MoETuning(prefetch_down=True), 64: MoETuning()})}},
+    "no-pdl": {pdl: {"ENABLED": False}},  # the kernels of `kernels/pdl.py` launched without PDL
 }
 
 

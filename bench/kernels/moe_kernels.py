@@ -60,7 +60,6 @@ SWEEP = {  # tuning variants timed beside the shipped table (name: MoETuning app
     "gu64-dn128": MoETuning(gate_up_bn=64, gate_up_bk=128, gate_up_stages=4, down_bh=128, down_bk=64,
                             down_stages=4),
     "dn32": MoETuning(down_bh=32),
-    "prefetch-down": MoETuning(prefetch_down=True),
 }
 
 
@@ -141,8 +140,8 @@ def ours_part(stages: int, shared: bool = True):
         def call():
             slots = expert_slots(inp.ids, workspace, e, 16, tiles)
             if stages > 1:
-                launch_gate_up(inp.x, inp.weights, layer.gate_up, layer.down, layer.shared if shared else None, slots,
-                               act, 16, tuning, False)
+                launch_gate_up(inp.x, inp.weights, layer.gate_up, layer.shared if shared else None, slots, act, 16,
+                               tuning, False)
         return call
     return make
 

@@ -72,18 +72,3 @@ def test_shared_activation_from_the_routers_launch_on_the_gpu(shape, n):
         torch.cuda.set_sync_debug_mode(0)
     cpu = {key: (type(v)(*(t.cpu() for t in v)) if isinstance(v, tuple) else v.cpu()) for key, v in args.items()}
     assert_close(f"{shape} N={n}", moe_oracle(**cpu), got, 1e-2 if dtype == torch.bfloat16 else 1e-5)
-
-
-@pytest.mark.parametrize("n", [1, 2, 16])
-@pytest.mark.parametrize("shape", SHAPES)
-def test_down_weights_prefetched_by_gate_up_change_no_bit(shape, n):
-    """`prefetch_down` only asks the L2 cache for lines the down kernel reads: the output is the
-    same, bit for bit, as without it."""
-    from hybridspec.kernels.moe.tuning import MoETuning
-
-    e, k, h, i, i_s = SHAPES[shape]
-    dtype = torch.bfloat16 if shape == "35b" else torch.float32
-    args = _cuda(moe_inputs(n, k, e, h, i, i_s, dtype=dtype, seed=n + 80))
-    plain = moe_triton.moe_experts(**args, tuning={64: MoETuning()})
-    prefetched = moe_triton.moe_experts(**args, tuning={64: MoETuning(prefetch_down=True)})
-    assert torch.equal(plain, prefetched)

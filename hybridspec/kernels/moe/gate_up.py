@@ -3,8 +3,7 @@
 Grid (N·k + 1, ceil(max(I, Is) / BN)). Program (s, t) with s < count runs distinct expert
 slot_expert[s] on the tokens that route to it (at most one row per token, N <= BM, so every
 expert's tokens fit one [BM, BK] tile and its weights are read once), columns t·BN..t·BN+BN−1 of
-its intermediate width (with PREFETCH_DOWN, it first asks the L2 cache for part t of the expert's
-down weights, which the down kernel reads next); programs s in count..N·k−1 return at once (the grid depends on N and k
+its intermediate width; programs s in count..N·k−1 return at once (the grid depends on N and k
 only). Program s = N·k runs the shared expert on every token and scales it by
 sigmoid(x · gate_weight). Each result row is scaled by its routing weight and stored at
 act[n, j] (j: the token's position among its k experts; the shared expert's at j = k), in the
@@ -21,7 +20,7 @@ import triton
 import triton.language as tl
 
 from hybridspec.kernels import pdl
-from hybridspec.kernels.moe.tiles import gated_products, prefetch_rows, shared_gate
+from hybridspec.kernels.moe.tiles import gated_products, shared_gate
 from hybridspec.kernels.moe.tuning import step_width
 from hybridspec.kernels.pdl import wait_then_release
 
@@ -34,12 +33,11 @@ def _store_act(act_ptr, acc_g, acc_u, scale, o_m, b_kpos, m_ok, o_n, n_ok, strid
 
 
 @triton.jit
-def _moe_gate_up_kernel(x_ptr, rw_ptr, gu_ptr, sg_ptr, su_ptr, sgw_ptr, d_ptr, slot_expert_ptr, slot_kpos_ptr,
-                        count_ptr, act_ptr, stride_xn, stride_ge, stride_gn, stride_sgn, stride_sun, stride_de,
-                        stride_dh, stride_an, stride_ak, N, K: tl.constexpr, H: tl.constexpr,
+def _moe_gate_up_kernel(x_ptr, rw_ptr, gu_ptr, sg_ptr, su_ptr, sgw_ptr, slot_expert_ptr, slot_kpos_ptr,
+                        count_ptr, act_ptr, stride_xn, stride_ge, stride_gn, stride_sgn, stride_sun,
+                        stride_an, stride_ak, N, K: tl.constexpr, H: tl.constexpr,
                         I: tl.constexpr, IS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                        BK: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr, USE_GDC: tl.constexpr,
-                        PREFETCH_DOWN: tl.constexpr, LINE: tl.constexpr, LINES_P2: tl.constexpr):
+                        BK: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr, USE_GDC: tl.constexpr):
     if USE_GDC:
         wait_then_release()
     i_s, i_t = tl.program_id(0), tl.program_id(1)
@@ -50,8 +48,6 @@ def _moe_gate_up_kernel(x_ptr, rw_ptr, gu_ptr, sg_ptr, su_ptr, sgw_ptr, d_ptr, s
     if i_s < N * K:
         if i_s < tl.load(count_ptr):
             e = tl.load(slot_expert_ptr + i_s).to(tl.int64)
-            if PREFETCH_DOWN:  # down[e] rows in as many parts as this expert has column tiles
-                prefetch_rows(d_ptr + e * stride_de, stride_dh, i_t, tl.num_programs(1), H, I, LINE, LINES_P2, 32)
             b_kpos = tl.load(slot_kpos_ptr + i_s * BM + o_m)  # [BM] position among the token's k, or -1
             hit = b_kpos >= 0
             n_ok = o_n < I
@@ -71,11 +67,9 @@ def _moe_gate_up_kernel(x_ptr, rw_ptr, gu_ptr, sg_ptr, su_ptr, sgw_ptr, d_ptr, s
                    stride_an, stride_ak)
 
 
-def launch_gate_up(x, weights, gate_up, down, shared, slots, act, block_m: int, tuning, widen: bool) -> None:
-    """x [N, H], weights [N, k], gate_up [E, 2I, H], down [E, H, I] (prefetched into L2 where the
-    tuning says, never read here), shared (SharedExpert or None), slots from
-    `routing.expert_slots`, act [N, k + 1, max(I, Is)] (written); widen: under the interpreter
-    (which cannot run the prefetch's inline PTX)."""
+def launch_gate_up(x, weights, gate_up, shared, slots, act, block_m: int, tuning, widen: bool) -> None:
+    """x [N, H], weights [N, k], gate_up [E, 2I, H], shared (SharedExpert or None), slots from
+    `routing.expert_slots`, act [N, k + 1, max(I, Is)] (written); widen: under the interpreter."""
     n, k = weights.shape
     i = gate_up.shape[1] // 2
     i_s = shared.gate.shape[0] if shared is not None else 0
@@ -84,13 +78,10 @@ def launch_gate_up(x, weights, gate_up, down, shared, slots, act, block_m: int, 
     bn = min(tuning.gate_up_bn, max(16, triton.next_power_of_2(max(i, i_s))))
     bk = step_width(tuning.gate_up_bk, x.shape[1], block_m + 2 * bn, x.element_size(), tuning.gate_up_stages)
     grid = (n * k + (shared is not None), triton.cdiv(max(i, i_s), bn))
-    line = 128 // down.element_size()  # elements per 128-byte cache line
     _moe_gate_up_kernel[grid](
-        x, weights, gate_up, sg, su, sgw, down, slot_expert, slot_kpos, count, act,
-        x.stride(0), gate_up.stride(0), gate_up.stride(1), sg.stride(0), su.stride(0), down.stride(0), down.stride(1),
-        act.stride(0), act.stride(1),
+        x, weights, gate_up, sg, su, sgw, slot_expert, slot_kpos, count, act,
+        x.stride(0), gate_up.stride(0), gate_up.stride(1), sg.stride(0), su.stride(0), act.stride(0), act.stride(1),
         N=n, K=k, H=x.shape[1], I=i, IS=i_s, BM=block_m, BN=bn, BK=bk,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32", WIDEN=widen,
-        PREFETCH_DOWN=tuning.prefetch_down and not widen, LINE=line, LINES_P2=triton.next_power_of_2(triton.cdiv(i, line)),
         num_warps=tuning.gate_up_warps, num_stages=tuning.gate_up_stages, **pdl.options(x))
 

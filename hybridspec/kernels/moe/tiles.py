@@ -43,21 +43,3 @@ def shared_gate(p_x, sgw_ptr, x_ok, H: tl.constexpr, BM: tl.constexpr, BK: tl.co
         b_x = tl.load(p_x + c, mask=x_ok[:, None] & c_ok[None, :], other=0.0).to(tl.float32)
         acc += tl.sum(b_x * tl.load(sgw_ptr + c + o_c, mask=c_ok, other=0.0).to(tl.float32)[None, :], 1)
     return tl.sigmoid(acc)
-
-
-@triton.jit
-def prefetch_rows(p_rows, stride_row, i_part, n_parts, ROWS: tl.constexpr, WIDTH: tl.constexpr, LINE: tl.constexpr,
-                  LINES_P2: tl.constexpr, BR: tl.constexpr):
-    """Part i_part of n_parts of ROWS rows of WIDTH elements (row r at p_rows + r · stride_row) into
-    the L2 cache, one `prefetch.global.L2::evict_last` per 128-byte line of LINE elements, BR rows at
-    a time (LINES_P2: the lines per row rounded up to a power of two); a hint only: nothing is loaded
-    into the program and no result depends on it."""
-    LINES: tl.constexpr = (WIDTH + LINE - 1) // LINE
-    o_r = tl.arange(0, BR)
-    o_l = tl.minimum(tl.arange(0, LINES_P2), LINES - 1) * LINE  # padding repeats the last line
-    per = tl.cdiv(ROWS, n_parts)
-    for r in range(i_part * per, tl.minimum(i_part * per + per, ROWS), BR):
-        b_r = tl.minimum(r + o_r, ROWS - 1)  # [BR] rows past the end repeat the last row
-        tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0;", "=r,l",
-                                  [p_rows + b_r[:, None] * stride_row + o_l[None, :]], dtype=tl.int32,
-                                  is_pure=False, pack=1)

@@ -68,7 +68,7 @@ def _moe_piece(x, ids, weights, gate_up, down, shared, shared_act, out, tuning) 
                             device=x.device)
     slots = expert_slots(ids, workspace, gate_up.shape[0], block_m, tiles)
     act = torch.empty((n, k + 1, i_max), dtype=x.dtype, device=x.device)  # [N, k + 1, max(I, Is)]
-    launch_gate_up(x, weights, gate_up, down, shared if shared_act is None else None, slots, act, block_m, tuning,
+    launch_gate_up(x, weights, gate_up, shared if shared_act is None else None, slots, act, block_m, tuning,
                    interpreted())
     launch_down(act, down, shared, slots, out, block_m, tuning, interpreted(),
                 shared_act=act[:, k] if shared_act is None else shared_act)

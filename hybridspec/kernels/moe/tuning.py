@@ -9,9 +9,7 @@ from types import MappingProxyType
 @dataclass(frozen=True)
 class MoETuning:
     """gate_up_*: tile of BN intermediate columns (gate and up rows) over BK hidden columns per step;
-    down_*: tile of BH hidden outputs over BK intermediate columns per step; prefetch_down: the
-    gate_up programs ask the L2 cache for their experts' down weights (for calls whose distinct
-    experts' down weights fit the L2 beside the gate_up weights streaming through it)."""
+    down_*: tile of BH hidden outputs over BK intermediate columns per step."""
 
     gate_up_bn: int = 32
     gate_up_bk: int = 256
@@ -21,7 +19,6 @@ class MoETuning:
     down_bk: int = 128
     down_warps: int = 4
     down_stages: int = 3
-    prefetch_down: bool = False
 
     def __post_init__(self):
         for name in ("gate_up_bn", "gate_up_bk", "down_bh", "down_bk"):
