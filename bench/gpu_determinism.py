@@ -54,8 +54,8 @@ def moe_alone(target, calls: int) -> None:
     gen = torch.Generator(device=device).manual_seed(0)
     for n in (1, 16, 64):
         x = torch.randn(1, n, target.cfg.hidden_size, device=device, dtype=dtype, generator=gen)
-        ids, weights, shared_act = moe.route(x)
-        outs = [moe.run_experts(x, ids, weights, shared_act).clone() for _ in range(calls)]
+        ids, weights = moe.route(x)
+        outs = [moe.run_experts(x, ids, weights).clone() for _ in range(calls)]
         show({"check": "moe_alone", "N": n, "calls": calls, "differing": differing(outs)})
 
 

@@ -207,9 +207,8 @@ class ResidentDecoder:
         cfg, dtype = self.target.cfg, self.target.embed_tokens.weight.dtype
         hidden = torch.zeros(1, W, cfg.hidden_size, dtype=dtype, device=self.device)
         k = cfg.num_experts_per_tok
-        shared = torch.zeros(1, W, cfg.shared_expert_intermediate_size, dtype=dtype, device=self.device)
         return Stage0(W, hidden, torch.zeros_like(hidden), torch.zeros(1, W, k, dtype=torch.long, device=self.device),
-                      torch.zeros(1, W, k, dtype=dtype, device=self.device), shared)
+                      torch.zeros(1, W, k, dtype=dtype, device=self.device))
 
     def _enter_static(self, span: int) -> None:
         cache = self.cache
@@ -319,10 +318,6 @@ class ResidentDecoder:
         s0 = self.target.stage0(buf.block, self.cache)
         for name in ("residual", "moe_input", "expert_ids", "expert_weights"):
             getattr(buf.stage0, name).copy_(getattr(s0, name))
-        if s0.shared_act is None:  # the backend's routing does not compute it: Stage 1's experts will
-            buf.stage0.shared_act = None
-        else:
-            buf.stage0.shared_act.copy_(s0.shared_act)
 
     def _round_fixed(self, w: int) -> None:
         self._draft()

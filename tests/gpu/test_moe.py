@@ -50,25 +50,3 @@ def test_no_host_read_and_graph_replay_on_new_routing():
     assert_close("graph replay", moe_oracle(**{**fresh, **{n: args[n].cpu() for n in ("gate_up", "down")},
                                              "shared": type(args["shared"])(*(t.cpu() for t in args["shared"]))}),
                  out, 1e-2)
-
-
-@pytest.mark.parametrize("n", [1, 2, 16])
-@pytest.mark.parametrize("shape", SHAPES)
-def test_shared_activation_from_the_routers_launch_on_the_gpu(shape, n):
-    """The router's launch computes the shared expert's activation (no host read); the experts
-    given it equal the oracle as when they compute it themselves."""
-    from hybridspec.kernels.moe import router as moe_router
-
-    e, k, h, i, i_s = SHAPES[shape]
-    dtype = torch.bfloat16 if shape == "35b" else torch.float32
-    args = _cuda(moe_inputs(n, k, e, h, i, i_s, dtype=dtype, seed=n + 50))
-    router_weight = (torch.randn(e, h, device="cuda") / h**0.5).to(dtype)
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        ids, weights, act = moe_router.route(args["x"], router_weight, k, True, dtype, args["shared"])
-        args.update(ids=ids, weights=weights)
-        got = moe_triton.moe_experts(**args, shared_act=act)
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-    cpu = {key: (type(v)(*(t.cpu() for t in v)) if isinstance(v, tuple) else v.cpu()) for key, v in args.items()}
-    assert_close(f"{shape} N={n}", moe_oracle(**cpu), got, 1e-2 if dtype == torch.bfloat16 else 1e-5)

@@ -23,8 +23,8 @@ def chain(x, residual, norm_w, router_w, moe, prep):
     """The kernels in round order, each on its predecessor's output; every output, and the cache."""
     n = x.shape[0]
     h, s = norm_triton.offset_rms_norm(x, norm_w, 1e-6, residual)
-    ids, weights, act = moe_router.route(h, router_w, 8, True, h.dtype, moe["shared"])
-    y = moe_triton.moe_experts(h, ids, weights, moe["gate_up"], moe["down"], moe["shared"], shared_act=act)
+    ids, weights = moe_router.router(h, router_w, 8, True, h.dtype)
+    y = moe_triton.moe_experts(h, ids, weights, moe["gate_up"], moe["down"], moe["shared"])
     h2, s2 = norm_triton.offset_rms_norm(y, norm_w, 1e-6, s)
     q_src = h2.view(1, n, H // D, D)
     k, v, q_weight, k_weight, eps, cos, sin, key, value, position = prep

@@ -7,7 +7,6 @@ Layouts (the runtime's fused 3-D expert weights, DESIGN B.4):
     gate_up  [E, 2I, H]      rows 0..I-1 the gate projection, rows I..2I-1 the up projection
     down     [E, H, I]
     shared   SharedExpert: gate, up [Is, H], down [H, Is], gate_weight [1, H]
-    shared_act [N, Is]       the shared expert's activation, when the router's call computed it
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ def _shape(fn: str, name: str, t: Tensor, layout: str, expected: tuple[int, ...]
 
 
 def check_moe_args(fn: str, x: Tensor, ids: Tensor, weights: Tensor, gate_up: Tensor, down: Tensor,
-                   shared: SharedExpert | None, shared_act: Tensor | None = None) -> tuple[int, int, int, int]:
+                   shared: SharedExpert | None) -> tuple[int, int, int, int]:
     """Validate the layouts above; returns (N, k, E, I). Raises ValueError naming the argument."""
     if x.dim() != 2:
         raise ValueError(f"{fn}: x has {x.dim()} dims, expected [N, H]")
@@ -54,10 +53,6 @@ def check_moe_args(fn: str, x: Tensor, ids: Tensor, weights: Tensor, gate_up: Te
         _shape(fn, "shared.up", shared.up, "Is, H", (i_s, h))
         _shape(fn, "shared.down", shared.down, "H, Is", (h, i_s))
         _shape(fn, "shared.gate_weight", shared.gate_weight, "1, H", (1, h))
-        if shared_act is not None:
-            _shape(fn, "shared_act", shared_act, "N, Is", (n, i_s))
-    elif shared_act is not None:
-        raise ValueError(f"{fn}: shared_act given without a shared expert")
     tensors = {"x": x, "ids": ids, "weights": weights, "gate_up": gate_up, "down": down,
                **({f"shared.{f}": t for f, t in shared._asdict().items()} if shared is not None else {})}
     devices = {name: t.device for name, t in tensors.items()}

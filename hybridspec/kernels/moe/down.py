@@ -4,8 +4,7 @@ j = k), and out_n = sum_j y[n, j] summed in the order j = 0..k.
 
 Grid (N·k + 1, ceil(H / BH)), as the gate_up kernel's: program (s, t) with s < count runs distinct
 expert slot_expert[s] (its [BH, I] tile of down weights read once, for all its tokens at once),
-s in count..N·k−1 return at once, s = N·k is the shared expert (its activation read from
-shared_act: act[:, k] or the router's). act already carries each routing
+s in count..N·k−1 return at once, s = N·k is the shared expert. act already carries each routing
 weight, so a token's k + 1 rows only need summing. Each program stores its rows of y (fp32), then
 arrives at its column tile's counter; the program that arrives last (count + 1 arrivals, the
 shared expert's included) sums the tile's rows of y and stores out. The sum's order is fixed, so
@@ -41,9 +40,8 @@ def _down_products(p_a, p_d, a_ok, h_ok, I: tl.constexpr, BM: tl.constexpr, BH: 
 
 
 @triton.jit
-def _moe_down_kernel(act_ptr, sa_ptr, d_ptr, sd_ptr, slot_expert_ptr, slot_kpos_ptr, count_ptr, arrivals_ptr, y_ptr,
-                     out_ptr, stride_an, stride_ak, stride_san, stride_de, stride_dh, stride_sdh, stride_yn, stride_yk,
-                     stride_on,
+def _moe_down_kernel(act_ptr, d_ptr, sd_ptr, slot_expert_ptr, slot_kpos_ptr, count_ptr, arrivals_ptr, y_ptr, out_ptr,
+                     stride_an, stride_ak, stride_de, stride_dh, stride_sdh, stride_yn, stride_yk, stride_on,
                      N, K: tl.constexpr, H: tl.constexpr, I: tl.constexpr, IS: tl.constexpr,
                      BM: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr,
                      WIDEN: tl.constexpr, USE_GDC: tl.constexpr):
@@ -67,7 +65,7 @@ def _moe_down_kernel(act_ptr, sa_ptr, d_ptr, sd_ptr, slot_expert_ptr, slot_kpos_
         else:
             b_kpos = tl.full([BM], K, dtype=tl.int32)
             hit = m_ok
-            p_a = sa_ptr + o_m[:, None] * stride_san + o_c[None, :]
+            p_a = act_ptr + o_m[:, None] * stride_an + K * stride_ak + o_c[None, :]
             p_d = sd_ptr + o_h[:, None] * stride_sdh + o_c[None, :]
             acc = _down_products(p_a, p_d, hit, h_ok, IS, BM, BH, BK, PRECISION, WIDEN)
         p_y = y_ptr + o_m[:, None] * stride_yn + b_kpos[:, None] * stride_yk + o_h[None, :]
@@ -89,24 +87,21 @@ def column_tiles(hidden: int, tuning) -> tuple[int, int]:
     return bh, triton.cdiv(hidden, bh)
 
 
-def launch_down(act, down, shared, slots, out, block_m: int, tuning, widen: bool, *, shared_act=None) -> None:
+def launch_down(act, down, shared, slots, out, block_m: int, tuning, widen: bool) -> None:
     """act [N, k + 1, max(I, Is)] from the gate_up kernel, down [E, H, I], shared (or None),
     slots from `routing.expert_slots` (its arrivals zeroed, one per column tile), out [N, H]
-    (written); shared_act [N, Is]: the shared expert's activation (act[:, k] when the gate_up kernel
-    computed it, or the router's); widen: under the interpreter."""
+    (written); widen: under the interpreter."""
     n, k1 = act.shape[:2]
     e, h, i = down.shape
     i_s = shared.down.shape[1] if shared is not None else 0
     sd = shared.down if shared is not None else down[0]
-    sa = act[:, k1 - 1] if shared_act is None else shared_act  # read only by the shared expert's programs
     slot_expert, slot_kpos, count, arrivals = slots
     bh, tiles = column_tiles(h, tuning)
     bk = step_width(tuning.down_bk, max(i, i_s), block_m + bh, act.element_size(), tuning.down_stages)
     y = torch.empty((n, k1, h), dtype=torch.float32, device=act.device)  # [N, k + 1, H]
     _moe_down_kernel[(n * (k1 - 1) + (shared is not None), tiles)](
-        act, sa, down, sd, slot_expert, slot_kpos, count, arrivals, y, out,
-        act.stride(0), act.stride(1), sa.stride(0), down.stride(0), down.stride(1), sd.stride(0), y.stride(0),
-        y.stride(1),
+        act, down, sd, slot_expert, slot_kpos, count, arrivals, y, out,
+        act.stride(0), act.stride(1), down.stride(0), down.stride(1), sd.stride(0), y.stride(0), y.stride(1),
         out.stride(0), N=n, K=k1 - 1, H=h, I=i, IS=i_s, BM=block_m, BH=bh, BK=bk,
         PRECISION="ieee" if act.dtype == torch.float32 else "tf32", WIDEN=widen,
         num_warps=tuning.down_warps, num_stages=tuning.down_stages, **pdl.options(act))

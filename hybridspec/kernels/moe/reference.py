@@ -37,20 +37,6 @@ def router(x: Tensor, weight: Tensor, top_k: int, renormalize: bool, dtype: torc
     return router_topk(F.linear(x, weight), top_k, renormalize, dtype)
 
 
-def route(x: Tensor, weight: Tensor, top_k: int, renormalize: bool, dtype: torch.dtype,
-          shared: SharedExpert | None) -> tuple[Tensor, Tensor, Tensor | None]:
-    """`router`, and the shared expert's activation when the implementation computes it in the same
-    call (`shared_activation`, [N, Is]) or None (here always None: `moe_experts` computes it)."""
-    return (*router(x, weight, top_k, renormalize, dtype), None)
-
-
-def shared_activation(x: Tensor, shared: SharedExpert) -> Tensor:
-    """x [N, H] → sigmoid(x · gate_weight) · silu(x W_gate^T) · (x W_up^T)  [N, Is] in x's dtype: the
-    shared expert's output is this times W_down^T."""
-    act = F.silu(F.linear(x, shared.gate)) * F.linear(x, shared.up)
-    return torch.sigmoid(F.linear(x, shared.gate_weight)) * act
-
-
 def shared_expert(x: Tensor, shared: SharedExpert) -> Tensor:
     """x [N, H] → sigmoid(x · gate_weight) · shared MLP(x)  [N, H]."""
     mlp = F.linear(F.silu(F.linear(x, shared.gate)) * F.linear(x, shared.up), shared.down)
@@ -58,11 +44,9 @@ def shared_expert(x: Tensor, shared: SharedExpert) -> Tensor:
 
 
 def moe_experts(x: Tensor, ids: Tensor, weights: Tensor, gate_up: Tensor, down: Tensor,
-                shared: SharedExpert | None = None, *, shared_act: Tensor | None = None) -> Tensor:
-    """Routed experts (one grouped matmul per distinct expert) plus the gated shared expert  [N, H];
-    `shared_act` ([N, Is], `shared_activation`), when given, is the shared expert's activation
-    already computed (by `route`)."""
-    check_moe_args("moe_experts", x, ids, weights, gate_up, down, shared, shared_act)
+                shared: SharedExpert | None = None) -> Tensor:
+    """Routed experts (one grouped matmul per distinct expert) plus the gated shared expert  [N, H]."""
+    check_moe_args("moe_experts", x, ids, weights, gate_up, down, shared)
     out = torch.zeros_like(x)
     flat = ids.reshape(-1)
     order = torch.argsort(flat, stable=True)
@@ -78,9 +62,7 @@ def moe_experts(x: Tensor, ids: Tensor, weights: Tensor, gate_up: Tensor, down: 
         y = F.linear(F.silu(gate) * up, down[expert]) * w[start : start + count, None]
         out.index_add_(0, rows, y.to(out.dtype))
         start += count
-    if shared is None:
-        return out
-    return out + (shared_expert(x, shared) if shared_act is None else F.linear(shared_act, shared.down))
+    return out if shared is None else out + shared_expert(x, shared)
 
 
 def moe_experts_sync_free(x: Tensor, ids: Tensor, weights: Tensor, gate_up: Tensor, down: Tensor,

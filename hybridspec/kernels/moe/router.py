@@ -1,6 +1,6 @@
 """Triton router: the logits x Wᵀ, softmax over the experts, top-k and renormalization.
 
-`router` (`reference.router`): for calls of at most FUSED_TOKENS tokens
+`router` (the model's router, `reference.router`): for calls of at most FUSED_TOKENS tokens
 (decoding, verification, Stage 0) over at most FUSED_EXPERTS experts one launch does everything.
 Its grid splits the experts into blocks of BE and the hidden dimension into SPLIT spans, so that
 the router's weight (E·H values, 1 MB at the 35B shapes) is read by E/BE·SPLIT programs at once
@@ -11,9 +11,6 @@ token of the call. Other calls take the library's product and `router_topk`: pre
 routers of more than 256 experts, where on the H200 the last program's top-k over the wider row
 costs more than the launch it saves (`bench/results/router_notes.md`). One path serves every call
 size of a model up to 16 tokens, so a token routes the same in a one-token and a w-token pass.
-
-`route`: the same, and on the one-launch path the shared expert's activation for the experts'
-kernels, from extra programs of the router's launch (SHARED_COLUMNS columns each).
 
 `router_topk`: softmax, top-k and renormalization of given logits, one program per token.
 
@@ -32,10 +29,9 @@ from torch import Tensor
 
 import torch.nn.functional as F
 
-from hybridspec.kernels import pdl
 from hybridspec.kernels.interpreter import interpreted
-from hybridspec.kernels.moe.checks import SharedExpert
-from hybridspec.kernels.moe.tiles import dot_bt, gated_products, shared_gate
+from hybridspec.kernels import pdl
+from hybridspec.kernels.moe.tiles import dot_bt
 from hybridspec.kernels.pdl import wait_then_release
 
 MAX_EXPERTS, MAX_TOP_K = 1024, 16
@@ -55,7 +51,6 @@ class RouterTiles(NamedTuple):
     tail_rows: str = "fixed"
 
 
-SHARED_COLUMNS = 16  # shared-expert activation columns per program of the router's launch
 ROUTER_TILES = RouterTiles(BE=32, SPLIT=8, tail_rows="call")  # `bench/results/router_notes.md`
 
 
@@ -118,52 +113,14 @@ def router_topk(logits: Tensor, top_k: int, renormalize: bool, dtype: torch.dtyp
 
 
 @triton.jit
-def _router_fused_kernel(x_ptr, r_ptr, part_ptr, counter_ptr, logits_ptr, ids_ptr, w_ptr, sg_ptr, su_ptr, sgw_ptr,
-                         sa_ptr, stride_xn, stride_re, stride_sgn, stride_sun, stride_san, N, E, ROUTER_BLOCKS,
-                         H: tl.constexpr, SPAN: tl.constexpr, K: tl.constexpr, RENORMALIZE: tl.constexpr,
+def _router_fused_kernel(x_ptr, r_ptr, part_ptr, counter_ptr, logits_ptr, ids_ptr, w_ptr, stride_xn, stride_re,
+                         N, E, H: tl.constexpr, SPAN: tl.constexpr, K: tl.constexpr, RENORMALIZE: tl.constexpr,
                          SPLIT: tl.constexpr, BM: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr,
                          BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
-                         WIDEN: tl.constexpr, TAIL_M: tl.constexpr, IS: tl.constexpr, BNS: tl.constexpr,
-                         USE_GDC: tl.constexpr):
+                         WIDEN: tl.constexpr, TAIL_M: tl.constexpr, USE_GDC: tl.constexpr):
     if USE_GDC:
         wait_then_release()
     i_e, i_s = tl.program_id(0), tl.program_id(1)
-    if i_e >= ROUTER_BLOCKS:  # a shared-expert program: BNS columns of its activation, every token
-        _shared_activation(x_ptr, sg_ptr, su_ptr, sgw_ptr, sa_ptr, stride_xn, stride_sgn, stride_sun, stride_san,
-                           (i_e - ROUTER_BLOCKS) * SPLIT + i_s, N, H, IS, BM, BNS, BK, PRECISION, WIDEN)
-    else:
-        _route(x_ptr, r_ptr, part_ptr, counter_ptr, logits_ptr, ids_ptr, w_ptr, stride_xn, stride_re, N, E,
-               ROUTER_BLOCKS, i_e, i_s, H, SPAN, K, RENORMALIZE, SPLIT, BM, BE, BK, BLOCK_E, BLOCK_K, PRECISION,
-               WIDEN, TAIL_M)
-
-
-@triton.jit
-def _shared_activation(x_ptr, sg_ptr, su_ptr, sgw_ptr, sa_ptr, stride_xn, stride_sgn, stride_sun, stride_san, tile,
-                       N, H: tl.constexpr, IS: tl.constexpr, BM: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr,
-                       PRECISION: tl.constexpr, WIDEN: tl.constexpr):
-    """Columns tile·BNS … of the shared expert's activation sigmoid(x · g) · silu(x W_gate^T) ·
-    (x W_up^T) for the N tokens, stored in the weights' dtype (as the gate_up kernel stores it)."""
-    o_m = tl.arange(0, BM)
-    o_n = tile * BNS + tl.arange(0, BNS)
-    o_c = tl.arange(0, BK)
-    m_ok, n_ok = o_m < N, o_n < IS
-    p_x = x_ptr + o_m[:, None] * stride_xn + o_c[None, :]
-    acc_g, acc_u = gated_products(p_x, sg_ptr + o_n[:, None] * stride_sgn + o_c[None, :],
-                                   su_ptr + o_n[:, None] * stride_sun + o_c[None, :], m_ok, n_ok, H, BM, BNS, BK,
-                                   PRECISION, WIDEN)
-    b_act = acc_g * tl.sigmoid(acc_g) * acc_u * shared_gate(p_x, sgw_ptr, m_ok, H, BM, BK)[:, None]
-    tl.store(sa_ptr + o_m[:, None] * stride_san + o_n[None, :], b_act.to(sa_ptr.dtype.element_ty),
-             mask=m_ok[:, None] & n_ok[None, :])
-
-
-@triton.jit
-def _route(x_ptr, r_ptr, part_ptr, counter_ptr, logits_ptr, ids_ptr, w_ptr, stride_xn, stride_re, N, E,
-           ROUTER_BLOCKS, i_e, i_s, H: tl.constexpr, SPAN: tl.constexpr, K: tl.constexpr,
-           RENORMALIZE: tl.constexpr, SPLIT: tl.constexpr, BM: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr,
-           BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr,
-           TAIL_M: tl.constexpr):
-    """Program (i_e, i_s) of the router: partial logits of BE experts over one hidden span; the
-    last of the ROUTER_BLOCKS · SPLIT programs to arrive sums the spans and runs softmax / top-k."""
     o_m = tl.arange(0, BM)
     o_e = i_e * BE + tl.arange(0, BE)
     o_c = tl.arange(0, BK)
@@ -179,7 +136,7 @@ def _route(x_ptr, r_ptr, part_ptr, counter_ptr, logits_ptr, ids_ptr, w_ptr, stri
     tl.store(part_ptr + (i_s * N + o_m[:, None]) * E + o_e[None, :], acc, mask=m_ok[:, None] & e_ok[None, :])
     tl.debug_barrier()  # every thread's partial logits stored before the release below
     arrived = tl.atomic_add(counter_ptr, 1, sem="acq_rel")
-    if arrived == ROUTER_BLOCKS * SPLIT - 1:  # the last program: softmax and top-k of every token
+    if arrived == tl.num_programs(0) * SPLIT - 1:  # the last program: softmax and top-k of every token
         t_m = tl.arange(0, TAIL_M)
         t_ok = t_m < N
         cols = tl.arange(0, BLOCK_E)
@@ -218,17 +175,6 @@ def router(x: Tensor, weight: Tensor, top_k: int, renormalize: bool, dtype: torc
            *, logits: Tensor | None = None, tiles: RouterTiles = ROUTER_TILES) -> tuple[Tensor, Tensor]:
     """As `reference.router`: x [N, H], weight [E, H] → ids [N, k] (long), weights [N, k] in `dtype`.
     `logits` ([N, E] in x's dtype), when given, receives the logits the routing was taken from."""
-    ids, weights, _ = route(x, weight, top_k, renormalize, dtype, None, logits=logits, tiles=tiles)
-    return ids, weights
-
-
-def route(x: Tensor, weight: Tensor, top_k: int, renormalize: bool, dtype: torch.dtype,
-          shared: SharedExpert | None, *, logits: Tensor | None = None, tiles: RouterTiles = ROUTER_TILES
-          ) -> tuple[Tensor, Tensor, Tensor | None]:
-    """As `reference.route`: `router`, and on the one-launch path the shared expert's activation
-    ([N, Is] in x's dtype, `reference.shared_activation`) from extra programs of the same launch,
-    which run beside the router's (its read of 1 MB leaves the bandwidth idle) instead of in the
-    experts' kernels (where at T ≤ 4 its tiles added a wave); None on the two-step path."""
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"router: x must be [N, H] and weight [E, H], got {tuple(x.shape)} and {tuple(weight.shape)}")
     if x.stride(-1) != 1 or weight.stride(-1) != 1 or x.dtype != weight.dtype:
@@ -240,35 +186,24 @@ def route(x: Tensor, weight: Tensor, top_k: int, renormalize: bool, dtype: torch
         z = F.linear(x, weight)
         if logits is not None:
             logits.copy_(z)
-        return (*router_topk(z, top_k, renormalize, dtype), None)
+        return router_topk(z, top_k, renormalize, dtype)
     if not 1 <= top_k <= min(e, MAX_TOP_K) or e > MAX_EXPERTS:
         raise ValueError(f"router: top-{top_k} of {e} experts (k ≤ {MAX_TOP_K}, E ≤ {MAX_EXPERTS})")
     if x.device.type != "cuda" and not interpreted():
         raise ValueError(f"router: tensors are on {x.device}; the Triton kernel needs CUDA tensors "
                          "(CPU tensors only with TRITON_INTERPRET=1 set before import)")
-    if shared is not None:
-        for name, t in shared._asdict().items():
-            if t.shape[-1 if name != "down" else 0] != h or t.dtype != x.dtype or t.stride(-1) != 1:
-                raise ValueError(f"router: shared.{name} {tuple(t.shape)} ({t.dtype}) does not fit x {tuple(x.shape)} "
-                                 f"({x.dtype}) or is not contiguous in its last dimension")
     ids = torch.empty(n, top_k, dtype=torch.long, device=x.device)
     weights = torch.empty(n, top_k, dtype=dtype, device=x.device)
     if logits is None:
         logits = torch.empty(n, e, dtype=x.dtype, device=x.device)
-    i_s = shared.gate.shape[0] if shared is not None else 0
-    act = torch.empty(n, i_s, dtype=x.dtype, device=x.device) if shared is not None else None
     if n:
         span = triton.cdiv(triton.cdiv(h, tiles.SPLIT), tiles.BK) * tiles.BK
         part = torch.empty(tiles.SPLIT, n, e, dtype=torch.float32, device=x.device)
         tail = FUSED_TOKENS if tiles.tail_rows == "fixed" else triton.next_power_of_2(n)
-        blocks = triton.cdiv(e, tiles.BE)
-        shared_rows = triton.cdiv(triton.cdiv(i_s, SHARED_COLUMNS), tiles.SPLIT)  # SPLIT programs per row
-        sg, su, sgw, sa = (shared.gate, shared.up, shared.gate_weight, act) if shared is not None else (weight,) * 4
-        _router_fused_kernel[(blocks + shared_rows, tiles.SPLIT)](
-            x, weight, part, _counter(x.device), logits, ids, weights, sg, su, sgw, sa, x.stride(0), weight.stride(0),
-            sg.stride(0), su.stride(0), sa.stride(0), n, e, blocks,
+        _router_fused_kernel[(triton.cdiv(e, tiles.BE), tiles.SPLIT)](
+            x, weight, part, _counter(x.device), logits, ids, weights, x.stride(0), weight.stride(0), n, e,
             H=h, SPAN=span, K=top_k, RENORMALIZE=bool(renormalize), SPLIT=tiles.SPLIT, BM=FUSED_TOKENS, BE=tiles.BE,
             BK=tiles.BK, BLOCK_E=triton.next_power_of_2(e), BLOCK_K=triton.next_power_of_2(top_k),
             PRECISION="ieee" if x.dtype == torch.float32 else "tf32", WIDEN=interpreted(), TAIL_M=tail,
-            IS=i_s, BNS=SHARED_COLUMNS, num_warps=tiles.warps, **pdl.options(x))
-    return ids, weights, act
+            num_warps=tiles.warps, **pdl.options(x))
+    return ids, weights

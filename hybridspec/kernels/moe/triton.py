@@ -40,26 +40,20 @@ def _check_layout(x: Tensor, gate_up: Tensor, down: Tensor, shared: SharedExpert
 
 
 def moe_experts(x: Tensor, ids: Tensor, weights: Tensor, gate_up: Tensor, down: Tensor,
-                shared: SharedExpert | None = None, *, shared_act: Tensor | None = None, tuning=MOE_TUNING) -> Tensor:
+                shared: SharedExpert | None = None, *, tuning=MOE_TUNING) -> Tensor:
     """x [N, H], ids / weights [N, k], gate_up [E, 2I, H], down [E, H, I] → [N, H] (layouts in
-    `checks.py`): sum_j weights[n, j] · expert_{ids[n, j]}(x_n) + the gated shared expert. With
-    `shared_act` (the router's launch computed the shared expert's activation, `router.route`) the
-    gate_up kernel runs the routed experts only."""
-    n = check_moe_args("moe_experts", x, ids, weights, gate_up, down, shared, shared_act)[0]
+    `checks.py`): sum_j weights[n, j] · expert_{ids[n, j]}(x_n) + the gated shared expert."""
+    n = check_moe_args("moe_experts", x, ids, weights, gate_up, down, shared)[0]
     _check_layout(x, gate_up, down, shared)
-    if shared_act is not None and (shared_act.dtype != x.dtype or shared_act.stride(-1) != 1):
-        raise ValueError(f"moe_experts: shared_act ({shared_act.dtype}, strides {shared_act.stride()}) must have x's "
-                         f"dtype {x.dtype} and be contiguous in its last dimension")
     out = torch.empty_like(x)
     for start in range(0, n, MAX_TOKENS):
         piece = slice(start, min(start + MAX_TOKENS, n))
         _moe_piece(x[piece], ids[piece].contiguous(), weights[piece].contiguous(), gate_up, down, shared,
-                   None if shared_act is None else shared_act[piece], out[piece],
-                   tuning_for(piece.stop - piece.start, tuning))
+                   out[piece], tuning_for(piece.stop - piece.start, tuning))
     return out
 
 
-def _moe_piece(x, ids, weights, gate_up, down, shared, shared_act, out, tuning) -> None:
+def _moe_piece(x, ids, weights, gate_up, down, shared, out, tuning) -> None:
     n, k = ids.shape
     block_m = max(16, triton.next_power_of_2(n))
     i_max = max(gate_up.shape[1] // 2, shared.gate.shape[0] if shared is not None else 0)
@@ -68,7 +62,5 @@ def _moe_piece(x, ids, weights, gate_up, down, shared, shared_act, out, tuning) 
                             device=x.device)
     slots = expert_slots(ids, workspace, gate_up.shape[0], block_m, tiles)
     act = torch.empty((n, k + 1, i_max), dtype=x.dtype, device=x.device)  # [N, k + 1, max(I, Is)]
-    launch_gate_up(x, weights, gate_up, shared if shared_act is None else None, slots, act, block_m, tuning,
-                   interpreted())
-    launch_down(act, down, shared, slots, out, block_m, tuning, interpreted(),
-                shared_act=act[:, k] if shared_act is None else shared_act)
+    launch_gate_up(x, weights, gate_up, shared, slots, act, block_m, tuning, interpreted())
+    launch_down(act, down, shared, slots, out, block_m, tuning, interpreted())

@@ -27,12 +27,18 @@ class DenseMLP(nn.Module):
 
 
 class Router(nn.Module):
-    """The softmax top-k router's weight and settings (the call is `SparseMoE.route`)."""
+    """Softmax top-k router; `op` turns the input and the router's weight into ids and weights
+    (`kernels/moe`: the reference, or the Triton router, one launch for calls of up to 16 tokens)."""
 
     def __init__(self, cfg: TargetConfig):
         super().__init__()
         self.top_k, self.renormalize = cfg.num_experts_per_tok, cfg.norm_topk_prob
         self.weight = nn.Parameter(torch.zeros(cfg.num_experts, cfg.hidden_size))
+        self.op = moe_reference.router
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """x [N, hidden] → expert ids [N, k] (long), routing weights [N, k] in x's dtype."""
+        return self.op(x, self.weight, self.top_k, self.renormalize, x.dtype)
 
 
 class Experts(nn.Module):
@@ -46,38 +52,27 @@ class Experts(nn.Module):
 
 
 class SparseMoE(nn.Module):
-    """Router, routed experts and gated shared expert. `route_op` routes (and may compute the shared
-    expert's activation in the same call), `experts_op` computes the experts' sum (`kernels/moe`:
-    the references, or the Triton kernels with no host read); the model sets both per backend."""
+    """Router, routed experts and gated shared expert. `experts_op` computes the experts' sum
+    (`kernels/moe`: the reference, or the Triton kernels with no host read)."""
 
-    def __init__(self, cfg: TargetConfig, experts_op: Callable = moe_reference.moe_experts,
-                 route_op: Callable = moe_reference.route):
+    def __init__(self, cfg: TargetConfig, experts_op: Callable = moe_reference.moe_experts):
         super().__init__()
         self.experts_op = experts_op
-        self.route_op = route_op
         self.gate = Router(cfg)
         self.experts = Experts(cfg)
         self.shared_expert = DenseMLP(cfg.hidden_size, cfg.shared_expert_intermediate_size)
         self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
 
-    def _shared(self) -> SharedExpert:
-        return SharedExpert(self.shared_expert.gate_proj.weight, self.shared_expert.up_proj.weight,
-                            self.shared_expert.down_proj.weight, self.shared_expert_gate.weight)
+    def route(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """x [B, T, hidden] → ids, weights [B, T, k]."""
+        ids, weights = self.gate(x.reshape(-1, x.shape[-1]))
+        return ids.view(*x.shape[:-1], -1), weights.view(*x.shape[:-1], -1)
 
-    def route(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
-        """x [B, T, hidden] → ids, weights [B, T, k], and the shared expert's activation [B, T, Is]
-        when the route op computed it (else None: `run_experts` computes it)."""
-        flat = x.reshape(-1, x.shape[-1])
-        ids, weights, act = self.route_op(flat, self.gate.weight, self.gate.top_k, self.gate.renormalize, x.dtype,
-                                          self._shared())
-        lead = x.shape[:-1]
-        return ids.view(*lead, -1), weights.view(*lead, -1), None if act is None else act.view(*lead, -1)
-
-    def run_experts(self, x: Tensor, ids: Tensor, weights: Tensor, shared_act: Tensor | None = None) -> Tensor:
-        """x [B, T, hidden] with its routing (and the shared expert's activation, if `route` gave it)
-        → MoE output [B, T, hidden] (routed + gated shared)."""
+    def run_experts(self, x: Tensor, ids: Tensor, weights: Tensor) -> Tensor:
+        """x [B, T, hidden] with its routing → MoE output [B, T, hidden] (routed + gated shared)."""
+        shared = SharedExpert(self.shared_expert.gate_proj.weight, self.shared_expert.up_proj.weight,
+                              self.shared_expert.down_proj.weight, self.shared_expert_gate.weight)
         out = self.experts_op(x.reshape(-1, x.shape[-1]), ids.reshape(-1, ids.shape[-1]),
                               weights.reshape(-1, weights.shape[-1]), self.experts.gate_up_proj,
-                              self.experts.down_proj, self._shared(),
-                              shared_act=None if shared_act is None else shared_act.reshape(-1, shared_act.shape[-1]))
+                              self.experts.down_proj, shared)
         return out.view_as(x)

@@ -26,7 +26,7 @@ from ..cache import TargetCache
 from ..config import ConfigError, TargetConfig
 from ..layers.attention import GatedAttention
 from ..layers.gdn import GatedDeltaNet
-from ..layers.moe import DenseMLP, SparseMoE
+from ..layers.moe import DenseMLP, Router, SparseMoE
 from ..layers.norms import GatedRMSNorm, OffsetRMSNorm
 from ..layers.rope import rope_cos_sin, rope_inv_freq
 
@@ -40,7 +40,6 @@ class Stage0:
     moe_input: Tensor  # [B, u, hidden]  post-attention norm output (router and experts input)
     expert_ids: Tensor  # [B, u, k]
     expert_weights: Tensor  # [B, u, k]
-    shared_act: Tensor | None = None  # [B, u, Is]  the shared expert's activation, when routing computed it
 
 
 @dataclass
@@ -98,12 +97,11 @@ def gdn_conv_op(backend: str) -> Callable:
     return gdn_reference.causal_conv_silu if gdn_triton is None else gdn_triton.causal_conv_silu
 
 
-def route_op(backend: str) -> Callable:
-    """The routing call (logits, softmax, top-k) of a backend: the reference, or the Triton router
-    (one launch per call of up to 16 tokens, which also computes the shared expert's activation)."""
+def router_op(backend: str) -> Callable:
+    """The router (logits, softmax, top-k) of a backend: the reference, or the Triton router (one
+    launch per call of up to 16 tokens)."""
     router = triton_kernels(backend, "moe.router")
-    return moe_reference.route if router is None else (lambda x, w, k, renormalize, dtype, shared:
-                                                           router.route(x, w, k, renormalize, dtype, None))
+    return moe_reference.router if router is None else router.router
 
 
 def moe_experts_op(backend: str) -> Callable:
@@ -188,12 +186,12 @@ class HybridTarget(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(cfg.rotary_dim, cfg.rope_theta), persistent=False)
         self.feature_layers = tuple(feature_layers)  # layers whose output the drafter reads (its target_layer_ids)
         offset_norm, gated_norm = norm_ops(backend)
-        route = route_op(backend)
+        route = router_op(backend)
         attend, prepare = attention_ops(backend)
         conv = gdn_conv_op(backend)
         for module in self.modules():
-            if isinstance(module, SparseMoE):
-                module.route_op = route
+            if isinstance(module, Router):
+                module.op = route
             elif isinstance(module, GatedAttention):
                 module.op, module.prepare_op = attend, prepare
             elif isinstance(module, GatedDeltaNet):
@@ -237,7 +235,8 @@ class HybridTarget(nn.Module):
         layer = self.layers[0]
         x = self.embed_tokens(tokens)
         moe_input, residual = layer.mix(layer.input_layernorm(x), x, cache, 0, rope=None)  # [B, u, hidden]
-        return Stage0(u, residual, moe_input, *layer.mlp.route(moe_input))
+        ids, weights = layer.mlp.route(moe_input)
+        return Stage0(u, residual, moe_input, ids, weights)
 
     @torch.no_grad()
     def stage1(self, s0: Stage0, w: int, cache: TargetCache, *, record_routing: bool = False) -> PassOutput:
@@ -248,8 +247,7 @@ class HybridTarget(nn.Module):
         layer0 = self.layers[0]
         ids, weights = s0.expert_ids[:, :w], s0.expert_weights[:, :w]
         # each layer's output is x + delta; the add is fused into the next norm, which also returns it
-        shared_act = None if s0.shared_act is None else s0.shared_act[:, :w]
-        delta = layer0.reduce(layer0.mlp.run_experts(s0.moe_input[:, :w], ids, weights, shared_act))
+        delta = layer0.reduce(layer0.mlp.run_experts(s0.moe_input[:, :w], ids, weights))
         x = s0.residual[:, :w]
         routing = [ids] if record_routing else None
         taps = set(self.feature_layers)
@@ -261,10 +259,10 @@ class HybridTarget(nn.Module):
                 outputs[index - 1] = x
             h, x = layer.mix(h, x, cache, self._slot[index], rope)
             if layer.is_moe:
-                ids, weights, shared_act = layer.mlp.route(h)
+                ids, weights = layer.mlp.route(h)
                 if routing is not None:
                     routing.append(ids)
-                delta = layer.reduce(layer.mlp.run_experts(h, ids, weights, shared_act))
+                delta = layer.reduce(layer.mlp.run_experts(h, ids, weights))
             else:
                 delta = layer.reduce(layer.mlp(h))
         normed, x = self.norm.add_norm(delta, x)
