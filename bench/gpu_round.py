@@ -18,8 +18,9 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
    softmax attention, dense GEMMs and other, with the longest kernels named.
 
 `--variants a,b` runs steps 2–4 once per variant on the same loaded model (rows tagged `variant`):
-`shipped`, or an op family put back on its PyTorch reference (`VARIANTS`), to measure a kernel
-against what it replaced side by side in one process.
+`shipped`, an op family put back on its PyTorch reference, or a switch turned off (`VARIANTS`:
+`prepare-ref`, `no-pdl`), to measure a kernel or a launch mode against what it replaced side by
+side in one process.
 
     python3 bench/gpu_round.py --out DIR [--models embedded,qwen3.6-35b-a3b] [--context 1024]
     python3 bench/gpu_round.py --out DIR --models qwen3.5-122b-a10b --tp 2   # two GPUs, each rank its half
@@ -47,7 +48,6 @@ from hybridspec.kernels import pdl  # noqa: E402
 from hybridspec.kernels.attention import reference as attention_reference  # noqa: E402
 from hybridspec.runtime.engine import Engine  # noqa: E402
 from hybridspec.runtime.layers.attention import GatedAttention  # noqa: E402
-from hybridspec.runtime.layers.moe import SparseMoE  # noqa: E402
 from hybridspec.runtime.policies import make_policy  # noqa: E402
 from hybridspec.runtime.sampling import SamplingParams  # noqa: E402
 from hybridspec.runtime.session import open_session  # noqa: E402

@@ -42,7 +42,11 @@ def patch_the_language_once_per_launch() -> None:
     original = getattr(interpreter, "_patch_lang", None)
     if original is None or getattr(original, "once_per_launch", False):
         return
-    if "_patch_lang(self.fn)" not in inspect.getsource(interpreter.InterpretedFunction.__call__):
+    try:
+        source = inspect.getsource(interpreter.InterpretedFunction.__call__)
+    except (OSError, TypeError):  # triton installed without its sources
+        return
+    if "_patch_lang(self.fn)" not in source:
         return
     state = {"patched": None}  # ids of the language modules rebound in the running launch
 

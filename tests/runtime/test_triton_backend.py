@@ -1,7 +1,7 @@
 """The runtime on the Triton kernels (under TRITON_INTERPRET=1 on CPU tensors): the gated GDN
 verification kernels, writing z / |k|, g_cum and the raw k into the round buffers (`raw_keys`) and
-folding each round's commit into the next verification, the split-KV attention, the router with
-the shared expert's activation and the expert kernels, decode exactly the `ar` tokens of the
+folding each round's commit into the next verification, the split-KV attention, the router and
+the expert kernels, decode exactly the `ar` tokens of the
 PyTorch backend."""
 
 from __future__ import annotations
