@@ -30,10 +30,9 @@ browser:
 	      { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium-headless-shell >/dev/null 2>&1; }; } ; } || \
 	  echo "make browser: could not install chromium-headless-shell; the report's browser test will skip"
 
-# One pytest worker per core; a test file stays on one worker (its module fixtures are built once);
-# files start in collection order, the slowest first (tests/conftest.py).
+# One pytest worker per core; a test file stays on one worker (its module fixtures are built once).
 test: venv browser
-	$(BIN)/python -m pytest -n auto --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest -n auto --dist loadfile
 
 clean:
 	rm -rf $(VENV) build *.egg-info
