@@ -29,8 +29,8 @@ from torch import Tensor
 
 import torch.nn.functional as F
 
-from hybridspec.kernels.interpreter import interpreted
 from hybridspec.kernels import pdl
+from hybridspec.kernels.interpreter import interpreted
 from hybridspec.kernels.moe.tiles import dot_bt
 from hybridspec.kernels.pdl import wait_then_release
 
