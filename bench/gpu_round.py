@@ -20,10 +20,13 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 `--variants a,b` runs steps 2–4 once per variant on the same loaded model (rows tagged `variant`):
 `shipped`, an op family put back on its PyTorch reference, or a switch turned off (`VARIANTS`:
 `prepare-ref`, `no-pdl`), to measure a kernel or a launch mode against what it replaced side by
-side in one process.
+side in one process. `--tp N --layouts columns,experts` loads each model once per MoE layout
+(every expert's columns split across the ranks, or expert parallelism) and runs everything on each
+(rows and checks tagged `layout`).
 
     python3 bench/gpu_round.py --out DIR [--models embedded,qwen3.6-35b-a3b] [--context 1024]
     python3 bench/gpu_round.py --out DIR --models qwen3.5-122b-a10b --tp 2   # two GPUs, each rank its half
+    python3 bench/gpu_round.py --out DIR --models qwen3.5-122b-a10b --tp 2 --layouts columns,experts
 
 Writes DIR/gpu_round.json ({"device", "date", "versions", "rows": [...]}) and prints a table.
 """
@@ -173,7 +176,9 @@ def decode_rows(session, model: str, runs: dict[str, Engine], prompt, policies, 
 
 def pass_bytes(target, cache, routing: list[torch.Tensor], context: int) -> int:
     """Bytes a verification pass must move: every weight except unrouted experts, the distinct
-    experts of each MoE layer, the KV cache up to the context, GDN states read and written."""
+    experts of each MoE layer, the KV cache up to the context, GDN states read and written. Under
+    expert parallelism a layer's distinct experts are those of the rank that holds the most of them
+    (the pass waits for it)."""
     total = 0
     for name, p in target.named_parameters():
         if name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj") or "embed_tokens" in name:
@@ -183,7 +188,8 @@ def pass_bytes(target, cache, routing: list[torch.Tensor], context: int) -> int:
         total += target.lm_head.weight.numel() * target.lm_head.weight.element_size()
     moes = [layer.mlp for layer in target.layers if layer.is_moe]
     for moe, ids in zip(moes, routing):
-        distinct = int(ids.unique().numel())
+        held = moe.experts.gate_up_proj.shape[0]  # experts per rank (all of them but under expert parallelism)
+        distinct = int(torch.bincount(ids.unique() // held).max())
         per_expert = (moe.experts.gate_up_proj[0].numel() + moe.experts.down_proj[0].numel()) * moe.experts.down_proj.element_size()
         total += distinct * per_expert
     kv = cache.key[:, :, :context]
@@ -341,7 +347,15 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default="shipped", help=f"comma list of {', '.join(VARIANTS)}")
     ap.add_argument("--tp", type=int, default=0, help="tensor-parallel ranks, one GPU each (spawned, or torchrun's); "
                     "1: one rank through the same code (an all-reduce over one GPU); 0: no process group")
+    ap.add_argument("--layouts", default="columns", help="with --tp: comma list of the MoE layouts to run one after "
+                    "the other, columns (every expert's intermediate columns split) and experts (expert "
+                    "parallelism: 1/P of the experts whole per rank)")
     args = ap.parse_args(argv)
+    layouts = [v for v in args.layouts.split(",") if v]
+    if unknown := [v for v in layouts if v not in ("columns", "experts")]:
+        ap.error(f"unknown layout(s) {unknown}: columns, experts")
+    if "experts" in layouts and args.tp < 2:
+        ap.error("--layouts experts needs --tp 2 or more")
     variants = [v for v in args.variants.split(",") if v]
     if unknown := [v for v in variants if v not in VARIANTS]:
         ap.error(f"unknown variant(s) {unknown}: {', '.join(VARIANTS)}")
@@ -351,7 +365,8 @@ def main(argv=None) -> int:
 
         for model in (m for m in args.models.split(",") if m):
             try:
-                check_tensor_parallel(None if model == "embedded" else model, args.tp)
+                for layout in layouts:
+                    check_tensor_parallel(None if model == "embedded" else model, args.tp, layout == "experts")
             except ConfigError as exc:
                 ap.error(f"--tp {args.tp} with --models {model}: {exc}")
     if not torch.cuda.is_available():
@@ -384,22 +399,24 @@ def run(args, variants: list[str], command: str) -> None:
     result["copy_bandwidth_TBps"] = round(bandwidth / 1e12, 3)
     log(f"{result['device']} {result['versions']} copy {bandwidth / 1e12:.2f} TB/s")
     args.out.mkdir(parents=True, exist_ok=True)
-    for model in [m for m in args.models.split(",") if m]:
+    layouts = [v for v in args.layouts.split(",") if v]
+    for model, layout in ((m, v) for m in args.models.split(",") if m for v in layouts):
         embedded = model == "embedded"
         dtype = "float32" if embedded else "bfloat16"
         t0 = time.perf_counter()
         session = open_session(None if embedded else model, None if embedded else "random", device="cuda",
                                dtype=dtype, backend="triton", max_context=args.context + 4 * args.tokens,
-                               tensor_parallel=tensor_parallel)
-        log(f"{model}: loaded in {time.perf_counter() - t0:.1f} s")
+                               tensor_parallel=tensor_parallel, expert_parallel=layout == "experts")
+        log(f"{model} ({layout}): loaded in {time.perf_counter() - t0:.1f} s")
         prompts = prompts_for(session, model, args.context, 6 if embedded else 2)
         for index, variant in enumerate(variants):
             undo = apply_variant(session.target, variant)
             runs = engines(session, args.context + 4 * args.tokens)
             rows = []
             if not args.no_exactness and index == 0:
-                result["checks"] += exactness(session, model, runs, prompts if embedded else prompts[:1], policies,
-                                              48 if embedded else 16, fp32=embedded)
+                result["checks"] += [dict(check, layout=layout) for check in exactness(
+                    session, model, runs, prompts if embedded else prompts[:1], policies, 48 if embedded else 16,
+                    fp32=embedded)]
             if not args.no_decode:
                 for temperature in (float(t) for t in args.temperatures.split(",") if t):
                     rows += decode_rows(session, model, runs, prompts[0], policies, args.tokens,
@@ -410,7 +427,7 @@ def run(args, variants: list[str], command: str) -> None:
                 if args.profile:
                     result["profile"] = result.get("profile", []) + [
                         dict(row, variant=variant) for row in profile_rows(session, model, prompts[0], (1, 8, 16))]
-            result["rows"] += [dict(row, variant=variant) for row in rows]
+            result["rows"] += [dict(row, variant=variant, layout=layout) for row in rows]
             for module, attr, op in undo:
                 setattr(module, attr, op)
             del runs

@@ -228,3 +228,20 @@ def test_no_graphs_reaches_the_engine(monkeypatch, tmp_path, command):
     for flag, expected in ((["--no-graphs"], False), ([], None)):
         runner.invoke(app, [command, *args, *flag])
         assert built and built.pop() is expected, (command, flag)
+
+
+def test_the_parallel_layout_reaches_generate_and_serve(monkeypatch):
+    """`--tp 2 --expert-parallel` hands the layout to the library (nothing is spawned here); without
+    ranks to split over it is refused with the option named."""
+    from hybridspec.runtime import generation, tensor_parallel
+
+    seen = {}
+    monkeypatch.setattr(generation, "run_generate", lambda request: seen.setdefault("request", request) and None)
+    assert runner.invoke(app, ["generate", "--prompt", "x", "--tp", "2", "--expert-parallel"]).exit_code == 0
+    assert (seen["request"].tp, seen["request"].expert_parallel) == (2, True)
+    monkeypatch.setattr(tensor_parallel, "launch", lambda fn, world, device, options, *rest, **kw: seen.update(
+        world=world, options=options))
+    assert runner.invoke(app, ["serve", "--tp", "2", "--expert-parallel"]).exit_code == 0
+    assert (seen["world"], seen["options"]["expert_parallel"]) == (2, True)
+    result = runner.invoke(app, ["serve", "--expert-parallel"])
+    assert result.exit_code == 2 and "needs --tp 2 or more" in " ".join(result.output.split())

@@ -10,8 +10,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from .common import (ArtifactOpt, BackendOpt, DeviceOpt, DrafterOpt, DtypeOpt, GraphsOpt, ModelOpt, TensorParallelOpt,
-                     _fail, app, console, err_console)
+from .common import (ArtifactOpt, BackendOpt, DeviceOpt, DrafterOpt, DtypeOpt, ExpertParallelOpt, GraphsOpt, ModelOpt,
+                     TensorParallelOpt, _fail, app, console, err_console)
 
 def _print_json(obj) -> None:
     """One JSON object on stdout (numpy scalars as numbers)."""
@@ -45,6 +45,7 @@ def capture(
     shard: Annotated[str, typer.Option("--shard", help="i/n: this process takes every n-th unit from i (0-based).")] = "0/1",
     threads: ThreadsOpt = None,
     tp: TensorParallelOpt = 1,
+    expert_parallel: ExpertParallelOpt = False,
     nproc: Annotated[int, typer.Option("--nproc", min=1, help="Data-parallel processes (one GPU each on CUDA): process i runs --shard i/N into a store beside --db, and the shards are merged into --db.")] = 1,
 ) -> None:
     """Run calibration passes through the real runtime and record every round and timing in DuckDB."""
@@ -58,7 +59,8 @@ def capture(
                                passes=parse_passes(passes), max_new_tokens=max_new_tokens, device=device,
                                dtype=dtype, backend=backend, graphs=graphs, quick=quick, resume=resume,
                                overwrite=overwrite, shard=parse_shard(shard), threads=threads,
-                               categories=parse_categories(categories), tp=tp, nproc=nproc)
+                               categories=parse_categories(categories), tp=tp, expert_parallel=expert_parallel,
+                               nproc=nproc)
         if tp > 1 or nproc > 1:  # the processes that run the passes report their progress
             summaries = run_campaign(config)
         else:

@@ -54,6 +54,7 @@ ArtifactOpt = Annotated[Optional[Path], typer.Option("--artifact", help="Policy 
 DeviceOpt = Annotated[str, typer.Option("--device", metavar="[cpu|cuda|cuda:N]", callback=check_device, help="Where the model runs.")]
 DtypeOpt = Annotated[Dtype, typer.Option("--dtype", help="Weights and activations.")]
 BackendOpt = Annotated[Backend, typer.Option("--backend", help="Kernels: auto (triton on CUDA), torch, triton, or triton-torch-gdn (Triton kernels except the GDN layers', which run PyTorch: the paper's Table 3 ablation).")]
+ExpertParallelOpt = Annotated[bool, typer.Option("--expert-parallel", help="With --tp N: each rank holds 1/N of the routed experts whole (expert parallelism) instead of 1/N of every expert's intermediate columns.")]
 TensorParallelOpt = Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel ranks: the command spawns them (or is one of torchrun's: torchrun --nproc-per-node N -m hybridspec … --tp N); one GPU each on CUDA (NCCL), gloo on CPU.")]
 GraphsOpt = Annotated[bool, typer.Option("--graphs/--no-graphs", help="CUDA graphs for the GPU-resident round (--no-graphs: the same round run eagerly, the graphs' oracle).")]
 

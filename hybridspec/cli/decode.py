@@ -9,8 +9,8 @@ from typing import Annotated, Literal, Optional
 import typer
 from rich.table import Table
 
-from .common import (ArtifactOpt, BackendOpt, DeviceOpt, DrafterOpt, DtypeOpt, GraphsOpt, ModelOpt, PolicyOpt,
-                     TensorParallelOpt, _fail, app, console, err_console, missing_extra)
+from .common import (ArtifactOpt, BackendOpt, DeviceOpt, DrafterOpt, DtypeOpt, ExpertParallelOpt, GraphsOpt, ModelOpt,
+                     PolicyOpt, TensorParallelOpt, _fail, app, console, err_console, missing_extra)
 
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # torch.Generator.manual_seed's range
 LogLevel = Literal["debug", "info", "warning", "error"]
@@ -47,6 +47,7 @@ def generate(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Use an artifact fitted for another model/drafter.")] = False,
     tp: TensorParallelOpt = 1,
+    expert_parallel: ExpertParallelOpt = False,
 ) -> None:
     """Generate from one prompt with a length policy and print the tokens and round statistics."""
     from ..runtime.generation import GenerateRequest, run_generate
@@ -55,7 +56,7 @@ def generate(
     request = GenerateRequest(model=model, drafter=drafter, prompt=prompt, prompt_ids=prompt_ids, policy=policy,
                               artifact=artifact, max_new_tokens=max_new_tokens, temperature=temperature,
                               top_p=top_p, top_k=top_k, seed=seed, device=device, dtype=dtype, backend=backend, graphs=graphs,
-                              force=force, tp=tp)
+                              force=force, tp=tp, expert_parallel=expert_parallel)
     try:
         summary = run_generate(request)
     except ValueError as exc:  # ConfigError, PolicyError, ArtifactError, bad sampling values
@@ -130,6 +131,7 @@ def serve(
     max_context: Annotated[int, typer.Option("--max-context", min=2, help="Prompt + generated tokens per request.")] = 4096,
     force: Annotated[bool, typer.Option("--force", help="Use an artifact fitted for another model/drafter.")] = False,
     tp: TensorParallelOpt = 1,
+    expert_parallel: ExpertParallelOpt = False,
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API (completions, chat, models, health, metrics)."""
     try:
@@ -148,12 +150,13 @@ def serve(
     server = dict(host=host, port=port, api_key=api_key, max_request_bytes=max_request_bytes, log_level=log_level)
     banner = f"serving [bold]{{model}}[/] (policy {policy}) on http://{host}:{port}/v1"
     try:
-        if tp > 1:  # rank 0 serves, the other ranks run its engine steps with it
+        if tp > 1 or expert_parallel:  # rank 0 serves, the other ranks run its engine steps with it
             from ..runtime.session import check_tensor_parallel
             from ..runtime.tensor_parallel import launch
             from ..serve.parallel import serve_rank
 
-            check_tensor_parallel(model, tp)
+            check_tensor_parallel(model, tp, expert_parallel)
+            options["expert_parallel"] = expert_parallel
             launch(serve_rank, tp, device, options, server, banner + f" over {tp} ranks", quiet_interrupt=True)
             return
         service = open_service(**options)

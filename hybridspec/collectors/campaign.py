@@ -138,6 +138,7 @@ def run_campaign(config: CaptureConfig, reporter: Reporter | None = None) -> lis
         ids = prompt_ids(prompts, codec, vocab, prompt_file)
         session = open_session(models.model, models.drafter, device=config.device, dtype=config.dtype,
                                backend=backend, seed=config.seed, graphs=config.graphs, tensor_parallel=config.tp > 1,
+                               expert_parallel=config.expert_parallel,
                                max_context=max(len(p.ids) for p in ids) + config.new_tokens + 2 * MAX_BLOCK)
         ctx = PassContext(config, session, ids, file_digest(prompt_file))
         host = dict(versions=software_versions(), threads=threads, host_cpu=cpu_model(), host_gpu=gpu_model(config.device))
@@ -156,10 +157,12 @@ def run_campaign(config: CaptureConfig, reporter: Reporter | None = None) -> lis
 
 
 def run_params(collector: CollectorPass, ctx: PassContext) -> dict:
-    """A run's parameters: the pass's, and the tensor-parallel world size when there is one (costs
-    measured on another layout are another run)."""
-    tp = ctx.config.tp
-    return {**collector.params(ctx), **({"tensor_parallel": tp} if tp > 1 else {})}
+    """A run's parameters: the pass's, and the tensor-parallel world size and expert layout when
+    there is one (costs measured on another layout are another run)."""
+    tp, layout = ctx.config.tp, {}
+    if tp > 1:
+        layout = {"tensor_parallel": tp, **({"expert_parallel": True} if ctx.config.expert_parallel else {})}
+    return {**collector.params(ctx), **layout}
 
 
 def run_pass(store: Store, ctx: PassContext, collector: CollectorPass, spec: RunSpec, shard_index: int,

@@ -95,12 +95,16 @@ class CaptureConfig:
     threads: int | None = None  # torch CPU threads; None: 1 on a CPU device (workbench.runinfo.set_threads)
     categories: tuple[str, ...] | None = None  # None: every category of the split
     tp: int = 1  # tensor-parallel ranks (`collectors/parallel.py`)
+    expert_parallel: bool = False  # with tp > 1: the experts split whole across the ranks
     nproc: int = 1  # data-parallel processes, shard i/nproc each, merged into `db`
 
     def __post_init__(self):
         check_run_options(self, CaptureConfigError)
         if self.tp < 1 or self.nproc < 1:
             raise CaptureConfigError(f"--tp {self.tp} / --nproc {self.nproc}: each must be ≥ 1")
+        if self.expert_parallel and self.tp < 2:
+            raise CaptureConfigError(f"--expert-parallel splits the experts across the tensor-parallel ranks: it needs "
+                                     f"--tp 2 or more (got --tp {self.tp})")
         if self.nproc > 1 and self.tp > 1:
             raise CaptureConfigError(f"--nproc {self.nproc} with --tp {self.tp}: data-parallel processes of "
                                      "tensor-parallel ranks are not supported; choose one")

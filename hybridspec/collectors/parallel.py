@@ -100,7 +100,7 @@ def campaign_store(config: CaptureConfig):
 def run_tensor_parallel(config: CaptureConfig) -> list:
     """The campaign on `config.tp` ranks (spawned, or this process one of torchrun's); rank 0's
     summaries (None on torchrun's other ranks)."""
-    check_tensor_parallel(config.model, config.tp)
+    check_tensor_parallel(config.model, config.tp, config.expert_parallel)
     return launch(_campaign_rank, config.tp, config.device, config)
 
 

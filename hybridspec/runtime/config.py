@@ -51,6 +51,7 @@ class TargetConfig:
     tie_word_embeddings: bool = False
     eos_token_ids: tuple[int, ...] = ()
     max_position_embeddings: int = 32768
+    expert_shards: int = 1  # expert parallelism: each process holds num_experts / expert_shards whole experts
 
     def __post_init__(self) -> None:
         if len(self.layer_types) != self.num_hidden_layers:
@@ -70,6 +71,9 @@ class TargetConfig:
             raise ConfigError("linear_num_value_heads must be a multiple of linear_num_key_heads")
         if not 0 < self.num_experts_per_tok <= self.num_experts:
             raise ConfigError(f"num_experts_per_tok={self.num_experts_per_tok} with {self.num_experts} experts")
+        if self.expert_shards < 1 or self.num_experts % self.expert_shards:
+            raise ConfigError(f"expert parallelism over {self.expert_shards} ranks: num_experts = {self.num_experts} "
+                              f"is not a multiple of {self.expert_shards}")
 
     @property
     def gdn_layers(self) -> tuple[int, ...]:
@@ -78,6 +82,11 @@ class TargetConfig:
     @property
     def attention_layers(self) -> tuple[int, ...]:
         return tuple(i for i, t in enumerate(self.layer_types) if t == "full_attention")
+
+    @property
+    def local_experts(self) -> int:
+        """Routed experts one process holds (all of them without expert parallelism)."""
+        return self.num_experts // self.expert_shards
 
     @property
     def rotary_dim(self) -> int:

@@ -39,6 +39,7 @@ class GenerateRequest:
     backend: str = "auto"
     graphs: bool = True  # False: the resident round without CUDA graphs
     tp: int = 1  # tensor-parallel ranks (spawned, or this process one of torchrun's; `tensor_parallel.launch`)
+    expert_parallel: bool = False  # with tp > 1: the experts split whole across the ranks
 
 
 def _prompt(request: GenerateRequest, session: Session) -> list[int]:
@@ -72,10 +73,10 @@ def run_generate(request: GenerateRequest) -> dict | None:
         raise ValueError(f"--tp must be at least 1, got {request.tp}")
     if (request.prompt is None) == (request.prompt_ids is None):  # before any rank is spawned
         raise ValueError("give exactly one of a prompt text or prompt ids")
-    if request.tp > 1:
+    if request.tp > 1 or request.expert_parallel:
         from .tensor_parallel import launch
 
-        check_tensor_parallel(request.model, request.tp)
+        check_tensor_parallel(request.model, request.tp, request.expert_parallel)
         return launch(_generate, request.tp, request.device, request, sampling, True)
     return _generate(request, sampling, False)
 
@@ -84,7 +85,8 @@ def _generate(request: GenerateRequest, sampling: SamplingParams, tensor_paralle
     name = request.policy or default_policy(request.artifact)
     session = open_session(request.model, request.drafter, need_drafter=name != "ar",
                            device=request.device, dtype=request.dtype, backend=request.backend, seed=request.seed,
-                           graphs=request.graphs, tensor_parallel=tensor_parallel)
+                           graphs=request.graphs, tensor_parallel=tensor_parallel,
+                           expert_parallel=request.expert_parallel)
     params, _ = resolve_policy(name, request.artifact, session, request.force)
     draft_len = session.drafter.draft_len if session.drafter is not None else 0
     policy = make_policy(name, draft_len, params, device=request.device)

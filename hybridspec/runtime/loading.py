@@ -22,9 +22,10 @@ from .hub import describe, resolve_reference
 from .layers.rope import rope_inv_freq
 from .models import qwen3_5_moe, qwen3_next
 from .models.common import Placement, strip_prefix
+from .layers.moe import SparseMoE
 from .models.hybrid import HybridTarget
 from .presets import PRESETS, preset_config
-from .sharding import local_config, shard_tensor
+from .sharding import first_expert, local_config, shard_tensor
 from .weights import check_memory, materialize_, plan_load, read_checkpoint, stream_, stream_parts_, weight_bytes
 
 RANDOM_BLOCK_SIZE = 16  # a random drafter's block: anchor + D = 15 draft tokens
@@ -51,7 +52,8 @@ def init_random_(model: HybridTarget, seed: int = 0) -> HybridTarget:
     return model
 
 
-def init_random_part_(model: HybridTarget, cfg: TargetConfig, rank: int, world: int, seed: int = 0) -> HybridTarget:
+def init_random_part_(model: HybridTarget, cfg: TargetConfig, rank: int, world: int, seed: int = 0, *,
+                      expert_parallel: bool = False) -> HybridTarget:
     """Rank `rank`'s part (`sharding.shard_tensor`) of the weights `init_random_` gives the full
     target of `cfg`, drawn one full parameter at a time on the model's device (so a rank never
     holds more than its part and one full parameter)."""
@@ -64,7 +66,7 @@ def init_random_part_(model: HybridTarget, cfg: TargetConfig, rank: int, world: 
         for name, shape in ((n, q.shape) for n, q in full.named_parameters()):  # init_random_'s order
             whole = torch.empty(shape, device=p.device, dtype=p.dtype)
             _init_random_param_(name, whole, gen)
-            params[name].copy_(shard_tensor(name, whole, cfg, rank, world))
+            params[name].copy_(shard_tensor(name, whole, cfg, rank, world, expert_parallel=expert_parallel))
     return model
 
 
@@ -109,15 +111,18 @@ def build_target(cfg: TargetConfig, *, device: str, dtype: str, backend: str, fe
 
 
 def load_target(spec: str | Path, *, device: str = "cpu", dtype: str = "auto", backend: str = "torch",
-                seed: int = 0, feature_layers: tuple[int, ...] = (), shard: tuple[int, int] = (0, 1)) -> HybridTarget:
+                seed: int = 0, feature_layers: tuple[int, ...] = (), shard: tuple[int, int] = (0, 1),
+                expert_parallel: bool = False) -> HybridTarget:
     """A model reference with a supported config.json (directory or repo id), or a preset name
     (random weights). `feature_layers`: the layers whose outputs the drafter reads (its
     `target_layer_ids`; none without a drafter). Checkpoint tensors stream onto `device` in `dtype`.
     `shard` (rank, world): only that rank's part of the target under tensor parallelism
-    (`sharding.py`), with the weights of the full target's slices; the device holds only the part."""
+    (`sharding.py`), with the weights of the full target's slices; the device holds only the part.
+    `expert_parallel`: the part holds 1/world of the experts whole instead of 1/world of every
+    expert's columns."""
     rank, world = shard
     full_cfg = target_config(spec)
-    cfg = local_config(full_cfg, world) if world > 1 else full_cfg
+    cfg = local_config(full_cfg, world, expert_parallel=expert_parallel) if world > 1 else full_cfg
     path = Path(resolve_reference(spec))
     what = f"preset {spec}" if not path.is_dir() else describe(path)
     if world > 1:
@@ -125,8 +130,9 @@ def load_target(spec: str | Path, *, device: str = "cpu", dtype: str = "auto", b
     if not path.is_dir():
         model = build_target(cfg, device=device, dtype=dtype, backend=backend, feature_layers=feature_layers,
                              what=what)
-        model = init_random_part_(model, full_cfg, rank, world, seed) if world > 1 else init_random_(model, seed)
-        return _fused(model).eval()
+        model = (init_random_part_(model, full_cfg, rank, world, seed, expert_parallel=expert_parallel) if world > 1
+                 else init_random_(model, seed))
+        return _placed(_fused(model), rank).eval()
     source = describe(path)
     with torch.device("meta"):  # the headers are checked against the shapes before anything is allocated
         shapes = HybridTarget(full_cfg, backend=backend, feature_layers=feature_layers)
@@ -136,10 +142,19 @@ def load_target(spec: str | Path, *, device: str = "cpu", dtype: str = "auto", b
     model = build_target(cfg, device=device, dtype=dtype, backend=backend, feature_layers=feature_layers, what=what)
     if world > 1:
         full_shapes = {name: p.shape for name, p in shapes.named_parameters()}
-        stream_parts_(model, plan, full_shapes, lambda name, t: shard_tensor(name, t, full_cfg, rank, world))
+        stream_parts_(model, plan, full_shapes,
+                      lambda name, t: shard_tensor(name, t, full_cfg, rank, world, expert_parallel=expert_parallel))
     else:
         stream_(model, plan, torch.device(device))
-    return _fused(model).eval()
+    return _placed(_fused(model), rank).eval()
+
+
+def _placed(model: HybridTarget, rank: int) -> HybridTarget:
+    """Each MoE block told which of the router's experts it holds (`sharding.first_expert`)."""
+    for module in model.modules():
+        if isinstance(module, SparseMoE):
+            module.first_expert = first_expert(model.cfg, rank)
+    return model
 
 
 def _fused(model: HybridTarget) -> HybridTarget:

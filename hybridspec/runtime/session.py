@@ -68,13 +68,14 @@ class Session:
 def open_session(model: str | None = None, drafter: str | None = None, *, need_drafter: bool = True,
                  device: str = "cpu", dtype: str = "auto", backend: str = "auto",
                  max_context: int = 4096, seed: int = 0, graphs: bool = True,
-                 tensor_parallel: bool = False) -> Session:
+                 tensor_parallel: bool = False, expert_parallel: bool = False) -> Session:
     """Load the target (directory, repo id or preset) and, when needed, the drafter (directory, repo id,
     or `random` for a random one; random presets default to `random`). `dtype` `auto`: bfloat16 on
     CUDA, float32 elsewhere. `graphs=False` (`--no-graphs`): the GPU-resident round runs eagerly, the
     oracle of its CUDA graphs. `tensor_parallel`: inside an initialised process group, only this
     rank's part of the target is loaded, its layers' outputs all-reduced (`tensor_parallel.py`); the
-    drafter whole."""
+    drafter whole. `expert_parallel`: with it, each rank holds 1/P of the experts whole instead of
+    1/P of every expert's columns (`sharding.py`)."""
     backend = resolve_backend(backend, device)
     name = model if model is not None else default_model()[0]  # as given: what outputs call the model
     model, drafter = resolve_pair(model, drafter)
@@ -96,7 +97,7 @@ def open_session(model: str | None = None, drafter: str | None = None, *, need_d
 
         shard = (dist.get_rank(), dist.get_world_size())
     target = load_target(model, device=device, dtype=dtype, backend=backend, seed=seed, feature_layers=features,
-                         shard=shard)
+                         shard=shard, expert_parallel=expert_parallel)
     if tensor_parallel:
         from .tensor_parallel import parallelize
 
@@ -112,10 +113,13 @@ def open_session(model: str | None = None, drafter: str | None = None, *, need_d
     return Session(name, target, draft, engine, codec, eos_ids(model, target.cfg), model_id, drafter_id)
 
 
-def check_tensor_parallel(model: str | None, world: int) -> None:
+def check_tensor_parallel(model: str | None, world: int, expert_parallel: bool = False) -> None:
     """ConfigError, before any rank starts, when the target of `model` (None: the default) cannot be
-    split over `world` ranks (`sharding.local_config`)."""
-    local_config(target_config(resolve_pair(model, None)[0]), world)
+    split over `world` ranks (`sharding.local_config`), or expert parallelism is asked of one rank."""
+    if expert_parallel and world < 2:
+        raise ConfigError(f"expert parallelism splits the experts across the tensor-parallel ranks: it needs "
+                          f"--tp 2 or more (got --tp {world})")
+    local_config(target_config(resolve_pair(model, None)[0]), world, expert_parallel=expert_parallel)
 
 
 def eos_ids(model: str, cfg: TargetConfig) -> tuple[int, ...]:

@@ -11,12 +11,15 @@ of the intermediate columns. Rank r takes contiguous slices of the full weights:
     attention layers  query heads and KV heads likewise (q with its gate rows, k, v; o_proj columns)
     MoE               every expert, with 1/P of its intermediate columns (gate and up rows, down
                       columns); the shared expert likewise; the router and the shared expert's gate
-                      whole (every rank routes every token the same)
+                      whole (every rank routes every token the same). With expert parallelism
+                      instead: experts [r·E/P, (r+1)·E/P) whole (the shared expert still split)
     dense MLPs        1/P of the intermediate columns
     whole             embeddings, norms, LM head
 
 Every output projection (GDN out_proj, o_proj, the experts' and the dense MLP's down) then gives a
-partial sum, completed by one all-reduce per token mixer and one per MLP block.
+partial sum, completed by one all-reduce per token mixer and one per MLP block. Under expert
+parallelism each rank's MoE output sums its own experts' share of every token (the experts of
+other ranks add nothing there), so the same all-reduce completes it.
 """
 
 from __future__ import annotations
@@ -36,13 +39,21 @@ SPLIT_FIELDS = (("num_attention_heads", "attention heads"), ("num_key_value_head
                 ("intermediate_size", "dense-MLP intermediate columns"))
 
 
-def local_config(cfg: TargetConfig, world: int) -> TargetConfig:
+def local_config(cfg: TargetConfig, world: int, *, expert_parallel: bool = False) -> TargetConfig:
     """The configuration one rank of `world` builds: the split counts of SPLIT_FIELDS divided by
-    the world size. ConfigError naming the field when one is not a multiple of it."""
+    the world size; with `expert_parallel` the experts' intermediate width whole and E / world
+    experts per rank instead. ConfigError naming the field when one is not a multiple of it."""
     if world < 1:
         raise ConfigError(f"tensor parallelism over {world} ranks")
     changes = {}
+    if expert_parallel:
+        if cfg.num_experts % world:
+            raise ConfigError(f"expert parallelism over {world} ranks: num_experts = {cfg.num_experts} is not a "
+                              f"multiple of {world}")
+        changes["expert_shards"] = world
     for field, what in SPLIT_FIELDS:
+        if expert_parallel and field == "moe_intermediate_size":
+            continue
         value = getattr(cfg, field)
         if value % world:
             raise ConfigError(f"tensor parallelism over {world} ranks: {field} = {value} ({what}) is not a multiple "
@@ -51,7 +62,8 @@ def local_config(cfg: TargetConfig, world: int) -> TargetConfig:
     return dataclasses.replace(cfg, **changes)
 
 
-def shard_tensor(name: str, t: Tensor, cfg: TargetConfig, rank: int, world: int) -> Tensor:
+def shard_tensor(name: str, t: Tensor, cfg: TargetConfig, rank: int, world: int, *,
+                 expert_parallel: bool = False) -> Tensor:
     """Rank `rank`'s part of the full target's parameter `name` (the module docstring's table); the
     tensor itself for parameters every rank holds whole."""
     leaf = name.split(".", 2)[-1] if name.startswith("layers.") else name
@@ -82,6 +94,8 @@ def shard_tensor(name: str, t: Tensor, cfg: TargetConfig, rank: int, world: int)
         return part(nkv * d)
     if leaf == "self_attn.o_proj.weight":
         return part(nh * d, 1)
+    if expert_parallel and leaf in ("mlp.experts.gate_up_proj", "mlp.experts.down_proj"):  # [E, …]: whole experts
+        return part(cfg.num_experts // world)
     if leaf == "mlp.experts.gate_up_proj":  # [E, 2I, H]
         return gate_up(cfg.moe_intermediate_size, 1)
     if leaf == "mlp.experts.down_proj":  # [E, H, I]
@@ -97,6 +111,14 @@ def shard_tensor(name: str, t: Tensor, cfg: TargetConfig, rank: int, world: int)
     return t
 
 
-def shard_state(state: dict[str, Tensor], cfg: TargetConfig, rank: int, world: int) -> dict[str, Tensor]:
+def shard_state(state: dict[str, Tensor], cfg: TargetConfig, rank: int, world: int, *,
+                expert_parallel: bool = False) -> dict[str, Tensor]:
     """Rank `rank`'s parts of a full target's state dict (`shard_tensor` of every entry)."""
-    return {name: shard_tensor(name, t, cfg, rank, world).contiguous() for name, t in state.items()}
+    return {name: shard_tensor(name, t, cfg, rank, world, expert_parallel=expert_parallel).contiguous()
+            for name, t in state.items()}
+
+
+def first_expert(cfg: TargetConfig, rank: int) -> int:
+    """The id of the first routed expert rank `rank` holds (`cfg`: its local configuration): 0
+    unless the experts are split whole across the ranks."""
+    return (rank % cfg.expert_shards) * cfg.local_experts

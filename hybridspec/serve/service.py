@@ -312,14 +312,15 @@ class Service:
 def open_service(*, artifact: Path | None = None, model: str | None = None, drafter: str | None = None,
                  policy: str | None = None, device: str = "cpu", dtype: str = "float32", backend: str = "auto",
                  max_context: int = 4096, force: bool = False, model_name: str | None = None,
-                 graphs: bool = True, tensor_parallel: bool = False) -> Service:
+                 graphs: bool = True, tensor_parallel: bool = False, expert_parallel: bool = False) -> Service:
     """Load the model, the drafter and the artifact for `serve` (`resolve_policy`: the default policy
     needs an artifact when it needs parameters; one fitted for another pair is refused unless `force`).
     Without `policy`: `hybridspec` with an artifact, else `default_policy`'s choice. `tensor_parallel`:
-    on one rank of a process group (`serve/parallel.py`)."""
+    on one rank of a process group (`serve/parallel.py`); `expert_parallel`: its experts split whole
+    across the ranks."""
     policy = policy or default_policy(artifact)
     session = open_session(model, drafter, device=device, dtype=dtype, backend=backend, max_context=max_context,
-                           graphs=graphs, tensor_parallel=tensor_parallel)
+                           graphs=graphs, tensor_parallel=tensor_parallel, expert_parallel=expert_parallel)
     params, _ = resolve_policy(policy, artifact, session, force)
     name = model_name or (model if model is not None else EMBEDDED_NAME)
     return Service(session, params=params, policy=policy, model_name=name, tensor_parallel=tensor_parallel)

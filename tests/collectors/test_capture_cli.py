@@ -183,6 +183,7 @@ def test_newer_schema_and_reused_names_are_refused(no_model_load, qwen35_dir, pr
     assert _has(message, "was captured in 1 shard(s); --nproc 2 would capture it in 2")
     assert _has(_error([*_args(qwen35_dir, prompt_file, used), "--nproc", "2", "--tp", "2"]), "choose one")
     assert _has(_error([*_args(qwen35_dir, prompt_file, used), "--nproc", "2", "--shard", "0/2"]), "excludes --shard 0/2")
+    assert _has(_error([*_args(qwen35_dir, prompt_file, used), "--expert-parallel"]), "it needs --tp 2 or more")
 
 
 def test_the_cli_hands_its_options_to_run_campaign(monkeypatch, tmp_path):
@@ -212,6 +213,14 @@ def test_resume_into_a_damaged_store_is_refused_and_writes_nothing(no_model_load
     message = _error([*_args(qwen35_dir, prompt_file, db), "--passes", "stage0", "--resume"])
     assert _has(message, f"{db}: damaged store")
     assert db.read_bytes() == data[: len(data) // 2]  # nothing written
+
+
+def test_the_parallel_layout_reaches_the_config(monkeypatch, tmp_path):
+    seen = {}
+    monkeypatch.setattr(campaign, "run_campaign", lambda config, reporter=None: seen.setdefault("config", config) and [])
+    result = runner.invoke(app, ["capture", "--db", str(tmp_path / "x.duckdb"), "--tp", "2", "--expert-parallel"])
+    assert result.exit_code == 0, result.output
+    assert (seen["config"].tp, seen["config"].expert_parallel) == (2, True)
 
 
 def test_threads_reach_the_config(monkeypatch, tmp_path):

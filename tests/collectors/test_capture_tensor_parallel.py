@@ -1,7 +1,9 @@
-"""`capture --tp 2` on CPU (gloo, spawned ranks): rank 0 writes the store, the other rank runs the same
-units; the rows equal one process's (tokens, rounds and acceptance exactly; the drafter's confidences
-within fp32 rounding of the all-reduce's other summation order), the run records its world size,
-and `--resume` of the finished run commits nothing on any rank."""
+"""`capture --tp 2 --expert-parallel` on CPU (gloo, spawned ranks, each holding half the experts
+whole): rank 0 writes the store, the other rank runs the same units; the rows equal one process's
+(tokens, rounds and acceptance exactly; the drafter's confidences within fp32 rounding of the
+all-reduce's other summation order), the run records its layout, and `--resume` of the finished run
+commits nothing on any rank. (The other layout, every expert's columns split, runs end to end in
+`tests/serve/test_serve_tensor_parallel.py` and `tests/runtime/test_tensor_parallel.py`.)"""
 
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ def _close(got: list[tuple], want: list[tuple]) -> bool:
 def test_two_ranks_write_one_processs_rows(qwen35_dir, prompt_file, tmp_path):
     db = tmp_path / "tp.duckdb"
     args = _args(qwen35_dir, prompt_file, db, "--passes", "capture", "--max-new-tokens", "24", "--categories", "a",
-                 "--tp", "2")  # the 4 prompts of one category
+                 "--tp", "2", "--expert-parallel")  # the 4 prompts of one category
     run = subprocess.run(_subprocess(args), capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stdout.count(" committed (") == 4  # rank 0's reporter, one line per prompt
@@ -42,7 +44,8 @@ def test_two_ranks_write_one_processs_rows(qwen35_dir, prompt_file, tmp_path):
     assert _close(got["draft_positions"], reference["draft_positions"])
     (run_row,), (one_row,) = got["runs"], reference["runs"]
     params = json.loads(run_row[6])
-    assert params.pop("tensor_parallel") == 2 and params == json.loads(one_row[6])
+    assert (params.pop("tensor_parallel"), params.pop("expert_parallel")) == (2, True)
+    assert params == json.loads(one_row[6])
     resumed = subprocess.run(_subprocess([*args, "--resume"]), capture_output=True, text=True, env=ENV, cwd=ROOT,
                              timeout=600)
     assert resumed.returncode == 0 and "4 already committed" in resumed.stdout, resumed.stdout + resumed.stderr

@@ -11,12 +11,15 @@ from hybridspec.kernels.moe import SharedExpert
 
 
 def routing(n: int, k: int, e: int, gen: torch.Generator, *, one_expert: int | None = None,
-            all_distinct: bool = False) -> Tensor:
+            all_distinct: bool = False, within: tuple[int, int] | None = None) -> Tensor:
     """ids [n, k] (int64), k distinct per row: random; with every token routing to `one_expert`;
-    or with every one of the n·k assignments on a different expert (n·k <= e)."""
+    with every one of the n·k assignments on a different expert (n·k <= e); or random among the
+    experts [within[0], within[1]) only."""
     if all_distinct:
         return torch.randperm(e, generator=gen)[: n * k].view(n, k)
     scores = torch.rand(n, e, generator=gen)
+    if within is not None:
+        scores[:, : within[0]] = scores[:, within[1] :] = -1.0
     if one_expert is not None:
         scores[:, one_expert] = 2.0
     return torch.topk(scores, k, dim=-1).indices
@@ -65,3 +68,12 @@ class NoHostRead(TorchFunctionMode):
         if func in self.BANNED:
             raise AssertionError(f"host read: {getattr(func, '__name__', func)}")
         return func(*args, **(kwargs or {}))
+
+
+def expert_parts(args: dict, parts: int) -> list[dict]:
+    """`moe_experts` arguments of `parts` processes under expert parallelism: process r holds the
+    experts [r·E/parts, (r+1)·E/parts) and the shared expert goes to process 0 alone, so the
+    processes' outputs sum to the whole call's."""
+    e = args["gate_up"].shape[0] // parts
+    return [{**args, "gate_up": args["gate_up"][r * e : (r + 1) * e], "down": args["down"][r * e : (r + 1) * e],
+             "shared": args["shared"] if r == 0 else None, "first_expert": r * e} for r in range(parts)]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hybridspec.kernels.moe import moe_experts as reference_moe
-from tests.kernels.moe_cases import NoHostRead, moe_inputs, moe_oracle
+from tests.kernels.moe_cases import NoHostRead, expert_parts, moe_inputs, moe_oracle
 from tests.tolerance import assert_close
 
 pytest.importorskip("triton")
@@ -46,6 +46,25 @@ def test_shapes_and_routings(name, shape, route, dtype):
     _check(name, moe_inputs(*shape, dtype=dtype, **route))
 
 
+@pytest.mark.parametrize("name, shape, route, dtype", [
+    ("spread-bf16", (6, 8, 64, 48, 24, 16), {}, torch.bfloat16),
+    ("within-one-quarter", (5, 2, 16, 32, 16, 16), {"within": (4, 8)}, torch.float32),
+])
+def test_expert_parallel_parts_sum_to_the_whole_call(name, shape, route, dtype):
+    """4 processes, a quarter of the experts each, the shared expert on process 0 only: the parts
+    sum to the whole call. With every token routed within [4, 8) process 0 runs only its shared
+    expert, and processes 2 and 3, holding none of the call's experts and no shared expert, return
+    zeros (nothing arrives at their down kernel's counters)."""
+    args = moe_inputs(*shape, dtype=dtype, **route)
+    parts = [moe_triton.moe_experts(**part) for part in expert_parts(args, 4)]
+    want = [reference_moe(**part) for part in expert_parts(args, 4)]
+    for r, (got, ref) in enumerate(zip(parts, want)):
+        assert_close(f"{name} part {r}", ref.double(), got.double(), RATIO[dtype])
+    assert_close(name, moe_oracle(**args), torch.stack(parts).double().sum(0), RATIO[dtype])
+    if "within" in route:
+        assert not parts[2].any() and not parts[3].any()
+
+
 def test_tuning_is_taken_as_given():
     args = moe_inputs(6, 2, 16, 80, 40, 24)
     tuning = {64: MoETuning(gate_up_bn=16, gate_up_bk=32, down_bh=32, down_bk=16, down_stages=1)}
@@ -66,6 +85,19 @@ def test_expert_slots_are_the_sorted_distinct_experts_with_each_tokens_position_
         for t in range(16):
             hits = (ids[t] == expert).nonzero().flatten().tolist() if t < n else []
             assert slot_kpos[s, t].item() == (hits[0] if hits else -1), (s, t)
+
+
+def test_expert_slots_leave_out_the_experts_held_elsewhere():
+    """Experts [8, 16) of 20 held here: slots index those 8, assignments to the others have none."""
+    args = moe_inputs(7, 3, 20, 8, 8, 0, seed=3)
+    ids = args["ids"]
+    n, k = ids.shape
+    workspace = torch.full((workspace_size(n, k, 8, 16, 3),), -7, dtype=torch.int32)
+    slot_expert, slot_kpos, count, _ = expert_slots(ids, workspace, 8, 16, 3, first_expert=8)
+    held = [int(e) - 8 for e in torch.unique(ids) if 8 <= e < 16]
+    assert count.tolist() == [len(held)]
+    assert slot_expert[: len(held)].tolist() == held
+    assert (slot_kpos[: len(held), :n] >= 0).sum().item() == sum(int(8 <= e < 16) for e in ids.flatten())
 
 
 def test_the_launcher_reads_nothing_back():

@@ -1,10 +1,10 @@
 """Tensor parallelism on CPU with gloo, world size 2 (spawned processes): each rank loads only its
-part of the target (half the heads and intermediate columns); its logits equal one process's within
-fp32 rounding (the all-reduce sums the halves in another order), and greedy decoding through the
-engine (the embedded drafter, `ar` and speculative policies) emits one process's tokens on every
-rank. The split itself: counts not divisible by the world size are named; every slice is where the
-docstring puts it; a rank's part loaded from a checkpoint or drawn for a preset equals the slices of
-the whole target."""
+part of the target (half the heads and intermediate columns, or with expert parallelism half the
+experts whole); its logits equal one process's within fp32 rounding (the all-reduce sums the halves
+in another order), and greedy decoding through the engine (the embedded drafter, `ar` and
+speculative policies) emits one process's tokens on every rank. The split itself: counts not
+divisible by the world size are named; every slice is where the docstring puts it; a rank's part
+loaded from a checkpoint or drawn for a preset equals the slices of the whole target."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ WORLD = 2
 POLICIES = ("ar", "hybridspec")  # one process's rounds (w per round) as well as its tokens
 
 
-def _rank(rank: int, world: int, rendezvous: str) -> None:
+def _rank(rank: int, world: int, rendezvous: str, expert_parallel: bool) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     try:
@@ -36,8 +36,12 @@ def _rank(rank: int, world: int, rendezvous: str) -> None:
         session = open_session(device="cpu", dtype="float32", backend="torch")
         full, drafter = session.target, session.drafter
         local = parallelize(load_target(EMBEDDED / "target", dtype="float32", feature_layers=full.feature_layers,
-                                        shard=(rank, world)))
+                                        shard=(rank, world), expert_parallel=expert_parallel))
         assert local.cfg.linear_num_value_heads * world == full.cfg.linear_num_value_heads
+        moe = local.layers[0].mlp
+        held = moe.experts.gate_up_proj.shape[0]
+        assert (held * world, moe.first_expert) == ((full.cfg.num_experts, rank * held) if expert_parallel
+                                                    else (world * full.cfg.num_experts, 0))
         prompt = session.codec.encode("The tensor-parallel target splits every layer's heads across the ranks.")
         block = torch.tensor([prompt[-6:]])
         logits = []
@@ -50,7 +54,7 @@ def _rank(rank: int, world: int, rendezvous: str) -> None:
         dist.all_gather(gathered, logits[1])
         assert all(torch.equal(g, gathered[0]) for g in gathered)  # every rank holds the same logits
         params = policy_parameters(drafter.draft_len)
-        for name in POLICIES:
+        for name in POLICIES[1:] if expert_parallel else POLICIES:
             policy = make_policy(name, drafter.draft_len, params)
             want = Engine(full, drafter, max_context=256).generate(prompt, policy=policy, max_new_tokens=24)
             got = Engine(local, drafter, max_context=256).generate(prompt, policy=policy, max_new_tokens=24)
@@ -60,8 +64,9 @@ def _rank(rank: int, world: int, rendezvous: str) -> None:
         dist.destroy_process_group()
 
 
-def test_two_ranks_with_gloo_equal_one_process(tmp_path):
-    mp.spawn(_rank, args=(WORLD, str(tmp_path / "rendezvous")), nprocs=WORLD, join=True)
+@pytest.mark.parametrize("expert_parallel", [False, True], ids=["columns", "experts"])
+def test_two_ranks_with_gloo_equal_one_process(tmp_path, expert_parallel):
+    mp.spawn(_rank, args=(WORLD, str(tmp_path / "rendezvous"), expert_parallel), nprocs=WORLD, join=True)
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +84,13 @@ def test_local_config_divides_the_split_counts_and_names_what_does_not_divide(em
     assert half.hidden_size == cfg.hidden_size and half.num_experts == cfg.num_experts
     with pytest.raises(ConfigError, match="num_key_value_heads = 2 .attention KV heads. is not a multiple of 4"):
         local_config(cfg, 4)
+    experts = local_config(cfg, 2, expert_parallel=True)
+    assert (experts.moe_intermediate_size, experts.local_experts, experts.num_experts, experts.expert_shards) == (
+        cfg.moe_intermediate_size, cfg.num_experts // 2, cfg.num_experts, 2)
+    assert experts.shared_expert_intermediate_size == cfg.shared_expert_intermediate_size // 2
+    with pytest.raises(ConfigError, match=f"expert parallelism over 3 ranks: num_experts = {cfg.num_experts} is not a "
+                                          "multiple of 3"):
+        local_config(cfg, 3, expert_parallel=True)
 
 
 def test_shard_state_slices(embedded_target):
@@ -107,22 +119,33 @@ def test_shard_state_slices(embedded_target):
                            sl(state[attn + "self_attn.o_proj.weight"].T, cfg.num_attention_heads * d).T)
         assert torch.equal(part[gdn + "mlp.gate.weight"], state[gdn + "mlp.gate.weight"])  # the router whole
         assert torch.equal(part["lm_head.weight"], state["lm_head.weight"])
+        experts = shard_state(state, cfg, rank, 2, expert_parallel=True)  # half the experts whole
+        for name in ("mlp.experts.gate_up_proj", "mlp.experts.down_proj"):
+            assert torch.equal(experts[gdn + name], sl(state[gdn + name], cfg.num_experts))
+        for name in state:
+            if ".mlp.experts." not in name:
+                assert torch.equal(experts[name], part[name]), name
 
 
 @pytest.mark.parametrize("model", ["random-tiny", "qwen35_dir", "qwen3next_dir"])
-def test_a_ranks_loaded_part_equals_the_slices_of_the_whole_target(model, request):
+@pytest.mark.parametrize("expert_parallel", [False, True], ids=["columns", "experts"])
+def test_a_ranks_loaded_part_equals_the_slices_of_the_whole_target(model, expert_parallel, request):
     """`load_target(shard=…)` reads a checkpoint (fused 3-D experts; per-expert tensors and fused
     qkvz/ba projections) or draws a preset's weights one full parameter at a time, and keeps only
-    the rank's slices: the same tensors as `shard_state` of the whole target."""
+    the rank's slices: the same tensors as `shard_state` of the whole target; with expert
+    parallelism each MoE block knows the first expert it holds."""
     spec = request.getfixturevalue(model) if model.endswith("_dir") else model
     whole = load_target(spec, dtype="float32")
     for rank in range(2):
-        part = load_target(spec, dtype="float32", shard=(rank, 2))
-        assert part.cfg == local_config(whole.cfg, 2)
-        want, got = shard_state(whole.state_dict(), whole.cfg, rank, 2), part.state_dict()
+        part = load_target(spec, dtype="float32", shard=(rank, 2), expert_parallel=expert_parallel)
+        assert part.cfg == local_config(whole.cfg, 2, expert_parallel=expert_parallel)
+        want = shard_state(whole.state_dict(), whole.cfg, rank, 2, expert_parallel=expert_parallel)
+        got = part.state_dict()
         assert set(got) == set(want)
         for name in want:
             assert torch.equal(got[name], want[name]), (model, rank, name)
+        firsts = {layer.mlp.first_expert for layer in part.layers if layer.is_moe}
+        assert firsts == {rank * whole.cfg.num_experts // 2 if expert_parallel else 0}
 
 
 def test_generate_under_torchrun_emits_the_tokens_of_one_process():
@@ -170,3 +193,10 @@ def test_a_world_size_that_does_not_divide_is_refused_before_any_rank_starts(mon
     monkeypatch.setattr(tensor_parallel, "spawn", lambda *a, **k: pytest.fail("a rank was spawned"))
     with pytest.raises(ConfigError, match="over 3 ranks: num_attention_heads = 4 .attention heads. is not a multiple"):
         run_generate(GenerateRequest(prompt="x", tp=3))
+
+
+def test_expert_parallelism_without_ranks_to_split_over_is_refused():
+    from hybridspec.runtime.generation import GenerateRequest, run_generate
+
+    with pytest.raises(ConfigError, match="expert parallelism .* needs --tp 2 or more .got --tp 1."):
+        run_generate(GenerateRequest(prompt="x", expert_parallel=True))

@@ -8,7 +8,9 @@ s in count..N·k−1 return at once, s = N·k is the shared expert. act already 
 weight, so a token's k + 1 rows only need summing. Each program stores its rows of y (fp32), then
 arrives at its column tile's counter; the program that arrives last (count + 1 arrivals, the
 shared expert's included) sums the tile's rows of y and stores out. The sum's order is fixed, so
-the result does not depend on the order programs run (no atomics on the data).
+the result does not depend on the order programs run (no atomics on the data). Under expert
+parallelism (experts [first, first + E) held here) the sum skips the rows of experts held
+elsewhere, and with no expert here and no shared expert program 0 stores zeros.
 
     act [N, k + 1, max(I, Is)]   down [E, H, I]   shared down [H, Is]   y [N, k + 1, H] fp32   out [N, H]
 """
@@ -40,9 +42,9 @@ def _down_products(p_a, p_d, a_ok, h_ok, I: tl.constexpr, BM: tl.constexpr, BH: 
 
 
 @triton.jit
-def _moe_down_kernel(act_ptr, d_ptr, sd_ptr, slot_expert_ptr, slot_kpos_ptr, count_ptr, arrivals_ptr, y_ptr, out_ptr,
-                     stride_an, stride_ak, stride_de, stride_dh, stride_sdh, stride_yn, stride_yk, stride_on,
-                     N, K: tl.constexpr, H: tl.constexpr, I: tl.constexpr, IS: tl.constexpr,
+def _moe_down_kernel(act_ptr, d_ptr, sd_ptr, ids_ptr, slot_expert_ptr, slot_kpos_ptr, count_ptr, arrivals_ptr, y_ptr,
+                     out_ptr, FIRST, stride_an, stride_ak, stride_de, stride_dh, stride_sdh, stride_yn, stride_yk, stride_on,
+                     N, K: tl.constexpr, E: tl.constexpr, H: tl.constexpr, I: tl.constexpr, IS: tl.constexpr,
                      BM: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr,
                      WIDEN: tl.constexpr, USE_GDC: tl.constexpr):
     if USE_GDC:
@@ -75,9 +77,17 @@ def _moe_down_kernel(act_ptr, d_ptr, sd_ptr, slot_expert_ptr, slot_kpos_ptr, cou
         if arrived == n_active + (IS > 0) - 1:  # the last program of this column tile
             total = tl.zeros([BM, BH], dtype=tl.float32)
             for j in tl.static_range(K + (IS > 0)):
+                y_ok = m_ok
+                if j < K:  # a routed expert's row: only where this call holds the expert
+                    b_e = tl.load(ids_ptr + o_m * K + j, mask=m_ok, other=0) - FIRST  # [BM]
+                    y_ok = m_ok & (b_e >= 0) & (b_e < E)
                 total += tl.load(y_ptr + o_m[:, None] * stride_yn + j * stride_yk + o_h[None, :],
-                                 mask=m_ok[:, None] & h_ok[None, :], other=0.0, cache_modifier=".cg")
+                                 mask=y_ok[:, None] & h_ok[None, :], other=0.0, cache_modifier=".cg")
             tl.store(out_ptr + o_m[:, None] * stride_on + o_h[None, :], total.to(out_ptr.dtype.element_ty),
+                     mask=m_ok[:, None] & h_ok[None, :])
+    if IS == 0:
+        if (n_active == 0) & (i_s == 0):  # nothing arrives: no expert of the call is held here
+            tl.store(out_ptr + o_m[:, None] * stride_on + o_h[None, :], tl.zeros([BM, BH], out_ptr.dtype.element_ty),
                      mask=m_ok[:, None] & h_ok[None, :])
 
 
@@ -87,10 +97,11 @@ def column_tiles(hidden: int, tuning) -> tuple[int, int]:
     return bh, triton.cdiv(hidden, bh)
 
 
-def launch_down(act, down, shared, slots, out, block_m: int, tuning, widen: bool) -> None:
-    """act [N, k + 1, max(I, Is)] from the gate_up kernel, down [E, H, I], shared (or None),
-    slots from `routing.expert_slots` (its arrivals zeroed, one per column tile), out [N, H]
-    (written); widen: under the interpreter."""
+def launch_down(act, down, shared, ids, slots, out, block_m: int, tuning, widen: bool, first_expert: int = 0) -> None:
+    """act [N, k + 1, max(I, Is)] from the gate_up kernel, down [E, H, I] (experts first_expert…
+    first_expert + E − 1 of the ids), shared (or None), ids [N, k] (contiguous), slots from
+    `routing.expert_slots` (its arrivals zeroed, one per column tile), out [N, H] (written); widen:
+    under the interpreter."""
     n, k1 = act.shape[:2]
     e, h, i = down.shape
     i_s = shared.down.shape[1] if shared is not None else 0
@@ -100,8 +111,8 @@ def launch_down(act, down, shared, slots, out, block_m: int, tuning, widen: bool
     bk = step_width(tuning.down_bk, max(i, i_s), block_m + bh, act.element_size(), tuning.down_stages)
     y = torch.empty((n, k1, h), dtype=torch.float32, device=act.device)  # [N, k + 1, H]
     _moe_down_kernel[(n * (k1 - 1) + (shared is not None), tiles)](
-        act, down, sd, slot_expert, slot_kpos, count, arrivals, y, out,
+        act, down, sd, ids, slot_expert, slot_kpos, count, arrivals, y, out, first_expert,
         act.stride(0), act.stride(1), down.stride(0), down.stride(1), sd.stride(0), y.stride(0), y.stride(1),
-        out.stride(0), N=n, K=k1 - 1, H=h, I=i, IS=i_s, BM=block_m, BH=bh, BK=bk,
+        out.stride(0), N=n, K=k1 - 1, E=e, H=h, I=i, IS=i_s, BM=block_m, BH=bh, BK=bk,
         PRECISION="ieee" if act.dtype == torch.float32 else "tf32", WIDEN=widen,
         num_warps=tuning.down_warps, num_stages=tuning.down_stages, **pdl.options(act))

@@ -10,6 +10,11 @@ reads the expert counts on the host (`tolist`), which is what makes it the fast 
 and unusable inside a CUDA graph. `moe_experts_sync_free` computes the same sum with no host read
 and shapes that do not depend on the routing, by gathering every assignment's weights (memory
 N·k·3·I·H: a reference for tests, not a GPU path).
+
+Under expert parallelism a process holds the experts [first_expert, first_expert + E) of the whole
+set (`gate_up` and `down` are those E), `ids` stay the router's ids into the whole set, and an
+assignment to an expert held elsewhere contributes nothing here: the ranks' outputs sum to the
+whole block's.
 """
 
 from __future__ import annotations
@@ -44,13 +49,15 @@ def shared_expert(x: Tensor, shared: SharedExpert) -> Tensor:
 
 
 def moe_experts(x: Tensor, ids: Tensor, weights: Tensor, gate_up: Tensor, down: Tensor,
-                shared: SharedExpert | None = None) -> Tensor:
-    """Routed experts (one grouped matmul per distinct expert) plus the gated shared expert  [N, H]."""
-    check_moe_args("moe_experts", x, ids, weights, gate_up, down, shared)
+                shared: SharedExpert | None = None, *, first_expert: int = 0) -> Tensor:
+    """Routed experts (one grouped matmul per distinct expert held here) plus the gated shared
+    expert  [N, H]."""
+    e = check_moe_args("moe_experts", x, ids, weights, gate_up, down, shared)[2]
     out = torch.zeros_like(x)
-    flat = ids.reshape(-1)
-    order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=gate_up.shape[0]).tolist()
+    flat = ids.reshape(-1) - first_expert  # [N·k] index into the experts held here
+    mine = (flat >= 0) & (flat < e)
+    order = torch.argsort(torch.where(mine, flat, e), stable=True)  # assignments held elsewhere last
+    counts = torch.bincount(flat[mine], minlength=e).tolist()
     token = order // ids.shape[1]  # [N·k] token of each sorted assignment
     w = weights.reshape(-1)[order]
     start = 0
@@ -66,10 +73,13 @@ def moe_experts(x: Tensor, ids: Tensor, weights: Tensor, gate_up: Tensor, down: 
 
 
 def moe_experts_sync_free(x: Tensor, ids: Tensor, weights: Tensor, gate_up: Tensor, down: Tensor,
-                          shared: SharedExpert | None = None) -> Tensor:
+                          shared: SharedExpert | None = None, *, first_expert: int = 0) -> Tensor:
     """`moe_experts` with no host read: every assignment's expert weights gathered  [N, H]."""
-    check_moe_args("moe_experts_sync_free", x, ids, weights, gate_up, down, shared)
-    gate, up = torch.einsum("nh,nkih->nki", x, gate_up[ids]).chunk(2, dim=-1)  # [N, k, I] each
-    y = torch.einsum("nki,nkhi->nkh", F.silu(gate) * up, down[ids])  # [N, k, H]
-    out = (y * weights[..., None]).sum(1)
+    e = check_moe_args("moe_experts_sync_free", x, ids, weights, gate_up, down, shared)[2]
+    local = ids - first_expert  # [N, k]
+    mine = (local >= 0) & (local < e)
+    local = local.clamp(0, e - 1)  # an expert held elsewhere: any row, weighted by zero below
+    gate, up = torch.einsum("nh,nkih->nki", x, gate_up[local]).chunk(2, dim=-1)  # [N, k, I] each
+    y = torch.einsum("nki,nkhi->nkh", F.silu(gate) * up, down[local])  # [N, k, H]
+    out = (y * torch.where(mine, weights, 0)[..., None]).sum(1)
     return out if shared is None else out + shared_expert(x, shared)

@@ -8,7 +8,9 @@ From ids [N, k] it writes, into an int32 workspace:
 so that the expert kernels run one slot per distinct expert (each expert's weights read once) over
 a grid fixed by (N, k), and the host reads nothing. Phases are separated by CTA barriers: the
 expert-presence map is scattered into global scratch [E], turned into slots by an exclusive prefix
-sum, and each assignment then scatters its position into its expert's slot row.
+sum, and each assignment then scatters its position into its expert's slot row. Under expert
+parallelism the call holds experts [first, first + E) of the whole set: an assignment to another
+expert is left out (no slot, no position), so it costs nothing here.
 """
 
 from __future__ import annotations
@@ -21,14 +23,15 @@ from hybridspec.kernels.pdl import wait_then_release
 
 @triton.jit
 def _moe_slots_kernel(ids_ptr, scratch_ptr, slot_expert_ptr, slot_kpos_ptr, count_ptr, arrivals_ptr, TILES,
-                      N, K: tl.constexpr, E: tl.constexpr, EP: tl.constexpr,
+                      FIRST, N, K: tl.constexpr, E: tl.constexpr, EP: tl.constexpr,
                       NKP: tl.constexpr, BM: tl.constexpr, FILL: tl.constexpr, USE_GDC: tl.constexpr):
     if USE_GDC:
         wait_then_release()
     o_e = tl.arange(0, EP)
     o_a = tl.arange(0, NKP)
     a_ok = o_a < N * K
-    b_ids = tl.load(ids_ptr + o_a, mask=a_ok, other=0).to(tl.int32)  # [NKP] expert of each assignment
+    b_ids = tl.load(ids_ptr + o_a, mask=a_ok, other=0).to(tl.int32) - FIRST  # [NKP] expert of each assignment
+    a_ok = a_ok & (b_ids >= 0) & (b_ids < E)  # held by this call
     tl.store(scratch_ptr + o_e, tl.zeros([EP], tl.int32), mask=o_e < E)
     o_f = tl.arange(0, FILL)
     for r in range(0, N * K * BM, FILL):
@@ -49,17 +52,19 @@ def _moe_slots_kernel(ids_ptr, scratch_ptr, slot_expert_ptr, slot_kpos_ptr, coun
     tl.store(slot_kpos_ptr + b_s * BM + o_a // K, o_a % K, mask=a_ok)
 
 
-def expert_slots(ids, workspace, n_experts: int, block_m: int, tiles: int):
+def expert_slots(ids, workspace, n_experts: int, block_m: int, tiles: int, first_expert: int = 0):
     """ids [N, k] (contiguous, N <= block_m) → (slot_expert [N·k], slot_kpos [N·k, BM], count [1],
     arrivals [tiles]) views of `workspace` (int32, `workspace_size` entries), written by one
-    launch. N is a runtime argument: one compiled kernel serves every N up to block_m."""
+    launch, over the experts [first_expert, first_expert + n_experts) of the ids (slot_expert
+    indexes those). N is a runtime argument: one compiled kernel serves every N up to block_m."""
     n, k = ids.shape
     nk = n * k
     scratch, rest = workspace[:n_experts], workspace[n_experts:]
     slot_expert, slot_kpos = rest[:nk], rest[nk : nk + nk * block_m].view(nk, block_m)
     count = rest[nk + nk * block_m : nk + nk * block_m + 1]
     arrivals = rest[nk + nk * block_m + 1 : nk + nk * block_m + 1 + tiles]
-    _moe_slots_kernel[(1,)](ids, scratch, slot_expert, slot_kpos, count, arrivals, tiles, N=n, K=k, E=n_experts,
+    _moe_slots_kernel[(1,)](ids, scratch, slot_expert, slot_kpos, count, arrivals, tiles, first_expert,
+                            N=n, K=k, E=n_experts,
                             EP=triton.next_power_of_2(n_experts), NKP=triton.next_power_of_2(block_m * k),
                             BM=block_m, FILL=1024, num_warps=4, **pdl.options(ids))
     return slot_expert, slot_kpos, count, arrivals

@@ -40,27 +40,29 @@ def _check_layout(x: Tensor, gate_up: Tensor, down: Tensor, shared: SharedExpert
 
 
 def moe_experts(x: Tensor, ids: Tensor, weights: Tensor, gate_up: Tensor, down: Tensor,
-                shared: SharedExpert | None = None, *, tuning=MOE_TUNING) -> Tensor:
+                shared: SharedExpert | None = None, *, first_expert: int = 0, tuning=MOE_TUNING) -> Tensor:
     """x [N, H], ids / weights [N, k], gate_up [E, 2I, H], down [E, H, I] → [N, H] (layouts in
-    `checks.py`): sum_j weights[n, j] · expert_{ids[n, j]}(x_n) + the gated shared expert."""
+    `checks.py`): sum_j weights[n, j] · expert_{ids[n, j]}(x_n) + the gated shared expert, over the
+    experts [first_expert, first_expert + E) of the ids (expert parallelism: the others are held
+    elsewhere and add nothing here)."""
     n = check_moe_args("moe_experts", x, ids, weights, gate_up, down, shared)[0]
     _check_layout(x, gate_up, down, shared)
     out = torch.empty_like(x)
     for start in range(0, n, MAX_TOKENS):
         piece = slice(start, min(start + MAX_TOKENS, n))
         _moe_piece(x[piece], ids[piece].contiguous(), weights[piece].contiguous(), gate_up, down, shared,
-                   out[piece], tuning_for(piece.stop - piece.start, tuning))
+                   out[piece], tuning_for(piece.stop - piece.start, tuning), first_expert)
     return out
 
 
-def _moe_piece(x, ids, weights, gate_up, down, shared, out, tuning) -> None:
+def _moe_piece(x, ids, weights, gate_up, down, shared, out, tuning, first_expert: int) -> None:
     n, k = ids.shape
     block_m = max(16, triton.next_power_of_2(n))
     i_max = max(gate_up.shape[1] // 2, shared.gate.shape[0] if shared is not None else 0)
     tiles = column_tiles(x.shape[1], tuning)[1]
     workspace = torch.empty(workspace_size(n, k, gate_up.shape[0], block_m, tiles), dtype=torch.int32,
                             device=x.device)
-    slots = expert_slots(ids, workspace, gate_up.shape[0], block_m, tiles)
+    slots = expert_slots(ids, workspace, gate_up.shape[0], block_m, tiles, first_expert)
     act = torch.empty((n, k + 1, i_max), dtype=x.dtype, device=x.device)  # [N, k + 1, max(I, Is)]
     launch_gate_up(x, weights, gate_up, shared, slots, act, block_m, tuning, interpreted())
-    launch_down(act, down, shared, slots, out, block_m, tuning, interpreted())
+    launch_down(act, down, shared, ids, slots, out, block_m, tuning, interpreted(), first_expert)

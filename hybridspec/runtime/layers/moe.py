@@ -42,22 +42,26 @@ class Router(nn.Module):
 
 
 class Experts(nn.Module):
-    """The routed experts' weights in the fused 3-D layout of the checkpoints."""
+    """The routed experts' weights in the fused 3-D layout of the checkpoints: all of them, or under
+    expert parallelism this process's `cfg.local_experts`."""
 
     def __init__(self, cfg: TargetConfig):
         super().__init__()
-        e, h, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+        e, h, i = cfg.local_experts, cfg.hidden_size, cfg.moe_intermediate_size
         self.gate_up_proj = nn.Parameter(torch.zeros(e, 2 * i, h))  # [E, 2I, hidden]
         self.down_proj = nn.Parameter(torch.zeros(e, h, i))  # [E, hidden, I]
 
 
 class SparseMoE(nn.Module):
     """Router, routed experts and gated shared expert. `experts_op` computes the experts' sum
-    (`kernels/moe`: the reference, or the Triton kernels with no host read)."""
+    (`kernels/moe`: the reference, or the Triton kernels with no host read). Under expert
+    parallelism the experts held are [first_expert, first_expert + cfg.local_experts) of the
+    router's ids, and the others' assignments add nothing here (another rank runs them)."""
 
     def __init__(self, cfg: TargetConfig, experts_op: Callable = moe_reference.moe_experts):
         super().__init__()
         self.experts_op = experts_op
+        self.first_expert = 0
         self.gate = Router(cfg)
         self.experts = Experts(cfg)
         self.shared_expert = DenseMLP(cfg.hidden_size, cfg.shared_expert_intermediate_size)
@@ -74,5 +78,5 @@ class SparseMoE(nn.Module):
                               self.shared_expert.down_proj.weight, self.shared_expert_gate.weight)
         out = self.experts_op(x.reshape(-1, x.shape[-1]), ids.reshape(-1, ids.shape[-1]),
                               weights.reshape(-1, weights.shape[-1]), self.experts.gate_up_proj,
-                              self.experts.down_proj, shared)
+                              self.experts.down_proj, shared, first_expert=self.first_expert)
         return out.view_as(x)
