@@ -18,8 +18,8 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
    softmax attention, dense GEMMs and other, with the longest kernels named.
 
 `--variants a,b` runs steps 2–4 once per variant on the same loaded model (rows tagged `variant`):
-`shipped`, an op family put back on its PyTorch reference, or a switch turned off (`VARIANTS`:
-`prepare-ref`, `no-pdl`), to measure a kernel or a launch mode against what it replaced side by
+`shipped`, an op family put back on its PyTorch reference, a switch turned off, or an op arranged
+another way (`VARIANTS`: `prepare-ref`, `no-pdl`, `shared-beside`), to measure a kernel or a launch mode against what it replaced side by
 side in one process. `--tp N --layouts columns,experts` loads each model once per MoE layout
 (every expert's columns split across the ranks, or expert parallelism) and runs everything on each
 (rows and checks tagged `layout`).
@@ -51,6 +51,7 @@ from hybridspec.kernels import pdl  # noqa: E402
 from hybridspec.kernels.attention import reference as attention_reference  # noqa: E402
 from hybridspec.runtime.engine import Engine  # noqa: E402
 from hybridspec.runtime.layers.attention import GatedAttention  # noqa: E402
+from hybridspec.runtime.layers.moe import SparseMoE  # noqa: E402
 from hybridspec.runtime.policies import make_policy  # noqa: E402
 from hybridspec.runtime.sampling import SamplingParams  # noqa: E402
 from hybridspec.runtime.session import open_session  # noqa: E402
@@ -61,10 +62,36 @@ LAUNCH_CALLS = ("cudaGraphLaunch", "cudaLaunchKernel", "cuLaunchKernel", "cuLaun
                 "cudaMemcpyAsync", "cudaMemsetAsync")
 
 
+class SharedBeside:
+    """The experts' op with the shared expert on a second stream beside the routed experts' kernels
+    (cuBLAS products and elementwise ops), joined before the two are summed: whether the routed
+    kernels' idle bandwidth at small T can carry the shared expert (the `shared-beside` variant)."""
+
+    def __init__(self):
+        from hybridspec.kernels.moe import reference, triton
+
+        self.routed, self.shared = triton.moe_experts, reference.shared_expert
+        self.side: dict[torch.device, torch.cuda.Stream] = {}
+
+    def __call__(self, x, ids, weights, gate_up, down, shared=None, *, first_expert: int = 0):
+        if shared is None or not x.is_cuda:
+            return self.routed(x, ids, weights, gate_up, down, shared, first_expert=first_expert)
+        main = torch.cuda.current_stream(x.device)
+        side = self.side.setdefault(x.device, torch.cuda.Stream(x.device))
+        out_shared = torch.empty_like(x)  # [N, H], allocated on the main stream, written on the side one
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            out_shared.copy_(self.shared(x, shared))
+        out = self.routed(x, ids, weights, gate_up, down, None, first_expert=first_expert)
+        main.wait_stream(side)
+        return out.add_(out_shared)
+
+
 # variant → {module class: {attribute: op}} set on every such module of the target, or
 # {python module: {attribute: value}} set on that module
 VARIANTS = {
     "shipped": {},
+    "shared-beside": {SparseMoE: {"experts_op": SharedBeside()}},
     "prepare-ref": {GatedAttention: {"prepare_op": attention_reference.norm_rope_store}},
     "no-pdl": {pdl: {"ENABLED": False}},  # the kernels of `kernels/pdl.py` launched without PDL
 }
