@@ -17,12 +17,12 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
    an eager pass (the graph replays the same kernels), split into GDN, MoE (routing, experts),
    softmax attention, dense GEMMs and other, with the longest kernels named.
 
-`--variants a,b` runs steps 2–4 once per variant on the same loaded model (rows tagged `variant`):
-`shipped`, an op family put back on its PyTorch reference, a switch turned off, or an op arranged
-another way (`VARIANTS`: `prepare-ref`, `no-pdl`, `shared-beside`), to measure a kernel or a launch mode against what it replaced side by
-side in one process. `--tp N --layouts columns,experts` loads each model once per MoE layout
-(every expert's columns split across the ranks, or expert parallelism) and runs everything on each
-(rows and checks tagged `layout`).
+`--variants a,b` runs steps 1–4 once per variant on the same loaded model (rows and checks tagged
+`variant`): `shipped`, an op family put back on its PyTorch reference, a switch turned off, or one
+turned on (`VARIANTS`: `prepare-ref`, `no-pdl`, `shared-beside`), to measure a kernel or a launch
+mode against what it replaced side by side in one process. `--tp N --layouts columns,experts` loads each model
+once per MoE layout (every expert's columns split across the ranks, or expert parallelism) and
+runs everything on each (rows and checks tagged `layout`).
 
     python3 bench/gpu_round.py --out DIR [--models embedded,qwen3.6-35b-a3b] [--context 1024]
     python3 bench/gpu_round.py --out DIR --models qwen3.5-122b-a10b --tp 2   # two GPUs, each rank its half
@@ -62,36 +62,11 @@ LAUNCH_CALLS = ("cudaGraphLaunch", "cudaLaunchKernel", "cuLaunchKernel", "cuLaun
                 "cudaMemcpyAsync", "cudaMemsetAsync")
 
 
-class SharedBeside:
-    """The experts' op with the shared expert on a second stream beside the routed experts' kernels
-    (cuBLAS products and elementwise ops), joined before the two are summed: whether the routed
-    kernels' idle bandwidth at small T can carry the shared expert (the `shared-beside` variant)."""
-
-    def __init__(self):
-        from hybridspec.kernels.moe import reference, triton
-
-        self.routed, self.shared = triton.moe_experts, reference.shared_expert
-        self.side: dict[torch.device, torch.cuda.Stream] = {}
-
-    def __call__(self, x, ids, weights, gate_up, down, shared=None, *, first_expert: int = 0):
-        if shared is None or not x.is_cuda:
-            return self.routed(x, ids, weights, gate_up, down, shared, first_expert=first_expert)
-        main = torch.cuda.current_stream(x.device)
-        side = self.side.setdefault(x.device, torch.cuda.Stream(x.device))
-        out_shared = torch.empty_like(x)  # [N, H], allocated on the main stream, written on the side one
-        side.wait_stream(main)
-        with torch.cuda.stream(side):
-            out_shared.copy_(self.shared(x, shared))
-        out = self.routed(x, ids, weights, gate_up, down, None, first_expert=first_expert)
-        main.wait_stream(side)
-        return out.add_(out_shared)
-
-
 # variant → {module class: {attribute: op}} set on every such module of the target, or
 # {python module: {attribute: value}} set on that module
 VARIANTS = {
     "shipped": {},
-    "shared-beside": {SparseMoE: {"experts_op": SharedBeside()}},
+    "shared-beside": {SparseMoE: {"shared_beside": True}},  # the shared expert on a second stream
     "prepare-ref": {GatedAttention: {"prepare_op": attention_reference.norm_rope_store}},
     "no-pdl": {pdl: {"ENABLED": False}},  # the kernels of `kernels/pdl.py` launched without PDL
 }
@@ -436,12 +411,12 @@ def run(args, variants: list[str], command: str) -> None:
                                tensor_parallel=tensor_parallel, expert_parallel=layout == "experts")
         log(f"{model} ({layout}): loaded in {time.perf_counter() - t0:.1f} s")
         prompts = prompts_for(session, model, args.context, 6 if embedded else 2)
-        for index, variant in enumerate(variants):
+        for variant in variants:
             undo = apply_variant(session.target, variant)
             runs = engines(session, args.context + 4 * args.tokens)
             rows = []
-            if not args.no_exactness and index == 0:
-                result["checks"] += [dict(check, layout=layout) for check in exactness(
+            if not args.no_exactness:  # every variant: a variant's graphs must give its eager tokens too
+                result["checks"] += [dict(check, variant=variant, layout=layout) for check in exactness(
                     session, model, runs, prompts if embedded else prompts[:1], policies, 48 if embedded else 16,
                     fp32=embedded)]
             if not args.no_decode:
@@ -453,7 +428,8 @@ def run(args, variants: list[str], command: str) -> None:
                 rows += round_floor_rows(session, model, rows, args.context, bandwidth)
                 if args.profile:
                     result["profile"] = result.get("profile", []) + [
-                        dict(row, variant=variant) for row in profile_rows(session, model, prompts[0], (1, 8, 16))]
+                        dict(row, variant=variant, layout=layout)
+                        for row in profile_rows(session, model, prompts[0], (1, 8, 16))]
             result["rows"] += [dict(row, variant=variant, layout=layout) for row in rows]
             for module, attr, op in undo:
                 setattr(module, attr, op)

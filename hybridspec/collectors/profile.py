@@ -46,7 +46,7 @@ def module_ranges(target):
     for layer in target.layers:
         mixer = layer.linear_attn if layer.is_gdn else layer.self_attn
         patched.append((mixer, "forward", "gdn" if layer.is_gdn else "attention"))
-        for method in ("route", "run_experts") if layer.is_moe else ("forward",):
+        for method in ("forward", "route", "run_experts") if layer.is_moe else ("forward",):  # nested: one part
             patched.append((layer.mlp, method, "moe" if layer.is_moe else "other"))
     for obj, attr, name in patched:
         setattr(obj, attr, ranged(getattr(obj, attr), name))

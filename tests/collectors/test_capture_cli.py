@@ -223,6 +223,17 @@ def test_the_parallel_layout_reaches_the_config(monkeypatch, tmp_path):
     assert (seen["config"].tp, seen["config"].expert_parallel) == (2, True)
 
 
+def test_a_runs_parameters_name_its_parallel_layout():
+    """One process: the pass's parameters alone; `--tp 2`: its world size; `--tp 2 --expert-parallel`:
+    the layout too (costs measured on another layout are another run, refused on resume)."""
+    from types import SimpleNamespace
+
+    collector = SimpleNamespace(params=lambda ctx: {"a": 1})
+    params = [campaign.run_params(collector, SimpleNamespace(config=CaptureConfig(tp=tp, expert_parallel=ep)))
+              for tp, ep in ((1, False), (2, False), (2, True))]
+    assert params == [{"a": 1}, {"a": 1, "tensor_parallel": 2}, {"a": 1, "tensor_parallel": 2, "expert_parallel": True}]
+
+
 def test_threads_reach_the_config(monkeypatch, tmp_path):
     seen = {}
     monkeypatch.setattr(campaign, "run_campaign", lambda config, reporter: seen.setdefault("config", config) and [])

@@ -50,3 +50,37 @@ def test_no_host_read_and_graph_replay_on_new_routing():
     assert_close("graph replay", moe_oracle(**{**fresh, **{n: args[n].cpu() for n in ("gate_up", "down")},
                                              "shared": type(args["shared"])(*(t.cpu() for t in args["shared"]))}),
                  out, 1e-2)
+
+
+@pytest.mark.parametrize("n", [1, 16])
+def test_the_shared_expert_beside_on_a_second_stream_eager_and_in_a_graph(n):
+    """`SparseMoE.shared_beside` on the GPU at the 35B shapes: the block forks the shared expert onto a
+    second stream and joins it; eager calls equal the shared-slot block within bf16 rounding, and a
+    CUDA graph of the block (both streams captured) replays bit for bit what the eager block gives on
+    new inputs."""
+    from tests.runtime.test_moe_block import OPS
+    from hybridspec.runtime.layers.moe import SparseMoE
+    from hybridspec.runtime.loading import target_config
+
+    cfg = target_config("qwen3.6-35b-a3b")
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    with torch.device("meta"):
+        block = SparseMoE(cfg, OPS["triton"])
+    block = block.to_empty(device="cuda").to(torch.bfloat16)
+    with torch.no_grad():
+        for p in block.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, device="cuda") / p.shape[-1] ** 0.5)
+    x = torch.randn(1, n, cfg.hidden_size, generator=gen, device="cuda").to(torch.bfloat16)
+    slot, ids = block(x)
+    block.shared_beside = True
+    beside, beside_ids = block(x)
+    assert torch.equal(beside_ids, ids)
+    assert_close(f"N={n}", slot.double(), beside.double(), 1e-2)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, _ = block(x)
+    x.copy_(torch.randn(1, n, cfg.hidden_size, generator=gen, device="cuda"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, block(x)[0])

@@ -97,7 +97,10 @@ def test_expert_slots_leave_out_the_experts_held_elsewhere():
     held = [int(e) - 8 for e in torch.unique(ids) if 8 <= e < 16]
     assert count.tolist() == [len(held)]
     assert slot_expert[: len(held)].tolist() == held
-    assert (slot_kpos[: len(held), :n] >= 0).sum().item() == sum(int(8 <= e < 16) for e in ids.flatten())
+    for s in range(n * k):  # every slot row: the token's position of its held expert, -1 elsewhere
+        for t in range(16):
+            hits = (ids[t] == held[s] + 8).nonzero().flatten().tolist() if s < len(held) and t < n else []
+            assert slot_kpos[s, t].item() == (hits[0] if hits else -1), (s, t)
 
 
 def test_the_launcher_reads_nothing_back():

@@ -10,7 +10,7 @@ arrives at its column tile's counter; the program that arrives last (count + 1 a
 shared expert's included) sums the tile's rows of y and stores out. The sum's order is fixed, so
 the result does not depend on the order programs run (no atomics on the data). Under expert
 parallelism (experts [first, first + E) held here) the sum skips the rows of experts held
-elsewhere, and with no expert here and no shared expert program 0 stores zeros.
+elsewhere, and with no expert here and no shared expert programs (0, t) store zeros.
 
     act [N, k + 1, max(I, Is)]   down [E, H, I]   shared down [H, Is]   y [N, k + 1, H] fp32   out [N, H]
 """
@@ -104,6 +104,9 @@ def launch_down(act, down, shared, ids, slots, out, block_m: int, tuning, widen:
     under the interpreter."""
     n, k1 = act.shape[:2]
     e, h, i = down.shape
+    if tuple(ids.shape) != (n, k1 - 1) or not ids.is_contiguous():
+        raise ValueError(f"launch_down: ids must be contiguous [N, k] = {(n, k1 - 1)}, got {tuple(ids.shape)} "
+                         f"with strides {ids.stride()}")
     i_s = shared.down.shape[1] if shared is not None else 0
     sd = shared.down if shared is not None else down[0]
     slot_expert, slot_kpos, count, arrivals = slots

@@ -259,10 +259,10 @@ class HybridTarget(nn.Module):
                 outputs[index - 1] = x
             h, x = layer.mix(h, x, cache, self._slot[index], rope)
             if layer.is_moe:
-                ids, weights = layer.mlp.route(h)
+                delta, ids = layer.mlp(h)
+                delta = layer.reduce(delta)
                 if routing is not None:
                     routing.append(ids)
-                delta = layer.reduce(layer.mlp.run_experts(h, ids, weights))
             else:
                 delta = layer.reduce(layer.mlp(h))
         normed, x = self.norm.add_norm(delta, x)
