@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -77,3 +79,21 @@ def expert_parts(args: dict, parts: int) -> list[dict]:
     e = args["gate_up"].shape[0] // parts
     return [{**args, "gate_up": args["gate_up"][r * e : (r + 1) * e], "down": args["down"][r * e : (r + 1) * e],
              "shared": args["shared"] if r == 0 else None, "first_expert": r * e} for r in range(parts)]
+
+
+@contextlib.contextmanager
+def poisoned_allocations():
+    """`torch.empty` and `torch.empty_like` return NaN-filled floats (ints -7) inside the block, so
+    that an output or scratch element a kernel leaves unwritten shows instead of reading as the
+    zero a fresh page of memory may hold."""
+    empty, empty_like = torch.empty, torch.empty_like
+
+    def poison(t: Tensor) -> Tensor:
+        return t.fill_(float("nan") if t.dtype.is_floating_point else -7)
+
+    torch.empty = lambda *a, **k: poison(empty(*a, **k))
+    torch.empty_like = lambda *a, **k: poison(empty_like(*a, **k))
+    try:
+        yield
+    finally:
+        torch.empty, torch.empty_like = empty, empty_like

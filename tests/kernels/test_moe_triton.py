@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hybridspec.kernels.moe import moe_experts as reference_moe
-from tests.kernels.moe_cases import NoHostRead, expert_parts, moe_inputs, moe_oracle
+from tests.kernels.moe_cases import NoHostRead, expert_parts, moe_inputs, moe_oracle, poisoned_allocations
 from tests.tolerance import assert_close
 
 pytest.importorskip("triton")
@@ -54,9 +54,10 @@ def test_expert_parallel_parts_sum_to_the_whole_call(name, shape, route, dtype):
     """4 processes, a quarter of the experts each, the shared expert on process 0 only: the parts
     sum to the whole call. With every token routed within [4, 8) process 0 runs only its shared
     expert, and processes 2 and 3, holding none of the call's experts and no shared expert, return
-    zeros (nothing arrives at their down kernel's counters)."""
+    zeros (nothing arrives at their down kernel's counters). Allocations are poisoned with NaN."""
     args = moe_inputs(*shape, dtype=dtype, **route)
-    parts = [moe_triton.moe_experts(**part) for part in expert_parts(args, 4)]
+    with poisoned_allocations():  # an unwritten output or partial row reads as NaN, not as a lucky zero
+        parts = [moe_triton.moe_experts(**part) for part in expert_parts(args, 4)]
     want = [reference_moe(**part) for part in expert_parts(args, 4)]
     for r, (got, ref) in enumerate(zip(parts, want)):
         assert_close(f"{name} part {r}", ref.double(), got.double(), RATIO[dtype])
