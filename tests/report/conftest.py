@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 from typer.testing import CliRunner
 
 from hybridspec.cli import app
@@ -33,10 +34,8 @@ def _prompt_file(path: Path) -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def calibrated(tmp_path_factory) -> tuple[Path, Path]:
-    """(store, artifact) of a quick campaign named `t`, with its eval run."""
-    root = tmp_path_factory.mktemp("calibrated")
+def _calibrate(root: Path) -> None:
+    """The campaign, its artifact and its eval run, written into `root`."""
     db, artifact, prompts = root / "store.duckdb", root / "policy.safetensors", _prompt_file(root / "prompts.jsonl")
     run_campaign(CaptureConfig(prompts=prompts, db=db, name=CAMPAIGN, quick=True, max_new_tokens=12,
                                passes=(*ALL_PASSES, "profile")))
@@ -46,7 +45,26 @@ def calibrated(tmp_path_factory) -> tuple[Path, Path]:
     assert fitted.exit_code == 0, fitted.output
     run_eval(EvalConfig(prompts=prompts, split="test", db=db, name=CAMPAIGN, artifact=artifact, policies=POLICIES,
                         quick=True, max_new_tokens=12))
-    return db, artifact
+
+
+@pytest.fixture(scope="session")
+def calibrated(tmp_path_factory, worker_id) -> tuple[Path, Path]:
+    """(store, artifact) of a quick campaign named `t`, with its eval run. Under pytest-xdist the
+    first worker to ask builds it once for the whole test run (the others wait on a file lock in
+    the run's shared temporary folder), and each worker gets a copy of its own (DuckDB lets one
+    process at a time open a file for writing)."""
+    root = tmp_path_factory.mktemp("calibrated")
+    if worker_id == "master":  # no xdist: the folder above basetemp outlives this run, so no sharing
+        _calibrate(root)
+    else:
+        shared = tmp_path_factory.getbasetemp().parent / "calibrated-campaign"
+        with FileLock(f"{shared}.lock"):
+            if not (shared / "built").is_file():
+                shared.mkdir()
+                _calibrate(shared)
+                (shared / "built").touch()
+        shutil.copytree(shared, root, dirs_exist_ok=True, ignore=shutil.ignore_patterns("built"))
+    return root / "store.duckdb", root / "policy.safetensors"
 
 
 @pytest.fixture(scope="session")

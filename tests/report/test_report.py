@@ -2,7 +2,7 @@
 recomputation from the store and the artifact, the page embeds one valid PNG per plot and
 nothing external, and a store lacking passes names what is missing; the `hybridspec report` CLI
 adapter writes the page and prints the summary and where it is (in this file: the calibrated
-campaign is built once per test process)."""
+campaign of `conftest.py` is built once per test run)."""
 
 from __future__ import annotations
 
