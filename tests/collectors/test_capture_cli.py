@@ -217,7 +217,8 @@ def test_resume_into_a_damaged_store_is_refused_and_writes_nothing(no_model_load
 
 def test_the_parallel_layout_reaches_the_config(monkeypatch, tmp_path):
     seen = {}
-    monkeypatch.setattr(campaign, "run_campaign", lambda config, reporter=None: seen.setdefault("config", config) and [])
+    monkeypatch.setattr(campaign, "run_campaign",
+                        lambda config, reporter=None: seen.setdefault("config", config) and [])
     result = runner.invoke(app, ["capture", "--db", str(tmp_path / "x.duckdb"), "--tp", "2", "--expert-parallel"])
     assert result.exit_code == 0, result.output
     assert (seen["config"].tp, seen["config"].expert_parallel) == (2, True)

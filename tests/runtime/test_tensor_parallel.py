@@ -2,9 +2,10 @@
 part of the target (half the heads and intermediate columns, or with expert parallelism half the
 experts whole); its logits equal one process's within fp32 rounding (the all-reduce sums the halves
 in another order), and greedy decoding through the engine (the embedded drafter, `ar` and
-`hybridspec`; `hybridspec` alone under expert parallelism) emits one process's tokens on every rank. The split itself: counts not
-divisible by the world size are named; every slice is where the docstring puts it; a rank's part
-loaded from a checkpoint or drawn for a preset equals the slices of the whole target."""
+`hybridspec`; `hybridspec` alone under expert parallelism) emits one process's tokens on every
+rank. The split itself: counts not divisible by the world size are named; every slice is where the
+docstring puts it; a rank's part loaded from a checkpoint or drawn for a preset equals the slices
+of the whole target."""
 
 from __future__ import annotations
 

@@ -43,7 +43,8 @@ def _down_products(p_a, p_d, a_ok, h_ok, I: tl.constexpr, BM: tl.constexpr, BH: 
 
 @triton.jit
 def _moe_down_kernel(act_ptr, d_ptr, sd_ptr, ids_ptr, slot_expert_ptr, slot_kpos_ptr, count_ptr, arrivals_ptr, y_ptr,
-                     out_ptr, FIRST, stride_an, stride_ak, stride_de, stride_dh, stride_sdh, stride_yn, stride_yk, stride_on,
+                     out_ptr, FIRST, stride_an, stride_ak, stride_de, stride_dh, stride_sdh, stride_yn, stride_yk,
+                     stride_on,
                      N, K: tl.constexpr, E: tl.constexpr, H: tl.constexpr, I: tl.constexpr, IS: tl.constexpr,
                      BM: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr,
                      WIDEN: tl.constexpr, USE_GDC: tl.constexpr):

@@ -88,7 +88,7 @@ class SparseMoE(nn.Module):
         if side is not None:
             side.wait_stream(main)
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-            none_held = torch.full((flat.shape[0], 1), -1, dtype=torch.long, device=x.device)  # [N, 1]: no routed expert
+            none_held = torch.full((flat.shape[0], 1), -1, dtype=torch.long, device=x.device)  # [N, 1]: no expert
             shared_out.copy_(self.experts_op(flat, none_held, flat.new_empty(flat.shape[0], 1),  # weights never read
                                              self.experts.gate_up_proj, self.experts.down_proj, self.shared(),
                                              first_expert=self.first_expert))
