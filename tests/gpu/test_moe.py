@@ -54,26 +54,34 @@ def test_no_host_read_and_graph_replay_on_new_routing():
 
 @pytest.mark.parametrize("n", [1, 16])
 def test_the_shared_expert_beside_on_a_second_stream_eager_and_in_a_graph(n):
-    """`SparseMoE.shared_beside` on the GPU at the 35B shapes: the block forks the shared expert onto a
-    second stream and joins it; eager calls equal the shared-slot block within bf16 rounding, and a
-    CUDA graph of the block (both streams captured) replays bit for bit what the eager block gives on
-    new inputs."""
-    from tests.runtime.test_moe_block import OPS
-    from hybridspec.runtime.layers.moe import SparseMoE
+    """`SparseMoE.shared_beside` on the GPU at the 35B shapes: the block runs the shared expert on its
+    second stream and the routed experts on the caller's, and joins them; eager calls equal the
+    shared-slot block within bf16 rounding, and a CUDA graph of the block (both streams captured)
+    replays bit for bit what the eager block gives on new inputs."""
+    from hybridspec.runtime.layers import moe
     from hybridspec.runtime.loading import target_config
 
     cfg = target_config("qwen3.6-35b-a3b")
     gen = torch.Generator(device="cuda").manual_seed(3)
     with torch.device("meta"):
-        block = SparseMoE(cfg, OPS["triton"])
+        block = moe.SparseMoE(cfg, moe_triton.moe_experts)
     block = block.to_empty(device="cuda").to(torch.bfloat16)
     with torch.no_grad():
         for p in block.parameters():
             p.copy_(torch.randn(p.shape, generator=gen, device="cuda") / p.shape[-1] ** 0.5)
     x = torch.randn(1, n, cfg.hidden_size, generator=gen, device="cuda").to(torch.bfloat16)
     slot, ids = block(x)
-    block.shared_beside = True
+    streams = []  # (all ids −1: the shared expert alone, the stream the call ran on)
+
+    def recorded(x, ids, *args, **kwargs):
+        streams.append((bool((ids < 0).all()), torch.cuda.current_stream().cuda_stream))
+        return moe_triton.moe_experts(x, ids, *args, **kwargs)
+
+    block.experts_op, block.shared_beside = recorded, True
     beside, beside_ids = block(x)
+    side = moe._side_stream(x.device).cuda_stream
+    assert streams == [(True, side), (False, torch.cuda.current_stream().cuda_stream)] and side != streams[1][1]
+    block.experts_op = moe_triton.moe_experts  # the recorder reads ids on the host: not in a capture
     assert torch.equal(beside_ids, ids)
     assert_close(f"N={n}", slot.double(), beside.double(), 1e-2)
     torch.cuda.synchronize()

@@ -5,6 +5,7 @@ three policies (and ar) on 6 test prompts."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -48,18 +49,19 @@ def _calibrate(root: Path) -> None:
 
 
 @pytest.fixture(scope="session")
-def calibrated(tmp_path_factory, worker_id) -> tuple[Path, Path]:
+def calibrated(tmp_path_factory) -> tuple[Path, Path]:
     """(store, artifact) of a quick campaign named `t`, with its eval run. Under pytest-xdist the
     first worker to ask builds it once for the whole test run (the others wait on a file lock in
     the run's shared temporary folder), and each worker gets a copy of its own (DuckDB lets one
     process at a time open a file for writing)."""
     root = tmp_path_factory.mktemp("calibrated")
-    if worker_id == "master":  # no xdist: the folder above basetemp outlives this run, so no sharing
+    if "PYTEST_XDIST_WORKER" not in os.environ:  # no xdist: the folder above basetemp outlives this run
         _calibrate(root)
     else:
         shared = tmp_path_factory.getbasetemp().parent / "calibrated-campaign"
         with FileLock(f"{shared}.lock"):
             if not (shared / "built").is_file():
+                shutil.rmtree(shared, ignore_errors=True)  # what a failed first build left: each worker retries
                 shared.mkdir()
                 _calibrate(shared)
                 (shared / "built").touch()

@@ -92,12 +92,14 @@ class SparseMoE(nn.Module):
             shared_out.copy_(self.experts_op(flat, none_held, flat.new_empty(flat.shape[0], 1),  # weights never read
                                              self.experts.gate_up_proj, self.experts.down_proj, self.shared(),
                                              first_expert=self.first_expert))
-        ids, weights = self.route(x)
-        routed = self.experts_op(flat, ids.reshape(-1, ids.shape[-1]), weights.reshape(-1, weights.shape[-1]),
-                                 self.experts.gate_up_proj, self.experts.down_proj, None,
-                                 first_expert=self.first_expert)
-        if side is not None:
-            main.wait_stream(side)
+        try:
+            ids, weights = self.route(x)
+            routed = self.experts_op(flat, ids.reshape(-1, ids.shape[-1]), weights.reshape(-1, weights.shape[-1]),
+                                     self.experts.gate_up_proj, self.experts.down_proj, None,
+                                     first_expert=self.first_expert)
+        finally:  # joined even when a call raises, so a capture reports that error, not an unjoined stream
+            if side is not None:
+                main.wait_stream(side)
         return routed.add_(shared_out).view_as(x), ids
 
     def shared(self) -> SharedExpert:
