@@ -20,9 +20,9 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 `--variants a,b` runs steps 1–4 once per variant on the same loaded model (rows and checks tagged
 `variant`): `shipped`, an op family put back on its PyTorch reference, a switch turned off, or one
 turned on (`VARIANTS`: `prepare-ref`, `no-pdl`, `shared-beside`), to measure a kernel or a launch
-mode against what it replaced side by side in one process. `--tp N --layouts columns,experts` loads each model
-once per MoE layout (every expert's columns split across the ranks, or expert parallelism) and
-runs everything on each (rows and checks tagged `layout`).
+mode against what it replaced side by side in one process. `--tp N --layouts columns,experts`
+loads each model once per MoE layout (every expert's columns split across the ranks, or expert
+parallelism) and runs everything on each (rows and checks tagged `layout`).
 
     python3 bench/gpu_round.py --out DIR [--models embedded,qwen3.6-35b-a3b] [--context 1024]
     python3 bench/gpu_round.py --out DIR --models qwen3.5-122b-a10b --tp 2   # two GPUs, each rank its half
@@ -353,7 +353,7 @@ def main(argv=None) -> int:
                     "the other, columns (every expert's intermediate columns split) and experts (expert "
                     "parallelism: 1/P of the experts whole per rank)")
     args = ap.parse_args(argv)
-    layouts = [v for v in args.layouts.split(",") if v]
+    args.layouts = layouts = [v for v in args.layouts.split(",") if v]
     if unknown := [v for v in layouts if v not in ("columns", "experts")]:
         ap.error(f"unknown layout(s) {unknown}: columns, experts")
     if "experts" in layouts and args.tp < 2:
@@ -401,8 +401,7 @@ def run(args, variants: list[str], command: str) -> None:
     result["copy_bandwidth_TBps"] = round(bandwidth / 1e12, 3)
     log(f"{result['device']} {result['versions']} copy {bandwidth / 1e12:.2f} TB/s")
     args.out.mkdir(parents=True, exist_ok=True)
-    layouts = [v for v in args.layouts.split(",") if v]
-    for model, layout in ((m, v) for m in args.models.split(",") if m for v in layouts):
+    for model, layout in ((m, v) for m in args.models.split(",") if m for v in args.layouts):
         embedded = model == "embedded"
         dtype = "float32" if embedded else "bfloat16"
         t0 = time.perf_counter()

@@ -21,8 +21,8 @@ from .drafter import DFlashDrafter
 from .hub import describe, resolve_reference
 from .layers.rope import rope_inv_freq
 from .models import qwen3_5_moe, qwen3_next
-from .models.common import Placement, strip_prefix
 from .layers.moe import SparseMoE
+from .models.common import Placement, strip_prefix
 from .models.hybrid import HybridTarget
 from .presets import PRESETS, preset_config
 from .sharding import first_expert, local_config, shard_tensor

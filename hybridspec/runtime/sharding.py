@@ -45,12 +45,9 @@ def local_config(cfg: TargetConfig, world: int, *, expert_parallel: bool = False
     experts per rank instead. ConfigError naming the field when one is not a multiple of it."""
     if world < 1:
         raise ConfigError(f"tensor parallelism over {world} ranks")
+    if expert_parallel:  # TargetConfig checks that the experts divide
+        cfg = dataclasses.replace(cfg, expert_shards=world)
     changes = {}
-    if expert_parallel:
-        if cfg.num_experts % world:
-            raise ConfigError(f"expert parallelism over {world} ranks: num_experts = {cfg.num_experts} is not a "
-                              f"multiple of {world}")
-        changes["expert_shards"] = world
     for field, what in SPLIT_FIELDS:
         if expert_parallel and field == "moe_intermediate_size":
             continue

@@ -89,14 +89,10 @@ class SparseMoE(nn.Module):
             side.wait_stream(main)
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
             none_held = torch.full((flat.shape[0], 1), -1, dtype=torch.long, device=x.device)  # [N, 1]: no expert
-            shared_out.copy_(self.experts_op(flat, none_held, flat.new_empty(flat.shape[0], 1),  # weights never read
-                                             self.experts.gate_up_proj, self.experts.down_proj, self.shared(),
-                                             first_expert=self.first_expert))
+            shared_out.copy_(self._experts(flat, none_held, flat.new_empty(flat.shape[0], 1), self.shared()))
         try:
             ids, weights = self.route(x)
-            routed = self.experts_op(flat, ids.reshape(-1, ids.shape[-1]), weights.reshape(-1, weights.shape[-1]),
-                                     self.experts.gate_up_proj, self.experts.down_proj, None,
-                                     first_expert=self.first_expert)
+            routed = self._experts(flat, ids.reshape(-1, ids.shape[-1]), weights.reshape(-1, weights.shape[-1]), None)
         finally:  # joined even when a call raises, so a capture reports that error, not an unjoined stream
             if side is not None:
                 main.wait_stream(side)
@@ -114,10 +110,15 @@ class SparseMoE(nn.Module):
 
     def run_experts(self, x: Tensor, ids: Tensor, weights: Tensor) -> Tensor:
         """x [B, T, hidden] with its routing → MoE output [B, T, hidden] (routed + gated shared)."""
-        out = self.experts_op(x.reshape(-1, x.shape[-1]), ids.reshape(-1, ids.shape[-1]),
-                              weights.reshape(-1, weights.shape[-1]), self.experts.gate_up_proj,
-                              self.experts.down_proj, self.shared(), first_expert=self.first_expert)
+        out = self._experts(x.reshape(-1, x.shape[-1]), ids.reshape(-1, ids.shape[-1]),
+                            weights.reshape(-1, weights.shape[-1]), self.shared())
         return out.view_as(x)
+
+    def _experts(self, x: Tensor, ids: Tensor, weights: Tensor, shared: SharedExpert | None) -> Tensor:
+        """`experts_op` on x [N, hidden], ids / weights [N, k] over the experts held here (the weights
+        are never read for ids −1: none held)."""
+        return self.experts_op(x, ids, weights, self.experts.gate_up_proj, self.experts.down_proj, shared,
+                               first_expert=self.first_expert)
 
 
 _SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
