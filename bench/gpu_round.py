@@ -19,7 +19,7 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 
 `--variants a,b` runs steps 1–4 once per variant on the same loaded model (rows and checks tagged
 `variant`): `shipped`, an op family put back on its PyTorch reference, a switch turned off, or one
-turned on (`VARIANTS`: `prepare-ref`, `no-pdl`, `shared-beside`), to measure a kernel or a launch
+turned on (`VARIANTS`: `prepare-ref`, `no-pdl`, `shared-beside`, `moe-one-pass`), to measure a kernel or a launch
 mode against what it replaced side by side in one process. `--tp N --layouts columns,experts`
 loads each model once per MoE layout (every expert's columns split across the ranks, or expert
 parallelism) and runs everything on each (rows and checks tagged `layout`).
@@ -49,6 +49,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.kernels.cuda_timing import copy_bandwidth, median_us  # noqa: E402
 from hybridspec.kernels import pdl  # noqa: E402
 from hybridspec.kernels.attention import reference as attention_reference  # noqa: E402
+from hybridspec.kernels.moe import triton as moe_triton  # noqa: E402
+from hybridspec.kernels.moe.tuning import MoETuning  # noqa: E402
 from hybridspec.runtime.engine import Engine  # noqa: E402
 from hybridspec.runtime.layers.attention import GatedAttention  # noqa: E402
 from hybridspec.runtime.layers.moe import SparseMoE  # noqa: E402
@@ -69,6 +71,9 @@ VARIANTS = {
     "shared-beside": {SparseMoE: {"shared_beside": True}},  # the shared expert on a second stream
     "prepare-ref": {GatedAttention: {"prepare_op": attention_reference.norm_rope_store}},
     "no-pdl": {pdl: {"ENABLED": False}},  # the kernels of `kernels/pdl.py` launched without PDL
+    # the MoE's calls of up to 4 tokens in one pass (`kernels/moe/one_pass.py`), longer ones as shipped
+    "moe-one-pass": {moe_triton: {"MOE_TUNING": {4: MoETuning(one_pass=True, gate_up_bn=16, gate_up_bk=256,
+                                                              down_bh=256), 64: MoETuning()}}},
 }
 
 
