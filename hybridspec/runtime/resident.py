@@ -13,7 +13,8 @@ One round, by policy (the graphs are captured by `prepare`, before the request's
 and then one copy of the round's report (emitted tokens, their count, w0, w, the draft) to the
 host. `w_rem` (the longest length the output budget allows) is kept on the device. Acceptance is
 greedy, or the point-mass rule with keyed draws (`sampling.point_mass`: the request's seed, the
-sampling parameters and the positions are device values), so sampled requests run the same
+sampling parameters and the positions are device values; on the triton backend one launch from the
+logits, `kernels/sampling`, where no top-k / top-p filter applies), so sampled requests run the same
 graphs' shapes; each sampling mode (`sampling_mode`) has its own graphs.
 
 Stage 0 runs over the whole block (u = W) rather than u = min(w0 + 1, w_rem), so that the round
@@ -159,6 +160,8 @@ class ResidentDecoder:
             raise ValueError("CUDA graphs need a CUDA device")
         self.graphs = Graphs() if graphs else None
         self.fused_select = target.backend != "torch"  # Eq. 5 and 6 as one launch (`kernels/select`)
+        # unfiltered sampling's point-mass rule as one launch from the logits (`kernels/sampling`)
+        self.fused_sampling = target.backend != "torch"
         D = drafter.draft_len if drafter is not None else 0
         self.buffers = Buffers.allocate(D, target.cfg.num_experts_per_tok, self.device)
         self.one = torch.ones(1, dtype=torch.long, device=self.device)
@@ -261,8 +264,13 @@ class ResidentDecoder:
             accepted, y = accept_greedy(drafts, logits)
             return accepted, y.gather(0, accepted)
         buf = self.buffers
+        start = self.cache.position[:1] + 1
+        if self.mode == "sample" and self.fused_sampling:
+            from ..kernels.sampling.triton import point_mass_from_logits
+
+            return point_mass_from_logits(drafts, logits, buf.inv_temperature, buf.seed, start)
         probs = sampling_probs(logits, buf.inv_temperature, buf.top_k, buf.top_p, self.mode == "filter")
-        return point_mass(drafts, probs, buf.seed, self.cache.position[:1] + 1)
+        return point_mass(drafts, probs, buf.seed, start)
 
     def _step(self) -> None:
         """ar: one token through the target, its argmax (or sample) the next anchor."""

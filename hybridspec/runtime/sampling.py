@@ -7,9 +7,8 @@ are accepted emit from p^t_{w}. The draws ξ are the only randomness and no leng
 
 Every draw is a counter-based uniform, a hash of (request seed, position of the token being
 decided, lane): lane 0 is ξ of the acceptance test, lane 1 + v the uniform of token v in an
-exponential race (the token is argmax_v p_v / E_v with E_v = −log u_v, which samples v with
-probability p_v / Σ p, so a residual needs no renormalisation). No generator state: the draws are
-the same on the host and on the device, in eager code and in a CUDA graph, and a sampled request is
+exponential race (`kernels/sampling/reference.py`). No generator state: the draws are the same on
+the host and on the device, in eager code and in a CUDA graph, and a sampled request is
 reproducible from its seed whatever policy decodes it. Each position's draws decide one emitted
 token only (a position examined past the first rejection of a round is decided again, from the
 same draws, in a later round, but nothing emitted depended on them before), so the point-mass rule
@@ -23,42 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-MASK32 = 0xFFFFFFFF
-ACCEPT_LANE = 0  # ξ of the acceptance test; lane 1 + v: token v's uniform in the race
-
-
-def _mul32(x: Tensor, c: int) -> Tensor:
-    """x · c mod 2^32 for x in [0, 2^32) held in int64, without overflowing int64."""
-    lo, hi = c & 0xFFFF, c >> 16
-    return (x * lo + (((x * hi) & 0xFFFF) << 16)) & MASK32
-
-
-def _mix32(x: Tensor) -> Tensor:
-    """A bijective 32-bit integer hash (the `lowbias32` constants of Wellons' hash prospector)."""
-    x = x ^ (x >> 16)
-    x = _mul32(x, 0x7FEB352D)
-    x = x ^ (x >> 15)
-    x = _mul32(x, 0x846CA68B)
-    return x ^ (x >> 16)
-
-
-def keyed_uniforms(seed: Tensor, positions: Tensor, lanes: Tensor) -> Tensor:
-    """Uniforms in (0, 1) (fp32, 24 random bits), a function of (seed, position, lane) alone:
-    seed [1] long (any 64-bit value), positions [R] long, lanes [N] long → [R, N]."""
-    s = seed.long()
-    key = _mix32((s & MASK32) ^ 0x9E3779B9)
-    key = _mix32(key ^ ((s >> 32) & MASK32))
-    key = _mix32(key ^ (positions.long() & MASK32))  # [R]
-    h = _mix32(key[:, None] ^ (lanes.long() & MASK32)[None, :])
-    return ((h >> 8).float() + 0.5) * 2.0**-24
-
-
-def race(weights: Tensor, seed: Tensor, positions: Tensor) -> Tensor:
-    """One token per row of weights [R, V] (non-negative, not necessarily normalised), drawn with
-    probability proportional to its weight from the keyed uniforms of (seed, positions [R]) → [R]."""
-    lanes = 1 + torch.arange(weights.shape[-1], device=weights.device)
-    exponential = -torch.log(keyed_uniforms(seed, positions, lanes))
-    return torch.argmax(weights / exponential, dim=-1)
+from ..kernels.sampling.reference import point_mass, race
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,24 +82,6 @@ def target_probs(logits: Tensor, params: SamplingParams) -> Tensor:
     """logits [..., V] → p^t [..., V] after temperature, top-k and top-p (fp32)."""
     _, inv_t, top_k, top_p = _tensors(params, logits.device)
     return sampling_probs(logits, inv_t, top_k, top_p, params.filtered)
-
-
-def point_mass(draft: Tensor, probs: Tensor, seed: Tensor, start: Tensor) -> tuple[Tensor, Tensor]:
-    """The point-mass rule on the device: draft [w−1] long, target probabilities probs [w, V] (row i
-    decides the token at position start + i; start [1] long) → (A [1] long, x_new [1] long)."""
-    w, V = probs.shape
-    positions = start + torch.arange(w, device=probs.device)  # [w]
-    if w > 1:
-        xi = keyed_uniforms(seed, positions[:-1], torch.full((1,), ACCEPT_LANE, device=probs.device))[:, 0]
-        kept = (xi <= probs[:-1].gather(1, draft.view(-1, 1))[:, 0]).long()
-        accepted = torch.cumprod(kept, 0).sum(0, keepdim=True)  # [1]
-    else:
-        accepted = torch.zeros(1, dtype=torch.long, device=probs.device)
-    row = probs.index_select(0, accepted)  # [1, V]: the residual's row, or the last one
-    rejected = torch.cat((draft.view(-1), torch.full((1,), -1, dtype=torch.long, device=probs.device)))
-    rejected = rejected.index_select(0, accepted)  # [1]: d_A, or −1 when every draft was accepted
-    row = row.masked_fill(torch.arange(V, device=probs.device) == rejected[:, None], 0.0)
-    return accepted, race(row, seed, positions.index_select(0, accepted))
 
 
 def choose(logits: Tensor, params: SamplingParams, position: int) -> int:

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from hybridspec.runtime import engine as engine_module
-from hybridspec.runtime.sampling import ACCEPT_LANE, keyed_uniforms, race, target_probs
+from hybridspec.kernels.sampling.reference import ACCEPT_LANE, keyed_uniforms, race
+from hybridspec.runtime.sampling import target_probs
 from tests.runtime.test_engine_sampling import _p_value, _sample, exact, target  # noqa: F401 (fixtures)
 
 

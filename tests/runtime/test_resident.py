@@ -218,3 +218,19 @@ def test_sampled_resident_rounds_equal_the_host_rounds(session, engines, name, s
     assert resident.generate(prompt, policy=policy, max_new_tokens=TOKENS, sampling=sampling).token_ids == got.token_ids
     greedy = resident.generate(prompt, policy=policy, max_new_tokens=TOKENS).token_ids
     assert greedy != got.token_ids  # the draws reached the output
+
+
+@pytest.mark.parametrize("name", ("ar", "static:4", "hybridspec"))
+def test_one_launch_point_mass_rounds_equal_the_host_rounds(session, engines, name):
+    """With unfiltered sampling's point-mass rule as one launch from the logits (`kernels/sampling`,
+    interpreted here; the triton backend's default) the resident round emits the host round's
+    tokens, lengths and acceptance, whose rule is the torch form over the softmax."""
+    host, _ = engines
+    resident = Engine(session.target, session.drafter, max_context=256, resident=True, graphs=False)
+    resident.resident.fused_sampling = True
+    policy = make_policy(name, session.drafter.draft_len, policy_parameters(session.drafter.draft_len))
+    prompt = session.codec.encode(PROMPTS[1])
+    want = host.generate(prompt, policy=policy, max_new_tokens=TOKENS, sampling=SAMPLE)
+    got = resident.generate(prompt, policy=policy, max_new_tokens=TOKENS, sampling=SAMPLE)
+    assert got.token_ids == want.token_ids
+    assert [(r.w, r.accepted) for r in got.rounds] == [(r.w, r.accepted) for r in want.rounds]

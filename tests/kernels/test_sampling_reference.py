@@ -1,4 +1,4 @@
-"""The counter-based draws of `runtime/sampling.py`: exact 32-bit arithmetic in int64, uniforms that
+"""The counter-based draws of `kernels/sampling/reference.py`: exact 32-bit arithmetic in int64, uniforms that
 depend on (seed, position, lane) only and pass a goodness-of-fit test, a race that samples in
 proportion to its weights, and the point-mass rule's edge cases."""
 
@@ -9,7 +9,7 @@ import random
 import torch
 from scipy.stats import chisquare, kstest
 
-from hybridspec.runtime.sampling import MASK32, _mix32, _mul32, keyed_uniforms, point_mass, race
+from hybridspec.kernels.sampling.reference import MASK32, _mix32, _mul32, keyed_uniforms, point_mass, race
 
 
 def test_mul32_is_multiplication_mod_2_to_the_32():
