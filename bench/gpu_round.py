@@ -19,8 +19,8 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 
 `--variants a,b` runs steps 1–4 once per variant on the same loaded model (rows and checks tagged
 `variant`): `shipped`, an op family put back on its PyTorch reference, a switch turned off, or one
-turned on (`VARIANTS`: `prepare-ref`, `no-pdl`, `shared-beside`, `moe-one-pass`), to measure a kernel or a launch
-mode against what it replaced side by side in one process. `--tp N --layouts columns,experts`
+turned on (`VARIANTS`: `prepare-ref`, `no-pdl`, `shared-beside`, `moe-one-pass`, `torch-sampling`),
+to measure a kernel or a launch mode against what it replaced side by side in one process. `--tp N --layouts columns,experts`
 loads each model once per MoE layout (every expert's columns split across the ranks, or expert
 parallelism) and runs everything on each (rows and checks tagged `layout`).
 
@@ -51,6 +51,7 @@ from hybridspec.kernels import pdl  # noqa: E402
 from hybridspec.kernels.attention import reference as attention_reference  # noqa: E402
 from hybridspec.kernels.moe import triton as moe_triton  # noqa: E402
 from hybridspec.kernels.moe.tuning import MoETuning  # noqa: E402
+from hybridspec.runtime import resident  # noqa: E402
 from hybridspec.runtime.engine import Engine  # noqa: E402
 from hybridspec.runtime.layers.attention import GatedAttention  # noqa: E402
 from hybridspec.runtime.layers.moe import SparseMoE  # noqa: E402
@@ -71,6 +72,7 @@ VARIANTS = {
     "shared-beside": {SparseMoE: {"shared_beside": True}},  # the shared expert on a second stream
     "prepare-ref": {GatedAttention: {"prepare_op": attention_reference.norm_rope_store}},
     "no-pdl": {pdl: {"ENABLED": False}},  # the kernels of `kernels/pdl.py` launched without PDL
+    "torch-sampling": {resident: {"FUSED_SAMPLING": False}},  # the point-mass rule's torch form
     # the MoE's calls of up to 4 tokens in one pass (`kernels/moe/one_pass.py`), longer ones as shipped
     "moe-one-pass": {moe_triton: {"MOE_TUNING": {4: MoETuning(one_pass=True, gate_up_bn=16, gate_up_bk=256,
                                                               down_bh=256), 64: MoETuning()}}},
@@ -169,7 +171,8 @@ def decode_rows(session, model: str, runs: dict[str, Engine], prompt, policies, 
             by_w: dict[int, list[float]] = {}
             for record in result.rounds:
                 by_w.setdefault(record.w, []).append(record.seconds["total"])
-            row = dict(model=model, path=path, policy=name, temperature=sampling.temperature, rounds=len(result.rounds),
+            row = dict(model=model, path=path, policy=name, temperature=sampling.temperature, top_k=sampling.top_k,
+                       top_p=sampling.top_p, rounds=len(result.rounds),
                        ms_per_round=round(result.decode_seconds * 1e3 / len(result.rounds), 3),
                        ms_per_token=round(result.decode_seconds * 1e3 / max(1, result.decode_tokens), 3),
                        w=round(result.mean_verification_length, 2),
@@ -350,6 +353,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-decode", action="store_true", help="skip the per-policy decode rows")
     ap.add_argument("--profile", action="store_true", help="kernel-time split of one verification pass")
     ap.add_argument("--temperatures", default="0", help="decode rows at each of these temperatures (0: greedy)")
+    ap.add_argument("--top-k", type=int, default=0, help="the sampled decode rows' top-k (0: off)")
+    ap.add_argument("--top-p", type=float, default=1.0, help="the sampled decode rows' top-p (1: off)")
     ap.add_argument("--no-verification", action="store_true", help="skip the per-length verification rows")
     ap.add_argument("--variants", default="shipped", help=f"comma list of {', '.join(VARIANTS)}")
     ap.add_argument("--tp", type=int, default=0, help="tensor-parallel ranks, one GPU each (spawned, or torchrun's); "
@@ -426,7 +431,9 @@ def run(args, variants: list[str], command: str) -> None:
             if not args.no_decode:
                 for temperature in (float(t) for t in args.temperatures.split(",") if t):
                     rows += decode_rows(session, model, runs, prompts[0], policies, args.tokens,
-                                        args.eager_tokens, SamplingParams(temperature, seed=0))
+                                        args.eager_tokens, SamplingParams(temperature, seed=0,
+                                                                          **(dict(top_k=args.top_k, top_p=args.top_p)
+                                                                             if temperature > 0 else {})))
             if not embedded and not args.no_verification:
                 rows += verification_rows(session, model, prompts[0], (1, 2, 4, 8, 12, 16), bandwidth)
                 rows += round_floor_rows(session, model, rows, args.context, bandwidth)

@@ -13,8 +13,8 @@ One round, by policy (the graphs are captured by `prepare`, before the request's
 and then one copy of the round's report (emitted tokens, their count, w0, w, the draft) to the
 host. `w_rem` (the longest length the output budget allows) is kept on the device. Acceptance is
 greedy, or the point-mass rule with keyed draws (`sampling.point_mass`: the request's seed, the
-sampling parameters and the positions are device values; on the triton backend one launch from the
-logits, `kernels/sampling`, where no top-k / top-p filter applies), so sampled requests run the same
+sampling parameters and the positions are device values; on the triton backend one or two launches
+from the logits, `kernels/sampling`, unless a filter needs a sort), so sampled requests run the same
 graphs' shapes; each sampling mode (`sampling_mode`) has its own graphs.
 
 Stage 0 runs over the whole block (u = W) rather than u = min(w0 + 1, w_rem), so that the round
@@ -46,7 +46,11 @@ from .cache import TargetCache
 from .drafter import DFlashDrafter
 from .models.hybrid import HybridTarget, Stage0
 from .policies import AutoregressivePolicy, FixedPolicy, HybridSpecPolicy, NominalPolicy, Policy
+from ..kernels.sampling import KERNEL_TOP_K
 from .sampling import SamplingParams, point_mass, sampling_probs
+
+
+FUSED_SAMPLING = True  # off: the torch form on every backend (`bench/gpu_round.py --variants torch-sampling`)
 
 
 def accept_greedy(draft: Tensor, logits: Tensor) -> tuple[Tensor, Tensor]:
@@ -144,9 +148,14 @@ class Graphs:
 
 def sampling_mode(sampling: SamplingParams) -> str:
     """The graphs a request's sampling needs: `greedy` (argmax acceptance), `sample` (the
-    point-mass rule on the softmax at a temperature) or `filter` (the same after top-k / top-p,
-    a sort over the vocabulary). The parameters' values live in device buffers, not in graphs."""
-    return "greedy" if sampling.greedy else "filter" if sampling.filtered else "sample"
+    point-mass rule on the softmax at a temperature), `top_k` (the same after a top-k of at most
+    `KERNEL_TOP_K`, with or without top-p) or `filter` (after another top-k / top-p, a sort over
+    the vocabulary). The parameters' values live in device buffers, not in graphs."""
+    if sampling.greedy:
+        return "greedy"
+    if not sampling.filtered:
+        return "sample"
+    return "top_k" if 0 < sampling.top_k <= KERNEL_TOP_K else "filter"
 
 
 class ResidentDecoder:
@@ -160,8 +169,8 @@ class ResidentDecoder:
             raise ValueError("CUDA graphs need a CUDA device")
         self.graphs = Graphs() if graphs else None
         self.fused_select = target.backend != "torch"  # Eq. 5 and 6 as one launch (`kernels/select`)
-        # unfiltered sampling's point-mass rule as one launch from the logits (`kernels/sampling`)
-        self.fused_sampling = target.backend != "torch"
+        # sampling's point-mass rule from the logits in one or two launches (`kernels/sampling`)
+        self.fused_sampling = target.backend != "torch" and FUSED_SAMPLING
         D = drafter.draft_len if drafter is not None else 0
         self.buffers = Buffers.allocate(D, target.cfg.num_experts_per_tok, self.device)
         self.one = torch.ones(1, dtype=torch.long, device=self.device)
@@ -269,7 +278,11 @@ class ResidentDecoder:
             from ..kernels.sampling.triton import point_mass_from_logits
 
             return point_mass_from_logits(drafts, logits, buf.inv_temperature, buf.seed, start)
-        probs = sampling_probs(logits, buf.inv_temperature, buf.top_k, buf.top_p, self.mode == "filter")
+        if self.mode == "top_k" and self.fused_sampling:
+            from ..kernels.sampling.filtered import point_mass_filtered
+
+            return point_mass_filtered(drafts, logits, buf.inv_temperature, buf.top_k, buf.top_p, buf.seed, start)
+        probs = sampling_probs(logits, buf.inv_temperature, buf.top_k, buf.top_p, self.mode != "sample")
         return point_mass(drafts, probs, buf.seed, start)
 
     def _step(self) -> None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..kernels.sampling.reference import point_mass, race
+from ..kernels.sampling.reference import point_mass, race, sampling_probs
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,26 +48,6 @@ class SamplingParams:
     def filtered(self) -> bool:
         """Whether top-k or top-p cut the distribution (a sort over the vocabulary)."""
         return self.top_k > 0 or self.top_p < 1
-
-
-def sampling_probs(logits: Tensor, inv_temperature: Tensor, top_k: Tensor, top_p: Tensor, filtered: bool) -> Tensor:
-    """logits [..., V] → p^t [..., V] (fp32): softmax of logits / temperature, then, when
-    `filtered`, the top-k tokens (exactly k: ties go to the lower id) renormalised and cut to the
-    smallest prefix whose mass reaches top_p (top_k 0: every token). The parameters are tensors
-    ([1] or 0-d) so that one CUDA graph serves any value; `filtered` (a sort over V) is chosen per
-    request: top_k > 0 or top_p < 1."""
-    probs = torch.softmax(logits.float() * inv_temperature, dim=-1)
-    if not filtered:
-        return probs
-    V = probs.shape[-1]
-    sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
-    rank = torch.arange(V, device=probs.device)
-    sorted_p = sorted_p * (rank < torch.where(top_k > 0, top_k, V))
-    sorted_p = sorted_p / sorted_p.sum(-1, keepdim=True)
-    before = torch.cumsum(sorted_p, dim=-1) - sorted_p  # mass strictly above each token
-    sorted_p = sorted_p.masked_fill(before >= top_p, 0.0)
-    probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-    return probs / probs.sum(-1, keepdim=True)
 
 
 def _tensors(params: SamplingParams, device) -> tuple[Tensor, Tensor, Tensor, Tensor]:

@@ -1,11 +1,11 @@
-"""The one-launch point-mass rule compiled on the GPU at the 35B preset's vocabulary (248,320,
+"""The point-mass rule's kernels compiled on the GPU at the 35B preset's vocabulary (248,320,
 bf16 logits): the reference's accepted count and token at every tested length, no host read, and
 the same result from a CUDA graph replay on new logits."""
 
 import pytest
 import torch
 
-from hybridspec.kernels.sampling import reference
+from hybridspec.kernels.sampling import filtered, reference
 from hybridspec.kernels.sampling import triton as sampling_triton
 
 pytestmark = pytest.mark.gpu
@@ -48,3 +48,15 @@ def test_no_host_read_and_graph_replay_on_new_logits():
             buffer.copy_(value)
         graph.replay()
         assert [int(t) for t in out] == [int(t) for t in reference.point_mass_from_logits(*fresh)]
+
+
+@pytest.mark.parametrize("w", [1, 4, 16])
+def test_filtered_same_choice_as_the_reference_on_the_gpu(w):
+    for seed in range(8):
+        draft, logits, inv_t, s, start = _case(w, seed)
+        top_k = torch.tensor([(20, 1, 64, 40)[seed % 4]], device="cuda")
+        top_p = torch.tensor([(0.95, 1.0, 0.8, 0.5)[seed % 4]], device="cuda")
+        args = (draft, logits, inv_t * 1.6, top_k, top_p, s, start)
+        want = reference.point_mass_filtered(*args)
+        got = filtered.point_mass_filtered(*args)
+        assert [int(t) for t in got] == [int(t) for t in want], (w, seed)

@@ -12,6 +12,7 @@ import torch
 from hybridspec.kernels.sampling import reference
 
 pytest.importorskip("triton")
+from hybridspec.kernels.sampling import filtered  # noqa: E402
 from hybridspec.kernels.sampling import triton as sampling_triton  # noqa: E402
 
 V = 2 * sampling_triton.BLOCK_V + 37  # three blocks, the last one partial
@@ -67,3 +68,33 @@ def test_bad_arguments_are_named():
         sampling_triton.point_mass_from_logits(torch.zeros(2, dtype=torch.long), torch.zeros(2, V),
                                                torch.ones(1), torch.zeros(1, dtype=torch.long),
                                                torch.zeros(1, dtype=torch.long))
+
+
+@pytest.mark.parametrize("w", [1, 2, 5, 16])
+def test_filtered_same_choice_as_the_reference(w):
+    """top-k (1 … KMAX) and top-p cuts at several temperatures: the reference's accepted count and
+    token, including drafts outside the kept set (probability zero: always rejected)."""
+    outcomes = set()
+    for seed in range(10):
+        draft, logits, inv_t, s, start = _case(w, seed, temperature=(0.6, 1.0, 1.5)[seed % 3])
+        top_k = torch.tensor([(1, 5, 20, filtered.KMAX, 40)[seed % 5]])
+        top_p = torch.tensor([(1.0, 0.95, 0.5, 0.8)[seed % 4]])
+        args = (draft, logits, inv_t, top_k, top_p, s, start)
+        want = reference.point_mass_filtered(*args)
+        got = filtered.point_mass_filtered(*args)
+        assert [int(t) for t in got] == [int(t) for t in want], (w, seed, int(top_k), float(top_p))
+        outcomes.add(int(want[0]))
+    if w > 2:
+        assert len(outcomes) > 1
+
+
+def test_filtered_top_k_one_is_greedy_and_ties_go_to_the_lower_id():
+    logits = torch.zeros(2, V)
+    logits[:, 3] = logits[:, 4097] = 5.0  # a tie across blocks: the lower id is the top 1
+    one = torch.tensor([1])
+    for seed in range(3):
+        args = (torch.tensor([4097]), logits, torch.tensor([1.0]), one, torch.tensor([1.0]), torch.tensor([seed]),
+                torch.tensor([0]))
+        assert [int(t) for t in filtered.point_mass_filtered(*args)] == [0, 3]  # d1 outside the top 1: rejected
+        args = (torch.tensor([3]),) + args[1:]
+        assert [int(t) for t in filtered.point_mass_filtered(*args)] == [1, 3]  # certain: kept, then the top 1

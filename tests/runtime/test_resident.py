@@ -10,9 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hybridspec.kernels.sampling import KERNEL_TOP_K
 from hybridspec.runtime.engine import Engine
 from hybridspec.runtime.policies import make_policy
-from hybridspec.runtime.resident import accept_greedy
+from hybridspec.runtime.resident import accept_greedy, sampling_mode
 from hybridspec.runtime.sampling import SamplingParams
 from hybridspec.runtime.sampling import verify_greedy
 from hybridspec.runtime.session import open_session
@@ -220,17 +221,29 @@ def test_sampled_resident_rounds_equal_the_host_rounds(session, engines, name, s
     assert greedy != got.token_ids  # the draws reached the output
 
 
-@pytest.mark.parametrize("name", ("ar", "static:4", "hybridspec"))
-def test_one_launch_point_mass_rounds_equal_the_host_rounds(session, engines, name):
-    """With unfiltered sampling's point-mass rule as one launch from the logits (`kernels/sampling`,
-    interpreted here; the triton backend's default) the resident round emits the host round's
-    tokens, lengths and acceptance, whose rule is the torch form over the softmax."""
+@pytest.mark.parametrize("name,sampling", [("ar", SAMPLE), ("static:4", SAMPLE), ("hybridspec", SAMPLE),
+                                           ("ar", FILTER), ("hybridspec", FILTER)],
+                         ids=("ar-sample", "static-sample", "hybridspec-sample", "ar-top-k", "hybridspec-top-k"))
+def test_kernel_point_mass_rounds_equal_the_host_rounds(session, engines, name, sampling):
+    """With sampling's point-mass rule from the logits (`kernels/sampling`, interpreted here; the
+    triton backend's default: one launch at a temperature, two under a top-k with top-p) the
+    resident round emits the host round's tokens, lengths and acceptance, whose rule is the torch
+    form over the (filtered) softmax."""
     host, _ = engines
     resident = Engine(session.target, session.drafter, max_context=256, resident=True, graphs=False)
     resident.resident.fused_sampling = True
     policy = make_policy(name, session.drafter.draft_len, policy_parameters(session.drafter.draft_len))
     prompt = session.codec.encode(PROMPTS[1])
-    want = host.generate(prompt, policy=policy, max_new_tokens=TOKENS, sampling=SAMPLE)
-    got = resident.generate(prompt, policy=policy, max_new_tokens=TOKENS, sampling=SAMPLE)
+    want = host.generate(prompt, policy=policy, max_new_tokens=TOKENS, sampling=sampling)
+    got = resident.generate(prompt, policy=policy, max_new_tokens=TOKENS, sampling=sampling)
     assert got.token_ids == want.token_ids
     assert [(r.w, r.accepted) for r in got.rounds] == [(r.w, r.accepted) for r in want.rounds]
+
+
+def test_sampling_modes_name_the_graphs_a_request_needs():
+    assert sampling_mode(SamplingParams()) == "greedy"
+    assert sampling_mode(SamplingParams(temperature=0.6)) == "sample"
+    assert sampling_mode(SamplingParams(temperature=0.6, top_k=20, top_p=0.95)) == "top_k"
+    assert sampling_mode(SamplingParams(temperature=0.6, top_k=KERNEL_TOP_K)) == "top_k"
+    assert sampling_mode(SamplingParams(temperature=0.6, top_k=KERNEL_TOP_K + 1)) == "filter"
+    assert sampling_mode(SamplingParams(temperature=0.6, top_p=0.9)) == "filter"

@@ -1,4 +1,8 @@
 """The point-mass verification rule with counter-based draws (DESIGN A.6, Proposition 2):
-`reference.py` in plain PyTorch (the keyed uniforms, the exponential race, the rule over target
-probabilities), `triton.py` the same rule from the target's logits in one launch, which the
-resident round uses for unfiltered sampling (temperature only) on the triton backend."""
+`reference.py` in plain PyTorch (the keyed uniforms, the exponential race, the target's
+distribution after temperature / top-k / top-p, the rule over it); the same rule from the target's
+logits on the GPU, which the resident round uses on the triton backend: `triton.py` in one launch
+for temperature alone, `filtered.py` (after `candidates.py`) in two under a top-k of at most
+KERNEL_TOP_K (top-p or not). Other filters (top-p alone, a larger top-k) keep the torch form's sort."""
+
+KERNEL_TOP_K = 64  # the largest top-k the kernels take

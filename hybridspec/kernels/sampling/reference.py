@@ -1,4 +1,5 @@
-"""Keyed draws and the point-mass rule in plain PyTorch (`runtime.sampling` explains the rule).
+"""Keyed draws, the target's sampling distribution and the point-mass rule in plain PyTorch
+(`runtime.sampling` explains the rule).
 
 Every draw is a counter-based uniform, a hash of (request seed, position of the token being
 decided, lane): lane 0 is ξ of the acceptance test, lane 1 + v the uniform of token v in an
@@ -50,6 +51,26 @@ def race(weights: Tensor, seed: Tensor, positions: Tensor) -> Tensor:
     return torch.argmax(weights / exponential, dim=-1)
 
 
+def sampling_probs(logits: Tensor, inv_temperature: Tensor, top_k: Tensor, top_p: Tensor, filtered: bool) -> Tensor:
+    """logits [..., V] → p^t [..., V] (fp32): softmax of logits / temperature, then, when
+    `filtered`, the top-k tokens (exactly k: ties go to the lower id) renormalised and cut to the
+    smallest prefix whose mass reaches top_p (top_k 0: every token). The parameters are tensors
+    ([1] or 0-d) so that one CUDA graph serves any value; `filtered` (a sort over V) is chosen per
+    request: top_k > 0 or top_p < 1."""
+    probs = torch.softmax(logits.float() * inv_temperature, dim=-1)
+    if not filtered:
+        return probs
+    V = probs.shape[-1]
+    sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    rank = torch.arange(V, device=probs.device)
+    sorted_p = sorted_p * (rank < torch.where(top_k > 0, top_k, V))
+    sorted_p = sorted_p / sorted_p.sum(-1, keepdim=True)
+    before = torch.cumsum(sorted_p, dim=-1) - sorted_p  # mass strictly above each token
+    sorted_p = sorted_p.masked_fill(before >= top_p, 0.0)
+    probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+    return probs / probs.sum(-1, keepdim=True)
+
+
 def point_mass(draft: Tensor, probs: Tensor, seed: Tensor, start: Tensor) -> tuple[Tensor, Tensor]:
     """The point-mass rule on the device: draft [w−1] long, target probabilities probs [w, V] (row i
     decides the token at position start + i; start [1] long) → (A [1] long, x_new [1] long)."""
@@ -73,3 +94,10 @@ def point_mass_from_logits(draft: Tensor, logits: Tensor, inv_temperature: Tenso
     """`point_mass` over p^t = softmax(logits / temperature): draft [w−1] long, logits [w, V],
     inv_temperature [1] fp32, seed [1] long, start [1] long → (A [1] long, x_new [1] long)."""
     return point_mass(draft, torch.softmax(logits.float() * inv_temperature, dim=-1), seed, start)
+
+
+def point_mass_filtered(draft: Tensor, logits: Tensor, inv_temperature: Tensor, top_k: Tensor, top_p: Tensor,
+                        seed: Tensor, start: Tensor) -> tuple[Tensor, Tensor]:
+    """`point_mass` over p^t = `sampling_probs`(logits, …, filtered): the top_k tokens of
+    softmax(logits / temperature) renormalised and cut to top_p; top_k, top_p [1] → (A [1], x_new [1])."""
+    return point_mass(draft, sampling_probs(logits, inv_temperature, top_k, top_p, True), seed, start)

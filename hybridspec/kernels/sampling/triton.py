@@ -26,40 +26,10 @@ import triton.language as tl
 from torch import Tensor
 
 from hybridspec.kernels.interpreter import interpreted
+from hybridspec.kernels.sampling.draws import position_key, uniform
 from hybridspec.kernels.sampling.reference import ACCEPT_LANE
 
 BLOCK_V = 4096
-
-
-@triton.jit
-def _mul32(x, LO: tl.constexpr, HI: tl.constexpr):
-    """x · (HI·2^16 + LO) mod 2^32 for x in [0, 2^32) held in int64."""
-    return (x * LO + (((x * HI) & 0xFFFF) << 16)) & 0xFFFFFFFF
-
-
-@triton.jit
-def _mix32(x):
-    """`reference._mix32`: the lowbias32 hash of x in [0, 2^32) held in int64."""
-    x = x ^ (x >> 16)
-    x = _mul32(x, 0x352D, 0x7FEB)
-    x = x ^ (x >> 15)
-    x = _mul32(x, 0xA68B, 0x846C)
-    return x ^ (x >> 16)
-
-
-@triton.jit
-def _position_key(seed, position):
-    """The hash of (seed, position) that `reference.keyed_uniforms` mixes each lane into."""
-    key = _mix32((seed & 0xFFFFFFFF) ^ 0x9E3779B9)
-    key = _mix32(key ^ ((seed >> 32) & 0xFFFFFFFF))
-    return _mix32(key ^ (position & 0xFFFFFFFF))
-
-
-@triton.jit
-def _uniform(key, lane):
-    """`reference.keyed_uniforms` for a position's key and lanes (int64) → fp32 in (0, 1)."""
-    h = _mix32(key ^ (lane & 0xFFFFFFFF))
-    return ((h >> 8).to(tl.float32) + 0.5) * 5.9604644775390625e-08  # 2^-24
 
 
 @triton.jit
@@ -76,7 +46,7 @@ def _point_mass_kernel(draft_ptr, logits_ptr, inv_t_ptr, seed_ptr, start_ptr, pa
     m = tl.max(z, 0)
     s = tl.sum(tl.exp(z - m), 0)
     excluded = tl.load(draft_ptr + i_w, mask=i_w < W - 1, other=-1)  # d_i, or -1 on the last row
-    u = _uniform(_position_key(seed, start + i_w), 1 + o_v.to(tl.int64))  # [BV] token v's lane 1 + v
+    u = uniform(position_key(seed, start + i_w), 1 + o_v.to(tl.int64))  # [BV] token v's lane 1 + v
     race = tl.where(v_ok & (o_v != excluded), z - tl.log(-tl.log(u)), float("-inf"))  # log(p_v / E_v) + const
     best = tl.max(race, 0)
     winner = tl.min(tl.where(race == best, o_v, V), 0)
@@ -103,7 +73,7 @@ def _point_mass_kernel(draft_ptr, logits_ptr, inv_t_ptr, seed_ptr, start_ptr, pa
         b_d = tl.load(draft_ptr + o_r, mask=tested, other=0)  # [WP]
         z_d = tl.load(logits_ptr + o_r * stride_l + b_d, mask=tested, other=0.0).to(tl.float32) * inv_t
         p_d = tl.exp(z_d - row_max) / tl.where(tested, row_sum, 1.0)  # p_i(d_i)
-        xi = _uniform(_position_key(seed, start + o_r), tl.full([WP], ACCEPT, tl.int64))
+        xi = uniform(position_key(seed, start + o_r), tl.full([WP], ACCEPT, tl.int64))
         rejected = tested & (xi > p_d)
         accepted = tl.min(tl.where(rejected, o_r, W - 1), 0)  # leading drafts kept
         row_best = tl.where((o_r == accepted)[:, None] & ok, b_best, float("-inf"))
