@@ -60,3 +60,24 @@ def test_filtered_same_choice_as_the_reference_on_the_gpu(w):
         want = reference.point_mass_filtered(*args)
         got = filtered.point_mass_filtered(*args)
         assert [int(t) for t in got] == [int(t) for t in want], (w, seed)
+
+
+def test_filtered_graph_replays_read_the_parameters_from_the_device():
+    """One captured top-k launch pair serves other top_k, top_p, seeds and positions written into
+    its buffers between replays."""
+    draft, logits, inv_t, seed, start = _case(8, 4)
+    top_k, top_p = torch.tensor([20], device="cuda"), torch.tensor([0.95], device="cuda")
+    args = (draft, logits, inv_t, top_k, top_p, seed, start)
+    filtered.point_mass_filtered(*args)  # compiles
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = filtered.point_mass_filtered(*args)
+    for k, p, s in ((20, 0.95, 1), (1, 1.0, 2), (64, 0.5, 3), (40, 0.8, 4)):
+        fresh = _case(8, s)
+        for buffer, value in zip((draft, logits, inv_t, seed, start), fresh):
+            buffer.copy_(value)
+        top_k.fill_(k)
+        top_p.fill_(p)
+        graph.replay()
+        assert [int(t) for t in out] == [int(t) for t in reference.point_mass_filtered(*args)], (k, p, s)

@@ -66,7 +66,7 @@ def test_expert_parallel_parts_sum_to_the_whole_call(name, shape, route, dtype):
         assert not parts[2].any() and not parts[3].any()
 
 
-ONE_PASS = {64: MoETuning(one_pass=True, gate_up_bn=16, gate_up_bk=32, down_bh=32)}
+ONE_PASS = {16: MoETuning(one_pass=True, gate_up_bn=16, gate_up_bk=32, down_bh=32), 64: MoETuning()}
 
 
 @pytest.mark.parametrize("name, shape, route, dtype", [
@@ -76,7 +76,7 @@ ONE_PASS = {64: MoETuning(one_pass=True, gate_up_bn=16, gate_up_bk=32, down_bh=3
     ("shared-narrower", (4, 2, 16, 32, 40, 8), {}, torch.bfloat16),  # tiles past the shared expert's width
     ("one-expert", (16, 2, 16, 32, 16, 16), {"one_expert": 7}, torch.float32),
     ("all-distinct-no-shared", (16, 8, 128, 32, 16, 0), {"all_distinct": True}, torch.float32),
-    ("prefill-two-pieces", (70, 2, 16, 32, 16, 24), {}, torch.float32),
+    ("prefill-two-pieces", (70, 2, 16, 32, 16, 24), {}, torch.float32),  # 64 tokens as shipped, then 6 in one pass
 ])
 def test_one_pass_equals_the_oracle(name, shape, route, dtype):
     """Both halves in one launch and the fixed-order sum of the partial rows, on unwritten memory
@@ -101,6 +101,12 @@ def test_one_pass_is_the_same_in_every_run_and_reads_nothing_back():
     with NoHostRead():
         first = moe_triton.moe_experts(**args, tuning=ONE_PASS)
     assert torch.equal(first, moe_triton.moe_experts(**args, tuning=ONE_PASS))
+
+
+def test_a_one_pass_row_for_long_calls_is_refused():
+    args = moe_inputs(moe_triton.ONE_PASS_TOKENS + 1, 2, 16, 32, 16, 16)
+    with pytest.raises(ValueError, match="one_pass tuning row serves calls of at most"):
+        moe_triton.moe_experts(**args, tuning={64: MoETuning(one_pass=True)})
 
 
 def test_tuning_is_taken_as_given():

@@ -63,6 +63,25 @@ def test_the_race_uses_the_reference_uniforms_and_excludes_only_the_rejected_dra
         assert int(accepted) == 0 and int(x_new) != 6  # d1 has no mass: rejected and never re-emitted
 
 
+def test_a_vocabulary_block_masked_to_minus_infinity():
+    """A block of logits masked out entirely (constrained decoding) adds nothing to the row's
+    softmax and never wins the race, in both kernels; a top-k buffer holding 0 acts as 1."""
+    for seed in range(4):
+        draft, logits, inv_t, s, start = _case(3, seed, temperature=1.0)
+        logits = logits.float()
+        logits[:, sampling_triton.BLOCK_V : 2 * sampling_triton.BLOCK_V] = float("-inf")
+        args = (draft, logits, inv_t, s, start)
+        assert [int(t) for t in sampling_triton.point_mass_from_logits(*args)] == \
+            [int(t) for t in reference.point_mass_from_logits(*args)]
+        top = (torch.tensor([7]), torch.tensor([0.9]))
+        assert [int(t) for t in filtered.point_mass_filtered(draft, logits, inv_t, *top, s, start)] == \
+            [int(t) for t in reference.point_mass_filtered(draft, logits, inv_t, *top, s, start)]
+    zero, one = torch.tensor([0]), torch.tensor([1])
+    args = (draft, logits, inv_t, zero, torch.tensor([1.0]), s, start)
+    assert [int(t) for t in filtered.point_mass_filtered(*args)] == \
+        [int(t) for t in reference.point_mass_filtered(draft, logits, inv_t, one, torch.tensor([1.0]), s, start)]
+
+
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="draft must be long"):
         sampling_triton.point_mass_from_logits(torch.zeros(2, dtype=torch.long), torch.zeros(2, V),

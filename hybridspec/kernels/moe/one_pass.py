@@ -93,9 +93,10 @@ def launch_one_pass(x, weights, gate_up, down, shared, slots, y, block_m: int, t
     i = gate_up.shape[1] // 2
     i_s = shared.gate.shape[0] if shared is not None else 0
     bn = tuning.gate_up_bn
-    if tuple(y.shape) != (n, k + 1, triton.cdiv(max(i, i_s), bn), h) or y.dtype != torch.float32:
+    if tuple(y.shape) != (n, k + 1, triton.cdiv(max(i, i_s), bn), h) or y.dtype != torch.float32 or y.stride(3) != 1:
         raise ValueError(f"launch_one_pass: y must be fp32 [N, k + 1, tiles, H] = "
-                         f"{(n, k + 1, triton.cdiv(max(i, i_s), bn), h)}, got {y.dtype} {tuple(y.shape)}")
+                         f"{(n, k + 1, triton.cdiv(max(i, i_s), bn), h)} with unit last stride, got {y.dtype} "
+                         f"{tuple(y.shape)} with strides {y.stride()}")
     slot_expert, slot_kpos, count, _ = slots
     sg, su, sd, sgw = ((shared.gate, shared.up, shared.down, shared.gate_weight) if shared is not None
                        else (gate_up[0], gate_up[0], down[0], gate_up[0]))

@@ -15,6 +15,7 @@ Grid (N, ceil(H / BH)).
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -55,6 +56,10 @@ def launch_partial_sum(y, ids, out, n_experts: int, intermediate: int, shared_in
     if tuple(ids.shape) != (n, k1 - 1) or not ids.is_contiguous():
         raise ValueError(f"launch_partial_sum: ids must be contiguous [N, k] = {(n, k1 - 1)}, got "
                          f"{tuple(ids.shape)} with strides {ids.stride()}")
+    if y.dtype != torch.float32 or y.stride(3) != 1 or tiles < triton.cdiv(max(intermediate, shared_intermediate), block_n):
+        raise ValueError(f"launch_partial_sum: y must be fp32 [N, k + 1, tiles >= "
+                         f"{triton.cdiv(max(intermediate, shared_intermediate), block_n)}, H] with unit last stride, "
+                         f"got {y.dtype} {tuple(y.shape)} with strides {y.stride()}")
     if tuple(out.shape) != (n, h) or out.stride(1) != 1:
         raise ValueError(f"launch_partial_sum: out must be [N, H] = {(n, h)} with unit column stride, got "
                          f"{tuple(out.shape)} with strides {out.stride()}")

@@ -25,6 +25,7 @@ from hybridspec.kernels.moe.routing import expert_slots, workspace_size
 from hybridspec.kernels.moe.tuning import MOE_TUNING, tuning_for
 
 MAX_TOKENS = 64  # tokens per launch: one [BM <= 64, BK] activation tile per expert
+ONE_PASS_TOKENS = 16  # the longest call a one_pass row may serve (its partial rows grow with N · k · I / BN)
 
 
 def _check_layout(x: Tensor, gate_up: Tensor, down: Tensor, shared: SharedExpert | None) -> None:
@@ -70,6 +71,9 @@ def _moe_piece(x, ids, weights, gate_up, down, shared, out, tuning, first_expert
                             device=x.device)
     slots = expert_slots(ids, workspace, gate_up.shape[0], block_m, tiles, first_expert)
     if tuning.one_pass:
+        if n > ONE_PASS_TOKENS:
+            raise ValueError(f"moe_experts: a one_pass tuning row serves calls of at most {ONE_PASS_TOKENS} tokens, "
+                             f"this piece has {n}")
         y = torch.empty((n, k + 1, triton.cdiv(max(i, i_s), tuning.gate_up_bn), x.shape[1]), dtype=torch.float32,
                         device=x.device)  # [N, k + 1, tiles, H] partial rows
         launch_one_pass(x, weights, gate_up, down, shared, slots, y, block_m, tuning, interpreted())

@@ -40,7 +40,7 @@ def _filtered_rule_kernel(draft_ptr, value_ptr, id_ptr, top_k_ptr, top_p_ptr, se
     if USE_GDC:
         wait_then_release()
     i_w = tl.program_id(0)
-    k = tl.minimum(tl.load(top_k_ptr).to(tl.int32), KMAX)
+    k = tl.minimum(tl.maximum(tl.load(top_k_ptr).to(tl.int32), 1), KMAX)
     o_b = tl.arange(0, NBP)
     o_j = tl.arange(0, KMAX)
     ok = (o_b < NB)[:, None] & (o_j < k)[None, :]
@@ -86,8 +86,8 @@ def _filtered_rule_kernel(draft_ptr, value_ptr, id_ptr, top_k_ptr, top_p_ptr, se
 def point_mass_filtered(draft: Tensor, logits: Tensor, inv_temperature: Tensor, top_k: Tensor, top_p: Tensor,
                         seed: Tensor, start: Tensor) -> tuple[Tensor, Tensor]:
     """draft [w−1] long, logits [w, V] (unit column stride), inv_temperature, top_p [1] fp32,
-    top_k [1] long (1 ≤ top_k ≤ KMAX, read on the device: larger values act as KMAX, so the caller
-    checks them), seed, start [1] long → (A [1] long, x_new [1] long)."""
+    top_k [1] long (1 ≤ top_k ≤ KMAX, read on the device and clamped to that range, so the caller
+    checks it), seed, start [1] long → (A [1] long, x_new [1] long)."""
     w, V = logits.shape
     if logits.stride(1) != 1:
         raise ValueError(f"point_mass_filtered: logits must have unit column stride, got {logits.stride()}")
@@ -99,12 +99,12 @@ def point_mass_filtered(draft: Tensor, logits: Tensor, inv_temperature: Tensor, 
                          "tensors (CPU tensors only with TRITON_INTERPRET=1 set before import)")
     nb = triton.cdiv(V, BLOCK_V)
     device = logits.device
+    arrivals = torch.zeros(1, dtype=torch.int32, device=device)  # a fill kernel before the two launches, so they chain
     values = torch.empty((w, nb, KMAX), dtype=torch.float32, device=device)
     ids = torch.empty((w, nb, KMAX), dtype=torch.int32, device=device)
     launch_candidates(logits, inv_temperature, top_k, values, ids, BLOCK_V)
     kept = torch.empty(w, dtype=torch.int32, device=device)
     winner = torch.empty(w, dtype=torch.int32, device=device)
-    arrivals = torch.zeros(1, dtype=torch.int32, device=device)  # a memset node in a captured round
     accepted = torch.empty(1, dtype=torch.long, device=device)
     x_new = torch.empty(1, dtype=torch.long, device=device)
     _filtered_rule_kernel[(w,)](draft.contiguous(), values, ids, top_k, top_p, seed, start, kept, winner, arrivals,

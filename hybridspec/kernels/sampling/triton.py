@@ -44,7 +44,7 @@ def _point_mass_kernel(draft_ptr, logits_ptr, inv_t_ptr, seed_ptr, start_ptr, pa
     v_ok = o_v < V
     z = tl.load(logits_ptr + i_w * stride_l + o_v, mask=v_ok, other=float("-inf")).to(tl.float32) * inv_t  # [BV]
     m = tl.max(z, 0)
-    s = tl.sum(tl.exp(z - m), 0)
+    s = tl.sum(tl.exp(z - tl.where(m == float("-inf"), 0.0, m)), 0)  # 0 for a block masked to -inf throughout
     excluded = tl.load(draft_ptr + i_w, mask=i_w < W - 1, other=-1)  # d_i, or -1 on the last row
     u = uniform(position_key(seed, start + i_w), 1 + o_v.to(tl.int64))  # [BV] token v's lane 1 + v
     race = tl.where(v_ok & (o_v != excluded), z - tl.log(-tl.log(u)), float("-inf"))  # log(p_v / E_v) + const
@@ -68,7 +68,7 @@ def _point_mass_kernel(draft_ptr, logits_ptr, inv_t_ptr, seed_ptr, start_ptr, pa
         b_win = tl.load(index_ptr + o_r[:, None] * NB + o_c[None, :], mask=ok, other=V, cache_modifier=".cg")
         row_max = tl.max(b_m, 1)  # [WP]
         row_max = tl.where(o_r < W, row_max, 0.0)
-        row_sum = tl.sum(tl.where(ok, b_s * tl.exp(b_m - row_max[:, None]), 0.0), 1)  # [WP]
+        row_sum = tl.sum(tl.where(ok & (b_m > float("-inf")), b_s * tl.exp(b_m - row_max[:, None]), 0.0), 1)  # [WP]
         tested = o_r < W - 1
         b_d = tl.load(draft_ptr + o_r, mask=tested, other=0)  # [WP]
         z_d = tl.load(logits_ptr + o_r * stride_l + b_d, mask=tested, other=0.0).to(tl.float32) * inv_t
@@ -100,7 +100,7 @@ def point_mass_from_logits(draft: Tensor, logits: Tensor, inv_temperature: Tenso
     device = logits.device
     part = torch.empty(w * nb * 3, dtype=torch.float32, device=device)  # per (row, block): m, Σ exp, race
     index = torch.empty(w * nb, dtype=torch.int32, device=device)  # per (row, block): its race winner
-    arrivals = torch.zeros(1, dtype=torch.int32, device=device)  # a memset node in a captured round
+    arrivals = torch.zeros(1, dtype=torch.int32, device=device)  # zeroed by a fill kernel at every launch or replay
     accepted = torch.empty(1, dtype=torch.long, device=device)
     x_new = torch.empty(1, dtype=torch.long, device=device)
     _point_mass_kernel[(w, nb)](draft.contiguous(), logits, inv_temperature, seed, start, part, index, arrivals,
