@@ -77,9 +77,11 @@ def test_policy_tokens_equal_ar(sessions, prompts, policy):
 
 
 @pytest.mark.parametrize("policy", ("ar", "full", "hybridspec"))
-def test_sampled_graph_rounds_equal_host_rounds(sessions, prompts, policy):
-    """Temperature 1 on the graph path (point-mass rule and keyed draws on the device, one host
-    read per round) emits what the host-driven round emits from the same seed."""
+@pytest.mark.parametrize("top_k, top_p", [(0, 1.0), (20, 0.95)], ids=("temperature", "top-k-top-p"))
+def test_sampled_graph_rounds_equal_host_rounds(sessions, prompts, policy, top_k, top_p):
+    """Temperature 1, alone or under top-k 20 and top-p 0.95, on the graph path (the point-mass
+    rule's kernels and keyed draws on the device, one host read per round) emits what the
+    host-driven round emits (the torch form) from the same seed."""
     from hybridspec.runtime.engine import Engine
     from hybridspec.runtime.sampling import SamplingParams
 
@@ -87,7 +89,7 @@ def test_sampled_graph_rounds_equal_host_rounds(sessions, prompts, policy):
     host = Engine(tri.target, tri.drafter, max_context=tri.engine.max_context, resident=False)
     chosen = make_policy(policy, DRAFT_LEN, hand_parameters(), device="cuda")
     for i, ids in enumerate(prompts[:3]):
-        sampling = SamplingParams(temperature=1.0, seed=i)
+        sampling = SamplingParams(temperature=1.0, top_k=top_k, top_p=top_p, seed=i)
         want = host.generate(ids, policy=chosen, max_new_tokens=TOKENS, sampling=sampling).token_ids
         got = tri.engine.generate(ids, policy=chosen, max_new_tokens=TOKENS, sampling=sampling).token_ids
         assert got == want, f"{policy}: prompt {i}"
