@@ -94,7 +94,7 @@ def test_filtered_same_choice_as_the_reference(w):
     """top-k (1 … KMAX) and top-p cuts at several temperatures: the reference's accepted count and
     token, including drafts outside the kept set (probability zero: always rejected)."""
     outcomes = set()
-    for seed in range(10):
+    for seed in range(10 if w < 16 else 5):  # each seed a different top-k / top-p pair
         draft, logits, inv_t, s, start = _case(w, seed, temperature=(0.6, 1.0, 1.5)[seed % 3])
         top_k = torch.tensor([(1, 5, 20, filtered.KMAX, 40)[seed % 5]])
         top_p = torch.tensor([(1.0, 0.95, 0.5, 0.8)[seed % 4]])
