@@ -42,13 +42,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from ..kernels.sampling import KERNEL_TOP_K
 from .cache import TargetCache
 from .drafter import DFlashDrafter
 from .models.hybrid import HybridTarget, Stage0
 from .policies import AutoregressivePolicy, FixedPolicy, HybridSpecPolicy, NominalPolicy, Policy
-from ..kernels.sampling import KERNEL_TOP_K
 from .sampling import SamplingParams, point_mass, sampling_probs
-
 
 FUSED_SAMPLING = True  # off: the torch form on every backend (`bench/gpu_round.py --variants torch-sampling`)
 
