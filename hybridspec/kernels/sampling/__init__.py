@@ -6,3 +6,4 @@ for temperature alone, `filtered.py` (after `candidates.py`) in two under a top-
 KERNEL_TOP_K (top-p or not). Other filters (top-p alone, a larger top-k) keep the torch form's sort."""
 
 KERNEL_TOP_K = 64  # the largest top-k the kernels take
+BLOCK_V = 4096  # logits per (row, block) program of the kernels

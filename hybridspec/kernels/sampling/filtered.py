@@ -24,14 +24,12 @@ import triton.language as tl
 from torch import Tensor
 
 from hybridspec.kernels import pdl
-from hybridspec.kernels.interpreter import interpreted
 from hybridspec.kernels.pdl import wait_then_release
+from hybridspec.kernels.sampling import BLOCK_V
 from hybridspec.kernels.sampling.candidates import KMAX, launch_candidates
+from hybridspec.kernels.sampling.checks import check_rule_args
 from hybridspec.kernels.sampling.draws import position_key, uniform
 from hybridspec.kernels.sampling.reference import ACCEPT_LANE
-
-BLOCK_V = 4096
-
 
 @triton.jit
 def _filtered_rule_kernel(draft_ptr, value_ptr, id_ptr, top_k_ptr, top_p_ptr, seed_ptr, start_ptr, kept_ptr,
@@ -88,15 +86,7 @@ def point_mass_filtered(draft: Tensor, logits: Tensor, inv_temperature: Tensor, 
     """draft [w−1] long, logits [w, V] (unit column stride), inv_temperature, top_p [1] fp32,
     top_k [1] long (1 ≤ top_k ≤ KMAX, read on the device and clamped to that range, so the caller
     checks it), seed, start [1] long → (A [1] long, x_new [1] long)."""
-    w, V = logits.shape
-    if logits.stride(1) != 1:
-        raise ValueError(f"point_mass_filtered: logits must have unit column stride, got {logits.stride()}")
-    if tuple(draft.shape) != (w - 1,) or draft.dtype != torch.long:
-        raise ValueError(f"point_mass_filtered: draft must be long [w − 1] = [{w - 1}], got {draft.dtype} "
-                         f"{tuple(draft.shape)}")
-    if logits.device.type != "cuda" and not interpreted():
-        raise ValueError(f"point_mass_filtered: tensors are on {logits.device}; the Triton kernels need CUDA "
-                         "tensors (CPU tensors only with TRITON_INTERPRET=1 set before import)")
+    w, V = check_rule_args("point_mass_filtered", draft, logits)
     nb = triton.cdiv(V, BLOCK_V)
     device = logits.device
     arrivals = torch.zeros(1, dtype=torch.int32, device=device)  # a fill kernel before the two launches, so they chain

@@ -25,12 +25,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from hybridspec.kernels.interpreter import interpreted
+from hybridspec.kernels.sampling import BLOCK_V
+from hybridspec.kernels.sampling.checks import check_rule_args
 from hybridspec.kernels.sampling.draws import position_key, uniform
 from hybridspec.kernels.sampling.reference import ACCEPT_LANE
-
-BLOCK_V = 4096
-
 
 @triton.jit
 def _point_mass_kernel(draft_ptr, logits_ptr, inv_t_ptr, seed_ptr, start_ptr, part_ptr, index_ptr, arrivals_ptr,
@@ -87,15 +85,7 @@ def point_mass_from_logits(draft: Tensor, logits: Tensor, inv_temperature: Tenso
                            start: Tensor) -> tuple[Tensor, Tensor]:
     """draft [w−1] long, logits [w, V] (unit column stride), inv_temperature [1] fp32, seed and
     start [1] long → (A [1] long, x_new [1] long); row i decides the token at position start + i."""
-    w, V = logits.shape
-    if logits.stride(1) != 1:
-        raise ValueError(f"point_mass_from_logits: logits must have unit column stride, got {logits.stride()}")
-    if tuple(draft.shape) != (w - 1,) or draft.dtype != torch.long:
-        raise ValueError(f"point_mass_from_logits: draft must be long [w − 1] = [{w - 1}], got {draft.dtype} "
-                         f"{tuple(draft.shape)}")
-    if logits.device.type != "cuda" and not interpreted():
-        raise ValueError(f"point_mass_from_logits: tensors are on {logits.device}; the Triton kernel needs CUDA "
-                         "tensors (CPU tensors only with TRITON_INTERPRET=1 set before import)")
+    w, V = check_rule_args("point_mass_from_logits", draft, logits)
     nb = triton.cdiv(V, BLOCK_V)
     device = logits.device
     part = torch.empty(w * nb * 3, dtype=torch.float32, device=device)  # per (row, block): m, Σ exp, race
