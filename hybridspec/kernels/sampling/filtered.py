@@ -31,6 +31,7 @@ from hybridspec.kernels.sampling.checks import check_rule_args
 from hybridspec.kernels.sampling.draws import position_key, uniform
 from hybridspec.kernels.sampling.reference import ACCEPT_LANE
 
+
 @triton.jit
 def _filtered_rule_kernel(draft_ptr, value_ptr, id_ptr, top_k_ptr, top_p_ptr, seed_ptr, start_ptr, kept_ptr,
                           winner_ptr, arrivals_ptr, accepted_ptr, x_new_ptr, W, V, NB, ACCEPT: tl.constexpr,

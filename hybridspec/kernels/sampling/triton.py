@@ -30,6 +30,7 @@ from hybridspec.kernels.sampling.checks import check_rule_args
 from hybridspec.kernels.sampling.draws import position_key, uniform
 from hybridspec.kernels.sampling.reference import ACCEPT_LANE
 
+
 @triton.jit
 def _point_mass_kernel(draft_ptr, logits_ptr, inv_t_ptr, seed_ptr, start_ptr, part_ptr, index_ptr, arrivals_ptr,
                        accepted_ptr, x_new_ptr, stride_l, W, V, NB, ACCEPT: tl.constexpr, BV: tl.constexpr,
