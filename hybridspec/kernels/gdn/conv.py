@@ -16,6 +16,7 @@ import triton.language as tl
 from torch import Tensor
 
 from hybridspec.kernels import pdl
+from hybridspec.kernels.gdn.tiles import conv_silu_tile
 from hybridspec.kernels.pdl import wait_then_release
 
 
@@ -30,23 +31,13 @@ def _conv_silu_kernel(x_ptr, s_ptr, w_ptr, y_ptr, xo_ptr, T, C,
     o_t = i_t * BT + tl.arange(0, BT)
     o_c = i_c * BC + tl.arange(0, BC)
     t_ok, c_ok = o_t < T, o_c < C
-    acc = tl.zeros([BT, BC], dtype=tl.float32)
-    for j in tl.static_range(K):
-        s = o_t + (j - (K - 1))  # the input this tap reads: x[s], or state column K − 1 + s before x
-        in_x = s >= 0
-        b_x = tl.load(x_ptr + i_b * stride_xb + s[:, None] * stride_xt + o_c[None, :],
-                      mask=(in_x & t_ok)[:, None] & c_ok[None, :], other=0.0)
-        b_s = tl.load(s_ptr + i_b * stride_sb + o_c[None, :] * stride_sc + (s + (K - 1))[:, None] * stride_sk,
-                      mask=((s < 0) & t_ok)[:, None] & c_ok[None, :], other=0.0)
-        b_w = tl.load(w_ptr + o_c * stride_wc + j * stride_wk, mask=c_ok, other=0.0).to(tl.float32)
-        acc += tl.where(in_x[:, None], b_x, b_s).to(tl.float32) * b_w[None, :]
-        if COPY and j == K - 1:  # the last tap reads x at the program's own tokens
-            tl.store(xo_ptr + i_b * stride_ob + o_t[:, None] * stride_ot + o_c[None, :], b_x,
-                     mask=t_ok[:, None] & c_ok[None, :])
-    dtype = y_ptr.dtype.element_ty
-    a = acc.to(dtype).to(tl.float32)
-    y = (a / (1.0 + tl.exp(-a))).to(dtype)
-    tl.store(y_ptr + i_b * stride_yb + o_t[:, None] * stride_yt + o_c[None, :], y, mask=t_ok[:, None] & c_ok[None, :])
+    y, b_x = conv_silu_tile(x_ptr + i_b * stride_xb, s_ptr + i_b * stride_sb, w_ptr, o_t, o_c, t_ok, c_ok,
+                            stride_xt, stride_sc, stride_sk, stride_wc, stride_wk, K)
+    if COPY:  # the last tap read x at the program's own tokens
+        tl.store(xo_ptr + i_b * stride_ob + o_t[:, None] * stride_ot + o_c[None, :], b_x,
+                 mask=t_ok[:, None] & c_ok[None, :])
+    tl.store(y_ptr + i_b * stride_yb + o_t[:, None] * stride_yt + o_c[None, :], y.to(y_ptr.dtype.element_ty),
+             mask=t_ok[:, None] & c_ok[None, :])
 
 
 def causal_conv_silu(x: Tensor, state: Tensor, weight: Tensor, *, x_out: Tensor | None = None) -> Tensor:

@@ -53,6 +53,78 @@ def pending_weights(b_pg, b_m, BJ: tl.constexpr):
 
 
 @triton.jit
+def fold_rows(b_s, b_pz, b_pk, b_pg, b_m, BJ: tl.constexpr):
+    """Eq. 7 on this program's BV rows of the state, the previous round's commit, S_m = e^{g_m} S +
+    sum_{j < m} e^{g_m - g_j} z_j k_j^T, by BJ rank-1 updates (programs of fewer than 16 rows, tl.dot's
+    smallest tile); token j's z and k rows are picked out of the tiles (sums of one value and
+    zeros, exact), BJ = the previous round's length rounded up to a power of two."""
+    o_j = tl.arange(0, BJ)
+    b_decay, b_w = pending_weights(b_pg, b_m, BJ)
+    b_wz = b_pz * b_w[None, :]
+    b_pk = b_pk.to(tl.float32)
+    b_s = b_decay * b_s
+    for j in tl.static_range(BJ):
+        b_zj = tl.sum(tl.where(o_j[None, :] == j, b_wz, 0.0), axis=1)  # [BV]
+        b_kj = tl.sum(tl.where(o_j[:, None] == j, b_pk, 0.0), axis=0)  # [BK]
+        b_s += b_zj[:, None] * b_kj[None, :]
+    return b_s
+@triton.jit
+def recurrent_steps(b_s, b_Q, b_K, b_V, b_G, b_B, T: tl.constexpr, BT: tl.constexpr):
+    """Eq. 1 token by token on BV rows of the state, S_0 = b_s [BV, BK] in registers: per token i,
+    z_i = beta_i (v_i - e^{gamma_i} S_{i-1} k_i), S_i = e^{gamma_i} S_{i-1} + z_i k_i^T, o_i = S_i q_i,
+    from every token's normalised q, k rows [BT, BK], v columns [BV, BT], log decays gamma and write
+    strengths beta [BT] loaded before the loop (so its chain is the state arithmetic alone). Returns
+    o and z as columns [BV, BT] and the cumulative log decays g_cum [BT], all fp32; the final state
+    is not returned (no kernel writes it)."""
+    o_t = tl.arange(0, BT)
+    b_o = tl.zeros([b_s.shape[0], BT], dtype=tl.float32)  # column i: o_i restricted to these rows
+    b_z = tl.zeros([b_s.shape[0], BT], dtype=tl.float32)
+    b_gc = tl.zeros([BT], dtype=tl.float32)
+    g_i = 0.0
+    for i in tl.static_range(T):
+        # row i of the tiles (sums of one value and zeros: exact)
+        b_k = tl.sum(tl.where(o_t[:, None] == i, b_K, 0.0), axis=0)  # k_i [BK]
+        b_q = tl.sum(tl.where(o_t[:, None] == i, b_Q, 0.0), axis=0)
+        b_vi = tl.sum(tl.where(o_t[None, :] == i, b_V, 0.0), axis=1)  # v_i [BV]
+        gamma = tl.sum(tl.where(o_t == i, b_G, 0.0), axis=0)
+        b_beta = tl.sum(tl.where(o_t == i, b_B, 0.0), axis=0)
+        g_i += gamma
+        b_s = b_s * tl.exp(gamma)
+        b_zi = b_beta * (b_vi - tl.sum(b_s * b_k[None, :], axis=1))  # [BV]
+        b_s += b_zi[:, None] * b_k[None, :]
+        b_oi = tl.sum(b_s * b_q[None, :], axis=1)  # [BV]
+        b_z = tl.where(o_t[None, :] == i, b_zi[:, None], b_z)
+        b_o = tl.where(o_t[None, :] == i, b_oi[:, None], b_o)
+        b_gc = tl.where(o_t == i, g_i, b_gc)
+    return b_o, b_z, b_gc
+
+
+
+@triton.jit
+def conv_silu_tile(p_x, p_cs, p_cw, o_t, o_c, m_t, m_c, stride_x_t, stride_cs_c, stride_cs_k, stride_cw_c,
+                   stride_cw_k, K: tl.constexpr):
+    """The causal depthwise conv + SiLU of channels o_c [BC] at tokens o_t [BT] of one sequence:
+    tap j of token t reads x[t + j - (K - 1)] (p_x: [T, C] rows) or, before the first token, the
+    window's column K - 1 + t + j - (K - 1) (p_cs: [C, K - 1]); the K products with the weights
+    (p_cw: [C, K]) summed in tap order in fp32, rounded to x's dtype, the SiLU, rounded again.
+    Returns that [BT, BC] (widened to fp32, exact) and x at (o_t, o_c) [BT, BC] in x's dtype (the
+    last tap's input), both zero where masked."""
+    acc = tl.zeros([o_t.shape[0], o_c.shape[0]], dtype=tl.float32)
+    for j in tl.static_range(K):
+        s = o_t + (j - (K - 1))  # the input this tap reads: x[s], or window column K - 1 + s before x
+        in_x = s >= 0
+        b_x = tl.load(p_x + s[:, None] * stride_x_t + o_c[None, :], mask=(in_x & m_t)[:, None] & m_c[None, :],
+                      other=0.0)
+        b_c = tl.load(p_cs + o_c[None, :] * stride_cs_c + (s + (K - 1))[:, None] * stride_cs_k,
+                      mask=((s < 0) & m_t)[:, None] & m_c[None, :], other=0.0)
+        b_w = tl.load(p_cw + o_c * stride_cw_c + j * stride_cw_k, mask=m_c, other=0.0).to(tl.float32)
+        acc += tl.where(in_x[:, None], b_x, b_c).to(tl.float32) * b_w[None, :]
+    dtype = p_x.dtype.element_ty
+    b_a = acc.to(dtype).to(tl.float32)
+    return (b_a / (1.0 + tl.exp(-b_a))).to(dtype).to(tl.float32), b_x
+
+
+@triton.jit
 def dot_bt(b_a, b_b, WIDEN: tl.constexpr):
     """A B^T of two bf16 tiles, fp32 sums of exact products: a bf16 tensor-core product, or (WIDEN,
     under the interpreter, whose tl.dot multiplies bf16 tiles as raw 16-bit integers in triton 3.9)

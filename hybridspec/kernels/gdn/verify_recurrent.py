@@ -13,27 +13,9 @@ import triton
 import triton.language as tl
 
 from hybridspec.kernels.gdn.launch import launch_options, verify_arguments
-from hybridspec.kernels.gdn.tiles import log_decay, pending_tiles, pending_weights
+from hybridspec.kernels.gdn.tiles import fold_rows, log_decay, pending_tiles, recurrent_steps
 from hybridspec.kernels.gdn.tuning import VerifyTuning
 from hybridspec.kernels.pdl import wait_then_release
-
-
-@triton.jit
-def fold_rows(b_s, b_pz, b_pk, b_pg, b_m, BJ: tl.constexpr):
-    """Eq. 7 on this program's BV rows of the state, the previous round's commit, S_m = e^{g_m} S +
-    sum_{j < m} e^{g_m - g_j} z_j k_j^T, by BJ rank-1 updates (programs of fewer than 16 rows, tl.dot's
-    smallest tile); token j's z and k rows are picked out of the tiles (sums of one value and
-    zeros, exact), BJ = the previous round's length rounded up to a power of two."""
-    o_j = tl.arange(0, BJ)
-    b_decay, b_w = pending_weights(b_pg, b_m, BJ)
-    b_wz = b_pz * b_w[None, :]
-    b_pk = b_pk.to(tl.float32)
-    b_s = b_decay * b_s
-    for j in tl.static_range(BJ):
-        b_zj = tl.sum(tl.where(o_j[None, :] == j, b_wz, 0.0), axis=1)  # [BV]
-        b_kj = tl.sum(tl.where(o_j[:, None] == j, b_pk, 0.0), axis=0)  # [BK]
-        b_s += b_zj[:, None] * b_kj[None, :]
-    return b_s
 
 
 @triton.jit
@@ -90,11 +72,7 @@ def gdn_verify_recurrent_kernel(
     p_g = g + i_b * stride_g_b + i_h
     p_beta = beta + i_b * stride_beta_b + i_h
 
-    b_o = tl.zeros([BV, BT], dtype=tl.float32)  # column i: o_i restricted to rows o_v
-    b_z = tl.zeros([BV, BT], dtype=tl.float32)
-    b_gc = tl.zeros([BT], dtype=tl.float32)
     r_K = tl.full([BT], 1.0, tl.float32)  # 1 / |k_i| (GATED)
-    g_i = 0.0
     if GATED:
         a_log, dt = tl.load(A_log + i_h).to(tl.float32), tl.load(dt_bias + i_h).to(tl.float32)
     m_tk = m_t[:, None] & m_k[None, :]
@@ -120,21 +98,7 @@ def gdn_verify_recurrent_kernel(
     if FOLD:  # the previous round's commit (Eq. 7) on these rows, stored in place: S_0 of this round
         b_s = fold_rows(b_s, b_pz, b_pk, b_pg, b_m, BJ)
         tl.store(p_s, b_s, mask=m_vk)
-    for i in tl.static_range(T):
-        # row i of the tiles (sums of one value and zeros: exact)
-        b_k = tl.sum(tl.where(o_t[:, None] == i, b_K, 0.0), axis=0)  # k_i [BK]
-        b_q = tl.sum(tl.where(o_t[:, None] == i, b_Q, 0.0), axis=0)
-        b_vi = tl.sum(tl.where(o_t[None, :] == i, b_V, 0.0), axis=1)  # v_i [BV]
-        gamma = tl.sum(tl.where(o_t == i, b_G, 0.0), axis=0)
-        b_beta = tl.sum(tl.where(o_t == i, b_B, 0.0), axis=0)
-        g_i += gamma
-        b_s = b_s * tl.exp(gamma)
-        b_zi = b_beta * (b_vi - tl.sum(b_s * b_k[None, :], axis=1))  # [BV]
-        b_s += b_zi[:, None] * b_k[None, :]
-        b_oi = tl.sum(b_s * b_q[None, :], axis=1)  # [BV]
-        b_z = tl.where(o_t[None, :] == i, b_zi[:, None], b_z)
-        b_o = tl.where(o_t[None, :] == i, b_oi[:, None], b_o)
-        b_gc = tl.where(o_t == i, g_i, b_gc)
+    b_o, b_z, b_gc = recurrent_steps(b_s, b_Q, b_K, b_V, b_G, b_B, T, BT)
 
     m_vt = m_v[:, None] & m_t[None, :]
     p_o = o + i_b * stride_o_b + o_t[None, :] * stride_o_t + i_h * stride_o_h + o_v[:, None]
