@@ -157,3 +157,56 @@ def assert_slices_only(T: int, *buffers: torch.Tensor) -> None:
     """Nothing outside slot 1's first T tokens of each round buffer (`round_buffers`) was written."""
     for buf in buffers:
         assert buf[0].isnan().all() and buf[1, :, T:].isnan().all(), "a kernel wrote outside its slice"
+
+
+# ---------------------------------------------------------------------------------------------
+# the layer's conv + verification + gated norm (`gdn_mixer`)
+# ---------------------------------------------------------------------------------------------
+
+CONV_K = 4
+MIXER_OUTPUTS = ("conv_out", "z_out", "g_out", "k_out")
+
+
+def mixer_inputs(seed: int, T: int, dtype, HK, HV, dk, dv, B: int = 2) -> dict:
+    """`gdn_mixer`'s inputs as the layer has them: x, gate, a and b strided slices of one wider
+    projection; the output buffers filled with NaN."""
+    gen = torch.Generator().manual_seed(seed)
+    C = 2 * HK * dk + HV * dv
+    projection = torch.randn(B, T, C + HV * dv + 2 * HV + 5, generator=gen).to(dtype)  # [x | gate | b | a | pad]
+    x, gate, b, a = projection[..., :C + HV * dv + 2 * HV].split((C, HV * dv, HV, HV), dim=-1)
+    gates = raw_inputs(seed + 1, B=B, T=T, HK=HK, HV=HV, dk=dk, dv=dv)
+    return dict(x=x, conv_state=torch.randn(B, C, CONV_K - 1, generator=gen).to(dtype),
+                conv_weight=(0.5 * torch.randn(C, 1, CONV_K, generator=gen)).to(dtype),
+                a=a, b=b, A_log=gates["A_log"], dt_bias=gates["dt_bias"], state=0.3 * gates["state"],
+                scale=dk**-0.5, gate=gate.unflatten(-1, (HV, dv)),
+                norm_weight=(1 + 0.2 * torch.randn(dv, generator=gen)).to(dtype), norm_eps=1e-6,
+                conv_out=torch.full((B, T, C), float("nan"), dtype=dtype),
+                z_out=torch.full((B, T, HV, dv), float("nan")), g_out=torch.full((B, T, HV), float("nan")),
+                k_out=torch.full((B, T, HK, dk), float("nan"), dtype=dtype))
+
+
+def with_pending(inputs: dict, T1: int, seed: int) -> dict:
+    """The same layer one round later: the previous round (T1 tokens, run by the reference from
+    inputs' state) pending, m = T1 in one sequence and 1 in the other."""
+    first = mixer_inputs(seed, T1, inputs["x"].dtype, **mixer_shape(inputs))
+    first.update(state=inputs["state"], A_log=inputs["A_log"], dt_bias=inputs["dt_bias"],
+                 conv_weight=inputs["conv_weight"], norm_weight=inputs["norm_weight"])
+    reference.gdn_mixer(**dict(first, state=first["state"].clone()))
+    pending = (first["z_out"], first["k_out"], first["g_out"], torch.tensor([T1, 1]))
+    return dict(inputs, pending=pending)
+
+
+def mixer_shape(inputs: dict) -> dict:
+    HK, dk, HV, dv = *inputs["k_out"].shape[2:], *inputs["z_out"].shape[2:]
+    return dict(HK=HK, HV=HV, dk=dk, dv=dv)
+
+
+def fresh_mixer_buffers(inputs: dict) -> dict:
+    """A copy whose state and output buffers are its own (the ops write them)."""
+    return dict(inputs, state=inputs["state"].clone(), **{n: inputs[n].clone() for n in MIXER_OUTPUTS})
+
+
+def mixer_heads(inputs: dict) -> dict:
+    """`reference.split_heads`'s head sizes of `gdn_mixer` inputs."""
+    s = mixer_shape(inputs)
+    return dict(hk=s["HK"], dk=s["dk"], hv=s["HV"], dv=s["dv"])

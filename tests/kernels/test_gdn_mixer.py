@@ -21,56 +21,13 @@ from hybridspec.kernels.gdn.mixer import MAX_HEADS, _counters  # noqa: E402
 from hybridspec.kernels.gdn.tuning import SHIPPED  # noqa: E402
 from hybridspec.kernels.interpreter import interpreted  # noqa: E402
 from hybridspec.kernels.norm.triton import gated_rms_norm  # noqa: E402
-from tests.kernels.gdn_cases import FP32_RATIO, SHAPES, verify_table  # noqa: E402
-from tests.kernels.test_gdn_reference import raw_inputs  # noqa: E402
+from tests.kernels.gdn_cases import FP32_RATIO, MIXER_OUTPUTS, SHAPES, fresh_mixer_buffers, mixer_heads  # noqa: E402
+from tests.kernels.gdn_cases import mixer_inputs, verify_table, with_pending  # noqa: E402
 from tests.tolerance import assert_close  # noqa: E402
 
 if not interpreted():
     pytest.skip("hybridspec.kernels.gdn.triton was imported before TRITON_INTERPRET=1 was set",
                 allow_module_level=True)
-
-CONV_K = 4
-OUTPUTS = ("conv_out", "z_out", "g_out", "k_out")
-
-
-def layer_inputs(seed: int, T: int, dtype, HK, HV, dk, dv, B: int = 2) -> dict:
-    """`gdn_mixer`'s inputs as the layer has them: x, gate, a and b strided slices of one wider
-    projection; the output buffers filled with NaN."""
-    gen = torch.Generator().manual_seed(seed)
-    C = 2 * HK * dk + HV * dv
-    projection = torch.randn(B, T, C + HV * dv + 2 * HV + 5, generator=gen).to(dtype)  # [x | gate | b | a | pad]
-    x, gate, b, a = projection[..., :C + HV * dv + 2 * HV].split((C, HV * dv, HV, HV), dim=-1)
-    gates = raw_inputs(seed + 1, B=B, T=T, HK=HK, HV=HV, dk=dk, dv=dv)
-    return dict(x=x, conv_state=torch.randn(B, C, CONV_K - 1, generator=gen).to(dtype),
-                conv_weight=(0.5 * torch.randn(C, 1, CONV_K, generator=gen)).to(dtype),
-                a=a, b=b, A_log=gates["A_log"], dt_bias=gates["dt_bias"], state=0.3 * gates["state"],
-                scale=dk**-0.5, gate=gate.unflatten(-1, (HV, dv)),
-                norm_weight=(1 + 0.2 * torch.randn(dv, generator=gen)).to(dtype), norm_eps=1e-6,
-                conv_out=torch.full((B, T, C), float("nan"), dtype=dtype),
-                z_out=torch.full((B, T, HV, dv), float("nan")), g_out=torch.full((B, T, HV), float("nan")),
-                k_out=torch.full((B, T, HK, dk), float("nan"), dtype=dtype))
-
-
-def with_pending(inputs: dict, T1: int, seed: int) -> dict:
-    """The same layer one round later: the previous round (T1 tokens, run by the reference from
-    inputs' state) pending, m = T1 in one sequence and 1 in the other."""
-    first = layer_inputs(seed, T1, inputs["x"].dtype, **_shape(inputs))
-    first.update(state=inputs["state"], A_log=inputs["A_log"], dt_bias=inputs["dt_bias"],
-                 conv_weight=inputs["conv_weight"], norm_weight=inputs["norm_weight"])
-    reference.gdn_mixer(**dict(first, state=first["state"].clone()))
-    pending = (first["z_out"], first["k_out"], first["g_out"], torch.tensor([T1, 1]))
-    return dict(inputs, pending=pending)
-
-
-def _shape(inputs: dict) -> dict:
-    HK, dk, HV, dv = *inputs["k_out"].shape[2:], *inputs["z_out"].shape[2:]
-    return dict(HK=HK, HV=HV, dk=dk, dv=dv)
-
-
-def fresh(inputs: dict) -> dict:
-    """A copy whose state and output buffers are its own (the ops write them)."""
-    return dict(inputs, state=inputs["state"].clone(), **{n: inputs[n].clone() for n in OUTPUTS})
-
 
 def test_signature_matches_reference():
     params = list(inspect.signature(gdn_triton.gdn_mixer).parameters.values())
@@ -88,17 +45,17 @@ CASES = [(1, "recurrent-8x1", None), (2, "recurrent-32x4", None), (3, "recurrent
 @pytest.mark.parametrize(("T", "variant", "T1"), CASES)
 @pytest.mark.parametrize("shape", ["grouped", "ungrouped"])
 def test_matches_the_reference_in_fp32(T, variant, T1, shape):
-    inputs = layer_inputs(10 * T + len(variant), T, torch.float32, **SHAPES[shape])
+    inputs = mixer_inputs(10 * T + len(variant), T, torch.float32, **SHAPES[shape])
     if T1 is not None:
         inputs = with_pending(inputs, T1, seed=T1)
-    want, got = fresh(inputs), fresh(inputs)
+    want, got = fresh_mixer_buffers(inputs), fresh_mixer_buffers(inputs)
 
     o_ref = reference.gdn_mixer(**want)
     o = gdn_triton.gdn_mixer(**got, tuning=verify_table(variant))
 
     assert o.shape == o_ref.shape and o.dtype == torch.float32
     assert_close("o (normed, gated)", o_ref, o, FP32_RATIO)
-    for name in OUTPUTS:
+    for name in MIXER_OUTPUTS:
         assert_close(name, want[name], got[name], FP32_RATIO)
     assert_close("state (the pending commit folded in place)", want["state"], got["state"], FP32_RATIO)
     assert not _counters(o.device).any(), "a head's counter was left non-zero"
@@ -109,14 +66,14 @@ def test_equals_the_three_launches_in_bf16(T, T1):
     """bf16 activations as the model has them: the conv, verification and norm kernels launched
     one after another give bit for bit the same outputs (the same arithmetic in the same order);
     the one launch called twice on the same inputs gives them again (its counters reset)."""
-    inputs = layer_inputs(70 + T, T, torch.bfloat16, **SHAPES["grouped"])
+    inputs = mixer_inputs(70 + T, T, torch.bfloat16, **SHAPES["grouped"])
     if T1 is not None:
         inputs = with_pending(inputs, T1, seed=80 + T1)
     table = verify_table("recurrent-8x1")
-    three, one, again = fresh(inputs), fresh(inputs), fresh(inputs)
+    three, one, again = fresh_mixer_buffers(inputs), fresh_mixer_buffers(inputs), fresh_mixer_buffers(inputs)
 
     q, k, v = reference.split_heads(gdn_triton.causal_conv_silu(three["x"], three["conv_state"], three["conv_weight"],
-                                                                x_out=three["conv_out"]), **_heads(inputs))
+                                                                x_out=three["conv_out"]), **mixer_heads(inputs))
     o3, _, _ = gdn_triton.gdn_verify_gated(q, k, v, three["a"], three["b"], three["A_log"], three["dt_bias"],
                                            three["state"], three["scale"], z_out=three["z_out"],
                                            g_out=three["g_out"], k_out=three["k_out"], pending=three.get("pending"),
@@ -127,14 +84,9 @@ def test_equals_the_three_launches_in_bf16(T, T1):
 
     assert o_one.dtype == torch.bfloat16
     for name, a, b, c in [("o", o_three, o_one, o_again), ("state", three["state"], one["state"], again["state"])]+[
-            (n, three[n], one[n], again[n]) for n in OUTPUTS]:
+            (n, three[n], one[n], again[n]) for n in MIXER_OUTPUTS]:
         assert torch.equal(a, b), f"{name}: one launch differs from the three"
         assert torch.equal(b, c), f"{name}: a second call differs from the first"
-
-
-def _heads(inputs: dict) -> dict:
-    s = _shape(inputs)
-    return dict(hk=s["HK"], dk=s["dk"], hv=s["HV"], dv=s["dv"])
 
 
 @pytest.mark.parametrize(("change", "message"), [
@@ -145,7 +97,7 @@ def _heads(inputs: dict) -> dict:
     (lambda i: dict(i, conv_out=i["conv_out"].float()), "conv_out has dtype torch.float32, expected x's"),
 ])
 def test_bad_arguments_are_named(change, message):
-    inputs = change(layer_inputs(5, 2, torch.bfloat16, **SHAPES["grouped"]))
+    inputs = change(mixer_inputs(5, 2, torch.bfloat16, **SHAPES["grouped"]))
     for op in (reference.gdn_mixer, gdn_triton.gdn_mixer):
         with pytest.raises(ValueError, match=message.replace("(", r"\(")):
             op(**inputs)
@@ -153,6 +105,6 @@ def test_bad_arguments_are_named(change, message):
 
 def test_too_many_heads_are_refused():
     """One arrival counter per (sequence, value head): a call with more heads is refused before launch."""
-    inputs = layer_inputs(6, 1, torch.float32, HK=1, HV=1, dk=16, dv=16, B=MAX_HEADS + 1)
+    inputs = mixer_inputs(6, 1, torch.float32, HK=1, HV=1, dk=16, dv=16, B=MAX_HEADS + 1)
     with pytest.raises(ValueError, match=f"B \\* HV = {MAX_HEADS + 1} heads, at most {MAX_HEADS}"):
         gdn_triton.gdn_mixer(**inputs)
