@@ -178,7 +178,7 @@ def decode_rows(session, model: str, runs: dict[str, Engine], prompt, policies, 
                 by_w.setdefault(record.w, []).append(record.seconds["total"])
             row = dict(model=model, path=path, policy=name, temperature=sampling.temperature, top_k=sampling.top_k,
                        top_p=sampling.top_p, rounds=len(result.rounds),
-                       ms_per_round=round(result.decode_seconds * 1e3 / len(result.rounds), 3),
+                       ms_per_round=round(result.decode_seconds * 1e3 / max(1, len(result.rounds)), 3),
                        ms_per_token=round(result.decode_seconds * 1e3 / max(1, result.decode_tokens), 3),
                        w=round(result.mean_verification_length, 2),
                        ms_per_round_by_w={w: round(statistics.median(v) * 1e3, 3) for w, v in sorted(by_w.items())},

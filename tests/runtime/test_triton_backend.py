@@ -109,10 +109,11 @@ def test_fused_gdn_mixer_emits_exactly_the_torch_ar_tokens(alternating_dir, torc
     for layer in layers:
         layer.fused_mixer = mixer
     vocab = target.cfg.vocab_size
-    for i, ((prompt, want), policy_name) in enumerate(zip(torch_ar_tokens, ("ar", "hybridspec"), strict=True)):
+    for i, ((prompt, want), policy_name, tokens) in enumerate(zip(torch_ar_tokens, ("ar", "hybridspec"), (5, NEW_TOKENS),
+                                                                   strict=True)):
         drafter = ScriptedDrafter(prompt + want, vocab, seed=i)
         engine = Engine(target, drafter, max_context=128)
         result = engine.generate(prompt, policy=make_policy(policy_name, 15, policy_parameters()),
-                                 max_new_tokens=NEW_TOKENS)
-        assert result.token_ids == want, policy_name
+                                 max_new_tokens=tokens)
+        assert result.token_ids == want[:tokens], policy_name
     assert 1 in lengths and max(lengths) <= 16 and any(T > 4 for T in lengths), sorted(set(lengths))
