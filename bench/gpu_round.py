@@ -19,9 +19,8 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 
 `--variants a,b` runs steps 1–4 once per variant on the same loaded model (rows and checks tagged
 `variant`): `shipped`, an op family put back on its PyTorch reference, a switch turned off, or one
-turned on (`VARIANTS`: `prepare-ref`, `no-pdl`, `shared-beside`, `moe-one-pass`, `torch-sampling`,
-`gdn-mixer`), to measure a kernel or a launch mode against what it replaced side by side in one
-process. `--tp N --layouts columns,experts` loads each model once per MoE layout (every expert's
+turned on (`VARIANTS`: `prepare-ref`, `no-pdl`, `shared-beside`, `torch-sampling`), to measure a
+kernel or a launch mode against what it replaced side by side in one process. `--tp N --layouts columns,experts` loads each model once per MoE layout (every expert's
 columns split across the ranks, or expert parallelism) and runs everything on each (rows and checks
 tagged `layout`).
 
@@ -50,13 +49,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.kernels.cuda_timing import copy_bandwidth, median_us  # noqa: E402
 from hybridspec.kernels import pdl  # noqa: E402
 from hybridspec.kernels.attention import reference as attention_reference  # noqa: E402
-from hybridspec.kernels.gdn import triton as gdn_triton  # noqa: E402
-from hybridspec.kernels.moe import triton as moe_triton  # noqa: E402
-from hybridspec.kernels.moe.tuning import MoETuning  # noqa: E402
 from hybridspec.runtime import resident  # noqa: E402
 from hybridspec.runtime.engine import Engine  # noqa: E402
 from hybridspec.runtime.layers.attention import GatedAttention  # noqa: E402
-from hybridspec.runtime.layers.gdn import GatedDeltaNet  # noqa: E402
 from hybridspec.runtime.layers.moe import SparseMoE  # noqa: E402
 from hybridspec.runtime.policies import make_policy  # noqa: E402
 from hybridspec.runtime.sampling import SamplingParams  # noqa: E402
@@ -76,11 +71,6 @@ VARIANTS = {
     "prepare-ref": {GatedAttention: {"prepare_op": attention_reference.norm_rope_store}},
     "no-pdl": {pdl: {"ENABLED": False}},  # the kernels of `kernels/pdl.py` launched without PDL
     "torch-sampling": {resident: {"FUSED_SAMPLING": False}},  # the point-mass rule's torch form
-    # the GDN layers' conv, verification and gated norm in one launch up to 4 tokens (`kernels/gdn/mixer.py`)
-    "gdn-mixer": {GatedDeltaNet: {"fused_mixer": gdn_triton.gdn_mixer}},
-    # the MoE's calls of up to 4 tokens in one pass (`kernels/moe/one_pass.py`), longer ones as shipped
-    "moe-one-pass": {moe_triton: {"MOE_TUNING": {4: MoETuning(one_pass=True, gate_up_bn=16, gate_up_bk=256,
-                                                              down_bh=256), 64: MoETuning()}}},
 }
 
 

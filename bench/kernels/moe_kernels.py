@@ -58,12 +58,7 @@ MODELS = {  # name: (E, k, hidden, moe_intermediate, shared_intermediate)
 }
 LENGTHS = (1, 2, 4, 8, 12, 16)
 DISTINCT = (8, 16, 32, 48, 64, 80, 96, 112, 128)
-SWEEP = {  # tuning variants timed beside the shipped table (name: MoETuning applied at every T)
-    "one-pass bn16": MoETuning(one_pass=True, gate_up_bn=16, gate_up_bk=256, down_bh=256),
-    "one-pass bn32 bk128": MoETuning(one_pass=True, gate_up_bn=32, gate_up_bk=128, down_bh=128),
-    "one-pass bn16 bk128 s4": MoETuning(one_pass=True, gate_up_bn=16, gate_up_bk=128, gate_up_stages=4, down_bh=128),
-    "one-pass bn32 w8": MoETuning(one_pass=True, gate_up_bn=32, gate_up_bk=256, gate_up_warps=8, down_bh=256),
-}
+SWEEP: dict[str, MoETuning] = {}  # tuning variants timed beside the shipped table, at every T
 
 
 class Layer:
@@ -351,8 +346,7 @@ def main(argv=None) -> int:
     distincts = (8, 64, 128) if args.quick else DISTINCT
     for model in result["models"]:
         layers = [Layer(model, seed=r) for r in range(ROTATIONS)]
-        checked = {k: v for k, v in impls.items()
-                   if "[" not in k or k == "hybridspec[routed only]" or k.startswith("hybridspec[one-pass")}
+        checked = {k: v for k, v in impls.items() if "[" not in k or k == "hybridspec[routed only]"}
         result["checks"] += check(model, layers[0], checked, log)
         result["rows"] += time_all(model, layers, impls, samples, replays, bandwidth, lengths, distincts, log)
         result["eta"] += [e for e in (fit_eta(result["rows"], i, model) for i in impls) if e]

@@ -66,49 +66,6 @@ def test_expert_parallel_parts_sum_to_the_whole_call(name, shape, route, dtype):
         assert not parts[2].any() and not parts[3].any()
 
 
-ONE_PASS = {16: MoETuning(one_pass=True, gate_up_bn=16, gate_up_bk=32, down_bh=32), 64: MoETuning()}
-
-
-@pytest.mark.parametrize("name, shape, route, dtype", [
-    ("one-token", (1, 2, 16, 48, 24, 40), {}, torch.float32),
-    ("k8-E256-bf16", (16, 8, 256, 64, 32, 32), {}, torch.bfloat16),
-    ("k10-awkward-widths", (3, 10, 64, 80, 24, 40), {}, torch.float32),  # I and Is end mid-tile, Is > I
-    ("shared-narrower", (4, 2, 16, 32, 40, 8), {}, torch.bfloat16),  # tiles past the shared expert's width
-    ("one-expert", (16, 2, 16, 32, 16, 16), {"one_expert": 7}, torch.float32),
-    ("all-distinct-no-shared", (16, 8, 128, 32, 16, 0), {"all_distinct": True}, torch.float32),
-    ("prefill-two-pieces", (70, 2, 16, 32, 16, 24), {}, torch.float32),  # 64 tokens as shipped, then 6 in one pass
-])
-def test_one_pass_equals_the_oracle(name, shape, route, dtype):
-    """Both halves in one launch and the fixed-order sum of the partial rows, on unwritten memory
-    poisoned with NaN (a partial row summed that no program wrote reads as NaN)."""
-    args = moe_inputs(*shape, dtype=dtype, **route)
-    with poisoned_allocations():
-        _check(name, args, tuning=ONE_PASS)
-
-
-@pytest.mark.parametrize("route", [{}, {"within": (4, 8)}])
-def test_one_pass_expert_parallel_parts_sum_to_the_whole_call(route):
-    args = moe_inputs(5, 2, 16, 32, 16, 16, dtype=torch.float32, **route)
-    with poisoned_allocations():
-        parts = [moe_triton.moe_experts(**part, tuning=ONE_PASS) for part in expert_parts(args, 4)]
-    assert_close("parts", moe_oracle(**args), torch.stack(parts).double().sum(0), RATIO[torch.float32])
-    if route:  # processes 2 and 3 hold none of the call's experts and no shared expert: zeros
-        assert not parts[2].any() and not parts[3].any()
-
-
-def test_one_pass_is_the_same_in_every_run_and_reads_nothing_back():
-    args = moe_inputs(4, 8, 64, 48, 32, 32, dtype=torch.bfloat16)
-    with NoHostRead():
-        first = moe_triton.moe_experts(**args, tuning=ONE_PASS)
-    assert torch.equal(first, moe_triton.moe_experts(**args, tuning=ONE_PASS))
-
-
-def test_a_one_pass_row_for_long_calls_is_refused():
-    args = moe_inputs(moe_triton.ONE_PASS_TOKENS + 1, 2, 16, 32, 16, 16)
-    with pytest.raises(ValueError, match="one_pass tuning row serves calls of at most"):
-        moe_triton.moe_experts(**args, tuning={64: MoETuning(one_pass=True)})
-
-
 def test_tuning_is_taken_as_given():
     args = moe_inputs(6, 2, 16, 80, 40, 24)
     tuning = {64: MoETuning(gate_up_bn=16, gate_up_bk=32, down_bh=32, down_bk=16, down_stages=1)}

@@ -78,36 +78,6 @@ def check_gated_inputs(fn, q, k, v, a, b, A_log, dt_bias, state, k_out) -> tuple
     return B, T, HK, HV, dk, dv
 
 
-def check_mixer_inputs(fn, x, conv_state, conv_weight, gate, norm_weight, conv_out, z_out, g_out, k_out
-                       ) -> tuple[int, int, int, int, int, int]:
-    """`gdn_mixer`'s own arguments (its q, k, v views of the conv output and the gates go through
-    `check_gated_inputs`): x [B, T, C] with C = 2 HK dk + HV dv, the head sizes read from k_out
-    [B, T, HK, dk] and z_out [B, T, HV, dv]; conv_state [B, C, K - 1] and conv_out [B, T, C] in x's
-    dtype; conv_weight [C, 1, K]; gate [B, T, HV, dv]; norm_weight [dv]; g_out [B, T, HV] fp32.
-    Returns (B, T, HK, dk, HV, dv)."""
-    check_ndim(fn, "x", x, "B, T, C")
-    check_ndim(fn, "k_out", k_out, "B, T, HK, dk")
-    check_ndim(fn, "z_out", z_out, "B, T, HV, dv")
-    check_ndim(fn, "conv_weight", conv_weight, "C, 1, K")
-    B, T, C = x.shape
-    HK, dk, HV, dv = *k_out.shape[2:], *z_out.shape[2:]
-    if C != 2 * HK * dk + HV * dv:
-        raise ValueError(f"{fn}: x has {C} channels, expected 2·HK·dk + HV·dv = {2 * HK * dk + HV * dv} "
-                         f"(HK={HK}, dk={dk} from k_out, HV={HV}, dv={dv} from z_out)")
-    K = conv_weight.shape[-1]
-    check_shape(fn, "conv_weight", conv_weight, "C, 1, K", (C, 1, K))
-    check_shape(fn, "conv_state", conv_state, "B, C, K - 1", (B, C, K - 1))
-    check_shape(fn, "conv_out", conv_out, "B, T, C", (B, T, C))
-    check_shape(fn, "k_out", k_out, "B, T, HK, dk", (B, T, HK, dk))
-    check_shape(fn, "gate", gate, "B, T, HV, dv", (B, T, HV, dv))
-    check_shape(fn, "norm_weight", norm_weight, "dv", (dv,))
-    check_factor_outputs(fn, z_out, g_out, (B, T, HV, dv))
-    for name, t in (("conv_state", conv_state), ("conv_out", conv_out)):
-        if t.dtype != x.dtype:
-            raise ValueError(f"{fn}: {name} has dtype {t.dtype}, expected x's {x.dtype}")
-    return B, T, HK, dk, HV, dv
-
-
 def check_raw_keys(fn: str, k: Tensor, k_out: Tensor | None, raw_keys: bool) -> None:
     """raw_keys stores k as given: k_out must hold it exactly (the same dtype)."""
     if raw_keys and k_out is not None and k_out.dtype != k.dtype:

@@ -43,12 +43,10 @@ from hybridspec.kernels.gdn.checks import (
     check_commit_inputs,
     check_factor_outputs,
     check_gated_inputs,
-    check_mixer_inputs,
     check_pending,
     check_raw_keys,
     check_step_inputs,
 )
-from hybridspec.kernels.norm.reference import gated_rms_norm
 
 # ---------------------------------------------------------------------------------------------
 # Head grouping: HV = HK x G, value head h = hk * G + group
@@ -264,27 +262,3 @@ def causal_conv_silu(x: Tensor, state: Tensor, weight: Tensor, *, x_out: Tensor 
     window = torch.cat((state, x.transpose(1, 2)), dim=-1)  # [B, C, K − 1 + T]
     conv = torch.nn.functional.conv1d(window, weight, groups=x.shape[-1])
     return torch.nn.functional.silu(conv).transpose(1, 2).contiguous()
-
-
-def split_heads(mixed: Tensor, hk: int, dk: int, hv: int, dv: int) -> tuple[Tensor, Tensor, Tensor]:
-    """The q, k [B, T, HK, dk] and v [B, T, HV, dv] views of the layer's conv output [B, T, C]."""
-    q, k, v = mixed.split((hk * dk, hk * dk, hv * dv), dim=-1)
-    return q.unflatten(-1, (hk, dk)), k.unflatten(-1, (hk, dk)), v.unflatten(-1, (hv, dv))
-
-
-def gdn_mixer(x, conv_state, conv_weight, a, b, A_log, dt_bias, state, scale, gate, norm_weight, norm_eps, *,
-              conv_out, z_out, g_out, k_out, pending=None) -> Tensor:
-    """The GDN layer between its input and output projections (DESIGN B.4): `causal_conv_silu` of the
-    projected channels x [B, T, C] (q of every key head, then k, then v) with the window conv_state
-    [B, C, K - 1] and weights conv_weight [C, 1, K], x copied to conv_out [B, T, C]; then
-    `gdn_verify_gated` with raw keys on its q, k, v (head sizes from k_out [B, T, HK, dk] and z_out
-    [B, T, HV, dv]), the raw gates a, b [B, T, HV] and the pending commit, the factors going to
-    z_out, g_out, k_out; then `gated_rms_norm(o, gate, norm_weight, norm_eps)` with the gate
-    [B, T, HV, dv]. Returns that [B, T, HV, dv] in x's dtype."""
-    _, _, HK, dk, HV, dv = check_mixer_inputs("gdn_mixer", x, conv_state, conv_weight, gate, norm_weight, conv_out,
-                                              z_out, g_out, k_out)
-    mixed = causal_conv_silu(x, conv_state, conv_weight, x_out=conv_out)
-    q, k, v = split_heads(mixed, HK, dk, HV, dv)
-    o, _, _ = gdn_verify_gated(q, k, v, a, b, A_log, dt_bias, state, scale, z_out=z_out, g_out=g_out, k_out=k_out,
-                               pending=pending, raw_keys=True)
-    return gated_rms_norm(o, gate, norm_weight, norm_eps)

@@ -23,7 +23,6 @@ from hybridspec.kernels.gdn.checks import (
     check_factor_outputs,
     check_gated_inputs,
     check_layout,
-    check_mixer_inputs,
     check_pending,
     check_raw_keys,
     check_sizes,
@@ -31,17 +30,14 @@ from hybridspec.kernels.gdn.checks import (
 )
 from hybridspec.kernels.gdn.commit import launch_commit
 from hybridspec.kernels.gdn.conv import causal_conv_silu
-from hybridspec.kernels.gdn.mixer import launch_mixer
 from hybridspec.kernels.interpreter import interpreted
-from hybridspec.kernels.norm.triton import gated_rms_norm
 from hybridspec.kernels.gdn.reference import gdn_commit as reference_commit
-from hybridspec.kernels.gdn.reference import split_heads
 from hybridspec.kernels.gdn.tuning import SHIPPED, CommitTuning, Tuning, VerifyTuning
 from hybridspec.kernels.gdn.verify_recurrent import launch_verify_recurrent
 from hybridspec.kernels.gdn.verify_split import launch_verify_split
 
 __all__ = ["MAX_TOKENS", "SHIPPED", "CommitTuning", "Tuning", "VerifyTuning", "causal_conv_silu", "gdn_commit",
-           "gdn_mixer", "gdn_verify", "gdn_verify_gated"]
+           "gdn_verify", "gdn_verify_gated"]
 
 _LAUNCHERS = {"recurrent": launch_verify_recurrent, "split": launch_verify_split}
 
@@ -88,19 +84,7 @@ def gdn_verify_gated(q, k, v, a, b, A_log, dt_bias, state, scale, *, z_out=None,
     Its commit (Eq. 7) is applied to `state` in place in the same launch, each program folding its
     own rows before it verifies from them, so the round costs no separate commit launch and no
     second read of the state. T' > 16 (a long prefill chunk) is committed by the reference first."""
-    o, z, g_cum, pending = _checked_gated("gdn_verify_gated", q, k, v, a, b, A_log, dt_bias, state, z_out, g_out,
-                                          k_out, pending, raw_keys)
-    launch = tuning.verify[q.shape[1]]
-    _LAUNCHERS[launch.method](q, k, v, a, b, state, scale, o, z, g_cum, launch, gates=(A_log, dt_bias),
-                              k_out=k_out, pending=pending, raw_keys=raw_keys)
-    return o, z, g_cum
-
-
-def _checked_gated(fn, q, k, v, a, b, A_log, dt_bias, state, z_out, g_out, k_out, pending, raw_keys):
-    """Validate a gated verification's arguments for the kernels; returns (o, z, g_cum, pending):
-    the output o [B, T, HV, dv] (v's dtype) allocated, z and g_cum (z_out and g_out, or allocated),
-    and the pending commit, None once a pending window longer than the kernels take (a long
-    prefill chunk) has been committed here by the reference."""
+    fn = "gdn_verify_gated"
     B, T, HK, HV, dk, dv = check_gated_inputs(fn, q, k, v, a, b, A_log, dt_bias, state, k_out)
     check_factor_outputs(fn, z_out, g_out, (B, T, HV, dv))
     check_sizes(fn, T, dk)
@@ -122,33 +106,11 @@ def _checked_gated(fn, q, k, v, a, b, A_log, dt_bias, state, z_out, g_out, k_out
     if pending is not None and pending[0].shape[1] > MAX_TOKENS:
         reference_commit(state[None], *(x[None] for x in pending[:3]), pending[3])
         pending = None
-    return o, z, g_cum, pending
 
-
-def gdn_mixer(x, conv_state, conv_weight, a, b, A_log, dt_bias, state, scale, gate, norm_weight, norm_eps, *,
-              conv_out, z_out, g_out, k_out, pending=None, tuning: Tuning = SHIPPED) -> Tensor:
-    """Triton `reference.gdn_mixer` (the conv, the gated verification with raw keys and the gated
-    norm) for T <= 16 tokens: one launch (`mixer.py`) where the length's verification is the
-    recurrent kernel, else the three kernels one after another. x, conv_state, conv_out and gate
-    in bf16 or fp32 with a contiguous last dimension."""
-    fn = "gdn_mixer"
-    _, T, HK, dk, HV, dv = check_mixer_inputs(fn, x, conv_state, conv_weight, gate, norm_weight, conv_out, z_out,
-                                              g_out, k_out)
-    check_sizes(fn, T, dk)
     launch = tuning.verify[T]
-    if launch.method != "recurrent":
-        q, k, v = split_heads(causal_conv_silu(x, conv_state, conv_weight, x_out=conv_out), HK, dk, HV, dv)
-        o = gdn_verify_gated(q, k, v, a, b, A_log, dt_bias, state, scale, z_out=z_out, g_out=g_out, k_out=k_out,
-                             pending=pending, raw_keys=True, tuning=tuning)[0]
-        return gated_rms_norm(o, gate, norm_weight, norm_eps)
-    q, k, v = split_heads(x, HK, dk, HV, dv)  # the conv output's layout, to validate the verification's part
-    o, z, g_cum, pending = _checked_gated(fn, q, k, v, a, b, A_log, dt_bias, state, z_out, g_out, k_out, pending,
-                                          raw_keys=True)
-    check_layout(fn, dict(x=x, conv_state=conv_state, conv_out=conv_out, gate=gate, norm_weight=norm_weight),
-                 interpreted=interpreted())
-    launch_mixer(x, conv_state, conv_weight, a, b, A_log, dt_bias, state, scale, gate, norm_weight, norm_eps, o,
-                 conv_out, z, g_cum, k_out, pending, launch)
-    return o
+    _LAUNCHERS[launch.method](q, k, v, a, b, state, scale, o, z, g_cum, launch, gates=(A_log, dt_bias),
+                              k_out=k_out, pending=pending, raw_keys=raw_keys)
+    return o, z, g_cum
 
 
 def gdn_commit(states, z, k, g_cum, accepted, *, tuning: Tuning = SHIPPED) -> None:

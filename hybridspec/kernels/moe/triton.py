@@ -3,9 +3,7 @@
 Three launches per call of at most 64 tokens, none reading the host and each with a grid fixed by
 (N, k): `routing.expert_slots` finds the distinct experts on the device, `gate_up` runs each
 distinct expert's gate and up projections once for all its tokens, `down` sums every token's
-weighted expert outputs and the shared expert's. Where the tuning row says `one_pass`, the last two
-are `one_pass` (both halves of each expert, split by intermediate columns) and `partial_sum`.
-Longer calls (prefill) run in 64-token pieces.
+weighted expert outputs and the shared expert's. Longer calls (prefill) run in 64-token pieces.
 Accumulation is fp32; bf16 weights use bf16 tensor-core products, fp32 weights IEEE fp32 ones.
 """
 
@@ -19,13 +17,10 @@ from hybridspec.kernels.interpreter import interpreted
 from hybridspec.kernels.moe.checks import SharedExpert, check_moe_args
 from hybridspec.kernels.moe.down import column_tiles, launch_down
 from hybridspec.kernels.moe.gate_up import launch_gate_up
-from hybridspec.kernels.moe.one_pass import launch_one_pass
-from hybridspec.kernels.moe.partial_sum import launch_partial_sum
 from hybridspec.kernels.moe.routing import expert_slots, workspace_size
 from hybridspec.kernels.moe.tuning import MOE_TUNING, tuning_for
 
 MAX_TOKENS = 64  # tokens per launch: one [BM <= 64, BK] activation tile per expert
-ONE_PASS_TOKENS = 16  # the longest call a one_pass row may serve (its partial rows grow with N · k · I / BN)
 
 
 def _check_layout(x: Tensor, gate_up: Tensor, down: Tensor, shared: SharedExpert | None) -> None:
@@ -66,19 +61,10 @@ def _moe_piece(x, ids, weights, gate_up, down, shared, out, tuning, first_expert
     n, k = ids.shape
     block_m = max(16, triton.next_power_of_2(n))
     i, i_s = gate_up.shape[1] // 2, shared.gate.shape[0] if shared is not None else 0
-    tiles = 0 if tuning.one_pass else column_tiles(x.shape[1], tuning)[1]  # the down kernel's arrival counters
+    tiles = column_tiles(x.shape[1], tuning)[1]  # the down kernel's arrival counters
     workspace = torch.empty(workspace_size(n, k, gate_up.shape[0], block_m, tiles), dtype=torch.int32,
                             device=x.device)
     slots = expert_slots(ids, workspace, gate_up.shape[0], block_m, tiles, first_expert)
-    if tuning.one_pass:
-        if n > ONE_PASS_TOKENS:
-            raise ValueError(f"moe_experts: a one_pass tuning row serves calls of at most {ONE_PASS_TOKENS} tokens, "
-                             f"this piece has {n}")
-        y = torch.empty((n, k + 1, triton.cdiv(max(i, i_s), tuning.gate_up_bn), x.shape[1]), dtype=torch.float32,
-                        device=x.device)  # [N, k + 1, tiles, H] partial rows
-        launch_one_pass(x, weights, gate_up, down, shared, slots, y, block_m, tuning, interpreted())
-        launch_partial_sum(y, ids, out, gate_up.shape[0], i, i_s, tuning.gate_up_bn, first_expert)
-        return
     act = torch.empty((n, k + 1, max(i, i_s)), dtype=x.dtype, device=x.device)  # [N, k + 1, max(I, Is)]
     launch_gate_up(x, weights, gate_up, shared, slots, act, block_m, tuning, interpreted())
     launch_down(act, down, shared, ids, slots, out, block_m, tuning, interpreted(), first_expert)

@@ -9,10 +9,7 @@ from types import MappingProxyType
 @dataclass(frozen=True)
 class MoETuning:
     """gate_up_*: tile of BN intermediate columns (gate and up rows) over BK hidden columns per step;
-    down_*: tile of BH hidden outputs over BK intermediate columns per step. one_pass: both halves
-    in one launch split by intermediate columns (`one_pass.py`: gate_up_* set its programs, down_bh
-    its down step) and a fixed-order sum of the partial rows (`partial_sum.py`), instead of the
-    gate_up and down launches."""
+    down_*: tile of BH hidden outputs over BK intermediate columns per step."""
 
     gate_up_bn: int = 32
     gate_up_bk: int = 256
@@ -22,7 +19,6 @@ class MoETuning:
     down_bk: int = 128
     down_warps: int = 4
     down_stages: int = 3
-    one_pass: bool = False
 
     def __post_init__(self):
         for name in ("gate_up_bn", "gate_up_bk", "down_bh", "down_bk"):

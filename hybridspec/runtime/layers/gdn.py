@@ -14,7 +14,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...kernels.gdn import reference as gdn_reference
-from ...kernels.gdn.checks import MAX_TOKENS
 from ..cache import TargetCache
 from ..config import TargetConfig
 from .fusion import fuse_linears
@@ -41,9 +40,6 @@ class GatedDeltaNet(nn.Module):
         self._verify = verify
         self.conv_op = gdn_reference.causal_conv_silu  # the model sets the backend's (`kernels/gdn`)
         self._in_proj: Tensor | None = None  # the four input projections as one weight (`fuse_projections`)
-        # the conv, verification and gated norm as one op for windows of up to MAX_TOKENS tokens (a
-        # `kernels/gdn` `gdn_mixer`), in place of conv_op, the verification and the norm
-        self.fused_mixer: Callable | None = None
 
     def fuse_projections(self) -> None:
         """The qkv, z, b and a projections as one GEMM (`fuse_linears`): one launch, one pass over x."""
@@ -61,24 +57,22 @@ class GatedDeltaNet(nn.Module):
         """x [B, T, hidden] → [B, T, hidden]; fills the round buffers of `slot` for these T tokens."""
         B, T, _ = x.shape
         mixed, z, b, a = self._project(x)  # mixed: [B, T, conv_dim]
+        # the conv inputs also go to the round buffer, from which the commit advances the window
+        mixed = self.conv_op(mixed, cache.conv[slot], self.conv1d.weight, x_out=cache.conv_in[slot, :, :T])
+        key_dim = self.hk * self.dk
+        q, k, v = mixed.split((key_dim, key_dim, self.hv * self.dv), dim=-1)
+        q, k = q.reshape(B, T, self.hk, self.dk), k.reshape(B, T, self.hk, self.dk)
+        v = v.reshape(B, T, self.hv, self.dv)
+        # the kernel L2-normalises q and k and forms the gates from the raw a, b [B, T, HV]:
+        # log decay g = log α = −exp(A_log)·softplus(a + dt_bias), β = sigmoid(b)   (DESIGN B.4);
+        # the compact factors land in the round buffers: z / |k|, g_cum and the raw k (`raw_keys`: exact
+        # in the activation dtype, half the bytes of the normalised fp32 k with bf16 activations)
+        # the previous round's commit of this layer, if still pending, is folded into the same launch
+        o, _, _ = self._verify(q, k, v, a, b, self.A_log, self.dt_bias,
+                               cache.ssm[slot], self.dk**-0.5, z_out=cache.z[slot, :, :T],
+                               g_out=cache.g_cum[slot, :, :T], k_out=cache.k[slot, :, :T],
+                               pending=cache.pending_commit(slot), raw_keys=True)
+        cache.mark_committed(slot)  # the launch above folded the pending commit into this layer's state
         gate = z.reshape(B, T, self.hv, self.dv)
-        # the conv inputs go to the round buffer, from which the commit advances the window; the
-        # compact factors (z / |k|, g_cum, the raw k: `raw_keys`, exact in the activation dtype and
-        # half the bytes of the normalised fp32 k with bf16 activations) to theirs; the previous
-        # round's commit of this layer, if still pending, is folded into the verification
-        buffers = dict(z_out=cache.z[slot, :, :T], g_out=cache.g_cum[slot, :, :T], k_out=cache.k[slot, :, :T],
-                       pending=cache.pending_commit(slot))
-        if self.fused_mixer is not None and T <= MAX_TOKENS:
-            o = self.fused_mixer(mixed, cache.conv[slot], self.conv1d.weight, a, b, self.A_log, self.dt_bias,
-                                 cache.ssm[slot], self.dk**-0.5, gate, self.norm.weight, self.norm.eps,
-                                 conv_out=cache.conv_in[slot, :, :T], **buffers)
-        else:
-            mixed = self.conv_op(mixed, cache.conv[slot], self.conv1d.weight, x_out=cache.conv_in[slot, :, :T])
-            q, k, v = gdn_reference.split_heads(mixed, self.hk, self.dk, self.hv, self.dv)
-            # the kernel L2-normalises q and k and forms the gates from the raw a, b [B, T, HV]:
-            # log decay g = log α = −exp(A_log)·softplus(a + dt_bias), β = sigmoid(b)   (DESIGN B.4)
-            o, _, _ = self._verify(q, k, v, a, b, self.A_log, self.dt_bias, cache.ssm[slot], self.dk**-0.5,
-                                   raw_keys=True, **buffers)
-            o = self.norm(o, gate)  # [B, T, HV, dv] in x's dtype (o rounded to it first)
-        cache.mark_committed(slot)  # the pending commit was folded into this layer's state above
+        o = self.norm(o, gate)  # [B, T, HV, dv] in x's dtype (o rounded to it first)
         return self.out_proj(o.reshape(B, T, -1))
