@@ -148,8 +148,8 @@ def profile_round_counts(engine: Engine, prompt, policy, rounds: int,
 
 def decode_rows(session, model: str, runs: dict[str, Engine], prompt, policies, tokens: int, eager_tokens: int,
                 sampling: SamplingParams = SamplingParams()) -> list[dict]:
-    """Per policy and path: ms per round and per token, mean w, host reads and launches per round
-    (greedy, or sampled with `sampling`: the point-mass rule)."""
+    """Per policy and path: ms per round and per token, mean w (greedy, or sampled with `sampling`:
+    the point-mass rule). The host reads and launches per round are `count_rows`' (a later pass)."""
     rows = []
     for name in policies:
         policy = make_policy(name, session.drafter.draft_len, policy_parameters(session.drafter.draft_len))
@@ -161,8 +161,6 @@ def decode_rows(session, model: str, runs: dict[str, Engine], prompt, policies, 
             n = tokens if path == "graph" else eager_tokens
             engine.generate(prompt, policy=policy, max_new_tokens=min(n, 8), sampling=sampling)  # compiles what the prefill meets
             result = engine.generate(prompt, policy=policy, max_new_tokens=n, sampling=sampling)
-            syncs, launches = profile_round_counts(engine, prompt, policy, rounds=4 if path == "eager" else 16,
-                                                   sampling=sampling)
             by_w: dict[int, list[float]] = {}
             for record in result.rounds:
                 by_w.setdefault(record.w, []).append(record.seconds["total"])
@@ -172,11 +170,23 @@ def decode_rows(session, model: str, runs: dict[str, Engine], prompt, policies, 
                        ms_per_token=round(result.decode_seconds * 1e3 / max(1, result.decode_tokens), 3),
                        w=round(result.mean_verification_length, 2),
                        ms_per_round_by_w={w: round(statistics.median(v) * 1e3, 3) for w, v in sorted(by_w.items())},
-                       host_syncs_per_round=round(syncs, 2), host_launches_per_round=round(launches, 2),
                        prepare_s=round(prepare_s, 2))
             rows.append(row)
             log(f"  decode {model} {path:6s} {name:10s} {row}")
     return rows
+
+
+def count_rows(session, runs: dict[str, Engine], prompt, policies, sampling: SamplingParams) -> dict[tuple, dict]:
+    """(policy, path) → host reads and launches per round under `sampling` (`profile_round_counts`)."""
+    counts = {}
+    for name in policies:
+        policy = make_policy(name, session.drafter.draft_len, policy_parameters(session.drafter.draft_len))
+        for path in ("graph", "eager"):
+            runs[path].prepare(policy, sampling)
+            syncs, launches = profile_round_counts(runs[path], prompt, policy, rounds=4 if path == "eager" else 16,
+                                                   sampling=sampling)
+            counts[name, path] = dict(host_syncs_per_round=round(syncs, 2), host_launches_per_round=round(launches, 2))
+    return counts
 
 
 def pass_bytes(target, cache, routing: list[torch.Tensor], context: int) -> int:
@@ -415,6 +425,11 @@ def run(args, variants: list[str], command: str) -> None:
                                tensor_parallel=tensor_parallel, expert_parallel=layout == "experts")
         log(f"{model} ({layout}): loaded in {time.perf_counter() - t0:.1f} s")
         prompts = prompts_for(session, model, args.context, 6 if embedded else 2)
+        samplings = [SamplingParams(t, seed=0, **(dict(top_k=args.top_k, top_p=args.top_p) if t > 0 else {}))
+                     for t in (float(t) for t in args.temperatures.split(",") if t)]
+        model_rows = []
+        # timed pass, before any profiler session in the process: a session can leave CUDA's activity
+        # tracing attached, and the graph replays timed after it would pay for its kernel records
         for variant in variants:
             undo = apply_variant(session.target, variant)
             runs = engines(session, args.context + 4 * args.tokens)
@@ -424,23 +439,37 @@ def run(args, variants: list[str], command: str) -> None:
                     session, model, runs, prompts if embedded else prompts[:1], policies, 48 if embedded else 16,
                     fp32=embedded)]
             if not args.no_decode:
-                for temperature in (float(t) for t in args.temperatures.split(",") if t):
-                    rows += decode_rows(session, model, runs, prompts[0], policies, args.tokens,
-                                        args.eager_tokens, SamplingParams(temperature, seed=0,
-                                                                          **(dict(top_k=args.top_k, top_p=args.top_p)
-                                                                             if temperature > 0 else {})))
+                for sampling in samplings:
+                    rows += decode_rows(session, model, runs, prompts[0], policies, args.tokens, args.eager_tokens,
+                                        sampling)
             if not embedded and not args.no_verification:
                 rows += verification_rows(session, model, prompts[0], (1, 2, 4, 8, 12, 16), bandwidth)
                 rows += round_floor_rows(session, model, rows, args.context, bandwidth)
-                if args.profile:
-                    result["profile"] = result.get("profile", []) + [
-                        dict(row, variant=variant, layout=layout)
-                        for row in profile_rows(session, model, prompts[0], (1, 8, 16))]
-            result["rows"] += [dict(row, variant=variant, layout=layout) for row in rows]
+            model_rows += [dict(row, variant=variant, layout=layout) for row in rows]
             for module, attr, op in undo:
                 setattr(module, attr, op)
             del runs
             torch.cuda.empty_cache()
+        # counted pass, under the profiler: host reads and launches per round, the kernel-time profile
+        profiled = args.profile and not embedded and not args.no_verification
+        for variant in variants if not args.no_decode or profiled else ():
+            undo = apply_variant(session.target, variant)
+            runs = engines(session, args.context + 4 * args.tokens)
+            for sampling in samplings if not args.no_decode else ():
+                counts = count_rows(session, runs, prompts[0], policies, sampling)
+                for row in model_rows:
+                    if row["variant"] == variant and row.get("temperature") == sampling.temperature \
+                            and (row["policy"], row.get("path")) in counts:
+                        row.update(counts[row["policy"], row["path"]])
+            if profiled:
+                result["profile"] = result.get("profile", []) + [
+                    dict(row, variant=variant, layout=layout)
+                    for row in profile_rows(session, model, prompts[0], (1, 8, 16))]
+            for module, attr, op in undo:
+                setattr(module, attr, op)
+            del runs
+            torch.cuda.empty_cache()
+        result["rows"] += model_rows
         if writer:
             (args.out / "gpu_round.json").write_text(json.dumps(result, indent=1))
         del session
