@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The resident round's open measurements in one device call (10 minutes per command):
 #   device tool, timeout 600:   bash bench/device_round.sh $OUT [all|round|tests]
-# round: bench/gpu_round.py on the 35B preset, shipped listed first and last around shared-beside
-# (the spread between the two shipped runs bounds the order effect), greedy and top-k sampled,
-# then the host counts and a kernel-time profile of each variant (gpu_round's second pass).
+# round: bench/gpu_round.py on the 35B preset, shipped listed first and last around the two
+# shared-beside variants (the spread between the two shipped runs bounds the order effect), greedy
+# and top-k sampled, then the host counts and a kernel-time profile of each variant (gpu_round's
+# second pass).
 # tests: the GPU tests of the MoE, sampling and graph-exactness paths. Each step has its own time
 # cap so a slow one cannot take the other's results with it; the logs print every row as it is measured.
 set -u
@@ -21,7 +22,7 @@ mkdir -p "$OUT/round"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > "$OUT/gpu.txt" 2>&1
 if [ "$ROUND_CAP" -gt 0 ]; then
   timeout "$ROUND_CAP" python3 bench/gpu_round.py --out "$OUT/round" --models qwen3.6-35b-a3b \
-    --variants shipped,shared-beside,shipped --policies ar,full --temperatures 0,1 --top-k 20 --top-p 0.95 \
+    --variants shipped,shared-beside,shared-beside-spec,shipped --policies ar,full --temperatures 0,1 --top-k 20 --top-p 0.95 \
     --eager-tokens 1 --profile > "$OUT/round.log" 2>&1
   echo "gpu_round rc $?"
   grep -E "^  (decode .*graph|verify|round)" "$OUT/round.log" | cut -c1-200

@@ -19,8 +19,9 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 
 `--variants a,b` runs steps 1–4 once per variant on the same loaded model (rows and checks tagged
 `variant`): `shipped`, an op family put back on its PyTorch reference, a switch turned off, or one
-turned on (`VARIANTS`: `prepare-ref`, `no-pdl`, `shared-beside`, `torch-sampling`), to measure a
-kernel or a launch mode against what it replaced side by side in one process. `--tp N --layouts columns,experts` loads each model once per MoE layout (every expert's
+turned on (`VARIANTS`: `prepare-ref`, `no-pdl`, `shared-beside`, `shared-beside-spec`,
+`torch-sampling`), to measure a kernel or a launch mode against what it replaced side by side in one
+process. `--tp N --layouts columns,experts` loads each model once per MoE layout (every expert's
 columns split across the ranks, or expert parallelism) and runs everything on each (rows and checks
 tagged `layout`).
 
@@ -67,7 +68,8 @@ LAUNCH_CALLS = ("cudaGraphLaunch", "cudaLaunchKernel", "cuLaunchKernel", "cuLaun
 # {python module: {attribute: value}} set on that module
 VARIANTS = {
     "shipped": {},
-    "shared-beside": {SparseMoE: {"shared_beside": True}},  # the shared expert on a second stream
+    "shared-beside": {SparseMoE: {"shared_beside_from": 1}},  # the shared expert on a second stream
+    "shared-beside-spec": {SparseMoE: {"shared_beside_from": 2}},  # the same for verification passes only
     "prepare-ref": {GatedAttention: {"prepare_op": attention_reference.norm_rope_store}},
     "no-pdl": {pdl: {"ENABLED": False}},  # the kernels of `kernels/pdl.py` launched without PDL
     "torch-sampling": {resident: {"FUSED_SAMPLING": False}},  # the point-mass rule's torch form

@@ -54,8 +54,8 @@ def test_no_host_read_and_graph_replay_on_new_routing():
 
 @pytest.mark.parametrize("n", [1, 16])
 def test_the_shared_expert_beside_on_a_second_stream_eager_and_in_a_graph(n):
-    """`SparseMoE.shared_beside` on the GPU at the 35B shapes: the block runs the shared expert on its
-    second stream and the routed experts on the caller's, and joins them; eager calls equal the
+    """`SparseMoE.shared_beside_from` on the GPU at the 35B shapes: the block runs the shared expert
+    on its second stream and the routed experts on the caller's, and joins them; eager calls equal the
     shared-slot block within bf16 rounding, and a CUDA graph of the block (both streams captured)
     replays bit for bit what the eager block gives on new inputs."""
     from hybridspec.runtime.layers import moe
@@ -77,7 +77,7 @@ def test_the_shared_expert_beside_on_a_second_stream_eager_and_in_a_graph(n):
         streams.append((bool((ids < 0).all()), torch.cuda.current_stream().cuda_stream))
         return moe_triton.moe_experts(x, ids, *args, **kwargs)
 
-    block.experts_op, block.shared_beside = recorded, True
+    block.experts_op, block.shared_beside_from = recorded, 1
     beside, beside_ids = block(x)
     side = moe._side_stream(x.device).cuda_stream
     assert streams == [(True, side), (False, torch.cuda.current_stream().cuda_stream)] and side != streams[1][1]

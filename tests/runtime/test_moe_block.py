@@ -1,5 +1,5 @@
-"""The MoE block (`runtime/layers/moe.py`): `forward` is `route` then `run_experts`; with
-`shared_beside` the shared expert runs as a call of its own (the expert kernels with no routed
+"""The MoE block (`runtime/layers/moe.py`): `forward` is `route` then `run_experts`; from
+`shared_beside_from` tokens on the shared expert runs as a call of its own (the expert kernels with no routed
 expert held) and is added to the routed experts' call: the same ids and, within rounding, the same
 output, on the reference and on the Triton kernels (interpreted), whole and under expert
 parallelism. The CUDA streams it forks and joins are checked on the GPU (`tests/gpu/test_moe.py`)."""
@@ -44,7 +44,9 @@ def test_the_shared_expert_beside_equals_its_slot(backend, expert_parallel, dtyp
     slot, slot_ids = block(x)
     ids, weights = block.route(x)
     assert torch.equal(slot_ids, ids) and torch.equal(slot, block.run_experts(x, ids, weights))
-    block.shared_beside = True
+    block.shared_beside_from = 6  # a 5-token call stays as it was
+    assert torch.equal(block(x)[0], slot)
+    block.shared_beside_from = 2
     beside, beside_ids = block(x)
     assert torch.equal(beside_ids, ids)
     assert_close(f"{backend} {dtype}", slot.double(), beside.double(), 2e-6 if dtype == torch.float32 else 1e-2)

@@ -59,15 +59,16 @@ class SparseMoE(nn.Module):
     parallelism the experts held are [first_expert, first_expert + cfg.local_experts) of the
     router's ids, and the others' assignments add nothing here (another rank runs them).
 
-    `shared_beside`: `forward` runs the shared expert as a call of its own beside the router and the
-    routed experts (on a second CUDA stream, forked before the router and joined before the sum),
-    instead of as one more slot of the routed experts' launches."""
+    `shared_beside_from` (None: never): for calls of at least that many tokens, `forward` runs the
+    shared expert as a call of its own beside the router and the routed experts (on a second CUDA
+    stream, forked before the router and joined before the sum), instead of as one more slot of the
+    routed experts' launches; 2 keeps one-token passes as they are and changes verification passes."""
 
     def __init__(self, cfg: TargetConfig, experts_op: Callable = moe_reference.moe_experts):
         super().__init__()
         self.experts_op = experts_op
         self.first_expert = 0
-        self.shared_beside = False
+        self.shared_beside_from: int | None = None
         self.gate = Router(cfg)
         self.experts = Experts(cfg)
         self.shared_expert = DenseMLP(cfg.hidden_size, cfg.shared_expert_intermediate_size)
@@ -75,11 +76,11 @@ class SparseMoE(nn.Module):
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """x [B, T, hidden] → (MoE output [B, T, hidden], expert ids [B, T, k]): `route`, then
-        `run_experts`; with `shared_beside` the shared expert beside both."""
-        if not self.shared_beside:
+        `run_experts`; from `shared_beside_from` tokens on, the shared expert beside both."""
+        flat = x.reshape(-1, x.shape[-1])
+        if self.shared_beside_from is None or flat.shape[0] < self.shared_beside_from:
             ids, weights = self.route(x)
             return self.run_experts(x, ids, weights), ids
-        flat = x.reshape(-1, x.shape[-1])
         main = torch.cuda.current_stream(x.device) if x.is_cuda else None
         side = _side_stream(x.device) if x.is_cuda else None
         if side is not None and side.cuda_stream == main.cuda_stream:  # never forked onto itself
