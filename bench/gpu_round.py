@@ -20,10 +20,10 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 `--variants a,b` runs steps 1–4 once per variant on the same loaded model (rows and checks tagged
 `variant`): `shipped`, an op family put back on its PyTorch reference, a switch turned off, or one
 turned on (`VARIANTS`: `prepare-ref`, `no-pdl`, `shared-beside`, `shared-beside-spec`,
-`torch-sampling`), to measure a kernel or a launch mode against what it replaced side by side in one
-process. `--tp N --layouts columns,experts` loads each model once per MoE layout (every expert's
-columns split across the ranks, or expert parallelism) and runs everything on each (rows and checks
-tagged `layout`).
+`moe-inline-slots`, `torch-sampling`), to measure a kernel or a launch mode against what it replaced
+side by side in one process. `--tp N --layouts columns,experts` loads each model once per MoE
+layout (every expert's columns split across the ranks, or expert parallelism) and runs everything
+on each (rows and checks tagged `layout`).
 
     python3 bench/gpu_round.py --out DIR [--models embedded,qwen3.6-35b-a3b] [--context 1024]
     python3 bench/gpu_round.py --out DIR --models qwen3.5-122b-a10b --tp 2   # two GPUs, each rank its half
@@ -50,6 +50,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.kernels.cuda_timing import copy_bandwidth, median_us  # noqa: E402
 from hybridspec.kernels import pdl  # noqa: E402
 from hybridspec.kernels.attention import reference as attention_reference  # noqa: E402
+from hybridspec.kernels.moe import triton as moe_triton  # noqa: E402
+from hybridspec.kernels.moe.tuning import MoETuning  # noqa: E402
 from hybridspec.runtime import resident  # noqa: E402
 from hybridspec.runtime.engine import Engine  # noqa: E402
 from hybridspec.runtime.layers.attention import GatedAttention  # noqa: E402
@@ -70,6 +72,8 @@ VARIANTS = {
     "shipped": {},
     "shared-beside": {SparseMoE: {"shared_beside_from": 1}},  # the shared expert on a second stream
     "shared-beside-spec": {SparseMoE: {"shared_beside_from": 2}},  # the same for verification passes only
+    # the MoE's two expert kernels find their experts from the ids (no slots launch)
+    "moe-inline-slots": {moe_triton: {"MOE_TUNING": {64: MoETuning(inline_slots=True)}}},
     "prepare-ref": {GatedAttention: {"prepare_op": attention_reference.norm_rope_store}},
     "no-pdl": {pdl: {"ENABLED": False}},  # the kernels of `kernels/pdl.py` launched without PDL
     "torch-sampling": {resident: {"FUSED_SAMPLING": False}},  # the point-mass rule's torch form

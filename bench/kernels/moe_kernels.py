@@ -58,7 +58,9 @@ MODELS = {  # name: (E, k, hidden, moe_intermediate, shared_intermediate)
 }
 LENGTHS = (1, 2, 4, 8, 12, 16)
 DISTINCT = (8, 16, 32, 48, 64, 80, 96, 112, 128)
-SWEEP: dict[str, MoETuning] = {}  # tuning variants timed beside the shipped table, at every T
+SWEEP = {  # tuning variants timed beside the shipped table (name: MoETuning applied at every T)
+    "inline slots": MoETuning(inline_slots=True),
+}
 
 
 class Layer:
@@ -138,8 +140,8 @@ def ours_part(stages: int, shared: bool = True):
         def call():
             slots = expert_slots(inp.ids, workspace, e, 16, tiles)
             if stages > 1:
-                launch_gate_up(inp.x, inp.weights, layer.gate_up, layer.shared if shared else None, slots, act, 16,
-                               tuning, False)
+                launch_gate_up(inp.x, inp.ids, inp.weights, layer.gate_up, layer.shared if shared else None, slots,
+                               act, 16, tuning, False)
         return call
     return make
 
@@ -346,7 +348,8 @@ def main(argv=None) -> int:
     distincts = (8, 64, 128) if args.quick else DISTINCT
     for model in result["models"]:
         layers = [Layer(model, seed=r) for r in range(ROTATIONS)]
-        checked = {k: v for k, v in impls.items() if "[" not in k or k == "hybridspec[routed only]"}
+        checked = {k: v for k, v in impls.items()
+                   if "[" not in k or k == "hybridspec[routed only]" or k[len("hybridspec["):-1] in SWEEP}
         result["checks"] += check(model, layers[0], checked, log)
         result["rows"] += time_all(model, layers, impls, samples, replays, bandwidth, lengths, distincts, log)
         result["eta"] += [e for e in (fit_eta(result["rows"], i, model) for i in impls) if e]

@@ -52,6 +52,29 @@ def test_no_host_read_and_graph_replay_on_new_routing():
                  out, 1e-2)
 
 
+@pytest.mark.parametrize("n", [1, 2, 4, 16, 40])
+def test_inline_slots_equal_the_slots_launch_in_a_graph_on_the_gpu(n):
+    """`MoETuning.inline_slots` compiled at the 35B shapes (PDL on where the GPU has it): bit for
+    bit the three launches' result, eager and replayed in a CUDA graph, with no host read."""
+    from hybridspec.kernels.moe.tuning import MoETuning
+
+    e, k, h, i, i_s = SHAPES["35b"]
+    inline = {64: MoETuning(inline_slots=True)}
+    args = _cuda(moe_inputs(n, k, e, h, i, i_s, dtype=torch.bfloat16, seed=n))
+    want = moe_triton.moe_experts(**args)
+    assert torch.equal(moe_triton.moe_experts(**args, tuning=inline), want)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = moe_triton.moe_experts(**args, tuning=inline)
+        graph.replay()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(out, want)
+
+
 @pytest.mark.parametrize("n", [1, 16])
 def test_the_shared_expert_beside_on_a_second_stream_eager_and_in_a_graph(n):
     """`SparseMoE.shared_beside_from` on the GPU at the 35B shapes: the block runs the shared expert

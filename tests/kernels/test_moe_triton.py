@@ -12,8 +12,12 @@ from tests.kernels.moe_cases import NoHostRead, expert_parts, moe_inputs, moe_or
 from tests.tolerance import assert_close
 
 pytest.importorskip("triton")
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
 from hybridspec.kernels.moe import triton as moe_triton  # noqa: E402
 from hybridspec.kernels.moe.routing import expert_slots, workspace_size  # noqa: E402
+from hybridspec.kernels.moe.tiles import assignment_expert  # noqa: E402
 from hybridspec.kernels.moe.tuning import MoETuning  # noqa: E402
 
 RATIO = {torch.float32: 2e-6, torch.bfloat16: 1e-2}
@@ -64,6 +68,80 @@ def test_expert_parallel_parts_sum_to_the_whole_call(name, shape, route, dtype):
     assert_close(name, moe_oracle(**args), torch.stack(parts).double().sum(0), RATIO[dtype])
     if "within" in route:
         assert not parts[2].any() and not parts[3].any()
+
+
+INLINE = {64: MoETuning(inline_slots=True)}
+
+
+@pytest.mark.parametrize("name, shape, route, dtype", [
+    ("one-token", (1, 2, 16, 48, 24, 40), {}, torch.float32),
+    ("k8-E256-bf16", (16, 8, 256, 64, 32, 32), {}, torch.bfloat16),
+    ("k10-E512", (12, 10, 512, 48, 16, 16), {}, torch.float32),
+    ("one-expert-bf16", (16, 2, 16, 32, 16, 16), {"one_expert": 7}, torch.bfloat16),
+    ("all-distinct-no-shared", (16, 8, 128, 32, 16, 0), {"all_distinct": True}, torch.float32),
+    ("prefill-two-pieces", (70, 2, 16, 32, 16, 24), {}, torch.bfloat16),
+])
+def test_inline_slots_equal_the_slots_launch_bit_for_bit(name, shape, route, dtype):
+    """`MoETuning.inline_slots`: each expert program takes its expert from the ids (an expert's
+    first assignment runs it) and gate_up zeroes the down kernel's counters, with no slots launch:
+    the same products and the same sums as the three launches, bit for bit, on memory poisoned with
+    NaN (ints −7: counters left unzeroed never complete a column tile, so its output stays NaN)."""
+    args = moe_inputs(*shape, dtype=dtype, **route)
+    with poisoned_allocations():
+        want = moe_triton.moe_experts(**args)
+        got = moe_triton.moe_experts(**args, tuning=INLINE)
+    assert torch.equal(got, want), name
+
+
+@pytest.mark.parametrize("route", [{}, {"within": (4, 8)}])
+def test_inline_slots_expert_parallel_parts_equal_the_slots_launchs(route):
+    """Under expert parallelism the assignments to experts held elsewhere run nowhere here; a part
+    holding none of the call's experts and no shared expert still completes every column tile (all
+    program rows arrive) and returns zeros."""
+    args = moe_inputs(5, 2, 16, 32, 16, 16, dtype=torch.float32, **route)
+    with poisoned_allocations():
+        want = [moe_triton.moe_experts(**part) for part in expert_parts(args, 4)]
+        got = [moe_triton.moe_experts(**part, tuning=INLINE) for part in expert_parts(args, 4)]
+    for r, (g, w) in enumerate(zip(got, want)):
+        assert torch.equal(g, w), r
+    if route:
+        assert not got[2].any() and not got[3].any()
+
+
+@triton.jit
+def _assignment_rows(ids_ptr, e_ptr, kpos_ptr, active_ptr, N, FIRST, E, K: tl.constexpr, BM: tl.constexpr,
+                     NKP: tl.constexpr, KP: tl.constexpr):
+    i_s = tl.program_id(0)
+    e, b_kpos, active = assignment_expert(ids_ptr, i_s, N, FIRST, E, K, BM, NKP, KP)
+    tl.store(e_ptr + i_s, e)
+    tl.store(kpos_ptr + i_s * BM + tl.arange(0, BM), b_kpos)
+    tl.store(active_ptr + i_s, active.to(tl.int32))
+
+
+@pytest.mark.parametrize("first, held", [(0, 16), (4, 8)])
+def test_assignment_expert_runs_each_held_expert_in_its_first_assignments_row(first, held):
+    """`tiles.assignment_expert` for every program row of a call: active exactly in the row of each
+    held expert's first assignment (so its weights are read once), the expert's local id, and each
+    token's position of that expert among its k (or −1)."""
+    n, k = 6, 3
+    ids = torch.stack([torch.randperm(16, generator=torch.Generator().manual_seed(r))[:k] for r in range(n)])
+    e = torch.empty(n * k, dtype=torch.long)
+    kpos = torch.empty(n * k, 16, dtype=torch.int32)
+    active = torch.empty(n * k, dtype=torch.int32)
+    _assignment_rows[(n * k,)](ids, e, kpos, active, n, first, held, K=k, BM=16, NKP=32, KP=4)
+    flat = ids.flatten().tolist()
+    for s, expert in enumerate(flat):
+        local = expert - first
+        assert e[s] == local
+        assert bool(active[s]) == (0 <= local < held and expert not in flat[:s]), s
+        want = [row.index(expert) if expert in row else -1 for row in ids.tolist()] + [-1] * (16 - n)
+        assert kpos[s].tolist() == want, s
+
+
+def test_inline_slots_read_nothing_back():
+    args = moe_inputs(4, 8, 64, 48, 32, 32, dtype=torch.bfloat16)
+    with NoHostRead():
+        moe_triton.moe_experts(**args, tuning=INLINE)
 
 
 def test_tuning_is_taken_as_given():

@@ -7,7 +7,9 @@ expert slot_expert[s] (its [BH, I] tile of down weights read once, for all its t
 s in count..N·k−1 return at once, s = N·k is the shared expert. act already carries each routing
 weight, so a token's k + 1 rows only need summing. Each program stores its rows of y (fp32), then
 arrives at its column tile's counter; the program that arrives last (count + 1 arrivals, the
-shared expert's included) sums the tile's rows of y and stores out. The sum's order is fixed, so
+shared expert's included) sums the tile's rows of y and stores out. With `inline_slots` row s runs
+assignment s's expert where s is its first assignment (`tiles.assignment_expert`) and every row
+arrives (N·k + 1 arrivals), so no count is needed. The sum's order is fixed, so
 the result does not depend on the order programs run (no atomics on the data). Under expert
 parallelism (experts [first, first + E) held here) the sum skips the rows of experts held
 elsewhere, and with no expert here and no shared expert programs (0, t) store zeros.
@@ -22,7 +24,7 @@ import triton
 import triton.language as tl
 
 from hybridspec.kernels import pdl
-from hybridspec.kernels.moe.tiles import dot_bt
+from hybridspec.kernels.moe.tiles import assignment_expert, dot_bt
 from hybridspec.kernels.moe.tuning import step_width
 from hybridspec.kernels.pdl import wait_then_release
 
@@ -46,8 +48,8 @@ def _moe_down_kernel(act_ptr, d_ptr, sd_ptr, ids_ptr, slot_expert_ptr, slot_kpos
                      out_ptr, FIRST, stride_an, stride_ak, stride_de, stride_dh, stride_sdh, stride_yn, stride_yk,
                      stride_on,
                      N, K: tl.constexpr, E: tl.constexpr, H: tl.constexpr, I: tl.constexpr, IS: tl.constexpr,
-                     BM: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr,
-                     WIDEN: tl.constexpr, USE_GDC: tl.constexpr):
+                     BM: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr, NKP: tl.constexpr, KP: tl.constexpr,
+                     INLINE: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr, USE_GDC: tl.constexpr):
     if USE_GDC:
         wait_then_release()
     i_s, i_t = tl.program_id(0), tl.program_id(1)
@@ -56,26 +58,37 @@ def _moe_down_kernel(act_ptr, d_ptr, sd_ptr, ids_ptr, slot_expert_ptr, slot_kpos
     o_c = tl.arange(0, BK)
     h_ok = o_h < H
     m_ok = o_m < N
-    n_active = tl.load(count_ptr)
-    if (i_s >= N * K) | (i_s < n_active):
-        if i_s < N * K:
-            e = tl.load(slot_expert_ptr + i_s).to(tl.int64)
+    if INLINE:  # every program row arrives, whether or not it runs an expert
+        arrives = i_s >= 0
+        expected = N * K + (IS > 0)
+    else:  # the distinct experts' rows and the shared expert's
+        n_active = tl.load(count_ptr)
+        arrives = (i_s >= N * K) | (i_s < n_active)
+        expected = n_active + (IS > 0)
+    if i_s < N * K:
+        if INLINE:
+            e, b_kpos, active = assignment_expert(ids_ptr, i_s, N, FIRST, E, K, BM, NKP, KP)
+        else:
+            active = i_s < n_active
+            e = tl.load(slot_expert_ptr + i_s).to(tl.int64)  # in bounds in every row, used in the active ones
             b_kpos = tl.load(slot_kpos_ptr + i_s * BM + o_m)  # [BM] position among the token's k, or -1
+        if active:
             hit = b_kpos >= 0
             p_a = act_ptr + o_m[:, None] * stride_an + b_kpos[:, None] * stride_ak + o_c[None, :]
             p_d = d_ptr + e * stride_de + o_h[:, None] * stride_dh + o_c[None, :]
             acc = _down_products(p_a, p_d, hit, h_ok, I, BM, BH, BK, PRECISION, WIDEN)
-        else:
-            b_kpos = tl.full([BM], K, dtype=tl.int32)
-            hit = m_ok
-            p_a = act_ptr + o_m[:, None] * stride_an + K * stride_ak + o_c[None, :]
-            p_d = sd_ptr + o_h[:, None] * stride_sdh + o_c[None, :]
-            acc = _down_products(p_a, p_d, hit, h_ok, IS, BM, BH, BK, PRECISION, WIDEN)
-        p_y = y_ptr + o_m[:, None] * stride_yn + b_kpos[:, None] * stride_yk + o_h[None, :]
-        tl.store(p_y, acc, mask=hit[:, None] & h_ok[None, :])
+            p_y = y_ptr + o_m[:, None] * stride_yn + b_kpos[:, None] * stride_yk + o_h[None, :]
+            tl.store(p_y, acc, mask=hit[:, None] & h_ok[None, :])
+    else:
+        p_a = act_ptr + o_m[:, None] * stride_an + K * stride_ak + o_c[None, :]
+        p_d = sd_ptr + o_h[:, None] * stride_sdh + o_c[None, :]
+        acc = _down_products(p_a, p_d, m_ok, h_ok, IS, BM, BH, BK, PRECISION, WIDEN)
+        tl.store(y_ptr + o_m[:, None] * stride_yn + K * stride_yk + o_h[None, :], acc,
+                 mask=m_ok[:, None] & h_ok[None, :])
+    if arrives:
         tl.debug_barrier()  # every thread's rows of y stored before the release below
         arrived = tl.atomic_add(arrivals_ptr + i_t, 1, sem="acq_rel")
-        if arrived == n_active + (IS > 0) - 1:  # the last program of this column tile
+        if arrived == expected - 1:  # the last program of this column tile
             total = tl.zeros([BM, BH], dtype=tl.float32)
             for j in tl.static_range(K + (IS > 0)):
                 y_ok = m_ok
@@ -86,10 +99,11 @@ def _moe_down_kernel(act_ptr, d_ptr, sd_ptr, ids_ptr, slot_expert_ptr, slot_kpos
                                  mask=y_ok[:, None] & h_ok[None, :], other=0.0, cache_modifier=".cg")
             tl.store(out_ptr + o_m[:, None] * stride_on + o_h[None, :], total.to(out_ptr.dtype.element_ty),
                      mask=m_ok[:, None] & h_ok[None, :])
-    if IS == 0:
-        if (n_active == 0) & (i_s == 0):  # nothing arrives: no expert of the call is held here
-            tl.store(out_ptr + o_m[:, None] * stride_on + o_h[None, :], tl.zeros([BM, BH], out_ptr.dtype.element_ty),
-                     mask=m_ok[:, None] & h_ok[None, :])
+    if not INLINE:
+        if IS == 0:
+            if (n_active == 0) & (i_s == 0):  # nothing arrives: no expert of the call is held here
+                tl.store(out_ptr + o_m[:, None] * stride_on + o_h[None, :],
+                         tl.zeros([BM, BH], out_ptr.dtype.element_ty), mask=m_ok[:, None] & h_ok[None, :])
 
 
 def column_tiles(hidden: int, tuning) -> tuple[int, int]:
@@ -101,8 +115,8 @@ def column_tiles(hidden: int, tuning) -> tuple[int, int]:
 def launch_down(act, down, shared, ids, slots, out, block_m: int, tuning, widen: bool, first_expert: int = 0) -> None:
     """act [N, k + 1, max(I, Is)] from the gate_up kernel, down [E, H, I] (experts first_expert…
     first_expert + E − 1 of the ids), shared (or None), ids [N, k] (contiguous), slots from
-    `routing.expert_slots` (its arrivals zeroed, one per column tile), out [N, H] (written); widen:
-    under the interpreter."""
+    `routing.expert_slots`, or with `tuning.inline_slots` (None, None, None, arrivals) (the
+    arrivals zeroed, one per column tile), out [N, H] (written); widen: under the interpreter."""
     n, k1 = act.shape[:2]
     e, h, i = down.shape
     if tuple(ids.shape) != (n, k1 - 1) or not ids.is_contiguous():
@@ -111,6 +125,8 @@ def launch_down(act, down, shared, ids, slots, out, block_m: int, tuning, widen:
     i_s = shared.down.shape[1] if shared is not None else 0
     sd = shared.down if shared is not None else down[0]
     slot_expert, slot_kpos, count, arrivals = slots
+    if tuning.inline_slots:
+        slot_expert = slot_kpos = count = arrivals  # not read
     bh, tiles = column_tiles(h, tuning)
     bk = step_width(tuning.down_bk, max(i, i_s), block_m + bh, act.element_size(), tuning.down_stages)
     y = torch.empty((n, k1, h), dtype=torch.float32, device=act.device)  # [N, k + 1, H]
@@ -118,5 +134,6 @@ def launch_down(act, down, shared, ids, slots, out, block_m: int, tuning, widen:
         act, down, sd, ids, slot_expert, slot_kpos, count, arrivals, y, out, first_expert,
         act.stride(0), act.stride(1), down.stride(0), down.stride(1), sd.stride(0), y.stride(0), y.stride(1),
         out.stride(0), N=n, K=k1 - 1, E=e, H=h, I=i, IS=i_s, BM=block_m, BH=bh, BK=bk,
-        PRECISION="ieee" if act.dtype == torch.float32 else "tf32", WIDEN=widen,
+        NKP=triton.next_power_of_2(block_m * (k1 - 1)), KP=triton.next_power_of_2(k1 - 1),
+        INLINE=tuning.inline_slots, PRECISION="ieee" if act.dtype == torch.float32 else "tf32", WIDEN=widen,
         num_warps=tuning.down_warps, num_stages=tuning.down_stages, **pdl.options(act))

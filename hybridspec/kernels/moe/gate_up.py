@@ -4,7 +4,8 @@ Grid (N·k + 1, ceil(max(I, Is) / BN)). Program (s, t) with s < count runs disti
 slot_expert[s] on the tokens that route to it (at most one row per token, N <= BM, so every
 expert's tokens fit one [BM, BK] tile and its weights are read once), columns t·BN..t·BN+BN−1 of
 its intermediate width; programs s in count..N·k−1 return at once (the grid depends on N and k
-only). Program s = N·k runs the shared expert on every token and scales it by
+only). With `inline_slots` row s runs assignment s's expert where s is its first assignment
+(`tiles.assignment_expert`), and program (0, 0) zeroes the down kernel's arrival counters. Program s = N·k runs the shared expert on every token and scales it by
 sigmoid(x · gate_weight). Each result row is scaled by its routing weight and stored at
 act[n, j] (j: the token's position among its k experts; the shared expert's at j = k), in the
 weights' dtype, for the down kernel to sum.
@@ -20,7 +21,7 @@ import triton
 import triton.language as tl
 
 from hybridspec.kernels import pdl
-from hybridspec.kernels.moe.tiles import dot_bt
+from hybridspec.kernels.moe.tiles import assignment_expert, dot_bt
 from hybridspec.kernels.moe.tuning import step_width
 from hybridspec.kernels.pdl import wait_then_release
 
@@ -62,11 +63,12 @@ def _store_act(act_ptr, acc_g, acc_u, scale, o_m, b_kpos, m_ok, o_n, n_ok, strid
 
 
 @triton.jit
-def _moe_gate_up_kernel(x_ptr, rw_ptr, gu_ptr, sg_ptr, su_ptr, sgw_ptr, slot_expert_ptr, slot_kpos_ptr,
-                        count_ptr, act_ptr, stride_xn, stride_ge, stride_gn, stride_sgn, stride_sun,
-                        stride_an, stride_ak, N, K: tl.constexpr, H: tl.constexpr,
-                        I: tl.constexpr, IS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                        BK: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr, USE_GDC: tl.constexpr):
+def _moe_gate_up_kernel(x_ptr, rw_ptr, gu_ptr, sg_ptr, su_ptr, sgw_ptr, ids_ptr, slot_expert_ptr, slot_kpos_ptr,
+                        count_ptr, arrivals_ptr, act_ptr, FIRST, stride_xn, stride_ge, stride_gn, stride_sgn,
+                        stride_sun, stride_an, stride_ak, N, TILES, E: tl.constexpr, K: tl.constexpr,
+                        H: tl.constexpr, I: tl.constexpr, IS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                        BK: tl.constexpr, NKP: tl.constexpr, KP: tl.constexpr, TP: tl.constexpr,
+                        INLINE: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr, USE_GDC: tl.constexpr):
     if USE_GDC:
         wait_then_release()
     i_s, i_t = tl.program_id(0), tl.program_id(1)
@@ -74,10 +76,18 @@ def _moe_gate_up_kernel(x_ptr, rw_ptr, gu_ptr, sg_ptr, su_ptr, sgw_ptr, slot_exp
     o_n = i_t * BN + tl.arange(0, BN)
     o_c = tl.arange(0, BK)
     p_x = x_ptr + o_m[:, None] * stride_xn + o_c[None, :]
+    if INLINE:
+        if (i_s == 0) & (i_t == 0):  # the down kernel's arrival counters, zeroed before it starts
+            o_r = tl.arange(0, TP)
+            tl.store(arrivals_ptr + o_r, tl.zeros([TP], tl.int32), mask=o_r < TILES)
     if i_s < N * K:
-        if i_s < tl.load(count_ptr):
-            e = tl.load(slot_expert_ptr + i_s).to(tl.int64)
+        if INLINE:
+            e, b_kpos, active = assignment_expert(ids_ptr, i_s, N, FIRST, E, K, BM, NKP, KP)
+        else:
+            active = i_s < tl.load(count_ptr)
+            e = tl.load(slot_expert_ptr + i_s).to(tl.int64)  # in bounds in every row, used in the active ones
             b_kpos = tl.load(slot_kpos_ptr + i_s * BM + o_m)  # [BM] position among the token's k, or -1
+        if active:
             hit = b_kpos >= 0
             n_ok = o_n < I
             p_g = gu_ptr + e * stride_ge + o_n[:, None] * stride_gn + o_c[None, :]
@@ -96,21 +106,27 @@ def _moe_gate_up_kernel(x_ptr, rw_ptr, gu_ptr, sg_ptr, su_ptr, sgw_ptr, slot_exp
                    stride_an, stride_ak)
 
 
-def launch_gate_up(x, weights, gate_up, shared, slots, act, block_m: int, tuning, widen: bool) -> None:
-    """x [N, H], weights [N, k], gate_up [E, 2I, H], shared (SharedExpert or None), slots from
-    `routing.expert_slots`, act [N, k + 1, max(I, Is)] (written); widen: under the interpreter."""
+def launch_gate_up(x, ids, weights, gate_up, shared, slots, act, block_m: int, tuning, widen: bool,
+                   first_expert: int = 0) -> None:
+    """x [N, H], ids / weights [N, k] (ids contiguous; experts first_expert… first_expert + E − 1 of
+    them held in gate_up [E, 2I, H]), shared (SharedExpert or None), slots from
+    `routing.expert_slots`, or with `tuning.inline_slots` (None, None, None, arrivals), whose
+    arrivals this launch zeroes; act [N, k + 1, max(I, Is)] (written); widen: under the interpreter."""
     n, k = weights.shape
     i = gate_up.shape[1] // 2
     i_s = shared.gate.shape[0] if shared is not None else 0
-    slot_expert, slot_kpos, count, _ = slots
+    slot_expert, slot_kpos, count, arrivals = slots
+    if tuning.inline_slots:
+        slot_expert = slot_kpos = count = arrivals  # not read
     sg, su, sgw = (shared.gate, shared.up, shared.gate_weight) if shared is not None else (gate_up,) * 3
     bn = min(tuning.gate_up_bn, max(16, triton.next_power_of_2(max(i, i_s))))
     bk = step_width(tuning.gate_up_bk, x.shape[1], block_m + 2 * bn, x.element_size(), tuning.gate_up_stages)
     grid = (n * k + (shared is not None), triton.cdiv(max(i, i_s), bn))
     _moe_gate_up_kernel[grid](
-        x, weights, gate_up, sg, su, sgw, slot_expert, slot_kpos, count, act,
+        x, weights, gate_up, sg, su, sgw, ids, slot_expert, slot_kpos, count, arrivals, act, first_expert,
         x.stride(0), gate_up.stride(0), gate_up.stride(1), sg.stride(0), su.stride(0), act.stride(0), act.stride(1),
-        N=n, K=k, H=x.shape[1], I=i, IS=i_s, BM=block_m, BN=bn, BK=bk,
+        N=n, TILES=arrivals.numel(), E=gate_up.shape[0], K=k, H=x.shape[1], I=i, IS=i_s, BM=block_m, BN=bn, BK=bk,
+        NKP=triton.next_power_of_2(block_m * k), KP=triton.next_power_of_2(k),
+        TP=max(2, triton.next_power_of_2(arrivals.numel())), INLINE=tuning.inline_slots,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32", WIDEN=widen,
         num_warps=tuning.gate_up_warps, num_stages=tuning.gate_up_stages, **pdl.options(x))
-

@@ -3,7 +3,9 @@
 Three launches per call of at most 64 tokens, none reading the host and each with a grid fixed by
 (N, k): `routing.expert_slots` finds the distinct experts on the device, `gate_up` runs each
 distinct expert's gate and up projections once for all its tokens, `down` sums every token's
-weighted expert outputs and the shared expert's. Longer calls (prefill) run in 64-token pieces.
+weighted expert outputs and the shared expert's. With `MoETuning.inline_slots` the two expert
+kernels find their experts from the ids themselves, two launches per call. Longer calls (prefill)
+run in 64-token pieces.
 Accumulation is fp32; bf16 weights use bf16 tensor-core products, fp32 weights IEEE fp32 ones.
 """
 
@@ -62,9 +64,12 @@ def _moe_piece(x, ids, weights, gate_up, down, shared, out, tuning, first_expert
     block_m = max(16, triton.next_power_of_2(n))
     i, i_s = gate_up.shape[1] // 2, shared.gate.shape[0] if shared is not None else 0
     tiles = column_tiles(x.shape[1], tuning)[1]  # the down kernel's arrival counters
-    workspace = torch.empty(workspace_size(n, k, gate_up.shape[0], block_m, tiles), dtype=torch.int32,
-                            device=x.device)
-    slots = expert_slots(ids, workspace, gate_up.shape[0], block_m, tiles, first_expert)
+    if tuning.inline_slots:  # the expert kernels read the ids themselves; gate_up zeroes the counters
+        slots = (None, None, None, torch.empty(tiles, dtype=torch.int32, device=x.device))
+    else:
+        workspace = torch.empty(workspace_size(n, k, gate_up.shape[0], block_m, tiles), dtype=torch.int32,
+                                device=x.device)
+        slots = expert_slots(ids, workspace, gate_up.shape[0], block_m, tiles, first_expert)
     act = torch.empty((n, k + 1, max(i, i_s)), dtype=x.dtype, device=x.device)  # [N, k + 1, max(I, Is)]
-    launch_gate_up(x, weights, gate_up, shared, slots, act, block_m, tuning, interpreted())
+    launch_gate_up(x, ids, weights, gate_up, shared, slots, act, block_m, tuning, interpreted(), first_expert)
     launch_down(act, down, shared, ids, slots, out, block_m, tuning, interpreted(), first_expert)

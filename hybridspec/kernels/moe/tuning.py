@@ -9,7 +9,11 @@ from types import MappingProxyType
 @dataclass(frozen=True)
 class MoETuning:
     """gate_up_*: tile of BN intermediate columns (gate and up rows) over BK hidden columns per step;
-    down_*: tile of BH hidden outputs over BK intermediate columns per step."""
+    down_*: tile of BH hidden outputs over BK intermediate columns per step. inline_slots: no
+    `routing.expert_slots` launch; program row s of both kernels takes assignment s's expert from
+    the ids and runs it only where s is that expert's first assignment (`tiles.assignment_expert`),
+    and every row arrives at the down kernel's counters (the same products and sums, one launch
+    fewer)."""
 
     gate_up_bn: int = 32
     gate_up_bk: int = 256
@@ -19,6 +23,7 @@ class MoETuning:
     down_bk: int = 128
     down_warps: int = 4
     down_stages: int = 3
+    inline_slots: bool = False
 
     def __post_init__(self):
         for name in ("gate_up_bn", "gate_up_bk", "down_bh", "down_bk"):
