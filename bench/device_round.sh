@@ -3,9 +3,9 @@
 #   device tool, timeout 600:   bash bench/device_round.sh $OUT [all|round|moe|tests]
 # round: bench/gpu_round.py on the 35B preset, shipped listed first and last around the shared
 # expert beside the verification passes and the MoE with no slots launch (the spread between the
-# two shipped runs bounds the order effect), greedy and top-k sampled, then the host counts and a
-# kernel-time profile of each variant (gpu_round's second pass). moe: one MoE layer, the shipped
-# launches beside the sweep's variants (bench/kernels/moe_kernels.py --sweep).
+# two shipped runs bounds the order effect), greedy and top-k sampled, then the host counts, the GPU
+# work per decode round and a kernel-time profile of each variant (gpu_round's second pass).
+# moe: one MoE layer, the shipped launches beside the sweep's variants (moe_kernels.py --sweep).
 # tests: the GPU tests of the MoE, sampling and graph-exactness paths. Each step has its own time
 # cap so a slow one cannot take the other's results with it; the logs print every row as it is measured.
 set -u
