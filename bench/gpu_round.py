@@ -20,10 +20,10 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 `--variants a,b` runs steps 1–4 once per variant on the same loaded model (rows and checks tagged
 `variant`): `shipped`, an op family put back on its PyTorch reference, a switch turned off, or one
 turned on (`VARIANTS`: `prepare-ref`, `no-pdl`, `shared-beside`, `shared-beside-spec`,
-`moe-inline-slots`, `torch-sampling`), to measure a kernel or a launch mode against what it replaced
-side by side in one process. `--tp N --layouts columns,experts` loads each model once per MoE
-layout (every expert's columns split across the ranks, or expert parallelism) and runs everything
-on each (rows and checks tagged `layout`).
+`moe-inline-slots`, `gdn-early-fold`, `torch-sampling`), to measure a kernel or a launch mode
+against what it replaced side by side in one process. `--tp N --layouts columns,experts` loads each
+model once per MoE layout (every expert's columns split across the ranks, or expert parallelism)
+and runs everything on each (rows and checks tagged `layout`).
 
     python3 bench/gpu_round.py --out DIR [--models embedded,qwen3.6-35b-a3b] [--context 1024]
     python3 bench/gpu_round.py --out DIR --models qwen3.5-122b-a10b --tp 2   # two GPUs, each rank its half
@@ -35,6 +35,7 @@ Writes DIR/gpu_round.json ({"device", "date", "versions", "rows": [...]}) and pr
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 import platform
@@ -50,11 +51,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.kernels.cuda_timing import copy_bandwidth, median_us  # noqa: E402
 from hybridspec.kernels import pdl  # noqa: E402
 from hybridspec.kernels.attention import reference as attention_reference  # noqa: E402
+from hybridspec.kernels.gdn import reference as gdn_reference  # noqa: E402
+from hybridspec.kernels.gdn import triton as gdn_triton  # noqa: E402
 from hybridspec.kernels.moe import triton as moe_triton  # noqa: E402
 from hybridspec.kernels.moe.tuning import MoETuning  # noqa: E402
 from hybridspec.runtime import resident  # noqa: E402
 from hybridspec.runtime.engine import Engine  # noqa: E402
 from hybridspec.runtime.layers.attention import GatedAttention  # noqa: E402
+from hybridspec.runtime.layers.gdn import GatedDeltaNet  # noqa: E402
 from hybridspec.runtime.layers.moe import SparseMoE  # noqa: E402
 from hybridspec.runtime.policies import make_policy  # noqa: E402
 from hybridspec.runtime.sampling import SamplingParams  # noqa: E402
@@ -66,6 +70,18 @@ LAUNCH_CALLS = ("cudaGraphLaunch", "cudaLaunchKernel", "cuLaunchKernel", "cuLaun
                 "cudaMemcpyAsync", "cudaMemsetAsync")
 
 
+EARLY_FOLD = gdn_triton.SHIPPED.replace(verify={T: dataclasses.replace(row, early_fold=True)
+                                                for T, row in gdn_triton.SHIPPED.verify.items()
+                                                if row.method == "recurrent"})
+
+
+def _early_fold_verify(q, *args, **kwargs):
+    """The GDN layer's verify op with `EARLY_FOLD` for the Triton kernels' lengths."""
+    if q.shape[1] > gdn_triton.MAX_TOKENS:
+        return gdn_reference.gdn_verify_gated(q, *args, **kwargs)
+    return gdn_triton.gdn_verify_gated(q, *args, **kwargs, tuning=EARLY_FOLD)
+
+
 # variant → {module class: {attribute: op}} set on every such module of the target, or
 # {python module: {attribute: value}} set on that module
 VARIANTS = {
@@ -74,6 +90,8 @@ VARIANTS = {
     "shared-beside-spec": {SparseMoE: {"shared_beside_from": 2}},  # the same for verification passes only
     # the MoE's two expert kernels find their experts from the ids (no slots launch)
     "moe-inline-slots": {moe_triton: {"MOE_TUNING": {64: MoETuning(inline_slots=True)}}},
+    # the recurrent GDN verification reads its state and folds the pending commit before the PDL wait
+    "gdn-early-fold": {GatedDeltaNet: {"_verify": _early_fold_verify}},
     "prepare-ref": {GatedAttention: {"prepare_op": attention_reference.norm_rope_store}},
     "no-pdl": {pdl: {"ENABLED": False}},  # the kernels of `kernels/pdl.py` launched without PDL
     "torch-sampling": {resident: {"FUSED_SAMPLING": False}},  # the point-mass rule's torch form

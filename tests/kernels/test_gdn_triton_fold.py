@@ -68,6 +68,27 @@ def test_verify_folds_bf16_pending_commit(variant, raw_keys):
     assert_close("o (bf16)", o_ref, o, BF16_ROUNDING)
 
 
+@pytest.mark.parametrize(("T1", "T2", "dtype"), [(2, 1, torch.float32), (16, 4, torch.bfloat16), (3, 2, torch.bfloat16)])
+def test_early_fold_gives_the_same_bits(T1, T2, dtype):
+    """`VerifyTuning.early_fold` (the fold before the PDL wait) does the same arithmetic: the
+    committed state, o, z, g_cum and the raw keys' copy bit for bit the recurrent row's."""
+    import dataclasses
+
+    from hybridspec.kernels.gdn.tuning import RECURRENT
+
+    first, (z1, k1, g1) = first_round(T1, 720 + T1, dtype=dtype, raw_keys=True, **SHAPES["grouped"])
+    second = second_round(first, T2, 730 + T2, dtype=dtype, **SHAPES["grouped"])
+    pending = (z1, k1, g1, torch.tensor([T1, 1]))
+    runs = []
+    for row in (RECURRENT, dataclasses.replace(RECURRENT, early_fold=True)):
+        state, k_out = first["state"].clone(), torch.empty_like(second["k"])
+        tuning = gdn_triton.SHIPPED.replace(verify={T: row for T in range(1, 17)})
+        runs.append((*gdn_triton.gdn_verify_gated(**dict(second, state=state), pending=pending, k_out=k_out,
+                                                  raw_keys=True, tuning=tuning), state, k_out))
+    for name, want, got in zip(("o", "z", "g_cum", "state", "k_out"), *runs):
+        assert torch.equal(want, got), name
+
+
 def test_verify_names_a_bad_pending_commit():
     first, (z1, k1, g1) = first_round(4, 700, **SHAPES["grouped"])
     second = second_round(first, 3, 701, **SHAPES["grouped"])
