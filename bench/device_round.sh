@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The resident round's open measurements, each step with its own time cap (10 minutes per command):
-#   device tool, timeout 600:   bash bench/device_round.sh $OUT [all|round|sampled|moe|tests]
+#   device tool, timeout 600:   bash bench/device_round.sh $OUT [round|rest|sampled|moe|tests]
 # round: bench/gpu_round.py on the 35B preset, greedy `ar` and `full`, shipped listed first and last
 #   around the variants written and not yet measured (the spread between the two shipped runs
 #   bounds the order effect); every row is timed before the profiler's host counts and GPU work
@@ -9,18 +9,19 @@
 #   the torch form of the point-mass rule.
 # moe: one MoE layer, the shipped launches beside the sweep's variants (moe_kernels.py --sweep).
 # tests: the GPU tests of the kernels those variants change and of graph exactness.
-# all: round, moe and tests; sampled in a call of its own. The logs print every row as measured.
+# rest: moe, tests and sampled in one call (round is a call of its own). The logs print every row
+# as it is measured, and gpu_round.py rewrites its JSON after each variant.
 set -u
-OUT=${1:?usage: bash bench/device_round.sh OUT [all|round|sampled|moe|tests]}
-STEP=${2:-all}
+OUT=$(realpath -m "${1:?usage: bash bench/device_round.sh OUT [round|rest|sampled|moe|tests]}")
+STEP=${2:-round}
 ROUND_CAP=0 SAMPLED_CAP=0 MOE_CAP=0 TESTS_CAP=0
 case "$STEP" in
-  all) ROUND_CAP=330 MOE_CAP=90 TESTS_CAP=160 ;;
   round) ROUND_CAP=590 ;;
+  rest) MOE_CAP=90 TESTS_CAP=160 SAMPLED_CAP=330 ;;
   sampled) SAMPLED_CAP=590 ;;
   moe) MOE_CAP=590 ;;
   tests) TESTS_CAP=590 ;;
-  *) echo "device_round.sh: step must be all, round, sampled, moe or tests, not '$STEP'" >&2; exit 2 ;;
+  *) echo "device_round.sh: step must be round, rest, sampled, moe or tests, not '$STEP'" >&2; exit 2 ;;
 esac
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export TRITON_INTERPRET=0  # compiled kernels (tests/conftest.py would ask for the interpreter)
@@ -38,10 +39,6 @@ round() {  # name cap extra-arguments...
 if [ "$ROUND_CAP" -gt 0 ]; then
   round round "$ROUND_CAP" --variants shipped,shared-beside-spec,moe-inline-slots,gdn-early-fold,shipped
 fi
-if [ "$SAMPLED_CAP" -gt 0 ]; then
-  round sampled "$SAMPLED_CAP" --variants shipped,torch-sampling,shipped --temperatures 0,1 --top-k 20 \
-    --top-p 0.95 --no-verification
-fi
 if [ "$MOE_CAP" -gt 0 ]; then
   mkdir -p "$OUT/moe"
   (cd bench/kernels && timeout "$MOE_CAP" python3 moe_kernels.py --out "$OUT/moe" --models 35b --sweep --no-runtime \
@@ -55,4 +52,8 @@ if [ "$TESTS_CAP" -gt 0 ]; then
     > "$OUT/gpu_tests.log" 2>&1
   echo "gpu tests rc $?"
   tail -12 "$OUT/gpu_tests.log"
+fi
+if [ "$SAMPLED_CAP" -gt 0 ]; then
+  round sampled "$SAMPLED_CAP" --variants shipped,torch-sampling,shipped --temperatures 0,1 --top-k 20 \
+    --top-p 0.95 --no-verification
 fi

@@ -5,8 +5,10 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 1. exactness: the graph path emits the tokens of its eager run (`graphs=False`) for every policy,
    and, on the embedded pair in fp32, the tokens of `ar` on the host path;
 2. per policy and path (`graph`: resident rounds as CUDA graphs; `eager`: the host-driven rounds):
-   ms per round and per emitted token over one request, host synchronisations and host launches
-   per round (from a profiler trace of a few rounds);
+   ms per round and per emitted token over one request; then, in a second pass after every timed
+   row (the profiler slows what is timed after it), host synchronisations and host launches per
+   round and the GPU work per round (kernels, their time, by family) from a profiler trace of a
+   few rounds;
 3. one verification pass of w tokens (the target alone, as a graph, after a prefill of the
    context) against its floor: the bytes it must read (the weights of every layer except the
    experts no token routes to, the distinct experts' weights, the KV cache up to the context, the
@@ -17,7 +19,7 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
    an eager pass (the graph replays the same kernels), split into GDN, MoE (routing, experts),
    softmax attention, dense GEMMs and other, with the longest kernels named.
 
-`--variants a,b` runs steps 1–4 once per variant on the same loaded model (rows and checks tagged
+`--variants a,b` runs steps 1–4 for each variant on the same loaded model (rows and checks tagged
 `variant`): `shipped`, an op family put back on its PyTorch reference, a switch turned off, or one
 turned on (`VARIANTS`: `prepare-ref`, `no-pdl`, `shared-beside`, `shared-beside-spec`,
 `moe-inline-slots`, `gdn-early-fold`, `torch-sampling`), to measure a kernel or a launch mode
@@ -437,6 +439,19 @@ def main(argv=None) -> int:
     return 0
 
 
+def open_model(args, model: str, layout: str, tensor_parallel: bool):
+    """(session, prompts) of one model and MoE layout: the embedded pair in fp32, a preset's random
+    weights in bf16, on the Triton backend."""
+    embedded = model == "embedded"
+    t0 = time.perf_counter()
+    session = open_session(None if embedded else model, None if embedded else "random", device="cuda",
+                           dtype="float32" if embedded else "bfloat16", backend="triton",
+                           max_context=args.context + 4 * args.tokens, tensor_parallel=tensor_parallel,
+                           expert_parallel=layout == "experts")
+    log(f"{model} ({layout}): loaded in {time.perf_counter() - t0:.1f} s")
+    return session, prompts_for(session, model, args.context, 6 if embedded else 2)
+
+
 def run(args, variants: list[str], command: str) -> None:
     """Every model and variant of `main`'s arguments; under `--tp` on every rank, rank 0 writes and
     prints (each rank's weights, caches and floor are its own part's: bytes per GPU)."""
@@ -454,23 +469,24 @@ def run(args, variants: list[str], command: str) -> None:
     result["copy_bandwidth_TBps"] = round(bandwidth / 1e12, 3)
     log(f"{result['device']} {result['versions']} copy {bandwidth / 1e12:.2f} TB/s")
     args.out.mkdir(parents=True, exist_ok=True)
-    for model, layout in ((m, v) for m in args.models.split(",") if m for v in args.layouts):
+    samplings = [SamplingParams(t, seed=0, **(dict(top_k=args.top_k, top_p=args.top_p) if t > 0 else {}))
+                 for t in (float(t) for t in args.temperatures.split(",") if t)]
+    loads = [(m, v) for m in args.models.split(",") if m for v in args.layouts]
+
+    def write() -> None:
+        if writer:
+            (args.out / "gpu_round.json").write_text(json.dumps(result, indent=1))
+
+    # timed pass over every model, layout and variant before any profiler session in the process: a
+    # session can leave CUDA's activity tracing attached, and graph replays timed after it would pay
+    # for its kernel records
+    for model, layout in loads:
+        session, prompts = open_model(args, model, layout, tensor_parallel)
         embedded = model == "embedded"
-        dtype = "float32" if embedded else "bfloat16"
-        t0 = time.perf_counter()
-        session = open_session(None if embedded else model, None if embedded else "random", device="cuda",
-                               dtype=dtype, backend="triton", max_context=args.context + 4 * args.tokens,
-                               tensor_parallel=tensor_parallel, expert_parallel=layout == "experts")
-        log(f"{model} ({layout}): loaded in {time.perf_counter() - t0:.1f} s")
-        prompts = prompts_for(session, model, args.context, 6 if embedded else 2)
-        samplings = [SamplingParams(t, seed=0, **(dict(top_k=args.top_k, top_p=args.top_p) if t > 0 else {}))
-                     for t in (float(t) for t in args.temperatures.split(",") if t)]
-        model_rows = []
-        # timed pass, before any profiler session in the process: a session can leave CUDA's activity
-        # tracing attached, and the graph replays timed after it would pay for its kernel records
         for variant in variants:
             undo = apply_variant(session.target, variant)
             runs = engines(session, args.context + 4 * args.tokens)
+            log(f"{model} ({layout}) variant {variant}: timed")
             rows = []
             if not args.no_exactness:  # every variant: a variant's graphs must give its eager tokens too
                 result["checks"] += [dict(check, variant=variant, layout=layout) for check in exactness(
@@ -483,20 +499,31 @@ def run(args, variants: list[str], command: str) -> None:
             if not embedded and not args.no_verification:
                 rows += verification_rows(session, model, prompts[0], (1, 2, 4, 8, 12, 16), bandwidth)
                 rows += round_floor_rows(session, model, rows, args.context, bandwidth)
-            model_rows += [dict(row, variant=variant, layout=layout) for row in rows]
+            result["rows"] += [dict(row, variant=variant, layout=layout) for row in rows]
             for module, attr, op in undo:
                 setattr(module, attr, op)
             del runs
             torch.cuda.empty_cache()
-        # counted pass, under the profiler: host reads and launches per round, the kernel-time profile
+            write()
+        del session
+        torch.cuda.empty_cache()
+    # counted pass, under the profiler, once per distinct variant: host reads and launches and the
+    # GPU work per round (filled into the timed rows), and `--profile`'s kernel-time split
+    for model, layout in loads:
+        embedded = model == "embedded"
         profiled = args.profile and not embedded and not args.no_verification
-        for variant in variants if not args.no_decode or profiled else ():
+        if args.no_decode and not profiled:
+            continue
+        session, prompts = open_model(args, model, layout, tensor_parallel)
+        for variant in dict.fromkeys(variants):
             undo = apply_variant(session.target, variant)
             runs = engines(session, args.context + 4 * args.tokens)
+            log(f"{model} ({layout}) variant {variant}: counted")
             for sampling in samplings if not args.no_decode else ():
                 counts = count_rows(session, runs, prompts[0], policies, sampling)
-                for row in model_rows:
-                    if row["variant"] == variant and row.get("temperature") == sampling.temperature \
+                for row in result["rows"]:
+                    if (row["model"], row["layout"], row["variant"]) == (model, layout, variant) \
+                            and row.get("temperature") == sampling.temperature \
                             and (row["policy"], row.get("path")) in counts:
                         row.update(counts[row["policy"], row["path"]])
             if profiled:
@@ -507,9 +534,7 @@ def run(args, variants: list[str], command: str) -> None:
                 setattr(module, attr, op)
             del runs
             torch.cuda.empty_cache()
-        result["rows"] += model_rows
-        if writer:
-            (args.out / "gpu_round.json").write_text(json.dumps(result, indent=1))
+            write()
         del session
         torch.cuda.empty_cache()
     if writer:

@@ -94,7 +94,7 @@ def test_inline_slots_equal_the_slots_launch_bit_for_bit(name, shape, route, dty
 
 
 @pytest.mark.parametrize("route", [{}, {"within": (4, 8)}])
-def test_inline_slots_expert_parallel_parts_equal_the_slots_launchs(route):
+def test_inline_slots_expert_parallel_parts_equal_the_slots_launches(route):
     """Under expert parallelism the assignments to experts held elsewhere run nowhere here; a part
     holding none of the call's experts and no shared expert still completes every column tile (all
     program rows arrive) and returns zeros."""
@@ -136,6 +136,18 @@ def test_assignment_expert_runs_each_held_expert_in_its_first_assignments_row(fi
         assert bool(active[s]) == (0 <= local < held and expert not in flat[:s]), s
         want = [row.index(expert) if expert in row else -1 for row in ids.tolist()] + [-1] * (16 - n)
         assert kpos[s].tolist() == want, s
+
+
+@pytest.mark.parametrize("n", [1, 5])
+def test_inline_slots_run_the_shared_expert_alone(n):
+    """The shared expert's own call (`SparseMoE.shared_beside_from`: ids all −1, one column): no
+    routed expert runs, every row still arrives, and the output is the three launches' bit for bit."""
+    args = moe_inputs(n, 1, 16, 32, 16, 24, dtype=torch.bfloat16)
+    args["ids"].fill_(-1)
+    with poisoned_allocations():
+        want = moe_triton.moe_experts(**args)
+        got = moe_triton.moe_experts(**args, tuning=INLINE)
+    assert torch.isfinite(want).all() and torch.equal(got, want)
 
 
 def test_inline_slots_read_nothing_back():

@@ -44,10 +44,19 @@ def test_the_shared_expert_beside_equals_its_slot(backend, expert_parallel, dtyp
     slot, slot_ids = block(x)
     ids, weights = block.route(x)
     assert torch.equal(slot_ids, ids) and torch.equal(slot, block.run_experts(x, ids, weights))
-    block.shared_beside_from = 6  # a 5-token call stays as it was
-    assert torch.equal(block(x)[0], slot)
-    block.shared_beside_from = 2
+    calls = []
+
+    def recorded(x, ids, weights, gate_up, down, shared, **kwargs):
+        calls.append(shared is None or bool((ids < 0).all()))  # a call of the beside path
+        return OPS[backend](x, ids, weights, gate_up, down, shared, **kwargs)
+
+    block.experts_op = recorded
+    block.shared_beside_from = 6  # a 5-token call stays as it was: one call with the shared expert's slot
+    assert torch.equal(block(x)[0], slot) and calls == [False]
+    block.shared_beside_from = 5  # from 5 tokens on: the shared expert's call and the routed experts' call
+    calls.clear()
     beside, beside_ids = block(x)
+    assert calls == [True, True]
     assert torch.equal(beside_ids, ids)
     assert_close(f"{backend} {dtype}", slot.double(), beside.double(), 2e-6 if dtype == torch.float32 else 1e-2)
     if expert_parallel:  # some of the assignments go to the experts held here, not all of them

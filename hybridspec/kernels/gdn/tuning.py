@@ -27,10 +27,11 @@ class VerifyTuning:
     inputs loaded first); "split": `verify_split` (Eqs. 3, 10 by 16 x 16 products, all loads in
     flight at once, S_0 in two bf16 pieces for bf16 q, k). pdl: programmatic dependent launch on
     SM90+ (`launch.launch_options`). late_keys (split, raw keys): k's copy to k_out after the
-    outputs instead of with the solve. early_fold (recurrent): the state rows, the pending commit's
-    factors and the gate parameters are loaded and the fold is done before the PDL wait, beside the
-    previous kernel's tail: they come from earlier rounds and earlier kernels, never from the kernel
-    just before a verification (the conv, whose q, k, v are read after the wait)."""
+    outputs instead of with the solve. early_fold (recurrent, with a pending commit): the state
+    rows, the pending commit's factors and the gate parameters are loaded and the fold is done
+    before the PDL wait, beside the previous kernel's tail; for callers whose kernel just before
+    the verification writes none of them (the GDN layer: the conv, whose q, k, v are read after the
+    wait; the state and factors come from the previous round)."""
 
     method: str
     block_v: int

@@ -51,7 +51,8 @@ def gdn_verify_recurrent_kernel(
     and z is stored as z_i / |k_i|. FOLD: the previous round's commit (Eq. 7) on these rows first
     (`fold_rows`), stored in place and verified from. USE_GDC: programmatic dependent launch.
     EARLY_FOLD: the state rows, the pending factors and A_log, dt_bias loaded and the fold done
-    before the wait (none of them is written by the kernel just before), the same arithmetic."""
+    before the wait, the same arithmetic; for callers whose kernel just before the verification
+    writes none of them (the layer's conv)."""
     if USE_GDC and not EARLY_FOLD:
         wait_then_release()
     i_bh, i_v = tl.program_id(0), tl.program_id(1)
@@ -127,9 +128,12 @@ def gdn_verify_recurrent_kernel(
 def launch_verify_recurrent(q, k, v, g, beta, state, scale, o, z, g_cum, tuning: VerifyTuning, *, gates=None,
                             k_out=None, pending=None, raw_keys=False) -> None:
     """One launch of `gdn_verify_recurrent_kernel`, arguments as `launch.verify_arguments`; the
-    tokens padded to BT = T rounded up to a power of two, the pending ones to BJ likewise."""
+    tokens padded to BT = T rounded up to a power of two, the pending ones to BJ likewise. The early
+    fold only with a pending commit: without one (or once `triton.gdn_verify_gated` has committed a
+    long window by the reference, just before) the state may come from the kernel just before."""
     grid, args, shape, pt = verify_arguments(q, k, v, g, beta, state, scale, o, z, g_cum, tuning, "recurrent",
                                              gates=gates, k_out=k_out, pending=pending, raw_keys=raw_keys)
     gdn_verify_recurrent_kernel[grid](*args, **shape, BT=triton.next_power_of_2(q.shape[1]),
-                                      BJ=triton.next_power_of_2(max(pt, 1)), EARLY_FOLD=tuning.early_fold,
+                                      BJ=triton.next_power_of_2(max(pt, 1)),
+                                      EARLY_FOLD=tuning.early_fold and pending is not None,
                                       num_warps=tuning.num_warps, num_stages=1, **launch_options(tuning.pdl, state))

@@ -12,7 +12,8 @@ assignment s's expert where s is its first assignment (`tiles.assignment_expert`
 arrives (N·k + 1 arrivals), so no count is needed. The sum's order is fixed, so
 the result does not depend on the order programs run (no atomics on the data). Under expert
 parallelism (experts [first, first + E) held here) the sum skips the rows of experts held
-elsewhere, and with no expert here and no shared expert programs (0, t) store zeros.
+elsewhere, and with no expert here and no shared expert programs (0, t) store zeros (with
+`inline_slots` the last arrival stores the empty sum).
 
     act [N, k + 1, max(I, Is)]   down [E, H, I]   shared down [H, Is]   y [N, k + 1, H] fp32   out [N, H]
 """

@@ -5,10 +5,11 @@ slot_expert[s] on the tokens that route to it (at most one row per token, N <= B
 expert's tokens fit one [BM, BK] tile and its weights are read once), columns t·BN..t·BN+BN−1 of
 its intermediate width; programs s in count..N·k−1 return at once (the grid depends on N and k
 only). With `inline_slots` row s runs assignment s's expert where s is its first assignment
-(`tiles.assignment_expert`), and program (0, 0) zeroes the down kernel's arrival counters. Program s = N·k runs the shared expert on every token and scales it by
-sigmoid(x · gate_weight). Each result row is scaled by its routing weight and stored at
-act[n, j] (j: the token's position among its k experts; the shared expert's at j = k), in the
-weights' dtype, for the down kernel to sum.
+(`tiles.assignment_expert`), and program (0, 0) zeroes the down kernel's arrival counters.
+Program s = N·k runs the shared expert on every token and scales it by sigmoid(x · gate_weight).
+Each result row is scaled by its routing weight and stored at act[n, j] (j: the token's position
+among its k experts; the shared expert's at j = k), in the weights' dtype, for the down kernel to
+sum.
 
     x [N, H]   gate_up [E, 2I, H]   shared gate / up [Is, H], gate_weight [1, H]
     act [N, k + 1, max(I, Is)]
@@ -113,6 +114,9 @@ def launch_gate_up(x, ids, weights, gate_up, shared, slots, act, block_m: int, t
     `routing.expert_slots`, or with `tuning.inline_slots` (None, None, None, arrivals), whose
     arrivals this launch zeroes; act [N, k + 1, max(I, Is)] (written); widen: under the interpreter."""
     n, k = weights.shape
+    if tuple(ids.shape) != (n, k) or not ids.is_contiguous():
+        raise ValueError(f"launch_gate_up: ids must be contiguous [N, k] = {(n, k)}, got {tuple(ids.shape)} "
+                         f"with strides {ids.stride()}")
     i = gate_up.shape[1] // 2
     i_s = shared.gate.shape[0] if shared is not None else 0
     slot_expert, slot_kpos, count, arrivals = slots

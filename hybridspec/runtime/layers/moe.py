@@ -59,10 +59,11 @@ class SparseMoE(nn.Module):
     parallelism the experts held are [first_expert, first_expert + cfg.local_experts) of the
     router's ids, and the others' assignments add nothing here (another rank runs them).
 
-    `shared_beside_from` (None: never): for calls of at least that many tokens, `forward` runs the
-    shared expert as a call of its own beside the router and the routed experts (on a second CUDA
-    stream, forked before the router and joined before the sum), instead of as one more slot of the
-    routed experts' launches; 2 keeps one-token passes as they are and changes verification passes."""
+    `shared_beside_from` (None: never): for calls of at least that many tokens (B · T), `forward`
+    runs the shared expert as a call of its own beside the router and the routed experts (on a
+    second CUDA stream, forked before the router and joined before the sum), instead of as one more
+    slot of the routed experts' launches; at batch 1, 2 keeps one-token passes as they are and
+    changes verification passes."""
 
     def __init__(self, cfg: TargetConfig, experts_op: Callable = moe_reference.moe_experts):
         super().__init__()
