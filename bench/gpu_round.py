@@ -7,8 +7,8 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 2. per policy and path (`graph`: resident rounds as CUDA graphs; `eager`: the host-driven rounds):
    ms per round and per emitted token over one request; then, in a second pass after every timed
    row (the profiler slows what is timed after it), host synchronisations and host launches per
-   round and the GPU work per round (kernels, their time, by family) from a profiler trace of a
-   few rounds;
+   round and the GPU work per round (operations, their time, by family) from a profiler trace of
+   a few rounds;
 3. one verification pass of w tokens (the target alone, as a graph, after a prefill of the
    context) against its floor: the bytes it must read (the weights of every layer except the
    experts no token routes to, the distinct experts' weights, the KV cache up to the context, the
@@ -156,9 +156,9 @@ def exactness(session, model: str, runs: dict[str, Engine], prompts, policies, t
 def profile_round_counts(engine: Engine, prompt, policy, rounds: int,
                          sampling: SamplingParams = SamplingParams()) -> dict:
     """Over `rounds` rounds (prefill excluded), per round: host synchronisations and host launches,
-    and the GPU work the rounds ran (kernels inside the graphs included): kernels, their summed
-    time in ms, and that time by family (`family`). A variant that is faster in wall time with the
-    same kernel time overlaps work; with less kernel time it runs less of it."""
+    and the GPU work the rounds ran (kernels inside the graphs included, and copies and fills):
+    operations, their summed time in ms, and that time by family (`family`). A variant that is
+    faster in wall time with the same GPU time overlaps work; with less GPU time it runs less."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -174,13 +174,13 @@ def profile_round_counts(engine: Engine, prompt, policy, rounds: int,
     syncs = sum(counts.get(name, 0) for name in SYNC_CALLS) - 1  # the synchronize closing the window
     launches = sum(counts.get(name, 0) for name in LAUNCH_CALLS)
     split = {name: 0.0 for name, _ in FAMILIES} | {"other": 0.0}
-    kernels = 0
+    operations = 0
     for event in prof.events():
         if event.device_type == DeviceType.CUDA:
             split[family(event.name)] += getattr(event, "device_time", None) or getattr(event, "cuda_time", 0.0)
-            kernels += 1
+            operations += 1
     return dict(host_syncs_per_round=round(syncs / done, 2), host_launches_per_round=round(launches / done, 2),
-                gpu_kernels_per_round=round(kernels / done, 1),
+                gpu_ops_per_round=round(operations / done, 1),
                 gpu_ms_per_round=round(sum(split.values()) / done / 1e3, 3),
                 gpu_ms_per_round_by_family={k: round(v / done / 1e3, 3) for k, v in split.items()})
 
