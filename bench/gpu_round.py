@@ -6,9 +6,9 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
    and, on the embedded pair in fp32, the tokens of `ar` on the host path;
 2. per policy and path (`graph`: resident rounds as CUDA graphs; `eager`: the host-driven rounds):
    ms per round and per emitted token over one request; then, in a second pass after every timed
-   row (the profiler slows what is timed after it), host synchronisations and host launches per
-   round and the GPU work per round (operations, their time, by family) from a profiler trace of
-   a few rounds;
+   row (a profiler session may slow what is timed after it), host synchronisations and host
+   launches per round and the GPU work per round (operations, their time, by family) from a
+   profiler trace of a few rounds;
 3. one verification pass of w tokens (the target alone, as a graph, after a prefill of the
    context) against its floor: the bytes it must read (the weights of every layer except the
    experts no token routes to, the distinct experts' weights, the KV cache up to the context, the
