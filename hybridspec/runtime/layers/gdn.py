@@ -66,7 +66,7 @@ class GatedDeltaNet(nn.Module):
         # the kernel L2-normalises q and k and forms the gates from the raw a, b [B, T, HV]:
         # log decay g = log α = −exp(A_log)·softplus(a + dt_bias), β = sigmoid(b)   (DESIGN B.4);
         # the compact factors land in the round buffers: z / |k|, g_cum and the raw k (`raw_keys`: exact
-        # in the activation dtype, half the bytes of the normalised fp32 k with bf16 activations)
+        # in the activation dtype, half the bytes of the normalised fp32 k with bf16 activations);
         # the previous round's commit of this layer, if still pending, is folded into the same launch
         o, _, _ = self._verify(q, k, v, a, b, self.A_log, self.dt_bias,
                                cache.ssm[slot], self.dk**-0.5, z_out=cache.z[slot, :, :T],
