@@ -71,9 +71,10 @@ def _moe_down_kernel(act_ptr, d_ptr, sd_ptr, ids_ptr, slot_expert_ptr, slot_kpos
             e, b_kpos, active = assignment_expert(ids_ptr, i_s, N, FIRST, E, K, BM, NKP, KP)
         else:
             active = i_s < n_active
-            e = tl.load(slot_expert_ptr + i_s).to(tl.int64)  # in bounds in every row, used in the active ones
-            b_kpos = tl.load(slot_kpos_ptr + i_s * BM + o_m)  # [BM] position among the token's k, or -1
         if active:
+            if not INLINE:  # the distinct experts found by the slots launch
+                e = tl.load(slot_expert_ptr + i_s).to(tl.int64)
+                b_kpos = tl.load(slot_kpos_ptr + i_s * BM + o_m)  # [BM] position among the token's k, or -1
             hit = b_kpos >= 0
             p_a = act_ptr + o_m[:, None] * stride_an + b_kpos[:, None] * stride_ak + o_c[None, :]
             p_d = d_ptr + e * stride_de + o_h[:, None] * stride_dh + o_c[None, :]

@@ -86,9 +86,10 @@ def _moe_gate_up_kernel(x_ptr, rw_ptr, gu_ptr, sg_ptr, su_ptr, sgw_ptr, ids_ptr,
             e, b_kpos, active = assignment_expert(ids_ptr, i_s, N, FIRST, E, K, BM, NKP, KP)
         else:
             active = i_s < tl.load(count_ptr)
-            e = tl.load(slot_expert_ptr + i_s).to(tl.int64)  # in bounds in every row, used in the active ones
-            b_kpos = tl.load(slot_kpos_ptr + i_s * BM + o_m)  # [BM] position among the token's k, or -1
         if active:
+            if not INLINE:  # the distinct experts found by the slots launch
+                e = tl.load(slot_expert_ptr + i_s).to(tl.int64)
+                b_kpos = tl.load(slot_kpos_ptr + i_s * BM + o_m)  # [BM] position among the token's k, or -1
             hit = b_kpos >= 0
             n_ok = o_n < I
             p_g = gu_ptr + e * stride_ge + o_n[:, None] * stride_gn + o_c[None, :]
