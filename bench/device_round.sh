@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The resident round's open measurements, each step with its own time cap (10 minutes per command):
-#   device tool, timeout 600:   bash bench/device_round.sh $OUT [round|rest|sampled|moe|tests]
+#   device tool, timeout 600:   bash bench/device_round.sh $OUT [round|rest|sampled|moe|tests|tp1]
 # round: bench/gpu_round.py on the 35B preset, greedy `ar` and `full`, shipped listed first and last
 #   around the variants written and not yet measured (the spread between the two shipped runs
 #   bounds the order effect); every row is timed before the profiler's host counts and GPU work
@@ -9,19 +9,22 @@
 #   the torch form of the point-mass rule.
 # moe: one MoE layer, the shipped launches beside the sweep's variants (moe_kernels.py --sweep).
 # tests: the GPU tests of the kernels those variants change and of graph exactness.
-# rest: moe, tests and sampled in one call (round is a call of its own). The logs print every row
-# as it is measured, and gpu_round.py rewrites its JSON after each variant.
+# tp1: the tensor-parallel code path on one GPU (an NCCL process group of one rank), greedy `ar`
+#   and `full`; its exactness rows' token hashes compare with the round step's (no process group).
+# rest: moe, tests, tp1 and sampled in one call (round is a call of its own). The logs print every
+# row as it is measured, and gpu_round.py rewrites its JSON after each variant.
 set -u
-OUT=$(realpath -m "${1:?usage: bash bench/device_round.sh OUT [round|rest|sampled|moe|tests]}")
+OUT=$(realpath -m "${1:?usage: bash bench/device_round.sh OUT [round|rest|sampled|moe|tests|tp1]}")
 STEP=${2:-round}
-ROUND_CAP=0 SAMPLED_CAP=0 MOE_CAP=0 TESTS_CAP=0
+ROUND_CAP=0 SAMPLED_CAP=0 MOE_CAP=0 TESTS_CAP=0 TP1_CAP=0
 case "$STEP" in
   round) ROUND_CAP=590 ;;
-  rest) MOE_CAP=90 TESTS_CAP=160 SAMPLED_CAP=330 ;;
+  rest) MOE_CAP=70 TESTS_CAP=140 TP1_CAP=140 SAMPLED_CAP=230 ;;
+  tp1) TP1_CAP=590 ;;
   sampled) SAMPLED_CAP=590 ;;
   moe) MOE_CAP=590 ;;
   tests) TESTS_CAP=590 ;;
-  *) echo "device_round.sh: step must be round, rest, sampled, moe or tests, not '$STEP'" >&2; exit 2 ;;
+  *) echo "device_round.sh: step must be round, rest, sampled, moe, tests or tp1, not '$STEP'" >&2; exit 2 ;;
 esac
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export TRITON_INTERPRET=0  # compiled kernels (tests/conftest.py would ask for the interpreter)
@@ -48,12 +51,16 @@ if [ "$MOE_CAP" -gt 0 ]; then
 fi
 if [ "$TESTS_CAP" -gt 0 ]; then
   timeout "$TESTS_CAP" python3 -m pytest -m gpu tests/gpu/test_moe.py tests/gpu/test_gdn_early_fold.py \
-    tests/gpu/test_pdl.py tests/gpu/test_sampling.py tests/gpu/test_graph_exactness.py -q -p no:cacheprovider \
+    tests/gpu/test_pdl.py tests/gpu/test_graph_exactness.py -q -p no:cacheprovider \
     > "$OUT/gpu_tests.log" 2>&1
   echo "gpu tests rc $?"
   tail -12 "$OUT/gpu_tests.log"
 fi
+if [ "$TP1_CAP" -gt 0 ]; then
+  round tp1 "$TP1_CAP" --tp 1 --no-verification
+  grep -E "exactness" "$OUT/tp1.log" | cut -c1-220
+fi
 if [ "$SAMPLED_CAP" -gt 0 ]; then
-  round sampled "$SAMPLED_CAP" --variants shipped,torch-sampling,shipped --temperatures 0,1 --top-k 20 \
-    --top-p 0.95 --no-verification
+  round sampled "$SAMPLED_CAP" --variants shipped,torch-sampling --temperatures 0,1 --top-k 20 \
+    --top-p 0.95 --no-verification --no-exactness
 fi

@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as dt
+import hashlib
 import json
 import platform
 import statistics
@@ -145,7 +146,8 @@ def exactness(session, model: str, runs: dict[str, Engine], prompts, policies, t
         policy = make_policy(name, session.drafter.draft_len, policy_parameters(session.drafter.draft_len))
         graph = [runs["graph"].generate(p, policy=policy, max_new_tokens=tokens).token_ids for p in prompts]
         eager = [runs["resident_eager"].generate(p, policy=policy, max_new_tokens=tokens).token_ids for p in prompts]
-        row = dict(model=model, policy=name, prompts=len(prompts), tokens=tokens, graph_equals_eager=graph == eager)
+        row = dict(model=model, policy=name, prompts=len(prompts), tokens=tokens, graph_equals_eager=graph == eager,
+                   graph_tokens_sha256=hashlib.sha256(json.dumps(graph).encode()).hexdigest()[:16])
         if reference is not None:
             row["graph_equals_ar"] = graph == reference
         rows.append(row)
