@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The resident round's open measurements, each step with its own time cap (10 minutes per command):
-#   device tool, timeout 600:   bash bench/device_round.sh $OUT [round|rest|sampled|moe|tests|tp1]
+#   device tool, timeout 600:   bash bench/device_round.sh $OUT [round|rest|sampled|moe|tests|linear|tp1]
 # round: bench/gpu_round.py on the 35B preset, greedy `ar` and `full`, shipped listed first and last
 #   around the variants written and not yet measured (the spread between the two shipped runs
 #   bounds the order effect); every row is timed before the profiler's host counts and GPU work
@@ -9,22 +9,25 @@
 #   the torch form of the point-mass rule.
 # moe: one MoE layer, the shipped launches beside the sweep's variants (moe_kernels.py --sweep).
 # tests: the GPU tests of the kernels those variants change and of graph exactness.
+# linear: the out-projection + residual add + norm in two launches beside the library product and
+#   the norm (bench/kernels/out_add_norm.py), then the round with and without it (`out-add-norm`).
 # tp1: the tensor-parallel code path on one GPU (an NCCL process group of one rank), greedy `ar`
 #   and `full`; its exactness rows' token hashes compare with the round step's (no process group).
-# rest: moe, tests, tp1 and sampled in one call (round is a call of its own). The logs print every
+# rest: moe, tests, linear and tp1 in one call (round is a call of its own). The logs print every
 # row as it is measured, and gpu_round.py rewrites its JSON after each variant.
 set -u
-OUT=$(realpath -m "${1:?usage: bash bench/device_round.sh OUT [round|rest|sampled|moe|tests|tp1]}")
+OUT=$(realpath -m "${1:?usage: bash bench/device_round.sh OUT [round|rest|sampled|moe|tests|linear|tp1]}")
 STEP=${2:-round}
-ROUND_CAP=0 SAMPLED_CAP=0 MOE_CAP=0 TESTS_CAP=0 TP1_CAP=0
+ROUND_CAP=0 SAMPLED_CAP=0 MOE_CAP=0 TESTS_CAP=0 TP1_CAP=0 LINEAR_CAP=0
 case "$STEP" in
   round) ROUND_CAP=590 ;;
-  rest) MOE_CAP=70 TESTS_CAP=140 TP1_CAP=140 SAMPLED_CAP=230 ;;
+  rest) MOE_CAP=60 TESTS_CAP=120 LINEAR_CAP=270 TP1_CAP=130 ;;
+  linear) LINEAR_CAP=590 ;;
   tp1) TP1_CAP=590 ;;
   sampled) SAMPLED_CAP=590 ;;
   moe) MOE_CAP=590 ;;
   tests) TESTS_CAP=590 ;;
-  *) echo "device_round.sh: step must be round, rest, sampled, moe, tests or tp1, not '$STEP'" >&2; exit 2 ;;
+  *) echo "device_round.sh: step must be round, rest, sampled, moe, tests, linear or tp1, not '$STEP'" >&2; exit 2 ;;
 esac
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export TRITON_INTERPRET=0  # compiled kernels (tests/conftest.py would ask for the interpreter)
@@ -50,11 +53,18 @@ if [ "$MOE_CAP" -gt 0 ]; then
   [ -f "$OUT/moe/moe_kernels.md" ] && sed -n '/random routing/,/^## η/p' "$OUT/moe/moe_kernels.md"
 fi
 if [ "$TESTS_CAP" -gt 0 ]; then
-  timeout "$TESTS_CAP" python3 -m pytest -m gpu tests/gpu/test_moe.py tests/gpu/test_gdn_early_fold.py \
+  timeout "$TESTS_CAP" python3 -m pytest -m gpu tests/gpu/test_gdn_early_fold.py tests/gpu/test_moe.py \
     tests/gpu/test_pdl.py tests/gpu/test_graph_exactness.py -q -p no:cacheprovider \
     > "$OUT/gpu_tests.log" 2>&1
   echo "gpu tests rc $?"
   tail -12 "$OUT/gpu_tests.log"
+fi
+if [ "$LINEAR_CAP" -gt 0 ]; then
+  mkdir -p "$OUT/linear"
+  (cd bench/kernels && timeout $((LINEAR_CAP / 4)) python3 out_add_norm.py --out "$OUT/linear" > "$OUT/linear.log" 2>&1)
+  echo "out_add_norm rc $?"
+  cat "$OUT/linear.log" | cut -c1-260
+  round linear-round $((LINEAR_CAP * 3 / 4)) --variants shipped,out-add-norm
 fi
 if [ "$TP1_CAP" -gt 0 ]; then
   round tp1 "$TP1_CAP" --tp 1 --no-verification

@@ -22,7 +22,7 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 `--variants a,b` runs steps 1–4 for each variant on the same loaded model (rows and checks tagged
 `variant`): `shipped`, an op family put back on its PyTorch reference, a switch turned off, or one
 turned on (`VARIANTS`: `prepare-ref`, `no-pdl`, `shared-beside`, `shared-beside-spec`,
-`moe-inline-slots`, `gdn-early-fold`, `torch-sampling`), to measure a kernel or a launch mode
+`moe-inline-slots`, `gdn-early-fold`, `out-add-norm`, `torch-sampling`), to measure a kernel or a launch mode
 against what it replaced side by side in one process. `--tp N --layouts columns,experts` loads each
 model once per MoE layout (every expert's columns split across the ranks, or expert parallelism)
 and runs everything on each (rows and checks tagged `layout`).
@@ -57,12 +57,14 @@ from hybridspec.kernels.attention import reference as attention_reference  # noq
 from hybridspec.kernels.gdn import reference as gdn_reference  # noqa: E402
 from hybridspec.kernels.gdn import triton as gdn_triton  # noqa: E402
 from hybridspec.kernels.moe import triton as moe_triton  # noqa: E402
+from hybridspec.kernels.linear import triton as linear_triton  # noqa: E402
 from hybridspec.kernels.moe.tuning import MoETuning  # noqa: E402
 from hybridspec.runtime import resident  # noqa: E402
 from hybridspec.runtime.engine import Engine  # noqa: E402
 from hybridspec.runtime.layers.attention import GatedAttention  # noqa: E402
 from hybridspec.runtime.layers.gdn import GatedDeltaNet  # noqa: E402
 from hybridspec.runtime.layers.moe import SparseMoE  # noqa: E402
+from hybridspec.runtime.models.hybrid import DecoderLayer  # noqa: E402
 from hybridspec.runtime.policies import make_policy  # noqa: E402
 from hybridspec.runtime.sampling import SamplingParams  # noqa: E402
 from hybridspec.runtime.session import open_session  # noqa: E402
@@ -95,6 +97,8 @@ VARIANTS = {
     "moe-inline-slots": {moe_triton: {"MOE_TUNING": {64: MoETuning(inline_slots=True)}}},
     # the recurrent GDN verification reads its state and folds the pending commit before the PDL wait
     "gdn-early-fold": {GatedDeltaNet: {"_verify": _early_fold_verify}},
+    # the mixers' out-projection, residual add and post-attention norm in two launches (`kernels/linear`)
+    "out-add-norm": {DecoderLayer: {"out_add_norm": linear_triton.linear_add_norm}},
     "prepare-ref": {GatedAttention: {"prepare_op": attention_reference.norm_rope_store}},
     "no-pdl": {pdl: {"ENABLED": False}},  # the kernels of `kernels/pdl.py` launched without PDL
     "torch-sampling": {resident: {"FUSED_SAMPLING": False}},  # the point-mass rule's torch form

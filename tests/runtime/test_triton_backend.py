@@ -89,3 +89,22 @@ def test_ablation_backend_runs_the_gdn_reference_in_the_resident_round(alternati
     D = ablation.drafter.draft_len
     result = engine.generate(prompt, policy=make_policy("hybridspec", D, policy_parameters(D)), max_new_tokens=4)
     assert result.token_ids == want
+
+
+def test_the_out_projection_with_the_norm_emits_the_same_tokens(triton_target, torch_ar_tokens):
+    """Every layer's out-projection, residual add and post-attention norm through `kernels/linear`
+    (`DecoderLayer.out_add_norm`): `full` rounds still emit the torch backend's `ar` tokens, the prompt
+    whose prefill runs past 16 tokens included (its chunks take the library product)."""
+    from hybridspec.kernels.linear import triton as linear_triton
+
+    for layer in triton_target.layers:
+        layer.out_add_norm = linear_triton.linear_add_norm
+    try:
+        for i, (prompt, want) in enumerate(torch_ar_tokens):
+            drafter = ScriptedDrafter(prompt + want, triton_target.cfg.vocab_size, seed=i)
+            result = Engine(triton_target, drafter, max_context=128).generate(
+                prompt, policy=make_policy("full", 15, policy_parameters()), max_new_tokens=NEW_TOKENS)
+            assert result.token_ids == want
+    finally:
+        for layer in triton_target.layers:
+            layer.out_add_norm = None

@@ -47,7 +47,12 @@ class GatedAttention(nn.Module):
         return torch.nn.functional.linear(x, self._qkv).split((2 * self.n_heads * self.head_dim, kv, kv), dim=-1)
 
     def forward(self, x: Tensor, cache: TargetCache, slot: int, rope: tuple[Tensor, Tensor]) -> Tensor:
-        """x [B, T, hidden] at positions p … p+T−1 (p = cache.position, on the device); writes their
+        """x [B, T, hidden] → [B, T, hidden]: `o_proj` of `heads`."""
+        return self.o_proj(self.heads(x, cache, slot, rope))
+
+    def heads(self, x: Tensor, cache: TargetCache, slot: int, rope: tuple[Tensor, Tensor]) -> Tensor:
+        """x [B, T, hidden] at positions p … p+T−1 (p = cache.position, on the device) → the gated
+        heads' output [B, T, heads·head_dim] before `o_proj`; writes their
         K/V into the cache. `op` reads keys up to `cache.key_span` (static) or, when the host knows
         the length, up to length + T; the Triton kernels read the length on the device instead."""
         B, T, _ = x.shape
@@ -56,5 +61,4 @@ class GatedAttention(nn.Module):
         kv_shape = (B, T, self.n_kv, self.head_dim)
         q = self.prepare_op(q, k.view(kv_shape), v.view(kv_shape), self.q_norm.weight, self.k_norm.weight,
                             self.q_norm.eps, *rope, cache.key[slot], cache.value[slot], cache.position)
-        out = self.op(q, gate, cache.key[slot], cache.value[slot], cache.position, cache.key_span or cache.length + T)
-        return self.o_proj(out)
+        return self.op(q, gate, cache.key[slot], cache.value[slot], cache.position, cache.key_span or cache.length + T)

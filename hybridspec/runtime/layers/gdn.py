@@ -55,6 +55,10 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, x: Tensor, cache: TargetCache, slot: int) -> Tensor:
         """x [B, T, hidden] → [B, T, hidden]; fills the round buffers of `slot` for these T tokens."""
+        return self.out_proj(self.heads(x, cache, slot))
+
+    def heads(self, x: Tensor, cache: TargetCache, slot: int) -> Tensor:
+        """x [B, T, hidden] → the gated heads' output [B, T, HV·dv] before `out_proj`."""
         B, T, _ = x.shape
         mixed, z, b, a = self._project(x)  # mixed: [B, T, conv_dim]
         # the conv inputs also go to the round buffer, from which the commit advances the window
@@ -75,4 +79,4 @@ class GatedDeltaNet(nn.Module):
         cache.mark_committed(slot)  # the launch above folded the pending commit into this layer's state
         gate = z.reshape(B, T, self.hv, self.dv)
         o = self.norm(o, gate)  # [B, T, HV, dv] in x's dtype (o rounded to it first)
-        return self.out_proj(o.reshape(B, T, -1))
+        return o.reshape(B, T, -1)

@@ -134,11 +134,14 @@ def whole(t: Tensor) -> Tensor:
 
 class DecoderLayer(nn.Module):
     """`reduce` completes the token mixer's and the MLP block's outputs: `whole` in one process, an
-    all-reduce over the ranks under tensor parallelism (`runtime/tensor_parallel.py`)."""
+    all-reduce over the ranks under tensor parallelism (`runtime/tensor_parallel.py`).
+    `out_add_norm`, where set (`kernels/linear`'s `linear_add_norm`), runs the mixer's out-projection,
+    the residual add and the post-attention norm together in one process."""
 
     def __init__(self, cfg: TargetConfig, index: int, verify: Callable, experts: Callable):
         super().__init__()
         self.reduce: Callable[[Tensor], Tensor] = whole
+        self.out_add_norm: Callable | None = None
         self.is_gdn = cfg.layer_types[index] == "linear_attention"
         if self.is_gdn:
             self.linear_attn = GatedDeltaNet(cfg, verify)
@@ -157,8 +160,13 @@ class DecoderLayer(nn.Module):
             rope: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor]:
         """The token mixer on h = input_layernorm(x), its residual add fused into the post-attention
         norm: returns (post_attention_layernorm(x'), x') with x' = x + mixer(h)."""
-        h = self.linear_attn(h, cache, slot) if self.is_gdn else self.self_attn(h, cache, slot, rope)
-        return self.post_attention_layernorm.add_norm(self.reduce(h), x)
+        mixer = self.linear_attn if self.is_gdn else self.self_attn
+        o = mixer.heads(h, cache, slot) if self.is_gdn else mixer.heads(h, cache, slot, rope)  # [B, T, heads·dv]
+        out = mixer.out_proj if self.is_gdn else mixer.o_proj
+        norm = self.post_attention_layernorm
+        if self.out_add_norm is not None and self.reduce is whole:
+            return self.out_add_norm(o, out.weight, x, norm.weight, norm.eps)
+        return norm.add_norm(self.reduce(out(o)), x)
 
 
 def device_resident(backend: str) -> bool:

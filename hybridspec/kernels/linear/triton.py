@@ -1,0 +1,123 @@
+"""The out-projection, residual add and offset RMS norm in two launches, for calls of at most 16 rows
+(decoding and verification passes):
+
+    parts[s] = x[:, span s] W[:, span s]ᵀ     split-K product, fp32, grid (N / BN, K / SPAN)
+    y, s     = norm(Σ_s parts[s] + residual)    `kernels/norm`'s launch, summing the parts in order
+
+in place of the product, its split-K reduction and the norm's launch. Every row runs the same
+[16, BK] tiles whatever the call's row count, so a token's result does not depend on the other tokens
+of its pass (batch invariance, which exactness relies on). Each program reads its first weight tile
+before the programmatic-dependent-launch wait: the weights are not the previous kernel's output.
+Longer calls (prefill chunks) take `F.linear` and the norm's launch.
+
+    x [..., K]   weight [N, K]   residual [..., N]   norm_weight [N]   →   y, s [..., N]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from hybridspec.kernels import pdl
+from hybridspec.kernels.interpreter import interpreted
+from hybridspec.kernels.moe.tiles import dot_bt
+from hybridspec.kernels.norm import triton as norm_triton
+from hybridspec.kernels.pdl import wait_then_release
+
+MAX_ROWS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class LinearTiles:
+    """Launch shape of the split-K product: BN output columns and SPAN of the K dimension per
+    program, in steps of BK (SPAN a multiple of BK), `warps` warps each."""
+
+    block_n: int = 32
+    span: int = 512
+    block_k: int = 512
+    warps: int = 4
+
+    def __post_init__(self):
+        for name in ("block_n", "span", "block_k", "warps"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"LinearTiles.{name} must be a power of two, not {value}")
+        if self.block_n < 16 or self.block_k < 16:
+            raise ValueError(f"LinearTiles: block_n and block_k of at least 16 (tile products), not "
+                             f"{self.block_n}, {self.block_k}")
+        if self.span % self.block_k:
+            raise ValueError(f"LinearTiles.span {self.span} must be a multiple of block_k {self.block_k}")
+
+
+TILES = LinearTiles()
+
+
+@triton.jit
+def _split_k_kernel(x_ptr, w_ptr, p_ptr, M, N, K, stride_xm, stride_wn, stride_ps, stride_pm, SPAN: tl.constexpr,
+                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr,
+                    WIDEN: tl.constexpr, USE_GDC: tl.constexpr):
+    i_n, i_s = tl.program_id(0), tl.program_id(1)
+    o_m = tl.arange(0, BM)
+    o_n = i_n * BN + tl.arange(0, BN)
+    o_k = i_s * SPAN + tl.arange(0, BK)
+    m_ok, n_ok = o_m < M, o_n < N
+    p_w = w_ptr + o_n[:, None].to(tl.int64) * stride_wn + o_k[None, :]  # [BN, BK]
+    p_x = x_ptr + o_m[:, None] * stride_xm + o_k[None, :]  # [BM, BK]
+    b_w = tl.load(p_w, mask=n_ok[:, None] & (o_k < K)[None, :], other=0.0)
+    if USE_GDC:
+        wait_then_release()
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for c in tl.static_range(0, SPAN, BK):
+        k_ok = o_k + c < K
+        if c > 0:
+            b_w = tl.load(p_w + c, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        b_x = tl.load(p_x + c, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        acc = dot_bt(b_x, b_w, acc, PRECISION, WIDEN)
+    p_p = p_ptr + i_s * stride_ps + o_m[:, None] * stride_pm + o_n[None, :]
+    tl.store(p_p, acc, mask=m_ok[:, None] & n_ok[None, :])
+
+
+def _check(x: Tensor, weight: Tensor, residual: Tensor, norm_weight: Tensor) -> None:
+    n, k = weight.shape if weight.dim() == 2 else (None, None)
+    if k is None or x.shape[-1] != k:
+        raise ValueError(f"linear_add_norm: weight {tuple(weight.shape)} is not [N, {x.shape[-1]}] for x "
+                         f"{tuple(x.shape)}")
+    if weight.stride(-1) != 1 or weight.stride(0) < k:
+        raise ValueError(f"linear_add_norm: weight rows must be contiguous (stride {weight.stride()})")
+    if residual.shape != (*x.shape[:-1], n):
+        raise ValueError(f"linear_add_norm: residual {tuple(residual.shape)} does not match x {tuple(x.shape)} "
+                         f"and weight {tuple(weight.shape)}")
+    if norm_weight.shape != (n,):
+        raise ValueError(f"linear_add_norm: norm weight {tuple(norm_weight.shape)} is not [{n}]")
+    if not x.dtype == weight.dtype == residual.dtype:
+        raise ValueError(f"linear_add_norm: x {x.dtype}, weight {weight.dtype} and residual {residual.dtype} "
+                         "must share a dtype")
+    if x.device.type != "cuda" and not interpreted():
+        raise ValueError(f"linear_add_norm: tensors are on {x.device}; the Triton kernels need CUDA tensors "
+                         "(CPU tensors only with TRITON_INTERPRET=1 set before import)")
+
+
+def linear_add_norm(x: Tensor, weight: Tensor, residual: Tensor, norm_weight: Tensor, eps: float, *,
+                    tiles: LinearTiles = TILES) -> tuple[Tensor, Tensor]:
+    """As `reference.linear_add_norm`: (normalize(s) · (1 + norm_weight), s), s = x Wᵀ + residual, in
+    x's dtype; x [..., K] with at most 16 rows in two launches, more rows through `F.linear`."""
+    _check(x, weight, residual, norm_weight)
+    n, k = weight.shape
+    rows = x.reshape(-1, k)
+    if rows.stride(-1) != 1:
+        raise ValueError(f"linear_add_norm: x must be contiguous in its last dimension (stride {x.stride()})")
+    m = rows.shape[0]
+    if m > MAX_ROWS or m == 0:
+        return norm_triton.offset_rms_norm(F.linear(x, weight), norm_weight, eps, residual)
+    parts = torch.empty((triton.cdiv(k, tiles.span), m, n), dtype=torch.float32, device=x.device)
+    _split_k_kernel[(triton.cdiv(n, tiles.block_n), parts.shape[0])](
+        rows, weight, parts, m, n, k, rows.stride(0), weight.stride(0), parts.stride(0), parts.stride(1),
+        SPAN=tiles.span, BM=MAX_ROWS, BN=tiles.block_n, BK=tiles.block_k,
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", WIDEN=interpreted() and x.element_size() < 4,
+        num_warps=tiles.warps, **pdl.options(x))
+    return norm_triton.offset_rms_norm_of_parts(parts, residual, norm_weight, eps)

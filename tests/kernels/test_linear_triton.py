@@ -1,0 +1,112 @@
+"""The out-projection + residual add + norm (`kernels/linear`) under TRITON_INTERPRET on CPU: against
+the reference (fp32 within the sums' rounding; bf16 within the product's rounding, whose fp32 sum
+order differs from torch's), the norm of the parts against their in-order sum, each row of a call
+bit-equal to the same row run alone (batch invariance), the long-call path equal to `F.linear` and
+the norm, and the launcher's layout checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hybridspec.kernels.interpreter import interpreted
+from hybridspec.kernels.linear import reference
+from hybridspec.kernels.linear import triton as linear_triton
+from hybridspec.kernels.linear.triton import LinearTiles
+from hybridspec.kernels.norm import reference as norm_reference
+from hybridspec.kernels.norm import triton as norm_triton
+
+SMALL = LinearTiles(block_n=16, span=128, block_k=64)  # several programs and steps on small shapes
+
+
+def _bf16_spacing(a: torch.Tensor) -> torch.Tensor:
+    """bf16's spacing at each |a|."""
+    return torch.exp2(torch.floor(torch.log2(a.float().abs().clamp_min(1e-30))) - 7)
+
+
+def _bf16_ulps(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Largest |a − b| in units of bf16's spacing at the larger of the two magnitudes."""
+    a, b = a.float(), b.float()
+    return ((a - b).abs() / _bf16_spacing(torch.maximum(a.abs(), b.abs()))).max().item()
+
+
+def _inputs(shape, k, n, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn((*shape, k), generator=g).to(dtype)
+    weight = (torch.randn((n, k), generator=g) / k**0.5).to(dtype)
+    residual = torch.randn((*shape, n), generator=g).to(dtype)
+    norm_weight = (torch.randn(n, generator=g) * 0.2).to(dtype)
+    return x, weight, residual, norm_weight
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape,k,n,tiles", [((1, 1), 300, 60, SMALL), ((1, 5), 256, 48, SMALL),
+                                             ((2, 3), 100, 33, SMALL), ((1, 16), 1100, 70, LinearTiles())])
+def test_linear_add_norm_matches_the_reference(dtype, shape, k, n, tiles):
+    x, weight, residual, norm_weight = _inputs(shape, k, n, dtype, k + n)
+    y, s = linear_triton.linear_add_norm(x, weight, residual, norm_weight, 1e-6, tiles=tiles)
+    assert y.shape == s.shape == residual.shape and y.dtype == s.dtype == dtype
+    if dtype == torch.float32:
+        y_ref, s_ref = reference.linear_add_norm(x, weight, residual, norm_weight, 1e-6)
+        torch.testing.assert_close(s, s_ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
+    else:  # the product's exact fp32 value rounded once, then the add and the norm as the reference rounds
+        product = F.linear(x.double(), weight.double()).to(dtype)
+        y_ref, s_ref = norm_reference.offset_rms_norm(product, norm_weight, 1e-6, residual)
+        torch.testing.assert_close(s, s_ref, rtol=1.6e-2, atol=2e-2)
+        torch.testing.assert_close(y, y_ref, rtol=1.6e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_norm_of_parts_sums_them_in_order(dtype):
+    g = torch.Generator().manual_seed(7)
+    parts = torch.randn((5, 6, 40), generator=g) * 2
+    residual = torch.randn((2, 3, 40), generator=g).to(dtype)
+    weight = (torch.randn(40, generator=g) * 0.2).to(dtype)
+    y, s = norm_triton.offset_rms_norm_of_parts(parts, residual, weight, 1e-6)
+    total = parts[0]
+    for part in parts[1:]:
+        total = total + part
+    y_ref, s_ref = norm_reference.offset_rms_norm(total.to(dtype).view(2, 3, 40), weight, 1e-6, residual)
+    if dtype == torch.float32:
+        assert torch.equal(s, s_ref)
+        torch.testing.assert_close(y, y_ref, rtol=2e-6, atol=1e-6)
+    elif not interpreted():
+        assert torch.equal(s, s_ref)
+        assert _bf16_ulps(y, y_ref) <= 1
+    else:  # the interpreter rounds fp32 → bf16 towards zero: one spacing of the sum, one of s
+        bound = _bf16_spacing(total.view(2, 3, 40)) + _bf16_spacing(s_ref)
+        assert ((s.float() - s_ref.float()).abs() <= bound).all()
+        torch.testing.assert_close(y, y_ref, rtol=1.6e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_each_row_is_the_row_run_alone(dtype):
+    x, weight, residual, norm_weight = _inputs((1, 16), 200, 40, dtype, 11)
+    y, s = linear_triton.linear_add_norm(x, weight, residual, norm_weight, 1e-6, tiles=SMALL)
+    for t in (0, 5, 15):
+        y1, s1 = linear_triton.linear_add_norm(x[:, t:t + 1], weight, residual[:, t:t + 1], norm_weight, 1e-6,
+                                               tiles=SMALL)
+        assert torch.equal(y1, y[:, t:t + 1]) and torch.equal(s1, s[:, t:t + 1])
+
+
+def test_longer_calls_take_the_library_product():
+    x, weight, residual, norm_weight = _inputs((1, 17), 64, 32, torch.float32, 3)
+    y, s = linear_triton.linear_add_norm(x, weight, residual, norm_weight, 1e-6)
+    y_ref, s_ref = norm_triton.offset_rms_norm(F.linear(x, weight), norm_weight, 1e-6, residual)
+    assert torch.equal(y, y_ref) and torch.equal(s, s_ref)
+
+
+def test_the_launcher_names_what_is_wrong():
+    x, weight, residual, norm_weight = _inputs((1, 2), 64, 32, torch.float32, 5)
+    with pytest.raises(ValueError, match="weight"):
+        linear_triton.linear_add_norm(x, weight[:, :60], residual, norm_weight, 1e-6)
+    with pytest.raises(ValueError, match="residual"):
+        linear_triton.linear_add_norm(x, weight, residual[..., :30], norm_weight, 1e-6)
+    with pytest.raises(ValueError, match="share a dtype"):
+        linear_triton.linear_add_norm(x, weight.double(), residual, norm_weight, 1e-6)
+    with pytest.raises(ValueError, match="power of two"):
+        LinearTiles(block_n=24)
+    with pytest.raises(ValueError, match="multiple"):
+        LinearTiles(span=64, block_k=128)
