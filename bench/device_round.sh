@@ -1,19 +1,18 @@
 #!/usr/bin/env bash
 # The resident round's open measurements, each step with its own time cap (10 minutes per command):
 #   device tool, timeout 600:   bash bench/device_round.sh $OUT [round|rest|sampled|moe|tests|linear|tp1]
-# round: bench/gpu_round.py on the 35B preset, greedy `ar` and `full`, shipped listed first and last
-#   around the variants written and not yet measured (the spread between the two shipped runs
-#   bounds the order effect); every row is timed before the profiler's host counts and GPU work
-#   per round (gpu_round's second pass).
+# round: bench/gpu_round.py on the 35B preset, greedy `ar` and `full`, shipped first, then the
+#   variants written and not yet measured; every row is timed before the profiler's host counts and
+#   GPU work per round (gpu_round's second pass).
 # sampled: the same for top-k 20 / top-p 0.95 at temperature 1 beside greedy, the kernels against
 #   the torch form of the point-mass rule.
 # moe: one MoE layer, the shipped launches beside the sweep's variants (moe_kernels.py --sweep).
 # tests: the GPU tests of the kernels those variants change and of graph exactness.
 # linear: the out-projection + residual add + norm in two launches beside the library product and
-#   the norm (bench/kernels/out_add_norm.py), then the round with and without it (`out-add-norm`).
+#   the norm (bench/kernels/out_add_norm.py); the round step runs it in whole passes (`out-add-norm`).
 # tp1: the tensor-parallel code path on one GPU (an NCCL process group of one rank), greedy `ar`
 #   and `full`; its exactness rows' token hashes compare with the round step's (no process group).
-# rest: moe, tests, linear and tp1 in one call (round is a call of its own). The logs print every
+# rest: tests, linear, moe, tp1 and sampled in one call (round is a call of its own). The logs print every
 # row as it is measured, and gpu_round.py rewrites its JSON after each variant.
 set -u
 OUT=$(realpath -m "${1:?usage: bash bench/device_round.sh OUT [round|rest|sampled|moe|tests|linear|tp1]}")
@@ -21,7 +20,7 @@ STEP=${2:-round}
 ROUND_CAP=0 SAMPLED_CAP=0 MOE_CAP=0 TESTS_CAP=0 TP1_CAP=0 LINEAR_CAP=0
 case "$STEP" in
   round) ROUND_CAP=590 ;;
-  rest) MOE_CAP=60 TESTS_CAP=120 LINEAR_CAP=270 TP1_CAP=130 ;;
+  rest) TESTS_CAP=150 LINEAR_CAP=70 MOE_CAP=60 TP1_CAP=150 SAMPLED_CAP=150 ;;
   linear) LINEAR_CAP=590 ;;
   tp1) TP1_CAP=590 ;;
   sampled) SAMPLED_CAP=590 ;;
@@ -40,20 +39,13 @@ round() {  # name cap extra-arguments...
   timeout "$cap" python3 bench/gpu_round.py --out "$OUT/$name" --models qwen3.6-35b-a3b --policies ar,full \
     --eager-tokens 1 "$@" > "$OUT/$name.log" 2>&1
   echo "gpu_round $name rc $?"
-  grep -E "^  (decode .*graph|verify|round|counts .*graph)" "$OUT/$name.log" | cut -c1-220
+  grep -E "^  (decode .*graph|verify|round|counts .*graph|exactness)" "$OUT/$name.log" | cut -c1-220
 }
 if [ "$ROUND_CAP" -gt 0 ]; then
-  round round "$ROUND_CAP" --variants shipped,shared-beside-spec,moe-inline-slots,gdn-early-fold,shipped
-fi
-if [ "$MOE_CAP" -gt 0 ]; then
-  mkdir -p "$OUT/moe"
-  (cd bench/kernels && timeout "$MOE_CAP" python3 moe_kernels.py --out "$OUT/moe" --models 35b --sweep --no-runtime \
-    --no-sglang --quick --lengths 1,2,4,16 > "$OUT/moe.log" 2>&1)
-  echo "moe_kernels rc $?"
-  [ -f "$OUT/moe/moe_kernels.md" ] && sed -n '/random routing/,/^## η/p' "$OUT/moe/moe_kernels.md"
+  round round "$ROUND_CAP" --variants shipped,out-add-norm,moe-inline-slots,gdn-early-fold,shared-beside-spec
 fi
 if [ "$TESTS_CAP" -gt 0 ]; then
-  timeout "$TESTS_CAP" python3 -m pytest -m gpu tests/gpu/test_gdn_early_fold.py tests/gpu/test_moe.py \
+  timeout "$TESTS_CAP" python3 -m pytest -m gpu tests/gpu/test_gdn_early_fold.py tests/gpu/test_linear.py tests/gpu/test_moe.py \
     tests/gpu/test_pdl.py tests/gpu/test_graph_exactness.py -q -p no:cacheprovider \
     > "$OUT/gpu_tests.log" 2>&1
   echo "gpu tests rc $?"
@@ -61,10 +53,16 @@ if [ "$TESTS_CAP" -gt 0 ]; then
 fi
 if [ "$LINEAR_CAP" -gt 0 ]; then
   mkdir -p "$OUT/linear"
-  (cd bench/kernels && timeout $((LINEAR_CAP / 4)) python3 out_add_norm.py --out "$OUT/linear" > "$OUT/linear.log" 2>&1)
+  (cd bench/kernels && timeout "$LINEAR_CAP" python3 out_add_norm.py --out "$OUT/linear" > "$OUT/linear.log" 2>&1)
   echo "out_add_norm rc $?"
-  cat "$OUT/linear.log" | cut -c1-260
-  round linear-round $((LINEAR_CAP * 3 / 4)) --variants shipped,out-add-norm
+  cut -c1-260 "$OUT/linear.log"
+fi
+if [ "$MOE_CAP" -gt 0 ]; then
+  mkdir -p "$OUT/moe"
+  (cd bench/kernels && timeout "$MOE_CAP" python3 moe_kernels.py --out "$OUT/moe" --models 35b --sweep --no-runtime \
+    --no-sglang --quick --lengths 1,2,4,16 > "$OUT/moe.log" 2>&1)
+  echo "moe_kernels rc $?"
+  [ -f "$OUT/moe/moe_kernels.md" ] && sed -n '/random routing/,/^## η/p' "$OUT/moe/moe_kernels.md"
 fi
 if [ "$TP1_CAP" -gt 0 ]; then
   round tp1 "$TP1_CAP" --tp 1 --no-verification
