@@ -46,9 +46,12 @@ class GatedAttention(nn.Module):
         kv = self.n_kv * self.head_dim
         return torch.nn.functional.linear(x, self._qkv).split((2 * self.n_heads * self.head_dim, kv, kv), dim=-1)
 
-    def forward(self, x: Tensor, cache: TargetCache, slot: int, rope: tuple[Tensor, Tensor]) -> Tensor:
-        """x [B, T, hidden] → [B, T, hidden]: `o_proj` of `heads`."""
-        return self.o_proj(self.heads(x, cache, slot, rope))
+    def forward(self, x: Tensor, cache: TargetCache, slot: int, rope: tuple[Tensor, Tensor],
+                then: Callable | None = None):
+        """x [B, T, hidden] → [B, T, hidden]: `o_proj` of `heads`, or `then(heads, o_proj.weight)`
+        where given (the projection fused with what follows it)."""
+        o = self.heads(x, cache, slot, rope)
+        return self.o_proj(o) if then is None else then(o, self.o_proj.weight)
 
     def heads(self, x: Tensor, cache: TargetCache, slot: int, rope: tuple[Tensor, Tensor]) -> Tensor:
         """x [B, T, hidden] at positions p … p+T−1 (p = cache.position, on the device) → the gated

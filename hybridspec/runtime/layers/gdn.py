@@ -53,9 +53,12 @@ class GatedDeltaNet(nn.Module):
         sizes = (self.conv_dim, self.hv * self.dv, self.hv, self.hv)
         return F.linear(x, self._in_proj).split(sizes, dim=-1)
 
-    def forward(self, x: Tensor, cache: TargetCache, slot: int) -> Tensor:
-        """x [B, T, hidden] → [B, T, hidden]; fills the round buffers of `slot` for these T tokens."""
-        return self.out_proj(self.heads(x, cache, slot))
+    def forward(self, x: Tensor, cache: TargetCache, slot: int, then: Callable | None = None):
+        """x [B, T, hidden] → [B, T, hidden]; fills the round buffers of `slot` for these T tokens.
+        `then(o, out_proj.weight)`, where given, takes the place of `out_proj` (and returns what it
+        returns): the projection fused with what follows it."""
+        o = self.heads(x, cache, slot)
+        return self.out_proj(o) if then is None else then(o, self.out_proj.weight)
 
     def heads(self, x: Tensor, cache: TargetCache, slot: int) -> Tensor:
         """x [B, T, hidden] → the gated heads' output [B, T, HV·dv] before `out_proj`."""

@@ -11,6 +11,7 @@ the `model.` prefix removed (the loaders of `models/` map other layouts onto it)
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -160,13 +161,12 @@ class DecoderLayer(nn.Module):
             rope: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor]:
         """The token mixer on h = input_layernorm(x), its residual add fused into the post-attention
         norm: returns (post_attention_layernorm(x'), x') with x' = x + mixer(h)."""
-        mixer = self.linear_attn if self.is_gdn else self.self_attn
-        o = mixer.heads(h, cache, slot) if self.is_gdn else mixer.heads(h, cache, slot, rope)  # [B, T, heads·dv]
-        out = mixer.out_proj if self.is_gdn else mixer.o_proj
+        mixer, args = (self.linear_attn, (h, cache, slot)) if self.is_gdn else (self.self_attn, (h, cache, slot, rope))
         norm = self.post_attention_layernorm
         if self.out_add_norm is not None and self.reduce is whole:
-            return self.out_add_norm(o, out.weight, x, norm.weight, norm.eps)
-        return norm.add_norm(self.reduce(out(o)), x)
+            then = functools.partial(self.out_add_norm, residual=x, norm_weight=norm.weight, eps=norm.eps)
+            return mixer(*args, then=then)
+        return norm.add_norm(self.reduce(mixer(*args)), x)
 
 
 def device_resident(backend: str) -> bool:
