@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The resident round's open measurements, each step with its own time cap (10 minutes per command):
-#   device tool, timeout 600:   bash bench/device_round.sh $OUT [round|rest|sampled|moe|tests|linear|tp1]
+#   device tool, timeout 600:   bash bench/device_round.sh $OUT [round|round2|rest|sampled|moe|tests|linear|tp1]
 # round: bench/gpu_round.py on the 35B preset, greedy `ar` and `full`, shipped first, then the
 #   variants written and not yet measured; every row is timed before the profiler's host counts and
 #   GPU work per round (gpu_round's second pass).
+# round2: shipped, the shared expert beside the router in verification passes, and the kernel
+#   variants of `round` all at once.
 # sampled: the same for top-k 20 / top-p 0.95 at temperature 1 beside greedy, the kernels against
 #   the torch form of the point-mass rule.
 # moe: one MoE layer, the shipped launches beside the sweep's variants (moe_kernels.py --sweep).
@@ -15,18 +17,19 @@
 # rest: tests, linear, moe, tp1 and sampled in one call (round is a call of its own). The logs print every
 # row as it is measured, and gpu_round.py rewrites its JSON after each variant.
 set -u
-OUT=$(realpath -m "${1:?usage: bash bench/device_round.sh OUT [round|rest|sampled|moe|tests|linear|tp1]}")
+OUT=$(realpath -m "${1:?usage: bash bench/device_round.sh OUT [round|round2|rest|sampled|moe|tests|linear|tp1]}")
 STEP=${2:-round}
-ROUND_CAP=0 SAMPLED_CAP=0 MOE_CAP=0 TESTS_CAP=0 TP1_CAP=0 LINEAR_CAP=0
+ROUND_CAP=0 ROUND2_CAP=0 SAMPLED_CAP=0 MOE_CAP=0 TESTS_CAP=0 TP1_CAP=0 LINEAR_CAP=0
 case "$STEP" in
   round) ROUND_CAP=590 ;;
+  round2) ROUND2_CAP=590 ;;
   rest) TESTS_CAP=150 LINEAR_CAP=70 MOE_CAP=60 TP1_CAP=150 SAMPLED_CAP=150 ;;
   linear) LINEAR_CAP=590 ;;
   tp1) TP1_CAP=590 ;;
   sampled) SAMPLED_CAP=590 ;;
   moe) MOE_CAP=590 ;;
   tests) TESTS_CAP=590 ;;
-  *) echo "device_round.sh: step must be round, rest, sampled, moe, tests, linear or tp1, not '$STEP'" >&2; exit 2 ;;
+  *) echo "device_round.sh: step must be round, round2, rest, sampled, moe, tests, linear or tp1, not '$STEP'" >&2; exit 2 ;;
 esac
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export TRITON_INTERPRET=0  # compiled kernels (tests/conftest.py would ask for the interpreter)
@@ -42,7 +45,10 @@ round() {  # name cap extra-arguments...
   grep -E "^  (decode .*graph|verify|round|counts .*graph|exactness)" "$OUT/$name.log" | cut -c1-220
 }
 if [ "$ROUND_CAP" -gt 0 ]; then
-  round round "$ROUND_CAP" --variants shipped,out-add-norm,moe-inline-slots,gdn-early-fold,shared-beside-spec
+  round round "$ROUND_CAP" --variants shipped,out-add-norm,out-add-norm-gated,moe-inline-slots,gdn-early-fold
+fi
+if [ "$ROUND2_CAP" -gt 0 ]; then
+  round round2 "$ROUND2_CAP" --variants shipped,shared-beside-spec,out-add-norm-gated+moe-inline-slots+gdn-early-fold
 fi
 if [ "$TESTS_CAP" -gt 0 ]; then
   timeout "$TESTS_CAP" python3 -m pytest -m gpu tests/gpu/test_gdn_early_fold.py tests/gpu/test_linear.py tests/gpu/test_moe.py \

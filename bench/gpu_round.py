@@ -22,7 +22,7 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 `--variants a,b` runs steps 1–4 for each variant on the same loaded model (rows and checks tagged
 `variant`): `shipped`, an op family put back on its PyTorch reference, a switch turned off, or one
 turned on (`VARIANTS`: `prepare-ref`, `no-pdl`, `shared-beside`, `shared-beside-spec`,
-`moe-inline-slots`, `gdn-early-fold`, `out-add-norm`, `torch-sampling`), to measure a kernel or a launch mode
+`moe-inline-slots`, `gdn-early-fold`, `out-add-norm`, `out-add-norm-gated`, `torch-sampling`), to measure a kernel or a launch mode
 against what it replaced side by side in one process. `--tp N --layouts columns,experts` loads each
 model once per MoE layout (every expert's columns split across the ranks, or expert parallelism)
 and runs everything on each (rows and checks tagged `layout`).
@@ -99,6 +99,9 @@ VARIANTS = {
     "gdn-early-fold": {GatedDeltaNet: {"_verify": _early_fold_verify}},
     # the mixers' out-projection, residual add and post-attention norm in two launches (`kernels/linear`)
     "out-add-norm": {DecoderLayer: {"out_add_norm": linear_triton.linear_add_norm}},
+    # and the GDN output's gated norm applied by the same product's launch as it loads the heads
+    "out-add-norm-gated": {DecoderLayer: {"out_add_norm": linear_triton.linear_add_norm},
+                           GatedDeltaNet: {"fold_gated_norm": True}},
     "prepare-ref": {GatedAttention: {"prepare_op": attention_reference.norm_rope_store}},
     "no-pdl": {pdl: {"ENABLED": False}},  # the kernels of `kernels/pdl.py` launched without PDL
     "torch-sampling": {resident: {"FUSED_SAMPLING": False}},  # the point-mass rule's torch form
@@ -106,15 +109,16 @@ VARIANTS = {
 
 
 def apply_variant(target, name: str) -> list[tuple]:
-    """Set a variant's ops on the target's modules; returns what to put back."""
+    """Set a variant's ops on the target's modules (`a+b`: both variants); returns what to put back,
+    in the order to put it back."""
     undo = []
-    for key, attrs in VARIANTS[name].items():
+    for key, attrs in (item for part in name.split("+") for item in VARIANTS[part].items()):
         owners = [key] if not isinstance(key, type) else [m for m in target.modules() if isinstance(m, key)]
         for owner in owners:
             for attr, value in attrs.items():
                 undo.append((owner, attr, getattr(owner, attr)))
                 setattr(owner, attr, value)
-    return undo
+    return undo[::-1]
 
 
 def log(line: str) -> None:
@@ -407,7 +411,7 @@ def main(argv=None) -> int:
     ap.add_argument("--top-k", type=int, default=0, help="the sampled decode rows' top-k (0: off)")
     ap.add_argument("--top-p", type=float, default=1.0, help="the sampled decode rows' top-p (1: off)")
     ap.add_argument("--no-verification", action="store_true", help="skip the per-length verification rows")
-    ap.add_argument("--variants", default="shipped", help=f"comma list of {', '.join(VARIANTS)}")
+    ap.add_argument("--variants", default="shipped", help=f"comma list of {', '.join(VARIANTS)} (a+b: both at once)")
     ap.add_argument("--tp", type=int, default=0, help="tensor-parallel ranks, one GPU each (spawned, or torchrun's); "
                     "1: one rank through the same code (an all-reduce over one GPU); 0: no process group")
     ap.add_argument("--layouts", default="columns", help="with --tp: comma list of the MoE layouts to run one after "
@@ -420,7 +424,7 @@ def main(argv=None) -> int:
     if "experts" in layouts and args.tp < 2:
         ap.error("--layouts experts needs --tp 2 or more")
     variants = [v for v in args.variants.split(",") if v]
-    if unknown := [v for v in variants if v not in VARIANTS]:
+    if unknown := [v for v in variants if any(part not in VARIANTS for part in v.split("+"))]:
         ap.error(f"unknown variant(s) {unknown}: {', '.join(VARIANTS)}")
     if args.tp:  # a layout the target cannot take is refused before any rank starts
         from hybridspec.runtime.config import ConfigError

@@ -1,7 +1,9 @@
 """A mixer's out-projection, residual add and post-attention norm on the GPU: the library product
 then the norm's fused add (`F.linear` + `kernels/norm`, three kernels: cuBLAS's split-K pair and the
 norm) beside `kernels/linear`'s two launches (split-K parts, the norm summing them) at several
-launch shapes, for the presets' out-projections ([T, K] × [K, hidden], bf16), and the floor (the
+launch shapes, for the presets' out-projections ([T, K] × [K, hidden], bf16); the GDN layer's
+ending with its gated output norm (the norm's launch, the library product, the norm: four kernels)
+beside the parts kernel applying that norm as it loads the heads (`gate=`, two); and the floor (the
 weight's bytes over the copy bandwidth of the same run).
 
     python3 bench/kernels/out_add_norm.py --out OUT [--models 35b,122b] [--tokens 1,2,4,8,16]
@@ -43,24 +45,45 @@ SHAPES = {
 }
 
 
-def shapes(model: str) -> tuple[int, int]:
-    """(K, N): the GDN out-projection's input width (the attention's is the same in these presets)."""
+def shapes(model: str) -> tuple[int, int, int]:
+    """(K, N, dv): the GDN out-projection's input width (the attention's is the same in these
+    presets), the hidden size, and the GDN value head width."""
     cfg = preset_config(MODELS[model])
-    return cfg["linear_num_value_heads"] * cfg["linear_value_head_dim"], cfg["hidden_size"]
+    dv = cfg["linear_value_head_dim"]
+    return cfg["linear_num_value_heads"] * dv, cfg["hidden_size"], dv
 
 
 def library(x, w, r, nw):
     return norm_triton.offset_rms_norm(F.linear(x, w), nw, 1e-6, r)
 
 
+def library_gated(o, z, gw, w, r, nw):
+    """The GDN layer's ending today: the gated norm's launch, the library product, the norm."""
+    return library(norm_triton.gated_rms_norm(o, z, gw, 1e-6).flatten(-2), w, r, nw)
+
+
+def fused_gated(o, z, gw, w, r, nw):
+    return linear_triton.linear_add_norm(o, w, r, nw, 1e-6, gate=z, gate_weight=gw, gate_eps=1e-6)
+
+
 def inputs(model: str, tokens: int, seed: int):
-    k, n = shapes(model)
+    k, n, _ = shapes(model)
     g = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(tokens, k, device="cuda", generator=g).to(torch.bfloat16)
     w = (torch.randn(n, k, device="cuda", generator=g) / k**0.5).to(torch.bfloat16)
     r = torch.randn(tokens, n, device="cuda", generator=g).to(torch.bfloat16)
     nw = (torch.randn(n, device="cuda", generator=g) * 0.2).to(torch.bfloat16)
     return x, w, r, nw
+
+
+def gated_inputs(model: str, tokens: int, seed: int):
+    """(heads, gate, gate weight, weight, residual, norm weight) of a GDN layer's ending."""
+    k, n, dv = shapes(model)
+    x, w, r, nw = inputs(model, tokens, seed)
+    g = torch.Generator(device="cuda").manual_seed(seed + 1)
+    z = (3 * torch.randn(tokens, k // dv, dv, device="cuda", generator=g)).to(torch.bfloat16)
+    gw = (1 + 0.3 * torch.randn(dv, device="cuda", generator=g)).to(torch.bfloat16)
+    return x.view(tokens, k // dv, dv), z, gw, w, r, nw
 
 
 def check(model: str, tokens: int, tiles: LinearTiles) -> None:
@@ -78,8 +101,15 @@ def check(model: str, tokens: int, tiles: LinearTiles) -> None:
         assert torch.equal(y1, y[t:t + 1]) and torch.equal(s1, s[t:t + 1]), f"{model} T={tokens}: row {t} differs"
 
 
-def time_impl(fn, model: str, tokens: int) -> float:
-    sets = [inputs(model, tokens, 100 + i) for i in range(ROTATIONS)]
+def check_gated(model: str, tokens: int) -> None:
+    args = gated_inputs(model, tokens, tokens)
+    (y, s), (y_ref, s_ref) = fused_gated(*args), library_gated(*args)
+    torch.testing.assert_close(s.float(), s_ref.float(), rtol=1.6e-2, atol=2e-2)
+    torch.testing.assert_close(y.float(), y_ref.float(), rtol=1.6e-2, atol=3e-2)
+
+
+def time_impl(fn, model: str, tokens: int, gated: bool = False) -> float:
+    sets = [(gated_inputs if gated else inputs)(model, tokens, 100 + i) for i in range(ROTATIONS)]
     graph = capture([lambda a=a: fn(*a) for a in sets])
     return median_us(graph, ROTATIONS, samples=20, replays=10)
 
@@ -96,24 +126,28 @@ def main(argv=None) -> int:
         for tokens in lengths:
             for tiles in SHAPES.values():
                 check(model, tokens, tiles)
-        print(f"check {model}: every launch shape within bf16 rounding of the library path, rows batch-invariant",
-              flush=True)
+            check_gated(model, tokens)
+        print(f"check {model}: every launch shape within bf16 rounding of the library path, rows batch-invariant; "
+              "the gated heads within bf16 rounding of the gated norm's launch + the library path", flush=True)
     impls = {"library": library} | {
         f"fused:{name}": (lambda x, w, r, nw, tiles=tiles: linear_triton.linear_add_norm(x, w, r, nw, 1e-6,
                                                                                         tiles=tiles))
         for name, tiles in SHAPES.items()}
+    gated_impls = {"library-gated": library_gated, "fused-gated": fused_gated}
     bandwidth = copy_bandwidth(10)
     rows = []
     for model in models:
-        k, n = shapes(model)
+        k, n, _ = shapes(model)
         floor = k * n * 2 / bandwidth * 1e6
         for tokens in lengths:
             times = {impl: time_impl(fn, model, tokens) for impl, fn in impls.items()}
+            times |= {impl: time_impl(fn, model, tokens, gated=True) for impl, fn in gated_impls.items()}
             rows += [dict(impl=impl, model=model, T=tokens, median_us=round(us, 2)) for impl, us in times.items()]
             rows.append(dict(impl="floor", model=model, T=tokens, median_us=round(floor, 2)))
-            best = min((us, impl) for impl, us in times.items() if impl != "library")
+            best = min((us, impl) for impl, us in times.items() if impl.startswith("fused:"))
             print(f"{model} T={tokens:2d} " + " ".join(f"{i} {us:6.2f}" for i, us in times.items())
-                  + f" floor {floor:5.2f}  library / {best[1]} {times['library'] / best[0]:.2f}×", flush=True)
+                  + f" floor {floor:5.2f}  library / {best[1]} {times['library'] / best[0]:.2f}×  library-gated / "
+                  f"fused-gated {times['library-gated'] / times['fused-gated']:.2f}×", flush=True)
     result = {"device": torch.cuda.get_device_name(), "date": dt.date.today().isoformat(),
               "versions": {"python": platform.python_version(), "torch": torch.__version__,
                            "cuda": torch.version.cuda, "triton": __import__("triton").__version__},

@@ -110,3 +110,42 @@ def test_the_launcher_names_what_is_wrong():
         LinearTiles(block_n=24)
     with pytest.raises(ValueError, match="multiple"):
         LinearTiles(span=64, block_k=128)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("x_dtype", ["same", "float32"])
+@pytest.mark.parametrize("tiles", [SMALL, LinearTiles(block_n=16, span=128, block_k=128),
+                                   LinearTiles(block_n=16, span=64, block_k=64)])
+def test_the_gated_heads_match_the_reference(dtype, x_dtype, tiles):
+    """x = raw heads [.., H, dv] normed and gated inside the parts kernel where the tiles hold whole
+    heads (dv 32 in spans of 64 or 128), through the gated norm's own launch where they do not (the
+    last shape's span of 64 with dv 64 holds one; `dv=48` below none)."""
+    g = torch.Generator().manual_seed(17)
+    for dv in (32, 64, 48):
+        heads = 4
+        x = torch.randn((1, 3, heads, dv), generator=g) * 2
+        x = x if x_dtype == "float32" else x.to(dtype)
+        gate = (torch.randn((1, 3, heads, dv), generator=g) * 3).to(dtype)
+        gate_weight = (1 + 0.3 * torch.randn(dv, generator=g)).to(dtype)
+        weight = (torch.randn((40, heads * dv), generator=g) / (heads * dv) ** 0.5).to(dtype)
+        residual = torch.randn((1, 3, 40), generator=g).to(dtype)
+        norm_weight = (torch.randn(40, generator=g) * 0.2).to(dtype)
+        args = (x, weight, residual, norm_weight, 1e-6)
+        kw = dict(gate=gate, gate_weight=gate_weight, gate_eps=1e-5)
+        y, s = linear_triton.linear_add_norm(*args, **kw, tiles=tiles)
+        assert y.dtype == s.dtype == dtype and y.shape == s.shape == residual.shape
+        if dtype == torch.float32:
+            y_ref, s_ref = reference.linear_add_norm(*args, **kw)
+            torch.testing.assert_close(s, s_ref, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
+        else:  # against the gated norm's own launch then the product: the same roundings (the
+            # interpreter's towards zero included), the heads' sums of squares in another order
+            normed = norm_triton.gated_rms_norm(x, gate, gate_weight, 1e-5).reshape(1, 3, heads * dv)
+            y_ref, s_ref = linear_triton.linear_add_norm(normed, weight, residual, norm_weight, 1e-6, tiles=tiles)
+            torch.testing.assert_close(s, s_ref, rtol=1e-2, atol=1e-2)
+            torch.testing.assert_close(y, y_ref, rtol=1e-2, atol=1e-2)
+            assert (s == s_ref).float().mean() > 0.9
+        rows = [linear_triton.linear_add_norm(x[:, t:t + 1], weight, residual[:, t:t + 1], norm_weight, 1e-6,
+                                              gate=gate[:, t:t + 1], gate_weight=gate_weight, gate_eps=1e-5,
+                                              tiles=tiles)[0] for t in range(3)]
+        assert torch.equal(torch.cat(rows, dim=1), y)  # batch invariance

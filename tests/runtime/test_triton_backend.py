@@ -26,12 +26,13 @@ def _prompts(vocab: int) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def alternating_dir(tmp_path_factory):
-    """Layers GDN, attention, GDN, attention, with the widths of `qwen35_dir`: two of each kind, so
-    that, as in the 8 layers of `qwen35_dir`, each cache is read and written at a slot other than 0
-    and GDN layers run both in Stage 0 and in Stage 1, with about half its kernel launches (which
-    the interpreter runs program by program)."""
+    """Layers GDN, attention, GDN, attention, with the widths of `qwen35_dir` but GDN value heads of 16
+    (a power of two: `fold_gated_norm` then runs inside the out-projection's launch): two of each
+    kind, so that, as in the 8 layers of `qwen35_dir`, each cache is read and written at a slot
+    other than 0 and GDN layers run both in Stage 0 and in Stage 1, with about half its kernel
+    launches (which the interpreter runs program by program)."""
     return write_tiny_qwen3_5_moe(tmp_path_factory.mktemp("alternating"), num_hidden_layers=4,
-                                  full_attention_interval=2)
+                                  full_attention_interval=2, linear_value_head_dim=16)
 
 
 @pytest.fixture(scope="module")
@@ -91,14 +92,18 @@ def test_ablation_backend_runs_the_gdn_reference_in_the_resident_round(alternati
     assert result.token_ids == want
 
 
-def test_the_out_projection_with_the_norm_emits_the_same_tokens(triton_target, torch_ar_tokens):
+@pytest.mark.parametrize("fold_gated_norm", [False, True])
+def test_the_out_projection_with_the_norm_emits_the_same_tokens(triton_target, torch_ar_tokens, fold_gated_norm):
     """Every layer's out-projection, residual add and post-attention norm through `kernels/linear`
-    (`DecoderLayer.out_add_norm`): `full` rounds still emit the torch backend's `ar` tokens, the prompt
-    whose prefill runs past 16 tokens included (its chunks take the library product)."""
+    (`DecoderLayer.out_add_norm`; with `fold_gated_norm` the GDN layers' output norm in the same
+    launch): `full` rounds still emit the torch backend's `ar` tokens, the prompt whose prefill runs
+    past 16 tokens included (its chunks take the library product)."""
     from hybridspec.kernels.linear import triton as linear_triton
 
     for layer in triton_target.layers:
         layer.out_add_norm = linear_triton.linear_add_norm
+        if layer.is_gdn:
+            layer.linear_attn.fold_gated_norm = fold_gated_norm
     try:
         for i, (prompt, want) in enumerate(torch_ar_tokens):
             drafter = ScriptedDrafter(prompt + want, triton_target.cfg.vocab_size, seed=i)
@@ -108,3 +113,5 @@ def test_the_out_projection_with_the_norm_emits_the_same_tokens(triton_target, t
     finally:
         for layer in triton_target.layers:
             layer.out_add_norm = None
+            if layer.is_gdn:
+                layer.linear_attn.fold_gated_norm = False

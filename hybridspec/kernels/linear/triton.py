@@ -8,9 +8,12 @@ in place of the product, its split-K reduction and the norm's launch. Every row 
 [16, BK] tiles whatever the call's row count, so a token's result does not depend on the other tokens
 of its pass (batch invariance, which exactness relies on). Each program reads its first weight tile
 before the programmatic-dependent-launch wait: the weights are not the previous kernel's output.
-Longer calls (prefill chunks) take `F.linear` and the norm's launch.
+Longer calls (prefill chunks) take `F.linear` and the norm's launch. With a gate (the GDN layer's
+output), the parts kernel also applies the gated RMS norm to each head of x as it loads it, in place
+of the norm's own launch before the product.
 
     x [..., K]   weight [N, K]   residual [..., N]   norm_weight [N]   →   y, s [..., N]
+    gated: x, gate [..., H, dv] (K = H·dv)   gate_weight [dv]
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from hybridspec.kernels import pdl
 from hybridspec.kernels.interpreter import interpreted
 from hybridspec.kernels.moe.tiles import dot_bt
 from hybridspec.kernels.norm import triton as norm_triton
+from hybridspec.kernels.norm.tiles import gated_rms
 from hybridspec.kernels.pdl import wait_then_release
 
 MAX_ROWS = 16
@@ -58,9 +62,10 @@ TILES = LinearTiles()
 
 
 @triton.jit
-def _split_k_kernel(x_ptr, w_ptr, p_ptr, M, N, K, stride_xm, stride_wn, stride_ps, stride_pm, SPAN: tl.constexpr,
-                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr,
-                    WIDEN: tl.constexpr, USE_GDC: tl.constexpr):
+def _split_k_kernel(x_ptr, g_ptr, gw_ptr, w_ptr, p_ptr, M, N, K, stride_xm, stride_gm, stride_wn, stride_ps, stride_pm,
+                    gate_eps, SPAN: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                    DV: tl.constexpr, GATED: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr,
+                    USE_GDC: tl.constexpr):
     i_n, i_s = tl.program_id(0), tl.program_id(1)
     o_m = tl.arange(0, BM)
     o_n = i_n * BN + tl.arange(0, BN)
@@ -69,6 +74,8 @@ def _split_k_kernel(x_ptr, w_ptr, p_ptr, M, N, K, stride_xm, stride_wn, stride_p
     p_w = w_ptr + o_n[:, None].to(tl.int64) * stride_wn + o_k[None, :]  # [BN, BK]
     p_x = x_ptr + o_m[:, None] * stride_xm + o_k[None, :]  # [BM, BK]
     b_w = tl.load(p_w, mask=n_ok[:, None] & (o_k < K)[None, :], other=0.0)
+    if GATED:
+        b_gw = tl.load(gw_ptr + tl.arange(0, DV))  # [DV] the gated norm's weight, one head's
     if USE_GDC:
         wait_then_release()
     acc = tl.zeros([BM, BN], dtype=tl.float32)
@@ -77,47 +84,74 @@ def _split_k_kernel(x_ptr, w_ptr, p_ptr, M, N, K, stride_xm, stride_wn, stride_p
         if c > 0:
             b_w = tl.load(p_w + c, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         b_x = tl.load(p_x + c, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        if GATED:  # x = the heads' raw output: each DV-wide head normed and gated here (BK, SPAN: whole heads)
+            b_g = tl.load(g_ptr + o_m[:, None] * stride_gm + o_k[None, :] + c, mask=m_ok[:, None] & k_ok[None, :],
+                          other=0.0)
+            b_x = tl.reshape(gated_rms(tl.reshape(b_x, (BM, BK // DV, DV)), tl.reshape(b_g, (BM, BK // DV, DV)),
+                                       b_gw[None, None, :], DV, gate_eps, 2, w_ptr.dtype.element_ty), (BM, BK))
         acc = dot_bt(b_x, b_w, acc, PRECISION, WIDEN)
     p_p = p_ptr + i_s * stride_ps + o_m[:, None] * stride_pm + o_n[None, :]
     tl.store(p_p, acc, mask=m_ok[:, None] & n_ok[None, :])
 
 
-def _check(x: Tensor, weight: Tensor, residual: Tensor, norm_weight: Tensor) -> None:
+def _check(x: Tensor, weight: Tensor, residual: Tensor, norm_weight: Tensor, gate: Tensor | None,
+           gate_weight: Tensor | None) -> None:
     n, k = weight.shape if weight.dim() == 2 else (None, None)
-    if k is None or x.shape[-1] != k:
-        raise ValueError(f"linear_add_norm: weight {tuple(weight.shape)} is not [N, {x.shape[-1]}] for x "
-                         f"{tuple(x.shape)}")
+    width = x.shape[-1] if gate is None else x.shape[-2] * x.shape[-1] if x.dim() >= 2 else None
+    if k is None or width != k:
+        raise ValueError(f"linear_add_norm: weight {tuple(weight.shape)} is not [N, {width}] for x {tuple(x.shape)}")
     if weight.stride(-1) != 1 or weight.stride(0) < k:
         raise ValueError(f"linear_add_norm: weight rows must be contiguous (stride {weight.stride()})")
-    if residual.shape != (*x.shape[:-1], n):
+    rows = x.shape[:-1] if gate is None else x.shape[:-2]
+    if residual.shape != (*rows, n):
         raise ValueError(f"linear_add_norm: residual {tuple(residual.shape)} does not match x {tuple(x.shape)} "
                          f"and weight {tuple(weight.shape)}")
     if norm_weight.shape != (n,):
         raise ValueError(f"linear_add_norm: norm weight {tuple(norm_weight.shape)} is not [{n}]")
-    if not x.dtype == weight.dtype == residual.dtype:
-        raise ValueError(f"linear_add_norm: x {x.dtype}, weight {weight.dtype} and residual {residual.dtype} "
-                         "must share a dtype")
+    if not weight.dtype == residual.dtype == (x.dtype if gate is None else gate.dtype):
+        raise ValueError(f"linear_add_norm: x {x.dtype} (or the gate), weight {weight.dtype} and residual "
+                         f"{residual.dtype} must share a dtype")
+    if gate is not None and (gate.shape != x.shape or gate_weight is None or gate_weight.shape != x.shape[-1:]):
+        raise ValueError(f"linear_add_norm: gate {tuple(gate.shape)} and gate weight "
+                         f"{None if gate_weight is None else tuple(gate_weight.shape)} do not match heads {tuple(x.shape)}")
     if x.device.type != "cuda" and not interpreted():
         raise ValueError(f"linear_add_norm: tensors are on {x.device}; the Triton kernels need CUDA tensors "
                          "(CPU tensors only with TRITON_INTERPRET=1 set before import)")
 
 
+def _rows(name: str, t: Tensor, k: int) -> Tensor:
+    rows = t.reshape(-1, k)
+    if rows.stride(-1) != 1:
+        raise ValueError(f"linear_add_norm: {name} must be contiguous in its last dimension (stride {t.stride()})")
+    return rows
+
+
 def linear_add_norm(x: Tensor, weight: Tensor, residual: Tensor, norm_weight: Tensor, eps: float, *,
+                    gate: Tensor | None = None, gate_weight: Tensor | None = None, gate_eps: float = 1e-6,
                     tiles: LinearTiles = TILES) -> tuple[Tensor, Tensor]:
     """As `reference.linear_add_norm`: (normalize(s) · (1 + norm_weight), s), s = x Wᵀ + residual, in
-    x's dtype; x [..., K] with at most 16 rows in two launches, more rows through `F.linear`."""
-    _check(x, weight, residual, norm_weight)
+    the weight's dtype; x [..., K] with at most 16 rows in two launches, more rows through `F.linear`.
+    With `gate`, x [..., H, dv] is the raw output of H heads, each normed and gated first
+    (`gated_rms_norm(x, gate, gate_weight, gate_eps)`, K = H·dv), inside the product's launch where
+    the tiles hold whole heads."""
+    _check(x, weight, residual, norm_weight, gate, gate_weight)
     n, k = weight.shape
-    rows = x.reshape(-1, k)
-    if rows.stride(-1) != 1:
-        raise ValueError(f"linear_add_norm: x must be contiguous in its last dimension (stride {x.stride()})")
-    m = rows.shape[0]
-    if m > MAX_ROWS or m == 0:
-        return norm_triton.offset_rms_norm(F.linear(x, weight), norm_weight, eps, residual)
-    parts = torch.empty((triton.cdiv(k, tiles.span), m, n), dtype=torch.float32, device=x.device)
+    m = residual.numel() // n
+    dv = x.shape[-1]
+    inline = gate is None or (dv & (dv - 1) == 0 and tiles.block_k % dv == 0 and tiles.span % dv == 0)
+    if m > MAX_ROWS or m == 0 or not inline:
+        if gate is not None:
+            x = norm_triton.gated_rms_norm(x, gate, gate_weight, gate_eps).reshape(*residual.shape[:-1], k)
+        if m > MAX_ROWS or m == 0:
+            return norm_triton.offset_rms_norm(F.linear(x, weight), norm_weight, eps, residual)
+        gate = None
+    rows = _rows("x", x, k)
+    g_rows = rows if gate is None else _rows("gate", gate, k)
+    parts = torch.empty((triton.cdiv(k, tiles.span), m, n), dtype=torch.float32, device=weight.device)
     _split_k_kernel[(triton.cdiv(n, tiles.block_n), parts.shape[0])](
-        rows, weight, parts, m, n, k, rows.stride(0), weight.stride(0), parts.stride(0), parts.stride(1),
-        SPAN=tiles.span, BM=MAX_ROWS, BN=tiles.block_n, BK=tiles.block_k,
-        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", WIDEN=interpreted() and x.element_size() < 4,
-        num_warps=tiles.warps, **pdl.options(x))
+        rows, g_rows, weight if gate_weight is None else gate_weight, weight, parts, m, n, k, rows.stride(0),
+        g_rows.stride(0), weight.stride(0), parts.stride(0), parts.stride(1), gate_eps, SPAN=tiles.span, BM=MAX_ROWS,
+        BN=tiles.block_n, BK=tiles.block_k, DV=dv if gate is not None else 1, GATED=gate is not None,
+        PRECISION="ieee" if weight.dtype == torch.float32 else "tf32",
+        WIDEN=interpreted() and weight.element_size() < 4, num_warps=tiles.warps, **pdl.options(weight))
     return norm_triton.offset_rms_norm_of_parts(parts, residual, norm_weight, eps)

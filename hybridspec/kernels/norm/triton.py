@@ -12,6 +12,7 @@ from torch import Tensor
 
 from hybridspec.kernels import pdl
 from hybridspec.kernels.interpreter import interpreted
+from hybridspec.kernels.norm.tiles import gated_rms
 from hybridspec.kernels.pdl import wait_then_release
 
 MAX_N = 16384
@@ -52,13 +53,10 @@ def _gated_rms_norm_kernel(x_ptr, g_ptr, w_ptr, y_ptr, stride_xt, stride_xh, str
     t, h = row // H, row % H
     cols = tl.arange(0, BLOCK)
     ok = cols < N
-    dtype = y_ptr.dtype.element_ty
-    x = tl.load(x_ptr + t * stride_xt + h * stride_xh + cols, mask=ok, other=0.0).to(dtype).to(tl.float32)
-    inv = tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
+    x = tl.load(x_ptr + t * stride_xt + h * stride_xh + cols, mask=ok, other=0.0)
     w = tl.load(w_ptr + cols, mask=ok, other=0.0)
-    y = (w.to(tl.float32) * (x * inv).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
-    g = tl.load(g_ptr + t * stride_gt + h * stride_gh + cols, mask=ok, other=0.0).to(tl.float32)
-    tl.store(y_ptr + row * N + cols, (y * (g / (1.0 + tl.exp(-g)))).to(dtype), mask=ok)
+    g = tl.load(g_ptr + t * stride_gt + h * stride_gh + cols, mask=ok, other=0.0)
+    tl.store(y_ptr + row * N + cols, gated_rms(x, g, w, N, eps, 0, y_ptr.dtype.element_ty), mask=ok)
 
 
 def _rows(name: str, t: Tensor, n: int) -> Tensor:
