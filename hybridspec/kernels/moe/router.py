@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from hybridspec.kernels import pdl
 from hybridspec.kernels.interpreter import interpreted
-from hybridspec.kernels.moe.tiles import dot_bt
+from hybridspec.kernels.tiles import dot_bt
 from hybridspec.kernels.pdl import wait_then_release
 
 MAX_EXPERTS, MAX_TOP_K = 1024, 16
