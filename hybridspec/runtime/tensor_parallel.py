@@ -94,6 +94,7 @@ def launch(fn: Callable[..., Any], world: int, device: str, *args, quiet_interru
         _init_group(me, world, device, "env://", int(os.environ.get("LOCAL_RANK", 0)))
         try:
             out = fn(*args)
+            _finish_together()
         finally:
             dist.destroy_process_group()
         return out if me == 0 else None
@@ -165,11 +166,19 @@ def _init_group(index: int, world: int, device: str, init_method: str, local_ran
     _control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
 
 
+def _finish_together() -> None:
+    """Every rank waits here for the others before any tears the group down: a rank that left its
+    last collective first would otherwise close connections a slower peer still reads (gloo then
+    aborts a process at exit)."""
+    dist.barrier(group=_control)
+
+
 def _rank_main(index: int, world: int, device: str, init_method: str, fn, args, folder: Path) -> None:
     """One spawned rank; rank 0 leaves its result (or its error, before the group goes) in `folder`."""
     _init_group(index, world, device, init_method, index)
     try:
         out = fn(*args)
+        _finish_together()
         if index == 0:
             with (folder / "rank0.result").open("wb") as f:
                 pickle.dump(out, f)
