@@ -22,8 +22,9 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 `--variants a,b` runs steps 1–4 for each variant on the same loaded model (rows and checks tagged
 `variant`): `shipped`, an op family put back on its PyTorch reference, a switch turned off, or one
 turned on (`VARIANTS`: `prepare-ref`, `no-pdl`, `shared-beside`, `shared-beside-spec`,
-`moe-inline-slots`, `gdn-early-fold`, `out-add-norm`, `out-add-norm-gated`, `torch-sampling`), to measure a kernel or a launch mode
-against what it replaced side by side in one process. `--tp N --layouts columns,experts` loads each
+`moe-inline-slots`, `gdn-early-fold`, `out-add-norm`, `out-add-norm-gated`, `torch-sampling`; `a+b`
+both at once), to measure a kernel or a launch mode against what it replaced side by side in one
+process. `--tp N --layouts columns,experts` loads each
 model once per MoE layout (every expert's columns split across the ranks, or expert parallelism)
 and runs everything on each (rows and checks tagged `layout`).
 
@@ -56,8 +57,8 @@ from hybridspec.kernels import pdl  # noqa: E402
 from hybridspec.kernels.attention import reference as attention_reference  # noqa: E402
 from hybridspec.kernels.gdn import reference as gdn_reference  # noqa: E402
 from hybridspec.kernels.gdn import triton as gdn_triton  # noqa: E402
-from hybridspec.kernels.moe import triton as moe_triton  # noqa: E402
 from hybridspec.kernels.linear import triton as linear_triton  # noqa: E402
+from hybridspec.kernels.moe import triton as moe_triton  # noqa: E402
 from hybridspec.kernels.moe.tuning import MoETuning  # noqa: E402
 from hybridspec.runtime import resident  # noqa: E402
 from hybridspec.runtime.engine import Engine  # noqa: E402

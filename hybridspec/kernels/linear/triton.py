@@ -28,10 +28,10 @@ from torch import Tensor
 
 from hybridspec.kernels import pdl
 from hybridspec.kernels.interpreter import interpreted
-from hybridspec.kernels.tiles import dot_bt
 from hybridspec.kernels.norm import triton as norm_triton
 from hybridspec.kernels.norm.tiles import gated_rms
 from hybridspec.kernels.pdl import wait_then_release
+from hybridspec.kernels.tiles import dot_bt
 
 MAX_ROWS = 16
 

@@ -26,9 +26,9 @@ import triton.language as tl
 
 from hybridspec.kernels import pdl
 from hybridspec.kernels.moe.tiles import assignment_expert
-from hybridspec.kernels.tiles import dot_bt
 from hybridspec.kernels.moe.tuning import step_width
 from hybridspec.kernels.pdl import wait_then_release
+from hybridspec.kernels.tiles import dot_bt
 
 
 @triton.jit

@@ -31,8 +31,8 @@ import torch.nn.functional as F
 
 from hybridspec.kernels import pdl
 from hybridspec.kernels.interpreter import interpreted
-from hybridspec.kernels.tiles import dot_bt
 from hybridspec.kernels.pdl import wait_then_release
+from hybridspec.kernels.tiles import dot_bt
 
 MAX_EXPERTS, MAX_TOP_K = 1024, 16
 FUSED_TOKENS, FUSED_EXPERTS = 16, 256  # calls the one-launch router takes
