@@ -19,11 +19,11 @@
 set -u
 OUT=$(realpath -m "${1:?usage: bash bench/device_round.sh OUT [round|round2|rest|sampled|moe|tests|linear|tp1]}")
 STEP=${2:-round}
-ROUND_CAP=0 ROUND2_CAP=0 SAMPLED_CAP=0 MOE_CAP=0 TESTS_CAP=0 TP1_CAP=0 LINEAR_CAP=0
+LINEAR_MODELS=35b,122b ROUND_CAP=0 ROUND2_CAP=0 SAMPLED_CAP=0 MOE_CAP=0 TESTS_CAP=0 TP1_CAP=0 LINEAR_CAP=0
 case "$STEP" in
   round) ROUND_CAP=590 ;;
   round2) ROUND2_CAP=590 ;;
-  rest) TESTS_CAP=150 LINEAR_CAP=70 MOE_CAP=60 TP1_CAP=150 SAMPLED_CAP=150 ;;
+  rest) TESTS_CAP=150 LINEAR_CAP=70 LINEAR_MODELS=35b MOE_CAP=60 TP1_CAP=150 SAMPLED_CAP=150 ;;
   linear) LINEAR_CAP=590 ;;
   tp1) TP1_CAP=590 ;;
   sampled) SAMPLED_CAP=590 ;;
@@ -51,15 +51,16 @@ if [ "$ROUND2_CAP" -gt 0 ]; then
   round round2 "$ROUND2_CAP" --variants shipped,shared-beside-spec,out-add-norm-gated+moe-inline-slots+gdn-early-fold
 fi
 if [ "$TESTS_CAP" -gt 0 ]; then
-  timeout "$TESTS_CAP" python3 -m pytest -m gpu tests/gpu/test_gdn_early_fold.py tests/gpu/test_linear.py tests/gpu/test_moe.py \
-    tests/gpu/test_pdl.py tests/gpu/test_graph_exactness.py -q -p no:cacheprovider \
+  timeout "$TESTS_CAP" python3 -m pytest -m gpu tests/gpu/test_gdn_early_fold.py tests/gpu/test_linear.py \
+    tests/gpu/test_norm.py tests/gpu/test_moe.py tests/gpu/test_pdl.py tests/gpu/test_graph_exactness.py \
+    tests/gpu/test_sampling.py -q -p no:cacheprovider \
     > "$OUT/gpu_tests.log" 2>&1
   echo "gpu tests rc $?"
   tail -12 "$OUT/gpu_tests.log"
 fi
 if [ "$LINEAR_CAP" -gt 0 ]; then
   mkdir -p "$OUT/linear"
-  (cd bench/kernels && timeout "$LINEAR_CAP" python3 out_add_norm.py --out "$OUT/linear" > "$OUT/linear.log" 2>&1)
+  (cd bench/kernels && timeout "$LINEAR_CAP" python3 out_add_norm.py --out "$OUT/linear" --models "$LINEAR_MODELS" > "$OUT/linear.log" 2>&1)
   echo "out_add_norm rc $?"
   cut -c1-260 "$OUT/linear.log"
 fi
@@ -72,7 +73,6 @@ if [ "$MOE_CAP" -gt 0 ]; then
 fi
 if [ "$TP1_CAP" -gt 0 ]; then
   round tp1 "$TP1_CAP" --tp 1 --no-verification
-  grep -E "exactness" "$OUT/tp1.log" | cut -c1-220
 fi
 if [ "$SAMPLED_CAP" -gt 0 ]; then
   round sampled "$SAMPLED_CAP" --variants shipped,torch-sampling --temperatures 0,1 --top-k 20 \

@@ -323,7 +323,7 @@ def verification_rows(session, model: str, context_prompt, widths, bandwidth: fl
 
 FAMILIES = (("gdn", ("gdn_", "conv1d", "conv_")), ("moe", ("_moe_", "_router_", "topk", "sort", "scatter")),
             ("attention", ("flash", "fmha", "attention", "sdpa", "softmax", "_attn_")),
-            ("gemm", ("gemm", "nvjet", "cutlass", "xmma", "matmul", "splitk")))
+            ("gemm", ("gemm", "nvjet", "cutlass", "xmma", "matmul", "splitk", "split_k")))
 
 
 def family(kernel: str) -> str:

@@ -135,24 +135,24 @@ def main(argv=None) -> int:
         for name, tiles in SHAPES.items()}
     gated_impls = {"library-gated": library_gated, "fused-gated": fused_gated}
     bandwidth = copy_bandwidth(10)
-    rows = []
+    result = {"device": torch.cuda.get_device_name(), "date": dt.date.today().isoformat(),
+              "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                           "cuda": torch.version.cuda, "triton": __import__("triton").__version__},
+              "bandwidth": bandwidth, "rows": []}
     for model in models:
         k, n, _ = shapes(model)
         floor = k * n * 2 / bandwidth * 1e6
         for tokens in lengths:
             times = {impl: time_impl(fn, model, tokens) for impl, fn in impls.items()}
             times |= {impl: time_impl(fn, model, tokens, gated=True) for impl, fn in gated_impls.items()}
-            rows += [dict(impl=impl, model=model, T=tokens, median_us=round(us, 2)) for impl, us in times.items()]
-            rows.append(dict(impl="floor", model=model, T=tokens, median_us=round(floor, 2)))
+            result["rows"] += [dict(impl=impl, model=model, T=tokens, median_us=round(us, 2))
+                               for impl, us in times.items()]
+            result["rows"].append(dict(impl="floor", model=model, T=tokens, median_us=round(floor, 2)))
             best = min((us, impl) for impl, us in times.items() if impl.startswith("fused:"))
             print(f"{model} T={tokens:2d} " + " ".join(f"{i} {us:6.2f}" for i, us in times.items())
                   + f" floor {floor:5.2f}  library / {best[1]} {times['library'] / best[0]:.2f}×  library-gated / "
                   f"fused-gated {times['library-gated'] / times['fused-gated']:.2f}×", flush=True)
-    result = {"device": torch.cuda.get_device_name(), "date": dt.date.today().isoformat(),
-              "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                           "cuda": torch.version.cuda, "triton": __import__("triton").__version__},
-              "bandwidth": bandwidth, "rows": rows}
-    (args.out / "out_add_norm.json").write_text(json.dumps(result, indent=1))
+        (args.out / "out_add_norm.json").write_text(json.dumps(result, indent=1))  # after each model
     return 0
 
 

@@ -2,8 +2,9 @@
 
 A kernel launched with it may start while the previous kernel of the stream is finishing: its
 launch and the scheduling of its programs overlap the previous kernel's tail. Each such kernel
-calls `wait_then_release` before its first memory access: it waits until the previous kernel has
-finished and its writes are visible, then lets the next kernel launch. The results are unchanged;
+calls `wait_then_release` before it reads anything an earlier kernel of the round writes (before
+its first memory access, or after loading weights, which no kernel writes): it waits until the
+previous kernel has finished and its writes are visible, then lets the next kernel launch. The results are unchanged;
 only the gaps between launches shrink. `ENABLED` switches it for every kernel that takes its
 options here (`bench/gpu_round.py --variants shipped,no-pdl` measures it in whole rounds; the GDN
 verify kernels choose it per tuning row instead, `gdn/launch.py`)."""

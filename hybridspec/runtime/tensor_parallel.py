@@ -36,6 +36,7 @@ from torch import Tensor
 from .models.hybrid import HybridTarget
 
 CONTROL_TIMEOUT = timedelta(days=365)  # a follower waits for rank 0's next command at most this long
+FINISH_TIMEOUT = timedelta(minutes=5)  # a finished rank waits for the others at most this long
 _control: Any = None  # the gloo group of `share`, made with the default group
 
 
@@ -167,10 +168,14 @@ def _init_group(index: int, world: int, device: str, init_method: str, local_ran
 
 
 def _finish_together() -> None:
-    """Every rank waits here for the others before any tears the group down: a rank that left its
-    last collective first would otherwise close connections a slower peer still reads (gloo then
-    aborts a process at exit)."""
-    dist.barrier(group=_control)
+    """Every rank that finished its work waits here (at most FINISH_TIMEOUT) for the others before any
+    tears the group down: a rank that left its last collective first would otherwise close
+    connections a slower peer still reads (gloo then aborts a process at exit). A peer that failed
+    instead never arrives; its own error is what the launcher reports, so the barrier's is dropped."""
+    try:
+        dist.monitored_barrier(group=_control, timeout=FINISH_TIMEOUT, wait_all_ranks=True)
+    except RuntimeError:
+        pass
 
 
 def _rank_main(index: int, world: int, device: str, init_method: str, fn, args, folder: Path) -> None:
@@ -178,10 +183,10 @@ def _rank_main(index: int, world: int, device: str, init_method: str, fn, args, 
     _init_group(index, world, device, init_method, index)
     try:
         out = fn(*args)
-        _finish_together()
         if index == 0:
             with (folder / "rank0.result").open("wb") as f:
                 pickle.dump(out, f)
+        _finish_together()
     except BaseException:
         if index == 0:
             (folder / "rank0.error").write_text(traceback.format_exc())

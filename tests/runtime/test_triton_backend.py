@@ -26,19 +26,25 @@ def _prompts(vocab: int) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def alternating_dir(tmp_path_factory):
-    """Layers GDN, attention, GDN, attention, with the widths of `qwen35_dir` but GDN value heads of 16
-    (a power of two: `fold_gated_norm` then runs inside the out-projection's launch): two of each
-    kind, so that, as in the 8 layers of `qwen35_dir`, each cache is read and written at a slot
-    other than 0 and GDN layers run both in Stage 0 and in Stage 1, with about half its kernel
-    launches (which the interpreter runs program by program)."""
+    """Layers GDN, attention, GDN, attention, with the widths of `qwen35_dir`: two of each kind, so
+    that, as in the 8 layers of `qwen35_dir`, each cache is read and written at a slot other than 0
+    and GDN layers run both in Stage 0 and in Stage 1, with about half its kernel launches (which
+    the interpreter runs program by program)."""
     return write_tiny_qwen3_5_moe(tmp_path_factory.mktemp("alternating"), num_hidden_layers=4,
-                                  full_attention_interval=2, linear_value_head_dim=16)
+                                  full_attention_interval=2)
 
 
 @pytest.fixture(scope="module")
-def torch_ar_tokens(alternating_dir) -> list[tuple[list[int], list[int]]]:
+def pow2_dir(tmp_path_factory):
+    """`alternating_dir` with GDN value heads of 16 (a power of two, which `fold_gated_norm` needs to
+    run inside the out-projection's launch; `alternating_dir`'s 12 take its fallback)."""
+    return write_tiny_qwen3_5_moe(tmp_path_factory.mktemp("pow2"), num_hidden_layers=4, full_attention_interval=2,
+                                  linear_value_head_dim=16)
+
+
+def _ar_tokens(directory) -> list[tuple[list[int], list[int]]]:
     """(prompt, the PyTorch backend's `ar` tokens) per prompt."""
-    reference = load_target(alternating_dir, feature_layers=ScriptedDrafter.feature_layers)
+    reference = load_target(directory, feature_layers=ScriptedDrafter.feature_layers)
     ar, pairs = make_policy("ar", 15), []
     for prompt in _prompts(reference.cfg.vocab_size):
         result = Engine(reference, max_context=128).generate(prompt, policy=ar, max_new_tokens=NEW_TOKENS)
@@ -47,8 +53,23 @@ def torch_ar_tokens(alternating_dir) -> list[tuple[list[int], list[int]]]:
 
 
 @pytest.fixture(scope="module")
+def torch_ar_tokens(alternating_dir) -> list[tuple[list[int], list[int]]]:
+    return _ar_tokens(alternating_dir)
+
+
+@pytest.fixture(scope="module")
 def triton_target(alternating_dir):
     return load_target(alternating_dir, backend="triton", feature_layers=ScriptedDrafter.feature_layers)
+
+
+@pytest.fixture(scope="module")
+def pow2_ar_tokens(pow2_dir) -> list[tuple[list[int], list[int]]]:
+    return _ar_tokens(pow2_dir)
+
+
+@pytest.fixture(scope="module")
+def pow2_target(pow2_dir):
+    return load_target(pow2_dir, backend="triton", feature_layers=ScriptedDrafter.feature_layers)
 
 
 def test_triton_backend_emits_exactly_the_torch_ar_tokens(triton_target, torch_ar_tokens):
@@ -92,14 +113,18 @@ def test_ablation_backend_runs_the_gdn_reference_in_the_resident_round(alternati
     assert result.token_ids == want
 
 
-@pytest.mark.parametrize("fold_gated_norm", [False, True])
-def test_the_out_projection_with_the_norm_emits_the_same_tokens(triton_target, torch_ar_tokens, fold_gated_norm):
+@pytest.mark.parametrize("model,fold_gated_norm", [("pow2", False), ("pow2", True), ("alternating", True)])
+def test_the_out_projection_with_the_norm_emits_the_same_tokens(request, model, fold_gated_norm):
     """Every layer's out-projection, residual add and post-attention norm through `kernels/linear`
-    (`DecoderLayer.out_add_norm`; with `fold_gated_norm` the GDN layers' output norm in the same
-    launch): `full` rounds still emit the torch backend's `ar` tokens, the prompt whose prefill runs
-    past 16 tokens included (its chunks take the library product)."""
+    (`DecoderLayer.out_add_norm`; with `fold_gated_norm` the GDN layers' output norm too, inside the
+    same launch for heads of 16, through the norm's own launch for heads of 12): `full` rounds still
+    emit the torch backend's `ar` tokens, the prompt whose 20-token prefill runs two row blocks
+    included."""
     from hybridspec.kernels.linear import triton as linear_triton
 
+    prefix = "pow2_" if model == "pow2" else ""
+    torch_ar_tokens = request.getfixturevalue(f"{prefix}ar_tokens" if prefix else "torch_ar_tokens")
+    triton_target = request.getfixturevalue(f"{prefix}target" if prefix else "triton_target")
     for layer in triton_target.layers:
         layer.out_add_norm = linear_triton.linear_add_norm
         if layer.is_gdn:

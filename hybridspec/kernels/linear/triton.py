@@ -1,16 +1,16 @@
-"""The out-projection, residual add and offset RMS norm in two launches, for calls of at most 16 rows
-(decoding and verification passes):
+"""The out-projection, residual add and offset RMS norm in two launches:
 
-    parts[s] = x[:, span s] W[:, span s]ᵀ     split-K product, fp32, grid (N / BN, K / SPAN)
+    parts[s] = x[:, span s] W[:, span s]ᵀ     split-K product, fp32, grid (N / BN, K / SPAN, M / 16)
     y, s     = norm(Σ_s parts[s] + residual)    `kernels/norm`'s launch, summing the parts in order
 
 in place of the product, its split-K reduction and the norm's launch. Every row runs the same
-[16, BK] tiles whatever the call's row count, so a token's result does not depend on the other tokens
-of its pass (batch invariance, which exactness relies on). Each program reads its first weight tile
-before the programmatic-dependent-launch wait: the weights are not the previous kernel's output.
-Longer calls (prefill chunks) take `F.linear` and the norm's launch. With a gate (the GDN layer's
-output), the parts kernel also applies the gated RMS norm to each head of x as it loads it, in place
-of the norm's own launch before the product.
+[16, BK] tiles whatever the call's row count (tokens × batch, up to MAX_ROWS), so a token's result
+does not depend on the other tokens of its call (batch invariance, which exactness relies on);
+each further 16 rows read the weights again, a cost only prefill chunks pay. Each program reads its
+first weight tile before the programmatic-dependent-launch wait: the weights are not the previous
+kernel's output. Calls of more than MAX_ROWS rows take `F.linear` and the norm's launch. With a
+gate (the GDN layer's output), the parts kernel also applies the gated RMS norm to each head of x
+as it loads it, in place of the norm's own launch before the product.
 
     x [..., K]   weight [N, K]   residual [..., N]   norm_weight [N]   →   y, s [..., N]
     gated: x, gate [..., H, dv] (K = H·dv)   gate_weight [dv]
@@ -33,7 +33,8 @@ from hybridspec.kernels.norm.tiles import gated_rms
 from hybridspec.kernels.pdl import wait_then_release
 from hybridspec.kernels.tiles import dot_bt
 
-MAX_ROWS = 16
+MAX_ROWS = 256
+BM = 16  # rows per program
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,8 +67,8 @@ def _split_k_kernel(x_ptr, g_ptr, gw_ptr, w_ptr, p_ptr, M, N, K, stride_xm, stri
                     gate_eps, SPAN: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                     DV: tl.constexpr, GATED: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr,
                     USE_GDC: tl.constexpr):
-    i_n, i_s = tl.program_id(0), tl.program_id(1)
-    o_m = tl.arange(0, BM)
+    i_n, i_s, i_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    o_m = i_m * BM + tl.arange(0, BM)
     o_n = i_n * BN + tl.arange(0, BN)
     o_k = i_s * SPAN + tl.arange(0, BK)
     m_ok, n_ok = o_m < M, o_n < N
@@ -111,9 +112,11 @@ def _check(x: Tensor, weight: Tensor, residual: Tensor, norm_weight: Tensor, gat
     if not weight.dtype == residual.dtype == (x.dtype if gate is None else gate.dtype):
         raise ValueError(f"linear_add_norm: x {x.dtype} (or the gate), weight {weight.dtype} and residual "
                          f"{residual.dtype} must share a dtype")
-    if gate is not None and (gate.shape != x.shape or gate_weight is None or gate_weight.shape != x.shape[-1:]):
-        raise ValueError(f"linear_add_norm: gate {tuple(gate.shape)} and gate weight "
-                         f"{None if gate_weight is None else tuple(gate_weight.shape)} do not match heads {tuple(x.shape)}")
+    if gate is not None and (gate.shape != x.shape or gate_weight is None or gate_weight.shape != x.shape[-1:]
+                             or gate_weight.dtype != gate.dtype):
+        raise ValueError(f"linear_add_norm: gate {tuple(gate.shape)} {gate.dtype} and gate weight "
+                         f"{None if gate_weight is None else (tuple(gate_weight.shape), gate_weight.dtype)} do not "
+                         f"match heads {tuple(x.shape)} (the weight in the gate's dtype)")
     if x.device.type != "cuda" and not interpreted():
         raise ValueError(f"linear_add_norm: tensors are on {x.device}; the Triton kernels need CUDA tensors "
                          "(CPU tensors only with TRITON_INTERPRET=1 set before import)")
@@ -130,7 +133,7 @@ def linear_add_norm(x: Tensor, weight: Tensor, residual: Tensor, norm_weight: Te
                     gate: Tensor | None = None, gate_weight: Tensor | None = None, gate_eps: float = 1e-6,
                     tiles: LinearTiles = TILES) -> tuple[Tensor, Tensor]:
     """As `reference.linear_add_norm`: (normalize(s) · (1 + norm_weight), s), s = x Wᵀ + residual, in
-    the weight's dtype; x [..., K] with at most 16 rows in two launches, more rows through `F.linear`.
+    the weight's dtype; x [..., K] with at most MAX_ROWS rows in two launches, more through `F.linear`.
     With `gate`, x [..., H, dv] is the raw output of H heads, each normed and gated first
     (`gated_rms_norm(x, gate, gate_weight, gate_eps)`, K = H·dv), inside the product's launch where
     the tiles hold whole heads."""
@@ -148,9 +151,9 @@ def linear_add_norm(x: Tensor, weight: Tensor, residual: Tensor, norm_weight: Te
     rows = _rows("x", x, k)
     g_rows = rows if gate is None else _rows("gate", gate, k)
     parts = torch.empty((triton.cdiv(k, tiles.span), m, n), dtype=torch.float32, device=weight.device)
-    _split_k_kernel[(triton.cdiv(n, tiles.block_n), parts.shape[0])](
+    _split_k_kernel[(triton.cdiv(n, tiles.block_n), parts.shape[0], triton.cdiv(m, BM))](
         rows, g_rows, weight if gate_weight is None else gate_weight, weight, parts, m, n, k, rows.stride(0),
-        g_rows.stride(0), weight.stride(0), parts.stride(0), parts.stride(1), gate_eps, SPAN=tiles.span, BM=MAX_ROWS,
+        g_rows.stride(0), weight.stride(0), parts.stride(0), parts.stride(1), gate_eps, SPAN=tiles.span, BM=BM,
         BN=tiles.block_n, BK=tiles.block_k, DV=dv if gate is not None else 1, GATED=gate is not None,
         PRECISION="ieee" if weight.dtype == torch.float32 else "tf32",
         WIDEN=interpreted() and weight.element_size() < 4, num_warps=tiles.warps, **pdl.options(weight))
