@@ -110,6 +110,10 @@ def test_the_launcher_names_what_is_wrong():
         linear_triton.linear_add_norm(x, weight, residual[..., :30], norm_weight, 1e-6)
     with pytest.raises(ValueError, match="share a dtype"):
         linear_triton.linear_add_norm(x, weight.double(), residual, norm_weight, 1e-6)
+    heads, gate = x.view(1, 2, 2, 32), x.view(1, 2, 2, 32)
+    with pytest.raises(ValueError, match="gate's dtype"):
+        linear_triton.linear_add_norm(heads, weight, residual, norm_weight, 1e-6, gate=gate,
+                                      gate_weight=torch.ones(32, dtype=torch.float64))
     with pytest.raises(ValueError, match="power of two"):
         LinearTiles(block_n=24)
     with pytest.raises(ValueError, match="multiple"):
