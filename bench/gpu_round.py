@@ -12,9 +12,11 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 3. one verification pass of w tokens (the target alone, as a graph, after a prefill of the
    context) against its floor: the bytes it must read (the weights of every layer except the
    experts no token routes to, the distinct experts' weights, the KV cache up to the context, the
-   GDN states read and written, the LM head) over the device copy bandwidth of the same run, and
-   a `full` round at w = W against the same floor plus a drafter pass's (its weights, the LM head
-   its draft logits go through, its context KV);
+   GDN states read and written, the LM head) over the device copy bandwidth of the same run
+   (random tokens, so random routing), and a `full` round at w = W against the floor of a pass
+   with the routing decoding rounds actually had (recorded on the host path: the drafter's tokens
+   may share experts) plus a drafter pass's (its weights, the LM head its draft logits go through,
+   its context KV); both rows carry the distinct experts per MoE layer;
 4. (`--profile`) where one verification pass spends its GPU time: kernel time from the profiler of
    an eager pass (the graph replays the same kernels), split into GDN, MoE (routing, experts),
    softmax attention, dense GEMMs and other, with the longest kernels named.
@@ -276,19 +278,48 @@ def drafter_bytes(drafter, context: int) -> int:
     return total
 
 
-def round_floor_rows(session, model: str, rows: list[dict], context: int, bandwidth: float) -> list[dict]:
-    """The floor of a `full` round at w = W (the verification pass's floor plus a drafter pass's)
-    beside the graph round's median time at w = W from the decode rows."""
+def round_routing(engine: Engine, prompt, W: int, rounds: int = 6) -> list[list[torch.Tensor]]:
+    """The routing of `rounds` of `full`'s decoding rounds of W tokens (the host path records it):
+    per round, each MoE layer's ids [W, k]. Decoding rounds verify the drafter's tokens, which may
+    route to fewer distinct experts than the random block of the verification rows."""
+    routings = []
+    steps = engine.stream(prompt, policy=make_policy("full", engine.drafter.draft_len),
+                          max_new_tokens=(rounds + 1) * W, record_routing=True)
+    for _, record in steps:
+        if record is not None and record.w == W and record.expert_ids:
+            routings.append(record.expert_ids)
+            if len(routings) == rounds:
+                break
+    steps.close()
+    return routings
+
+
+def mean_distinct(routings: list[list[torch.Tensor]]) -> float:
+    """Distinct experts per MoE layer, averaged over layers and passes."""
+    counts = [int(ids.unique().numel()) for routing in routings for ids in routing]
+    return round(sum(counts) / max(1, len(counts)), 1)
+
+
+def round_floor_rows(session, model: str, rows: list[dict], context: int, bandwidth: float,
+                     routings: list[list[torch.Tensor]], cache) -> list[dict]:
+    """The floor of a `full` round at w = W (a verification pass's bytes with the rounds' own routing,
+    plus a drafter pass's) beside the graph round's median time at w = W from the decode rows; also
+    the floor with the random block's routing of the verification rows (`floor_ms_random_block`)."""
     W = session.drafter.draft_len + 1
     verify = next((r for r in rows if r["model"] == model and r["policy"] == f"verify:{W}"), None)
     full = next((r for r in rows if r["model"] == model and r["path"] == "graph" and r["policy"] == "full"), None)
-    if verify is None or full is None or W not in full["ms_per_round_by_w"]:
+    if verify is None or full is None or W not in full["ms_per_round_by_w"] or not routings:
         return []
-    floor_ms = verify["floor_ms"] + drafter_bytes(session.drafter, context) / bandwidth * 1e3
+    drafter_ms = drafter_bytes(session.drafter, context) / bandwidth * 1e3
+    verify_ms = statistics.mean(pass_bytes(session.target, cache, r, context) for r in routings) / bandwidth * 1e3
+    floor_ms = verify_ms + drafter_ms
     ms = full["ms_per_round_by_w"][W]
-    log(f"  round {model} full w={W} {ms:8.3f} ms  floor {floor_ms:7.3f} ms  ×{ms / floor_ms:.2f}")
+    log(f"  round {model} full w={W} {ms:8.3f} ms  floor {floor_ms:7.3f} ms  ×{ms / floor_ms:.2f}  "
+        f"({mean_distinct(routings)} distinct experts per layer; the random block's {verify['distinct_experts']}, "
+        f"floor {verify['floor_ms'] + drafter_ms:.3f} ms)")
     return [dict(model=model, path="graph", policy=f"round floor:{W}", w=W, ms_per_round=ms,
-                 floor_ms=round(floor_ms, 3), ratio=round(ms / floor_ms, 2))]
+                 floor_ms=round(floor_ms, 3), ratio=round(ms / floor_ms, 2), distinct_experts=mean_distinct(routings),
+                 passes=len(routings), floor_ms_random_block=round(verify["floor_ms"] + drafter_ms, 3))]
 
 
 def verification_rows(session, model: str, context_prompt, widths, bandwidth: float) -> list[dict]:
@@ -315,7 +346,8 @@ def verification_rows(session, model: str, context_prompt, widths, bandwidth: fl
         us = median_us(graph, 1, samples=7, replays=10)
         floor_us = pass_bytes(target, cache, routing, len(context_prompt)) / bandwidth * 1e6
         rows.append(dict(model=model, path="graph", policy=f"verify:{w}", w=w, ms_per_round=round(us / 1e3, 3),
-                         floor_ms=round(floor_us / 1e3, 3), ratio=round(us / floor_us, 2)))
+                         floor_ms=round(floor_us / 1e3, 3), ratio=round(us / floor_us, 2),
+                         distinct_experts=mean_distinct([routing])))
         log(f"  verify {model} w={w:2d} {us / 1e3:8.3f} ms  floor {floor_us / 1e3:7.3f} ms  ×{us / floor_us:.2f}")
         del graph
     return rows
@@ -509,7 +541,11 @@ def run(args, variants: list[str], command: str) -> None:
                                         sampling)
             if not embedded and not args.no_verification:
                 rows += verification_rows(session, model, prompts[0], (1, 2, 4, 8, 12, 16), bandwidth)
-                rows += round_floor_rows(session, model, rows, args.context, bandwidth)
+                W = session.drafter.draft_len + 1
+                routings = round_routing(runs["eager"], prompts[0], W)  # the host path records routing
+                rows += round_floor_rows(session, model, rows, args.context, bandwidth, routings,
+                                         session.target.new_cache(max_len=args.context + 4 * args.tokens,
+                                                                  tokens_per_pass=W))
             result["rows"] += [dict(row, variant=variant, layout=layout) for row in rows]
             for module, attr, op in undo:
                 setattr(module, attr, op)
