@@ -42,6 +42,7 @@ SHAPES = {
     "span256": LinearTiles(span=256, block_k=256),
     "n64-k256": LinearTiles(block_n=64, block_k=256),
     "w8": LinearTiles(warps=8),
+    "late-weights": LinearTiles(early_weights=False),  # the first weight tile read after the PDL wait
 }
 
 

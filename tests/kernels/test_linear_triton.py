@@ -94,6 +94,14 @@ def test_rows_past_sixteen_and_batches_run_the_same_tiles(dtype):
         assert torch.equal(y1, y[b:b + 1, t:t + 1]) and torch.equal(s1, s[b:b + 1, t:t + 1])
 
 
+def test_the_weights_read_after_the_wait_change_no_bit():
+    x, weight, residual, norm_weight = _inputs((1, 5), 200, 40, torch.bfloat16, 21)
+    early = linear_triton.linear_add_norm(x, weight, residual, norm_weight, 1e-6, tiles=SMALL)
+    late = linear_triton.linear_add_norm(x, weight, residual, norm_weight, 1e-6,
+                                         tiles=LinearTiles(block_n=16, span=128, block_k=64, early_weights=False))
+    assert torch.equal(early[0], late[0]) and torch.equal(early[1], late[1])
+
+
 def test_calls_past_max_rows_take_the_library_product(monkeypatch):
     monkeypatch.setattr(linear_triton, "MAX_ROWS", 16)
     x, weight, residual, norm_weight = _inputs((1, 17), 64, 32, torch.float32, 3)

@@ -40,12 +40,14 @@ BM = 16  # rows per program
 @dataclass(frozen=True, slots=True)
 class LinearTiles:
     """Launch shape of the split-K product: BN output columns and SPAN of the K dimension per
-    program, in steps of BK (SPAN a multiple of BK), `warps` warps each."""
+    program, in steps of BK (SPAN a multiple of BK), `warps` warps each; `early_weights`: the first
+    weight tile read before the PDL wait (after it otherwise, to measure what that buys)."""
 
     block_n: int = 32
     span: int = 512
     block_k: int = 512
     warps: int = 4
+    early_weights: bool = True
 
     def __post_init__(self):
         for name in ("block_n", "span", "block_k", "warps"):
@@ -65,8 +67,8 @@ TILES = LinearTiles()
 @triton.jit
 def _split_k_kernel(x_ptr, g_ptr, gw_ptr, w_ptr, p_ptr, M, N, K, stride_xm, stride_gm, stride_wn, stride_ps, stride_pm,
                     gate_eps, SPAN: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                    DV: tl.constexpr, GATED: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr,
-                    USE_GDC: tl.constexpr):
+                    DV: tl.constexpr, GATED: tl.constexpr, EARLY: tl.constexpr, PRECISION: tl.constexpr,
+                    WIDEN: tl.constexpr, USE_GDC: tl.constexpr):
     i_n, i_s, i_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_m = i_m * BM + tl.arange(0, BM)
     o_n = i_n * BN + tl.arange(0, BN)
@@ -74,11 +76,14 @@ def _split_k_kernel(x_ptr, g_ptr, gw_ptr, w_ptr, p_ptr, M, N, K, stride_xm, stri
     m_ok, n_ok = o_m < M, o_n < N
     p_w = w_ptr + o_n[:, None].to(tl.int64) * stride_wn + o_k[None, :]  # [BN, BK]
     p_x = x_ptr + o_m[:, None] * stride_xm + o_k[None, :]  # [BM, BK]
-    b_w = tl.load(p_w, mask=n_ok[:, None] & (o_k < K)[None, :], other=0.0)
+    if EARLY:  # weights: no kernel writes them, so they may be read before the wait
+        b_w = tl.load(p_w, mask=n_ok[:, None] & (o_k < K)[None, :], other=0.0)
     if GATED:
         b_gw = tl.load(gw_ptr + tl.arange(0, DV))  # [DV] the gated norm's weight, one head's
     if USE_GDC:
         wait_then_release()
+    if not EARLY:
+        b_w = tl.load(p_w, mask=n_ok[:, None] & (o_k < K)[None, :], other=0.0)
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     for c in tl.static_range(0, SPAN, BK):
         k_ok = o_k + c < K
@@ -155,6 +160,7 @@ def linear_add_norm(x: Tensor, weight: Tensor, residual: Tensor, norm_weight: Te
         rows, g_rows, weight if gate_weight is None else gate_weight, weight, parts, m, n, k, rows.stride(0),
         g_rows.stride(0), weight.stride(0), parts.stride(0), parts.stride(1), gate_eps, SPAN=tiles.span, BM=BM,
         BN=tiles.block_n, BK=tiles.block_k, DV=dv if gate is not None else 1, GATED=gate is not None,
+        EARLY=tiles.early_weights,
         PRECISION="ieee" if weight.dtype == torch.float32 else "tf32",
         WIDEN=interpreted() and weight.element_size() < 4, num_warps=tiles.warps, **pdl.options(weight))
     return norm_triton.offset_rms_norm_of_parts(parts, residual, norm_weight, eps)
