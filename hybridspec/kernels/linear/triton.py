@@ -76,14 +76,15 @@ def _split_k_kernel(x_ptr, g_ptr, gw_ptr, w_ptr, p_ptr, M, N, K, stride_xm, stri
     m_ok, n_ok = o_m < M, o_n < N
     p_w = w_ptr + o_n[:, None].to(tl.int64) * stride_wn + o_k[None, :]  # [BN, BK]
     p_x = x_ptr + o_m[:, None] * stride_xm + o_k[None, :]  # [BM, BK]
+    w_ok = n_ok[:, None] & (o_k < K)[None, :]
     if EARLY:  # weights: no kernel writes them, so they may be read before the wait
-        b_w = tl.load(p_w, mask=n_ok[:, None] & (o_k < K)[None, :], other=0.0)
+        b_w = tl.load(p_w, mask=w_ok, other=0.0)
     if GATED:
         b_gw = tl.load(gw_ptr + tl.arange(0, DV))  # [DV] the gated norm's weight, one head's
     if USE_GDC:
         wait_then_release()
     if not EARLY:
-        b_w = tl.load(p_w, mask=n_ok[:, None] & (o_k < K)[None, :], other=0.0)
+        b_w = tl.load(p_w, mask=w_ok, other=0.0)
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     for c in tl.static_range(0, SPAN, BK):
         k_ok = o_k + c < K
