@@ -24,7 +24,7 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 `--variants a,b` runs steps 1–4 for each variant on the same loaded model (rows and checks tagged
 `variant`): `shipped`, an op family put back on its PyTorch reference, a switch turned off, or one
 turned on (`VARIANTS`: `prepare-ref`, `no-pdl`, `shared-beside`, `shared-beside-spec`,
-`moe-inline-slots`, `gdn-early-fold`, `out-add-norm`, `out-add-norm-gated`, `torch-sampling`; `a+b`
+`moe-inline-slots`, `moe-down-early`, `moe-inline-down-early`, `gdn-early-fold`, `out-add-norm`, `out-add-norm-gated`, `torch-sampling`; `a+b`
 both at once), to measure a kernel or a launch mode against what it replaced side by side in one
 process. `--tp N --layouts columns,experts` loads each
 model once per MoE layout (every expert's columns split across the ranks, or expert parallelism)
@@ -98,6 +98,10 @@ VARIANTS = {
     "shared-beside-spec": {SparseMoE: {"shared_beside_from": 2}},  # the same for verification passes only
     # the MoE's two expert kernels find their experts from the ids (no slots launch)
     "moe-inline-slots": {moe_triton: {"MOE_TUNING": {64: MoETuning(inline_slots=True)}}},
+    # the down kernel's programs read their expert's first weight tile before the PDL wait
+    "moe-down-early": {moe_triton: {"MOE_TUNING": {64: MoETuning(down_early_weights=True)}}},
+    "moe-inline-down-early": {moe_triton: {"MOE_TUNING": {64: MoETuning(inline_slots=True,
+                                                                        down_early_weights=True)}}},
     # the recurrent GDN verification reads its state and folds the pending commit before the PDL wait
     "gdn-early-fold": {GatedDeltaNet: {"_verify": _early_fold_verify}},
     # the mixers' out-projection, residual add and post-attention norm in two launches (`kernels/linear`)

@@ -60,6 +60,8 @@ LENGTHS = (1, 2, 4, 8, 12, 16)
 DISTINCT = (8, 16, 32, 48, 64, 80, 96, 112, 128)
 SWEEP = {  # tuning variants timed beside the shipped table (name: MoETuning applied at every T)
     "inline slots": MoETuning(inline_slots=True),
+    "down early": MoETuning(down_early_weights=True),
+    "inline slots + down early": MoETuning(inline_slots=True, down_early_weights=True),
 }
 
 

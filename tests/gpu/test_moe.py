@@ -52,23 +52,26 @@ def test_no_host_read_and_graph_replay_on_new_routing():
                  out, 1e-2)
 
 
+@pytest.mark.parametrize("switches", [{"inline_slots": True}, {"down_early_weights": True},
+                                      {"inline_slots": True, "down_early_weights": True}])
 @pytest.mark.parametrize("n", [1, 2, 4, 16, 40])
-def test_inline_slots_equal_the_slots_launch_in_a_graph_on_the_gpu(n):
-    """`MoETuning.inline_slots` compiled at the 35B shapes (PDL on where the GPU has it): bit for
-    bit the three launches' result, eager and replayed in a CUDA graph, with no host read."""
+def test_tuning_switches_equal_the_shipped_launches_in_a_graph_on_the_gpu(n, switches):
+    """`MoETuning.inline_slots` and `down_early_weights` compiled at the 35B shapes (PDL on where the
+    GPU has it): bit for bit the shipped launches' result, eager and replayed in a CUDA graph, with
+    no host read."""
     from hybridspec.kernels.moe.tuning import MoETuning
 
     e, k, h, i, i_s = SHAPES["35b"]
-    inline = {64: MoETuning(inline_slots=True)}
+    tuning = {64: MoETuning(**switches)}
     args = _cuda(moe_inputs(n, k, e, h, i, i_s, dtype=torch.bfloat16, seed=n))
     want = moe_triton.moe_experts(**args)
-    assert torch.equal(moe_triton.moe_experts(**args, tuning=inline), want)
+    assert torch.equal(moe_triton.moe_experts(**args, tuning=tuning), want)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            out = moe_triton.moe_experts(**args, tuning=inline)
+            out = moe_triton.moe_experts(**args, tuning=tuning)
         graph.replay()
     finally:
         torch.cuda.set_sync_debug_mode("default")

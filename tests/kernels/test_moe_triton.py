@@ -150,6 +150,40 @@ def test_inline_slots_run_the_shared_expert_alone(n):
     assert torch.isfinite(want).all() and torch.equal(got, want)
 
 
+@pytest.mark.parametrize("inline", [False, True])
+@pytest.mark.parametrize("name, shape, route, dtype", [
+    ("one-token", (1, 2, 16, 48, 24, 40), {}, torch.float32),
+    ("k8-E256-bf16", (16, 8, 256, 64, 32, 32), {}, torch.bfloat16),
+    ("shared-narrower", (3, 8, 64, 48, 40, 16), {}, torch.bfloat16),
+    ("one-expert", (16, 2, 16, 32, 16, 16), {"one_expert": 7}, torch.float32),
+    ("all-distinct-no-shared", (16, 8, 128, 32, 16, 0), {"all_distinct": True}, torch.bfloat16),
+    ("prefill-two-pieces", (70, 2, 16, 32, 16, 24), {}, torch.bfloat16),
+])
+def test_down_early_weights_equal_the_shipped_launches_bit_for_bit(inline, name, shape, route, dtype):
+    """`MoETuning.down_early_weights`: the down programs take their expert and its first weight tile
+    (the shared expert's in the last row) before the wait, then the same steps: bit for bit the
+    shipped result, with the slots launch or inline, on NaN-poisoned memory."""
+    args = moe_inputs(*shape, dtype=dtype, **route)
+    early = {64: MoETuning(inline_slots=inline, down_early_weights=True)}
+    with poisoned_allocations():
+        want = moe_triton.moe_experts(**args)
+        got = moe_triton.moe_experts(**args, tuning=early)
+    assert torch.equal(got, want), name
+
+
+@pytest.mark.parametrize("inline", [False, True])
+def test_down_early_weights_expert_parallel_parts(inline):
+    """Under expert parallelism with the early read: the parts equal the shipped parts, and a part
+    holding none of the call's experts returns zeros."""
+    args = moe_inputs(5, 2, 16, 32, 16, 16, dtype=torch.float32, within=(4, 8))
+    early = {64: MoETuning(inline_slots=inline, down_early_weights=True)}
+    with poisoned_allocations():
+        want = [moe_triton.moe_experts(**part) for part in expert_parts(args, 4)]
+        got = [moe_triton.moe_experts(**part, tuning=early) for part in expert_parts(args, 4)]
+    for r, (g, w) in enumerate(zip(got, want)):
+        assert torch.equal(g, w), r
+
+
 def test_inline_slots_read_nothing_back():
     args = moe_inputs(4, 8, 64, 48, 32, 32, dtype=torch.bfloat16)
     with NoHostRead():

@@ -13,7 +13,8 @@ class MoETuning:
     `routing.expert_slots` launch; program row s of both kernels takes assignment s's expert from
     the ids and runs it only where s is that expert's first assignment (`tiles.assignment_expert`),
     and every row arrives at the down kernel's counters (the same products and sums, one launch
-    fewer)."""
+    fewer). down_early_weights: each down program finds its expert and reads its first weight tile
+    before the programmatic-dependent-launch wait, during the gate_up launch (the same products)."""
 
     gate_up_bn: int = 32
     gate_up_bk: int = 256
@@ -24,6 +25,7 @@ class MoETuning:
     down_warps: int = 4
     down_stages: int = 3
     inline_slots: bool = False
+    down_early_weights: bool = False
 
     def __post_init__(self):
         for name in ("gate_up_bn", "gate_up_bk", "down_bh", "down_bk"):
