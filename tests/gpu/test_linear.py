@@ -1,8 +1,8 @@
 """`kernels/linear` compiled on the GPU at the 35B out-projection's shape ([T, 4096] × [4096, 2048]),
-plain and with the GDN heads' gated norm (`gate=`): within bf16 rounding of the library product and
-the norm (the product's fp32 sum order differs from cuBLAS's), each row of a 16-row call bit-equal to
-the row run alone, fp32 within fp32 rounding (IEEE products, no TF32), and the two launches replay
-in a CUDA graph with the same results."""
+plain and with the GDN heads' gated norm (`gate=`), and at the GDN input projection's: within bf16
+rounding of the library product and the norm (the product's fp32 sum order differs from cuBLAS's),
+each row of a 16-row call bit-equal to the row run alone, fp32 within fp32 rounding (IEEE products,
+no TF32), and the launches replay in a CUDA graph with the same results."""
 
 import pytest
 import torch
@@ -109,3 +109,32 @@ def test_the_gated_heads_against_the_norms_own_launch_rows_alone_graphs_and_pdl(
     monkeypatch.setattr(pdl, "ENABLED", False)
     y0, s0 = _gated(heads, gate, gw, w, r, nw)
     assert torch.equal(y0, y) and torch.equal(s0, s)
+
+
+def test_the_input_projection_within_rounding_rows_alone_graphs_and_pdl(monkeypatch):
+    """`linear` compiled at the 35B GDN input projection's shape ([T, 2048] × [2048, 12352]): within
+    bf16 rounding of the library product, each row of a 16-row call equal to the row alone, a graph
+    replay equal to an eager call, PDL on and off equal bit for bit."""
+    from hybridspec.kernels import pdl
+
+    g = torch.Generator(device="cuda").manual_seed(21)
+    x = torch.randn(1, 16, 2048, generator=g, device="cuda").to(torch.bfloat16)
+    w = (torch.randn(12352, 2048, generator=g, device="cuda") / 45).to(torch.bfloat16)
+    y = linear_triton.linear(x, w)
+    torch.testing.assert_close(y.float(), F.linear(x, w).float(), rtol=1.6e-2, atol=2e-2)
+    assert (y != F.linear(x, w)).float().mean() < 0.05
+    for t in (0, 7, 15):
+        assert torch.equal(linear_triton.linear(x[:, t:t + 1], w), y[:, t:t + 1]), t
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        linear_triton.linear(x, w)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = linear_triton.linear(x, w)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, y)
+    monkeypatch.setattr(pdl, "ENABLED", False)
+    assert torch.equal(linear_triton.linear(x, w), y)

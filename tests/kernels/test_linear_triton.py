@@ -166,3 +166,67 @@ def test_the_gated_heads_match_the_reference(dtype, x_dtype, tiles):
                                               gate=gate[:, t:t + 1], gate_weight=gate_weight, gate_eps=1e-5,
                                               tiles=tiles)[0] for t in range(3)]
         assert torch.equal(torch.cat(rows, dim=1), y)  # batch invariance
+
+
+# ------------------------------------------------------------------------------ input projections
+INPUT_SMALL = LinearTiles(block_n=16, span=64, block_k=64)  # several programs and depth steps
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape,k,n,tiles", [((1, 1), 300, 60, INPUT_SMALL), ((1, 5), 256, 48, INPUT_SMALL),
+                                             ((2, 3), 100, 33, INPUT_SMALL),
+                                             ((1, 16), 512, 70, linear_triton.INPUT_TILES)])
+def test_linear_matches_the_reference(dtype, shape, k, n, tiles):
+    """fp32 within the sums' rounding; bf16 within one rounding of the exact product (the fp32 sum
+    runs in another order than torch's)."""
+    x, weight, _, _ = _inputs(shape, k, n, dtype, k + n)
+    y = linear_triton.linear(x, weight, tiles=tiles)
+    assert y.shape == (*shape, n) and y.dtype == dtype
+    if dtype == torch.float32:
+        torch.testing.assert_close(y, reference.linear(x, weight), rtol=1e-5, atol=1e-5)
+    else:
+        exact = F.linear(x.double(), weight.double())
+        assert ((y.double() - exact).abs() <= 2 * _bf16_spacing(exact) + 1e-6).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linear_rows_equal_the_row_alone(dtype):
+    """Batch invariance: every row of a [4, 9] call (three 16-row blocks) equals the same row run
+    alone, bit for bit, whatever the other rows hold."""
+    x, weight, _, _ = _inputs((4, 9), 200, 40, dtype, 3)
+    together = linear_triton.linear(x, weight, tiles=INPUT_SMALL)
+    for b in range(4):
+        for t in (0, 5, 8):
+            alone = linear_triton.linear(x[b, t:t + 1], weight, tiles=INPUT_SMALL)
+            assert torch.equal(together[b, t:t + 1], alone), (b, t)
+
+
+def test_linear_reads_the_first_tile_early_or_late_to_the_same_bits():
+    x, weight, _, _ = _inputs((1, 3), 200, 40, torch.bfloat16, 5)
+    late = LinearTiles(block_n=16, span=64, block_k=64, early_weights=False)
+    assert torch.equal(linear_triton.linear(x, weight, tiles=INPUT_SMALL), linear_triton.linear(x, weight, tiles=late))
+
+
+def test_linear_past_its_row_bound_is_f_linear():
+    x, weight, _, _ = _inputs((1, linear_triton.LINEAR_MAX_ROWS + 1), 64, 24, torch.float32, 9)
+    assert torch.equal(linear_triton.linear(x, weight), F.linear(x, weight))
+
+
+@pytest.mark.parametrize("case, match", [
+    ("wide-weight", r"is not \[N, 64\]"),
+    ("strided-weight", "weight rows must be contiguous"),
+    ("dtypes", "must share a dtype"),
+    ("strided-x", "x must be contiguous"),
+])
+def test_linear_names_what_is_wrong(case, match):
+    x, weight, _, _ = _inputs((1, 2), 64, 24, torch.float32, 11)
+    if case == "wide-weight":
+        weight = torch.zeros(24, 65)
+    elif case == "strided-weight":
+        weight = torch.zeros(64, 24).t()
+    elif case == "dtypes":
+        weight = weight.to(torch.bfloat16)
+    else:
+        x = torch.zeros(1, 2, 128)[..., ::2]
+    with pytest.raises(ValueError, match=match):
+        linear_triton.linear(x, weight)

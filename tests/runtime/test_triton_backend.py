@@ -113,6 +113,30 @@ def test_ablation_backend_runs_the_gdn_reference_in_the_resident_round(alternati
     assert result.token_ids == want
 
 
+@pytest.mark.parametrize("model", ["pow2", "alternating"])
+def test_the_input_projections_through_kernels_linear_emit_the_same_tokens(request, model):
+    """Every mixer's fused input projection through `kernels/linear`'s `linear` (`in_proj_op`: 16-row
+    tiles, the first weight tile before the wait), the rest of the triton backend as shipped: `full`
+    rounds still emit the torch backend's `ar` tokens (the 20-token prefill in two row blocks)."""
+    from hybridspec.kernels.linear import triton as linear_triton
+
+    prefix = "pow2_" if model == "pow2" else ""
+    torch_ar_tokens = request.getfixturevalue(f"{prefix}ar_tokens" if prefix else "torch_ar_tokens")
+    triton_target = request.getfixturevalue(f"{prefix}target" if prefix else "triton_target")
+    mixers = [layer.linear_attn if layer.is_gdn else layer.self_attn for layer in triton_target.layers]
+    for mixer in mixers:
+        mixer.in_proj_op = linear_triton.linear
+    try:
+        for i, (prompt, want) in enumerate(torch_ar_tokens):
+            drafter = ScriptedDrafter(prompt + want, triton_target.cfg.vocab_size, seed=i)
+            result = Engine(triton_target, drafter, max_context=128).generate(
+                prompt, policy=make_policy("full", 15, policy_parameters()), max_new_tokens=NEW_TOKENS)
+            assert result.token_ids == want
+    finally:
+        for mixer in mixers:
+            mixer.in_proj_op = torch.nn.functional.linear
+
+
 @pytest.mark.parametrize("model,fold_gated_norm", [("pow2", False), ("pow2", True), ("alternating", True)])
 def test_the_out_projection_with_the_norm_emits_the_same_tokens(request, model, fold_gated_norm):
     """Every layer's out-projection, residual add and post-attention norm through `kernels/linear`

@@ -1,5 +1,6 @@
-"""The out-projection, residual add and offset RMS norm in plain PyTorch.
+"""The mixers' projections in plain PyTorch.
 
+    linear            x Wᵀ  (a mixer's input projection)
     linear_add_norm   (normalize(s) · (1 + norm_weight), s),  s = x Wᵀ + residual
                       (with `gate`: x = gated_rms_norm(heads, gate, gate_weight), heads [..., H, dv])
 
@@ -12,6 +13,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from hybridspec.kernels.norm.reference import gated_rms_norm, offset_rms_norm
+
+
+def linear(x: Tensor, weight: Tensor) -> Tensor:
+    """x [..., K], weight [N, K] → x Wᵀ [..., N] in the weight's dtype."""
+    return F.linear(x, weight)
 
 
 def linear_add_norm(x: Tensor, weight: Tensor, residual: Tensor, norm_weight: Tensor, eps: float, *,

@@ -1,12 +1,16 @@
-"""The out-projection, residual add and offset RMS norm in two launches:
+"""The mixers' projections on one tile kernel, the split-K product:
 
-    parts[s] = x[:, span s] W[:, span s]ᵀ     split-K product, fp32, grid (N / BN, K / SPAN, M / 16)
-    y, s     = norm(Σ_s parts[s] + residual)    `kernels/norm`'s launch, summing the parts in order
+    parts[s] = x[:, span s] W[:, span s]ᵀ     fp32, grid (N / BN, K / SPAN, M / 16)
 
-in place of the product, its split-K reduction and the norm's launch. Every row runs the same
+`linear_add_norm`: the out-projection, residual add and offset RMS norm in two launches, the
+product into fp32 parts, then y, s = norm(Σ_s parts[s] + residual) (`kernels/norm`'s launch,
+summing the parts in order), in place of the product, its split-K reduction and the norm's launch.
+`linear`: an input projection in one launch, one span over the whole depth, stored in the
+activations' dtype. Every row runs the same
 [16, BK] tiles whatever the call's row count (tokens × batch, up to MAX_ROWS), so a token's result
 does not depend on the other tokens of its call (batch invariance, which exactness relies on);
-each further 16 rows read the weights again, a cost only prefill chunks pay. Each program reads its
+each further 16 rows read the weights again, a cost only prefill chunks pay (`linear` takes
+`F.linear` past LINEAR_MAX_ROWS rows). Each program reads its
 first weight tile before the programmatic-dependent-launch wait: the weights are not the previous
 kernel's output. Calls of more than MAX_ROWS rows take `F.linear` and the norm's launch. With a
 gate (the GDN layer's output), the parts kernel also applies the gated RMS norm to each head of x
@@ -34,6 +38,7 @@ from hybridspec.kernels.pdl import wait_then_release
 from hybridspec.kernels.tiles import dot_bt
 
 MAX_ROWS = 256
+LINEAR_MAX_ROWS = 64  # a batch of 4 verifications of 16 tokens; prefill chunks take F.linear
 BM = 16  # rows per program
 
 
@@ -62,6 +67,7 @@ class LinearTiles:
 
 
 TILES = LinearTiles()
+INPUT_TILES = LinearTiles(block_n=32, span=256, block_k=256)  # `linear`: the span grows to cover K
 
 
 @triton.jit
@@ -98,7 +104,7 @@ def _split_k_kernel(x_ptr, g_ptr, gw_ptr, w_ptr, p_ptr, M, N, K, stride_xm, stri
                                        b_gw[None, None, :], DV, gate_eps, 2, w_ptr.dtype.element_ty), (BM, BK))
         acc = dot_bt(b_x, b_w, acc, PRECISION, WIDEN)
     p_p = p_ptr + i_s * stride_ps + o_m[:, None] * stride_pm + o_n[None, :]
-    tl.store(p_p, acc, mask=m_ok[:, None] & n_ok[None, :])
+    tl.store(p_p, acc.to(p_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
 def _check(x: Tensor, weight: Tensor, residual: Tensor, norm_weight: Tensor, gate: Tensor | None,
@@ -128,11 +134,40 @@ def _check(x: Tensor, weight: Tensor, residual: Tensor, norm_weight: Tensor, gat
                          "(CPU tensors only with TRITON_INTERPRET=1 set before import)")
 
 
-def _rows(name: str, t: Tensor, k: int) -> Tensor:
+def _rows(name: str, t: Tensor, k: int, op: str = "linear_add_norm") -> Tensor:
     rows = t.reshape(-1, k)
     if rows.stride(-1) != 1:
-        raise ValueError(f"linear_add_norm: {name} must be contiguous in its last dimension (stride {t.stride()})")
+        raise ValueError(f"{op}: {name} must be contiguous in its last dimension (stride {t.stride()})")
     return rows
+
+
+def linear(x: Tensor, weight: Tensor, *, tiles: LinearTiles = INPUT_TILES) -> Tensor:
+    """As `reference.linear`: x Wᵀ [..., N] in the weight's dtype; x [..., K] with at most
+    LINEAR_MAX_ROWS rows in one launch (each program the whole depth K in steps of block_k, its
+    first weight tile read before the PDL wait where `tiles.early_weights`), more through
+    `F.linear`."""
+    if weight.dim() != 2 or x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"linear: weight {tuple(weight.shape)} is not [N, {x.shape[-1]}] for x {tuple(x.shape)}")
+    if weight.stride(-1) != 1 or weight.stride(0) < weight.shape[1]:
+        raise ValueError(f"linear: weight rows must be contiguous (stride {weight.stride()})")
+    if x.dtype != weight.dtype:
+        raise ValueError(f"linear: x {x.dtype} and weight {weight.dtype} must share a dtype")
+    if x.device.type != "cuda" and not interpreted():
+        raise ValueError(f"linear: tensors are on {x.device}; the Triton kernels need CUDA tensors "
+                         "(CPU tensors only with TRITON_INTERPRET=1 set before import)")
+    n, k = weight.shape
+    m = x.numel() // k
+    if m > LINEAR_MAX_ROWS or m == 0:
+        return F.linear(x, weight)
+    rows = _rows("x", x, k, "linear")
+    y = torch.empty((m, n), dtype=weight.dtype, device=weight.device)
+    span = max(tiles.block_k, triton.next_power_of_2(k))
+    _split_k_kernel[(triton.cdiv(n, tiles.block_n), 1, triton.cdiv(m, BM))](
+        rows, rows, weight, weight, y, m, n, k, rows.stride(0), rows.stride(0), weight.stride(0), 0, y.stride(0),
+        0.0, SPAN=span, BM=BM, BN=tiles.block_n, BK=tiles.block_k, DV=1, GATED=False, EARLY=tiles.early_weights,
+        PRECISION="ieee" if weight.dtype == torch.float32 else "tf32",
+        WIDEN=interpreted() and weight.element_size() < 4, num_warps=tiles.warps, **pdl.options(weight))
+    return y.view(*x.shape[:-1], n)
 
 
 def linear_add_norm(x: Tensor, weight: Tensor, residual: Tensor, norm_weight: Tensor, eps: float, *,

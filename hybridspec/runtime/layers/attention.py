@@ -33,6 +33,7 @@ class GatedAttention(nn.Module):
         self.q_norm = OffsetRMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
         self.k_norm = OffsetRMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
         self._qkv: Tensor | None = None  # q (with its gate), k and v projections as one weight
+        self.in_proj_op: Callable = torch.nn.functional.linear  # the fused projection's product (`kernels/linear`)
 
     def fuse_projections(self) -> None:
         """The q (2× wide), k and v projections as one GEMM (`fuse_linears`)."""
@@ -44,7 +45,7 @@ class GatedAttention(nn.Module):
         if self._qkv is None or torch.is_grad_enabled():
             return self.q_proj(x), self.k_proj(x), self.v_proj(x)
         kv = self.n_kv * self.head_dim
-        return torch.nn.functional.linear(x, self._qkv).split((2 * self.n_heads * self.head_dim, kv, kv), dim=-1)
+        return self.in_proj_op(x, self._qkv).split((2 * self.n_heads * self.head_dim, kv, kv), dim=-1)
 
     def forward(self, x: Tensor, cache: TargetCache, slot: int, rope: tuple[Tensor, Tensor],
                 then: Callable | None = None):

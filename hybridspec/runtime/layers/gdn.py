@@ -40,6 +40,7 @@ class GatedDeltaNet(nn.Module):
         self._verify = verify
         self.conv_op = gdn_reference.causal_conv_silu  # the model sets the backend's (`kernels/gdn`)
         self._in_proj: Tensor | None = None  # the four input projections as one weight (`fuse_projections`)
+        self.in_proj_op: Callable = F.linear  # the fused projection's product (`kernels/linear`'s `linear`)
         self.fold_gated_norm = False  # the output norm inside a fused projection's launch (`forward`)
 
     def fuse_projections(self) -> None:
@@ -52,7 +53,7 @@ class GatedDeltaNet(nn.Module):
         if self._in_proj is None or torch.is_grad_enabled():
             return self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_b(x), self.in_proj_a(x)
         sizes = (self.conv_dim, self.hv * self.dv, self.hv, self.hv)
-        return F.linear(x, self._in_proj).split(sizes, dim=-1)
+        return self.in_proj_op(x, self._in_proj).split(sizes, dim=-1)
 
     def forward(self, x: Tensor, cache: TargetCache, slot: int, then: Callable | None = None):
         """x [B, T, hidden] → [B, T, hidden]; fills the round buffers of `slot` for these T tokens.
