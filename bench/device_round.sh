@@ -4,9 +4,8 @@
 # round: bench/gpu_round.py on the 35B preset, greedy `ar` and `full`, shipped first, then the
 #   variants written and not yet measured; every row is timed before the profiler's host counts and
 #   GPU work per round (gpu_round's second pass).
-# round2: shipped, the shared expert beside the router in verification passes, the plain
-#   out-projection ending (no gated norm), the input projections on kernels/linear, and the kernel
-#   variants all at once.
+# round2: shipped, the shared expert beside the router in verification passes, the router's early
+#   weight read, the input projections on kernels/linear, and the kernel variants all at once.
 # sampled: the same for top-k 20 / top-p 0.95 at temperature 1 beside greedy, the kernels against
 #   the torch form of the point-mass rule.
 # moe: one MoE layer, the shipped launches beside the sweep's variants (moe_kernels.py --sweep).
@@ -49,7 +48,7 @@ if [ "$ROUND_CAP" -gt 0 ]; then
   round round "$ROUND_CAP" --variants shipped,out-add-norm-gated,moe-inline-slots,moe-down-early,gdn-early-fold
 fi
 if [ "$ROUND2_CAP" -gt 0 ]; then
-  round round2 "$ROUND2_CAP" --variants shipped,shared-beside-spec,out-add-norm,in-proj,out-add-norm-gated+moe-inline-down-early+gdn-early-fold+in-proj
+  round round2 "$ROUND2_CAP" --variants shipped,shared-beside-spec,router-early,in-proj,out-add-norm-gated+moe-inline-down-early+gdn-early-fold+in-proj+router-early
 fi
 if [ "$TESTS_CAP" -gt 0 ]; then
   timeout "$TESTS_CAP" python3 -m pytest -m gpu tests/gpu/test_gdn_early_fold.py tests/gpu/test_linear.py \

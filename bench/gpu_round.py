@@ -24,7 +24,7 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 `--variants a,b` runs steps 1–4 for each variant on the same loaded model (rows and checks tagged
 `variant`): `shipped`, an op family put back on its PyTorch reference, a switch turned off, or one
 turned on (`VARIANTS`: `prepare-ref`, `no-pdl`, `shared-beside`, `shared-beside-spec`,
-`moe-inline-slots`, `moe-down-early`, `moe-inline-down-early`, `gdn-early-fold`, `in-proj`, `out-add-norm`, `out-add-norm-gated`, `torch-sampling`; `a+b`
+`moe-inline-slots`, `moe-down-early`, `moe-inline-down-early`, `gdn-early-fold`, `router-early`, `in-proj`, `out-add-norm`, `out-add-norm-gated`, `torch-sampling`; `a+b`
 both at once), to measure a kernel or a launch mode against what it replaced side by side in one
 process. `--tp N --layouts columns,experts` loads each
 model once per MoE layout (every expert's columns split across the ranks, or expert parallelism)
@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as dt
+import functools
 import hashlib
 import json
 import platform
@@ -60,13 +61,14 @@ from hybridspec.kernels.attention import reference as attention_reference  # noq
 from hybridspec.kernels.gdn import reference as gdn_reference  # noqa: E402
 from hybridspec.kernels.gdn import triton as gdn_triton  # noqa: E402
 from hybridspec.kernels.linear import triton as linear_triton  # noqa: E402
+from hybridspec.kernels.moe import router as moe_router  # noqa: E402
 from hybridspec.kernels.moe import triton as moe_triton  # noqa: E402
 from hybridspec.kernels.moe.tuning import MoETuning  # noqa: E402
 from hybridspec.runtime import resident  # noqa: E402
 from hybridspec.runtime.engine import Engine  # noqa: E402
 from hybridspec.runtime.layers.attention import GatedAttention  # noqa: E402
 from hybridspec.runtime.layers.gdn import GatedDeltaNet  # noqa: E402
-from hybridspec.runtime.layers.moe import SparseMoE  # noqa: E402
+from hybridspec.runtime.layers.moe import Router, SparseMoE  # noqa: E402
 from hybridspec.runtime.models.hybrid import DecoderLayer  # noqa: E402
 from hybridspec.runtime.policies import make_policy  # noqa: E402
 from hybridspec.runtime.sampling import SamplingParams  # noqa: E402
@@ -109,6 +111,9 @@ VARIANTS = {
     # and the GDN output's gated norm applied by the same product's launch as it loads the heads
     "out-add-norm-gated": {DecoderLayer: {"out_add_norm": linear_triton.linear_add_norm},
                            GatedDeltaNet: {"fold_gated_norm": True}},
+    # the one-launch router's programs read their first weight tile before the PDL wait
+    "router-early": {Router: {"op": functools.partial(moe_router.router,
+                                                      tiles=moe_router.ROUTER_TILES._replace(early_weights=True))}},
     # the mixers' fused input projections as one Triton launch of 16-row tiles (`kernels/linear`)
     "in-proj": {GatedDeltaNet: {"in_proj_op": linear_triton.linear}, GatedAttention: {"in_proj_op": linear_triton.linear}},
     "prepare-ref": {GatedAttention: {"prepare_op": attention_reference.norm_rope_store}},
