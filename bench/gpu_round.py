@@ -24,7 +24,8 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 `--variants a,b` runs steps 1–4 for each variant on the same loaded model (rows and checks tagged
 `variant`): `shipped`, an op family put back on its PyTorch reference, a switch turned off, or one
 turned on (`VARIANTS`: `prepare-ref`, `no-pdl`, `shared-beside`, `shared-beside-spec`,
-`moe-inline-slots`, `moe-down-early`, `moe-inline-down-early`, `gdn-early-fold`, `router-early`, `in-proj`, `out-add-norm`, `out-add-norm-gated`, `torch-sampling`; `a+b`
+`moe-inline-slots`, `moe-down-early`, `moe-inline-down-early`, `gdn-early-fold`, `router-early`,
+`in-proj`, `out-add-norm`, `out-add-norm-gated`, `torch-sampling`; `a+b`
 both at once), to measure a kernel or a launch mode against what it replaced side by side in one
 process. `--tp N --layouts columns,experts` loads each
 model once per MoE layout (every expert's columns split across the ranks, or expert parallelism)
@@ -115,7 +116,8 @@ VARIANTS = {
     "router-early": {Router: {"op": functools.partial(moe_router.router,
                                                       tiles=moe_router.ROUTER_TILES._replace(early_weights=True))}},
     # the mixers' fused input projections as one Triton launch of 16-row tiles (`kernels/linear`)
-    "in-proj": {GatedDeltaNet: {"in_proj_op": linear_triton.linear}, GatedAttention: {"in_proj_op": linear_triton.linear}},
+    "in-proj": {GatedDeltaNet: {"in_proj_op": linear_triton.linear},
+                GatedAttention: {"in_proj_op": linear_triton.linear}},
     "prepare-ref": {GatedAttention: {"prepare_op": attention_reference.norm_rope_store}},
     "no-pdl": {pdl: {"ENABLED": False}},  # the kernels of `kernels/pdl.py` launched without PDL
     "torch-sampling": {resident: {"FUSED_SAMPLING": False}},  # the point-mass rule's torch form

@@ -54,7 +54,7 @@ def test_no_host_read_and_graph_replay_on_new_routing():
 
 @pytest.mark.parametrize("switches", [{"inline_slots": True}, {"down_early_weights": True},
                                       {"inline_slots": True, "down_early_weights": True}])
-@pytest.mark.parametrize("n", [1, 2, 4, 16, 40])
+@pytest.mark.parametrize("n", [1, 4, 40])
 def test_tuning_switches_equal_the_shipped_launches_in_a_graph_on_the_gpu(n, switches):
     """`MoETuning.inline_slots` and `down_early_weights` compiled at the 35B shapes (PDL on where the
     GPU has it): bit for bit the shipped launches' result, eager and replayed in a CUDA graph, with

@@ -217,6 +217,7 @@ def test_linear_past_its_row_bound_is_f_linear():
     ("strided-weight", "weight rows must be contiguous"),
     ("dtypes", "must share a dtype"),
     ("strided-x", "x must be contiguous"),
+    ("no-depth", "no depth"),
 ])
 def test_linear_names_what_is_wrong(case, match):
     x, weight, _, _ = _inputs((1, 2), 64, 24, torch.float32, 11)
@@ -226,6 +227,8 @@ def test_linear_names_what_is_wrong(case, match):
         weight = torch.zeros(64, 24).t()
     elif case == "dtypes":
         weight = weight.to(torch.bfloat16)
+    elif case == "no-depth":
+        x, weight = torch.zeros(1, 2, 0), torch.zeros(24, 0)
     else:
         x = torch.zeros(1, 2, 128)[..., ::2]
     with pytest.raises(ValueError, match=match):

@@ -172,9 +172,24 @@ def test_down_early_weights_equal_the_shipped_launches_bit_for_bit(inline, name,
 
 
 @pytest.mark.parametrize("inline", [False, True])
+@pytest.mark.parametrize("shape", [(3, 4, 32, 40, 48, 40), (2, 4, 32, 40, 40, 48), (5, 2, 16, 40, 48, 0)],
+                         ids=["I>Is", "I<Is", "no-shared"])
+def test_down_early_weights_with_several_steps_and_column_tiles(inline, shape):
+    """Tiles of 16 × 16: the early tile is the first of several steps over the intermediate width
+    (the routed and the shared expert's of different widths) in each of three column tiles, then the
+    loop goes on from the second step: bit for bit the same tiles read after the wait."""
+    args = moe_inputs(*shape, dtype=torch.bfloat16)
+    small = dict(down_bh=16, down_bk=16, inline_slots=inline)
+    with poisoned_allocations():
+        want = moe_triton.moe_experts(**args, tuning={64: MoETuning(**small)})
+        got = moe_triton.moe_experts(**args, tuning={64: MoETuning(**small, down_early_weights=True)})
+    assert torch.isfinite(want).all() and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("inline", [False, True])
 def test_down_early_weights_expert_parallel_parts(inline):
-    """Under expert parallelism with the early read: the parts equal the shipped parts, and a part
-    holding none of the call's experts returns zeros."""
+    """Under expert parallelism with the early read: the parts equal the shipped parts, and the two
+    parts holding none of the call's experts (and no shared expert) return zeros."""
     args = moe_inputs(5, 2, 16, 32, 16, 16, dtype=torch.float32, within=(4, 8))
     early = {64: MoETuning(inline_slots=inline, down_early_weights=True)}
     with poisoned_allocations():
@@ -182,6 +197,7 @@ def test_down_early_weights_expert_parallel_parts(inline):
         got = [moe_triton.moe_experts(**part, tuning=early) for part in expert_parts(args, 4)]
     for r, (g, w) in enumerate(zip(got, want)):
         assert torch.equal(g, w), r
+    assert not got[2].any() and not got[3].any()
 
 
 def test_inline_slots_read_nothing_back():

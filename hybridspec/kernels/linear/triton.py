@@ -4,20 +4,20 @@
 
 `linear_add_norm`: the out-projection, residual add and offset RMS norm in two launches, the
 product into fp32 parts, then y, s = norm(Σ_s parts[s] + residual) (`kernels/norm`'s launch,
-summing the parts in order), in place of the product, its split-K reduction and the norm's launch.
-`linear`: an input projection in one launch, one span over the whole depth, stored in the
-activations' dtype. Every row runs the same
-[16, BK] tiles whatever the call's row count (tokens × batch, up to MAX_ROWS), so a token's result
-does not depend on the other tokens of its call (batch invariance, which exactness relies on);
-each further 16 rows read the weights again, a cost only prefill chunks pay (`linear` takes
-`F.linear` past LINEAR_MAX_ROWS rows). Each program reads its
-first weight tile before the programmatic-dependent-launch wait: the weights are not the previous
-kernel's output. Calls of more than MAX_ROWS rows take `F.linear` and the norm's launch. With a
+summing the parts in order), in place of the product, its split-K reduction and the norm's launch;
+calls of more than MAX_ROWS rows take `F.linear` and the norm's launch. `linear`: an input
+projection in one launch, one span over the whole depth, stored in the activations' dtype; calls of
+more than LINEAR_MAX_ROWS rows take `F.linear`. Below those bounds every row runs the same [16, BK]
+tiles whatever the call's row count (tokens × batch), so a token's result does not depend on the
+other tokens of its call (batch invariance, which exactness relies on); each further 16 rows read
+the weights again, a cost only prefill chunks pay. Each program reads its first weight tile before
+the programmatic-dependent-launch wait: the weights are not the previous kernel's output. With a
 gate (the GDN layer's output), the parts kernel also applies the gated RMS norm to each head of x
 as it loads it, in place of the norm's own launch before the product.
 
     x [..., K]   weight [N, K]   residual [..., N]   norm_weight [N]   →   y, s [..., N]
     gated: x, gate [..., H, dv] (K = H·dv)   gate_weight [dv]
+    linear: x [..., K]   weight [N, K]   →   [..., N]
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ BM = 16  # rows per program
 class LinearTiles:
     """Launch shape of the split-K product: BN output columns and SPAN of the K dimension per
     program, in steps of BK (SPAN a multiple of BK), `warps` warps each; `early_weights`: the first
-    weight tile read before the PDL wait (after it otherwise, to measure what that buys)."""
+    weight tile read before the PDL wait (after it otherwise, to measure what that buys). `linear`
+    takes no span from it: its one span is K rounded up to a multiple of BK."""
 
     block_n: int = 32
     span: int = 512
@@ -67,7 +68,7 @@ class LinearTiles:
 
 
 TILES = LinearTiles()
-INPUT_TILES = LinearTiles(block_n=32, span=256, block_k=256)  # `linear`: the span grows to cover K
+INPUT_TILES = LinearTiles(block_n=32, span=256, block_k=256)  # `linear` (its span: the whole depth)
 
 
 @triton.jit
@@ -150,8 +151,11 @@ def linear(x: Tensor, weight: Tensor, *, tiles: LinearTiles = INPUT_TILES) -> Te
         raise ValueError(f"linear: weight {tuple(weight.shape)} is not [N, {x.shape[-1]}] for x {tuple(x.shape)}")
     if weight.stride(-1) != 1 or weight.stride(0) < weight.shape[1]:
         raise ValueError(f"linear: weight rows must be contiguous (stride {weight.stride()})")
-    if x.dtype != weight.dtype:
-        raise ValueError(f"linear: x {x.dtype} and weight {weight.dtype} must share a dtype")
+    if x.dtype != weight.dtype or x.device != weight.device:
+        raise ValueError(f"linear: x ({x.dtype} on {x.device}) and weight ({weight.dtype} on {weight.device}) "
+                         "must share a dtype and a device")
+    if weight.shape[1] == 0:
+        raise ValueError(f"linear: weight {tuple(weight.shape)} has no depth (K = 0)")
     if x.device.type != "cuda" and not interpreted():
         raise ValueError(f"linear: tensors are on {x.device}; the Triton kernels need CUDA tensors "
                          "(CPU tensors only with TRITON_INTERPRET=1 set before import)")
@@ -161,7 +165,7 @@ def linear(x: Tensor, weight: Tensor, *, tiles: LinearTiles = INPUT_TILES) -> Te
         return F.linear(x, weight)
     rows = _rows("x", x, k, "linear")
     y = torch.empty((m, n), dtype=weight.dtype, device=weight.device)
-    span = max(tiles.block_k, triton.next_power_of_2(k))
+    span = triton.cdiv(k, tiles.block_k) * tiles.block_k
     _split_k_kernel[(triton.cdiv(n, tiles.block_n), 1, triton.cdiv(m, BM))](
         rows, rows, weight, weight, y, m, n, k, rows.stride(0), rows.stride(0), weight.stride(0), 0, y.stride(0),
         0.0, SPAN=span, BM=BM, BN=tiles.block_n, BK=tiles.block_k, DV=1, GATED=False, EARLY=tiles.early_weights,

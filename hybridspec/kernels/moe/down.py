@@ -58,10 +58,11 @@ def _first_weights(d_ptr, sd_ptr, ids_ptr, slot_expert_ptr, slot_kpos_ptr, count
                    stride_de, stride_dh, stride_sdh, N, K: tl.constexpr, E: tl.constexpr, I: tl.constexpr,
                    IS: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, NKP: tl.constexpr, KP: tl.constexpr,
                    INLINE: tl.constexpr):
-    """Program row s's expert (e, b_kpos, active, as the kernel finds it) and its first [BH, BK] tile
-    of down weights (the shared expert's in row N·k). Everything read here was written two or more
-    launches back (the router's ids or the slots launch's rows), finished before the previous launch
-    passed its own wait, so it may be read before this kernel's wait."""
+    """Program row s's expert (e, b_kpos, active, as the kernel finds them; e = 0 where inactive) and
+    its first [BH, BK] tile of down weights (the shared expert's in row N·k). Everything read here
+    was written two or more launches back (the router's ids or the slots launch's rows), finished
+    before the previous launch passed its own wait, so it may be read before this kernel's wait
+    (`kernels/pdl.py`)."""
     o_c = tl.arange(0, BK)
     o_m = tl.arange(0, BM)
     routed = i_s < N * K
@@ -69,10 +70,10 @@ def _first_weights(d_ptr, sd_ptr, ids_ptr, slot_expert_ptr, slot_kpos_ptr, count
     if INLINE:
         e, b_kpos, active = assignment_expert(ids_ptr, row, N, FIRST, E, K, BM, NKP, KP)
         active = active & routed
-    else:
+    else:  # rows past the count were never written: not read
         active = routed & (i_s < tl.load(count_ptr))
-        e = tl.load(slot_expert_ptr + row).to(tl.int64)
-        b_kpos = tl.load(slot_kpos_ptr + row * BM + o_m)
+        e = tl.load(slot_expert_ptr + row, mask=active, other=0).to(tl.int64)
+        b_kpos = tl.load(slot_kpos_ptr + row * BM + o_m, mask=tl.where(active, o_m >= 0, False), other=-1)
     e = tl.where(active, e, 0)
     r_ok = tl.where(active, h_ok[:, None] & (o_c < I)[None, :], False)  # [BH, BK]
     s_ok = tl.where(routed, False, h_ok[:, None] & (o_c < IS)[None, :])  # [BH, BK]
