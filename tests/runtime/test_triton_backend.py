@@ -113,6 +113,22 @@ def test_ablation_backend_runs_the_gdn_reference_in_the_resident_round(alternati
     assert result.token_ids == want
 
 
+def _model(request, model: str):
+    """(the triton target, the torch backend's `ar` tokens) of the `pow2` or `alternating` model."""
+    if model == "pow2":
+        return request.getfixturevalue("pow2_target"), request.getfixturevalue("pow2_ar_tokens")
+    return request.getfixturevalue("triton_target"), request.getfixturevalue("torch_ar_tokens")
+
+
+def _full_rounds_emit(target, ar_tokens) -> None:
+    """`full` rounds (every round at w = 16) on each prompt emit the torch backend's `ar` tokens."""
+    for i, (prompt, want) in enumerate(ar_tokens):
+        drafter = ScriptedDrafter(prompt + want, target.cfg.vocab_size, seed=i)
+        result = Engine(target, drafter, max_context=128).generate(
+            prompt, policy=make_policy("full", 15, policy_parameters()), max_new_tokens=NEW_TOKENS)
+        assert result.token_ids == want
+
+
 @pytest.mark.parametrize("model", ["pow2", "alternating"])
 def test_the_input_projections_through_kernels_linear_emit_the_same_tokens(request, model):
     """Every mixer's fused input projection through `kernels/linear`'s `linear` (`in_proj_op`: 16-row
@@ -120,18 +136,12 @@ def test_the_input_projections_through_kernels_linear_emit_the_same_tokens(reque
     rounds still emit the torch backend's `ar` tokens (the 20-token prefill in two row blocks)."""
     from hybridspec.kernels.linear import triton as linear_triton
 
-    prefix = "pow2_" if model == "pow2" else ""
-    torch_ar_tokens = request.getfixturevalue(f"{prefix}ar_tokens" if prefix else "torch_ar_tokens")
-    triton_target = request.getfixturevalue(f"{prefix}target" if prefix else "triton_target")
+    triton_target, ar_tokens = _model(request, model)
     mixers = [layer.linear_attn if layer.is_gdn else layer.self_attn for layer in triton_target.layers]
     for mixer in mixers:
         mixer.in_proj_op = linear_triton.linear
     try:
-        for i, (prompt, want) in enumerate(torch_ar_tokens):
-            drafter = ScriptedDrafter(prompt + want, triton_target.cfg.vocab_size, seed=i)
-            result = Engine(triton_target, drafter, max_context=128).generate(
-                prompt, policy=make_policy("full", 15, policy_parameters()), max_new_tokens=NEW_TOKENS)
-            assert result.token_ids == want
+        _full_rounds_emit(triton_target, ar_tokens)
     finally:
         for mixer in mixers:
             mixer.in_proj_op = torch.nn.functional.linear
@@ -146,19 +156,13 @@ def test_the_out_projection_with_the_norm_emits_the_same_tokens(request, model, 
     included."""
     from hybridspec.kernels.linear import triton as linear_triton
 
-    prefix = "pow2_" if model == "pow2" else ""
-    torch_ar_tokens = request.getfixturevalue(f"{prefix}ar_tokens" if prefix else "torch_ar_tokens")
-    triton_target = request.getfixturevalue(f"{prefix}target" if prefix else "triton_target")
+    triton_target, ar_tokens = _model(request, model)
     for layer in triton_target.layers:
         layer.out_add_norm = linear_triton.linear_add_norm
         if layer.is_gdn:
             layer.linear_attn.fold_gated_norm = fold_gated_norm
     try:
-        for i, (prompt, want) in enumerate(torch_ar_tokens):
-            drafter = ScriptedDrafter(prompt + want, triton_target.cfg.vocab_size, seed=i)
-            result = Engine(triton_target, drafter, max_context=128).generate(
-                prompt, policy=make_policy("full", 15, policy_parameters()), max_new_tokens=NEW_TOKENS)
-            assert result.token_ids == want
+        _full_rounds_emit(triton_target, ar_tokens)
     finally:
         for layer in triton_target.layers:
             layer.out_add_norm = None

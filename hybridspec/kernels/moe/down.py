@@ -101,7 +101,7 @@ def _moe_down_kernel(act_ptr, d_ptr, sd_ptr, ids_ptr, slot_expert_ptr, slot_kpos
             d_ptr, sd_ptr, ids_ptr, slot_expert_ptr, slot_kpos_ptr, count_ptr, i_s, o_h, h_ok, FIRST, stride_de,
             stride_dh, stride_sdh, N, K, E, I, IS, BM, BK, NKP, KP, INLINE)
     else:
-        b_d0 = tl.zeros([BH, BK], dtype=d_ptr.dtype.element_ty)
+        b_d0 = tl.zeros([BH, BK], dtype=d_ptr.dtype.element_ty)  # not read without EARLY
     if USE_GDC:
         wait_then_release()
     if INLINE:  # every program row arrives, whether or not it runs an expert
