@@ -24,7 +24,7 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 `--variants a,b` runs steps 1–4 for each variant on the same loaded model (rows and checks tagged
 `variant`): `shipped`, an op family put back on its PyTorch reference, a switch turned off, or one
 turned on (`VARIANTS`: `prepare-ref`, `no-pdl`, `shared-beside`, `shared-beside-spec`,
-`moe-inline-slots`, `moe-down-early`, `moe-inline-down-early`, `gdn-early-fold`, `router-early`,
+`moe-inline-slots`, `moe-down-early`, `moe-inline-down-early`, `moe-down-columns`, `gdn-early-fold`, `router-early`,
 `in-proj`, `out-add-norm`, `out-add-norm-gated`, `torch-sampling`; `a+b`
 both at once), to measure a kernel or a launch mode against what it replaced side by side in one
 process. `--tp N --layouts columns,experts` loads each
@@ -64,7 +64,7 @@ from hybridspec.kernels.gdn import triton as gdn_triton  # noqa: E402
 from hybridspec.kernels.linear import triton as linear_triton  # noqa: E402
 from hybridspec.kernels.moe import router as moe_router  # noqa: E402
 from hybridspec.kernels.moe import triton as moe_triton  # noqa: E402
-from hybridspec.kernels.moe.tuning import MoETuning  # noqa: E402
+from hybridspec.kernels.moe.tuning import DOWN_COLUMNS, MoETuning  # noqa: E402
 from hybridspec.runtime import resident  # noqa: E402
 from hybridspec.runtime.engine import Engine  # noqa: E402
 from hybridspec.runtime.layers.attention import GatedAttention  # noqa: E402
@@ -105,6 +105,8 @@ VARIANTS = {
     "moe-down-early": {moe_triton: {"MOE_TUNING": {64: MoETuning(down_early_weights=True)}}},
     "moe-inline-down-early": {moe_triton: {"MOE_TUNING": {64: MoETuning(inline_slots=True,
                                                                         down_early_weights=True)}}},
+    # the MoE's down half by column tile for calls of up to two tokens (`kernels/moe/down_columns.py`)
+    "moe-down-columns": {moe_triton: {"MOE_TUNING": {2: DOWN_COLUMNS, 64: MoETuning()}}},
     # the recurrent GDN verification reads its state and folds the pending commit before the PDL wait
     "gdn-early-fold": {GatedDeltaNet: {"_verify": _early_fold_verify}},
     # the mixers' out-projection, residual add and post-attention norm in two launches (`kernels/linear`)

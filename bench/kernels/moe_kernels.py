@@ -26,6 +26,7 @@ Phases, each printed as it runs and written to OUT/moe_kernels.json and .md:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import importlib
 import platform
@@ -47,7 +48,7 @@ from hybridspec.kernels.moe import triton as moe_triton
 from hybridspec.kernels.moe.down import column_tiles
 from hybridspec.kernels.moe.gate_up import launch_gate_up
 from hybridspec.kernels.moe.routing import expert_slots, workspace_size
-from hybridspec.kernels.moe.tuning import MOE_TUNING, MoETuning, tuning_for
+from hybridspec.kernels.moe.tuning import DOWN_COLUMNS, MOE_TUNING, MoETuning, tuning_for
 from hybridspec.runtime.policies import make_policy
 from hybridspec.runtime.session import open_session
 
@@ -58,10 +59,16 @@ MODELS = {  # name: (E, k, hidden, moe_intermediate, shared_intermediate)
 }
 LENGTHS = (1, 2, 4, 8, 12, 16)
 DISTINCT = (8, 16, 32, 48, 64, 80, 96, 112, 128)
-SWEEP = {  # tuning variants timed beside the shipped table (name: MoETuning applied at every T)
-    "inline slots": MoETuning(inline_slots=True),
-    "down early": MoETuning(down_early_weights=True),
-    "inline slots + down early": MoETuning(inline_slots=True, down_early_weights=True),
+SWEEP = {  # tuning tables timed beside the shipped one (name: {largest T of a row: MoETuning})
+    "inline slots": {64: MoETuning(inline_slots=True)},
+    "down early": {64: MoETuning(down_early_weights=True)},
+    "inline slots + down early": {64: MoETuning(inline_slots=True, down_early_weights=True)},
+    # the down half by column tile for calls of up to 2 or 4 tokens, the shipped kernels beyond
+    "down columns T<=2": {2: DOWN_COLUMNS, 64: MoETuning()},
+    "down columns T<=4": {4: DOWN_COLUMNS, 64: MoETuning()},
+    "down columns k128 T<=2": {2: dataclasses.replace(DOWN_COLUMNS, down_bk=128, down_stages=8), 64: MoETuning()},
+    "inline slots + down columns T<=2": {2: dataclasses.replace(DOWN_COLUMNS, inline_slots=True),
+                                         64: MoETuning(inline_slots=True)},
 }
 
 
@@ -339,7 +346,7 @@ def main(argv=None) -> int:
     impls["hybridspec[routed only]"] = ours(shared=False)  # SGLang's kernel's work: the routed experts
     impls["torch_loop"] = torch_loop
     if args.sweep:
-        impls.update({f"hybridspec[{name}]": ours({64: t}) for name, t in SWEEP.items()})
+        impls.update({f"hybridspec[{name}]": ours(table) for name, table in SWEEP.items()})
         impls.update({"hybridspec[slots]": ours_part(1), "hybridspec[slots+gate_up]": ours_part(2),
                       "hybridspec[slots+gate_up, routed only]": ours_part(2, shared=False)})
     bandwidth = copy_bandwidth(samples=10)

@@ -4,7 +4,8 @@ Three launches per call of at most 64 tokens, none reading the host and each wit
 (N, k): `routing.expert_slots` finds the distinct experts on the device, `gate_up` runs each
 distinct expert's gate and up projections once for all its tokens, `down` sums every token's
 weighted expert outputs and the shared expert's. With `MoETuning.inline_slots` the two expert
-kernels find their experts from the ids themselves, two launches per call. Longer calls (prefill)
+kernels find their experts from the ids themselves, two launches per call; with
+`MoETuning.down_columns` the down half runs by column tile (`down_columns.py`). Longer calls (prefill)
 run in 64-token pieces.
 Accumulation is fp32; bf16 weights use bf16 tensor-core products, fp32 weights IEEE fp32 ones.
 """
@@ -18,6 +19,7 @@ from torch import Tensor
 from hybridspec.kernels.interpreter import interpreted
 from hybridspec.kernels.moe.checks import SharedExpert, check_moe_args
 from hybridspec.kernels.moe.down import column_tiles, launch_down
+from hybridspec.kernels.moe.down_columns import launch_down_columns
 from hybridspec.kernels.moe.gate_up import launch_gate_up
 from hybridspec.kernels.moe.routing import expert_slots, workspace_size
 from hybridspec.kernels.moe.tuning import MOE_TUNING, tuning_for
@@ -72,4 +74,7 @@ def _moe_piece(x, ids, weights, gate_up, down, shared, out, tuning, first_expert
         slots = expert_slots(ids, workspace, gate_up.shape[0], block_m, tiles, first_expert)
     act = torch.empty((n, k + 1, max(i, i_s)), dtype=x.dtype, device=x.device)  # [N, k + 1, max(I, Is)]
     launch_gate_up(x, ids, weights, gate_up, shared, slots, act, block_m, tuning, interpreted(), first_expert)
-    launch_down(act, down, shared, ids, slots, out, block_m, tuning, interpreted(), first_expert)
+    if tuning.down_columns:
+        launch_down_columns(act, down, shared, ids, out, block_m, tuning, interpreted(), first_expert)
+    else:
+        launch_down(act, down, shared, ids, slots, out, block_m, tuning, interpreted(), first_expert)
