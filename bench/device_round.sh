@@ -16,7 +16,7 @@
 #   the norm (bench/kernels/out_add_norm.py); the round step runs it in whole passes (`out-add-norm`).
 # tp1: the tensor-parallel code path on one GPU (an NCCL process group of one rank), greedy `ar`
 #   and `full`; its exactness rows' token hashes compare with the round step's (no process group).
-# rest: tests, linear, moe, tp1 and sampled in one call (round is a call of its own). The logs print every
+# rest: tests, linear, moe and tp1 in one call (round, round2 and sampled are calls of their own). The logs print every
 # row as it is measured, and gpu_round.py rewrites its JSON after each variant.
 set -u
 OUT=$(realpath -m "${1:?usage: bash bench/device_round.sh OUT [round|round2|rest|sampled|moe|tests|linear|tp1]}")
@@ -26,7 +26,7 @@ LINEAR_MODELS=35b,122b ROUND_CAP=0 ROUND2_CAP=0 SAMPLED_CAP=0 MOE_CAP=0 TESTS_CA
 case "$STEP" in
   round) ROUND_CAP="$CAP" ;;
   round2) ROUND2_CAP="$CAP" ;;
-  rest) TESTS_CAP=150 LINEAR_CAP=70 LINEAR_MODELS=35b MOE_CAP=60 TP1_CAP=150 SAMPLED_CAP=150 ;;
+  rest) TESTS_CAP=150 LINEAR_CAP=60 LINEAR_MODELS=35b MOE_CAP=150 TP1_CAP=150 ;;
   linear) LINEAR_CAP="$CAP" ;;
   tp1) TP1_CAP="$CAP" ;;
   sampled) SAMPLED_CAP="$CAP" ;;
@@ -54,8 +54,8 @@ if [ "$ROUND2_CAP" -gt 0 ]; then
   round round2 "$ROUND2_CAP" --variants shipped,shared-beside-spec,router-early,in-proj,out-add-norm-gated+moe-inline-down-early+gdn-early-fold+in-proj+router-early
 fi
 if [ "$TESTS_CAP" -gt 0 ]; then
-  timeout "$TESTS_CAP" python3 -m pytest -m gpu tests/gpu/test_gdn_early_fold.py tests/gpu/test_linear.py \
-    tests/gpu/test_norm.py tests/gpu/test_moe.py tests/gpu/test_router.py tests/gpu/test_pdl.py tests/gpu/test_graph_exactness.py \
+  timeout "$TESTS_CAP" python3 -m pytest -m gpu tests/gpu/test_moe.py tests/gpu/test_gdn_early_fold.py \
+    tests/gpu/test_linear.py tests/gpu/test_norm.py tests/gpu/test_router.py tests/gpu/test_pdl.py tests/gpu/test_graph_exactness.py \
     tests/gpu/test_sampling.py -q -p no:cacheprovider \
     > "$OUT/gpu_tests.log" 2>&1
   echo "gpu tests rc $?"

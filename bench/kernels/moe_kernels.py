@@ -59,6 +59,7 @@ MODELS = {  # name: (E, k, hidden, moe_intermediate, shared_intermediate)
 }
 LENGTHS = (1, 2, 4, 8, 12, 16)
 DISTINCT = (8, 16, 32, 48, 64, 80, 96, 112, 128)
+GATE_UP_DEEP = MoETuning(gate_up_bk=128, gate_up_stages=5)
 SWEEP = {  # tuning tables timed beside the shipped one (name: {largest T of a row: MoETuning})
     "inline slots": {64: MoETuning(inline_slots=True)},
     "down early": {64: MoETuning(down_early_weights=True)},
@@ -69,6 +70,12 @@ SWEEP = {  # tuning tables timed beside the shipped one (name: {largest T of a r
     "down columns k128 T<=2": {2: dataclasses.replace(DOWN_COLUMNS, down_bk=128, down_stages=8), 64: MoETuning()},
     "inline slots + down columns T<=2": {2: dataclasses.replace(DOWN_COLUMNS, inline_slots=True),
                                          64: MoETuning(inline_slots=True)},
+    # deeper pipelines: three steps of weights in flight per program instead of one
+    "gate_up k128 s5": {64: GATE_UP_DEEP},
+    "gate_up k64 s8": {64: MoETuning(gate_up_bk=64, gate_up_stages=8)},
+    "down s5": {64: MoETuning(down_stages=5)},
+    "gate_up k128 s5 + down columns T<=2": {2: dataclasses.replace(DOWN_COLUMNS, gate_up_bk=128, gate_up_stages=5),
+                                            64: GATE_UP_DEEP},
 }
 
 

@@ -15,8 +15,8 @@ tokens that share experts read them again: the tuning table gives this kernel sm
 Each product is the [BM, BH] tile product of `down.py` with the token's row at its own row n and
 the other rows zero (rows of a tile product do not mix), accumulated from zero in steps of BK (the
 tensor cores chain a step's 16-deep slices in order, so a wider step than `down.py`'s gives the
-same bits; `tests/gpu/test_moe.py` checks both widths); rows of experts held elsewhere (expert parallelism) add a zero, as the masked loads of
-`down.py`'s sum do. With `down_early_weights` the first token's first weight tile is read before
+same bits; `tests/gpu/test_moe.py` checks both widths); rows of experts held elsewhere (expert
+parallelism) add a zero, as the masked loads of `down.py`'s sum do. With `down_early_weights` the first token's first weight tile is read before
 the programmatic-dependent-launch wait (the ids were written two launches back).
 
     act [N, k + 1, max(I, Is)]   down [E, H, I]   shared down [H, Is]   ids [N, k]   out [N, H]
@@ -54,8 +54,8 @@ def _expert_rows(d_ptr, sd_ptr, b_ids, n, j, o_h, FIRST, stride_de, stride_dh, s
 def _moe_down_columns_kernel(act_ptr, d_ptr, sd_ptr, ids_ptr, out_ptr, FIRST, stride_an, stride_ak, stride_de,
                              stride_dh, stride_sdh, stride_on, N, K: tl.constexpr, E: tl.constexpr,
                              H: tl.constexpr, I: tl.constexpr, IS: tl.constexpr, BM: tl.constexpr,
-                             BH: tl.constexpr, BK: tl.constexpr, NKP: tl.constexpr, EARLY: tl.constexpr, PRECISION: tl.constexpr,
-                             WIDEN: tl.constexpr, USE_GDC: tl.constexpr):
+                             BH: tl.constexpr, BK: tl.constexpr, NKP: tl.constexpr, EARLY: tl.constexpr,
+                             PRECISION: tl.constexpr, WIDEN: tl.constexpr, USE_GDC: tl.constexpr):
     i_t = tl.program_id(0)
     o_m = tl.arange(0, BM)
     o_h = i_t * BH + tl.arange(0, BH)
