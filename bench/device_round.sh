@@ -48,7 +48,7 @@ round() {  # name cap extra-arguments...
   grep -E "^  (decode .*graph|verify|round|counts .*graph|exactness)" "$OUT/$name.log" | cut -c1-220
 }
 if [ "$ROUND_CAP" -gt 0 ]; then
-  round round "$ROUND_CAP" --variants shipped,moe-down-columns,out-add-norm-gated,moe-inline-slots,gdn-early-fold,moe-down-early
+  round round "$ROUND_CAP" --variants shipped,moe-down-columns,out-add-norm-gated,moe-gate-up-deep,gdn-early-fold,moe-inline-slots
 fi
 if [ "$ROUND2_CAP" -gt 0 ]; then
   round round2 "$ROUND2_CAP" --variants shipped,shared-beside-spec,router-early,in-proj,out-add-norm-gated+moe-inline-down-early+gdn-early-fold+in-proj+router-early
