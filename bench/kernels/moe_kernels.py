@@ -73,7 +73,7 @@ SWEEP = {  # tuning tables timed beside the shipped one (name: {largest T of a r
     # deeper pipelines: three steps of weights in flight per program instead of one
     "gate_up k128 s5": {64: GATE_UP_DEEP},
     "gate_up k64 s8": {64: MoETuning(gate_up_bk=64, gate_up_stages=8)},
-    "down s5": {64: MoETuning(down_stages=5)},
+    "down s4": {64: MoETuning(down_stages=4)},
     "gate_up k128 s5 + down columns T<=2": {2: dataclasses.replace(DOWN_COLUMNS, gate_up_bk=128, gate_up_stages=5),
                                             64: GATE_UP_DEEP},
 }
