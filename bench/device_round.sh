@@ -16,23 +16,26 @@
 #   the norm (bench/kernels/out_add_norm.py); the round step runs it in whole passes (`out-add-norm`).
 # tp1: the tensor-parallel code path on one GPU (an NCCL process group of one rank), greedy `ar`
 #   and `full`; its exactness rows' token hashes compare with the round step's (no process group).
+# moe-first: the MoE GPU tests, the MoE sweep at T = 1, 2, 4 and the round with the two MoE changes
+#   (alone and together) and out-add-norm-gated, in one call (for a session with device time for one).
 # rest: tests, linear, moe and tp1 in one call (round, round2 and sampled are calls of their own). The logs print every
 # row as it is measured, and gpu_round.py rewrites its JSON after each variant.
 set -u
 OUT=$(realpath -m "${1:?usage: bash bench/device_round.sh OUT [round|round2|rest|sampled|moe|tests|linear|tp1]}")
 STEP=${2:-round}
 CAP=${3:-590}
-LINEAR_MODELS=35b,122b ROUND_CAP=0 ROUND2_CAP=0 SAMPLED_CAP=0 MOE_CAP=0 TESTS_CAP=0 TP1_CAP=0 LINEAR_CAP=0
+LINEAR_MODELS=35b,122b MOE_LENGTHS=1,2,4,16 MOE_FIRST_CAP=0 ROUND_CAP=0 ROUND2_CAP=0 SAMPLED_CAP=0 MOE_CAP=0 TESTS_CAP=0 TP1_CAP=0 LINEAR_CAP=0
 case "$STEP" in
   round) ROUND_CAP="$CAP" ;;
   round2) ROUND2_CAP="$CAP" ;;
   rest) TESTS_CAP=150 LINEAR_CAP=60 LINEAR_MODELS=35b MOE_CAP=150 TP1_CAP=150 ;;
+  moe-first) TESTS_CAP=80 TESTS=tests/gpu/test_moe.py MOE_CAP=110 MOE_LENGTHS=1,2,4 MOE_FIRST_CAP=$((CAP - 200)) ;;
   linear) LINEAR_CAP="$CAP" ;;
   tp1) TP1_CAP="$CAP" ;;
   sampled) SAMPLED_CAP="$CAP" ;;
   moe) MOE_CAP="$CAP" ;;
   tests) TESTS_CAP="$CAP" ;;
-  *) echo "device_round.sh: step must be round, round2, rest, sampled, moe, tests, linear or tp1, not '$STEP'" >&2; exit 2 ;;
+  *) echo "device_round.sh: step must be round, round2, rest, moe-first, sampled, moe, tests, linear or tp1, not '$STEP'" >&2; exit 2 ;;
 esac
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export TRITON_INTERPRET=0  # compiled kernels (tests/conftest.py would ask for the interpreter)
@@ -54,9 +57,9 @@ if [ "$ROUND2_CAP" -gt 0 ]; then
   round round2 "$ROUND2_CAP" --variants shipped,shared-beside-spec,router-early,in-proj,out-add-norm-gated+moe-inline-down-early+gdn-early-fold+in-proj+router-early
 fi
 if [ "$TESTS_CAP" -gt 0 ]; then
-  timeout "$TESTS_CAP" python3 -m pytest -m gpu tests/gpu/test_moe.py tests/gpu/test_gdn_early_fold.py \
+  timeout "$TESTS_CAP" python3 -m pytest -m gpu ${TESTS:-tests/gpu/test_moe.py tests/gpu/test_gdn_early_fold.py \
     tests/gpu/test_linear.py tests/gpu/test_norm.py tests/gpu/test_router.py tests/gpu/test_pdl.py tests/gpu/test_graph_exactness.py \
-    tests/gpu/test_sampling.py -q -p no:cacheprovider \
+    tests/gpu/test_sampling.py} -q -p no:cacheprovider \
     > "$OUT/gpu_tests.log" 2>&1
   echo "gpu tests rc $?"
   tail -12 "$OUT/gpu_tests.log"
@@ -70,9 +73,12 @@ fi
 if [ "$MOE_CAP" -gt 0 ]; then
   mkdir -p "$OUT/moe"
   (cd bench/kernels && timeout "$MOE_CAP" python3 moe_kernels.py --out "$OUT/moe" --models 35b --sweep --no-runtime \
-    --no-sglang --quick --lengths 1,2,4,16 > "$OUT/moe.log" 2>&1)
+    --no-sglang --quick --lengths "$MOE_LENGTHS" > "$OUT/moe.log" 2>&1)
   echo "moe_kernels rc $?"
   [ -f "$OUT/moe/moe_kernels.md" ] && sed -n '/random routing/,/^## η/p' "$OUT/moe/moe_kernels.md"
+fi
+if [ "$MOE_FIRST_CAP" -gt 0 ]; then
+  round moe-first "$MOE_FIRST_CAP" --variants shipped,moe-down-columns,moe-gate-up-deep,moe-down-columns+moe-gate-up-deep,out-add-norm-gated
 fi
 if [ "$TP1_CAP" -gt 0 ]; then
   round tp1 "$TP1_CAP" --tp 1 --no-verification
