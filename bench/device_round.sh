@@ -16,8 +16,8 @@
 #   the norm (bench/kernels/out_add_norm.py); the round step runs it in whole passes (`out-add-norm`).
 # tp1: the tensor-parallel code path on one GPU (an NCCL process group of one rank), greedy `ar`
 #   and `full`; its exactness rows' token hashes compare with the round step's (no process group).
-# moe-first: the MoE GPU tests, the MoE sweep at T = 1, 2, 4 and the round with the two MoE changes
-#   (alone and together) and out-add-norm-gated, in one call (for a session with device time for one).
+# moe-first: the MoE GPU tests, the MoE sweep at T = 1, 2, 4 and the round with the three MoE changes
+#   (alone and together), in one call (for a session with device time for one).
 # rest: tests, linear, moe and tp1 in one call (round, round2 and sampled are calls of their own). The logs print every
 # row as it is measured, and gpu_round.py rewrites its JSON after each variant.
 set -u
@@ -78,7 +78,7 @@ if [ "$MOE_CAP" -gt 0 ]; then
   [ -f "$OUT/moe/moe_kernels.md" ] && sed -n '/random routing/,/^## η/p' "$OUT/moe/moe_kernels.md"
 fi
 if [ "$MOE_FIRST_CAP" -gt 0 ]; then
-  round moe-first "$MOE_FIRST_CAP" --variants shipped,moe-down-columns,moe-gate-up-deep,moe-down-columns+moe-gate-up-deep,out-add-norm-gated
+  round moe-first "$MOE_FIRST_CAP" --variants shipped,moe-down-columns,moe-gate-up-deep,moe-shared-early,moe-columns-deep-shared
 fi
 if [ "$TP1_CAP" -gt 0 ]; then
   round tp1 "$TP1_CAP" --tp 1 --no-verification

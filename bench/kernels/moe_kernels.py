@@ -76,6 +76,11 @@ SWEEP = {  # tuning tables timed beside the shipped one (name: {largest T of a r
     "down s4": {64: MoETuning(down_stages=4)},
     "gate_up k128 s5 + down columns T<=2": {2: dataclasses.replace(DOWN_COLUMNS, gate_up_bk=128, gate_up_stages=5),
                                             64: GATE_UP_DEEP},
+    # the shared expert's gate_up programs compute before the PDL wait, beside the router and slots
+    "shared early": {64: MoETuning(gate_up_shared_early=True)},
+    "shared early + gate_up k128 s5 + down columns T<=2": {
+        2: dataclasses.replace(DOWN_COLUMNS, gate_up_bk=128, gate_up_stages=5, gate_up_shared_early=True),
+        64: dataclasses.replace(GATE_UP_DEEP, gate_up_shared_early=True)},
 }
 
 

@@ -59,13 +59,15 @@ COLUMNS = {"down_columns": True, "down_bh": 16, "down_stages": 4}
                                       {"inline_slots": True, "down_early_weights": True},
                                       {**COLUMNS, "down_bk": 512, "down_early_weights": True},
                                       {**COLUMNS, "down_bk": 128, "inline_slots": True},
-                                      {"gate_up_bk": 128, "gate_up_stages": 5}, {"down_stages": 4}])
+                                      {"gate_up_bk": 128, "gate_up_stages": 5}, {"down_stages": 4},
+                                      {"gate_up_shared_early": True}])
 @pytest.mark.parametrize("n", [1, 4, 40])
 def test_tuning_switches_equal_the_shipped_launches_in_a_graph_on_the_gpu(n, switches):
     """`MoETuning.inline_slots`, `down_early_weights`, `down_columns` (with the step width of the
-    shipped down kernel and four times it) and deeper pipelines (gate_up in steps of half the
-    shipped width) compiled at the 35B shapes (PDL on where the GPU has it): bit for bit the shipped
-    launches' result, eager and replayed in a CUDA graph, with no host read."""
+    shipped down kernel and four times it), deeper pipelines (gate_up in steps of half the shipped
+    width) and the shared expert's gate_up products before the wait, compiled at the 35B shapes
+    (PDL on where the GPU has it): bit for bit the shipped launches' result, eager and replayed in
+    a CUDA graph, with no host read."""
     from hybridspec.kernels.moe.tuning import MoETuning
 
     e, k, h, i, i_s = SHAPES["35b"]

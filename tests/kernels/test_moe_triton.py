@@ -200,6 +200,27 @@ def test_down_early_weights_expert_parallel_parts(inline):
     assert not got[2].any() and not got[3].any()
 
 
+@pytest.mark.parametrize("inline", [False, True])
+@pytest.mark.parametrize("name, shape, route, dtype", [
+    ("one-token", (1, 2, 16, 48, 24, 40), {}, torch.float32),
+    ("k8-E256-bf16", (16, 8, 256, 64, 32, 32), {}, torch.bfloat16),
+    ("shared-narrower", (3, 8, 64, 48, 40, 16), {}, torch.bfloat16),
+    ("shared-wider-16-tiles", (2, 4, 32, 40, 40, 48), {}, torch.bfloat16),
+    ("no-shared", (5, 2, 16, 40, 48, 0), {}, torch.bfloat16),
+])
+def test_gate_up_shared_early_equals_the_shipped_launches_bit_for_bit(inline, name, shape, route, dtype):
+    """`MoETuning.gate_up_shared_early`: the shared expert's programs form their products before the
+    wait and store after it; the routed programs as shipped: bit for bit the shipped result (tiles
+    of 16 × 16 as well, several steps and column tiles), on NaN-poisoned memory."""
+    args = moe_inputs(*shape, dtype=dtype, **route)
+    for small in ({}, dict(gate_up_bn=16, gate_up_bk=16)):
+        with poisoned_allocations():
+            want = moe_triton.moe_experts(**args, tuning={64: MoETuning(inline_slots=inline, **small)})
+            got = moe_triton.moe_experts(**args, tuning={64: MoETuning(inline_slots=inline, gate_up_shared_early=True,
+                                                                       **small)})
+        assert torch.isfinite(want).all() and torch.equal(got, want), (name, small)
+
+
 def test_inline_slots_read_nothing_back():
     args = moe_inputs(4, 8, 64, 48, 32, 32, dtype=torch.bfloat16)
     with NoHostRead():

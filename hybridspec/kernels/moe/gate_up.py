@@ -6,7 +6,10 @@ expert's tokens fit one [BM, BK] tile and its weights are read once), columns t�
 its intermediate width; programs s in count..N·k−1 return at once (the grid depends on N and k
 only). With `inline_slots` row s runs assignment s's expert where s is its first assignment
 (`tiles.assignment_expert`), and program (0, 0) zeroes the down kernel's arrival counters.
-Program s = N·k runs the shared expert on every token and scales it by sigmoid(x · gate_weight).
+Program s = N·k runs the shared expert on every token and scales it by sigmoid(x · gate_weight);
+with `gate_up_shared_early` it forms those products before the programmatic-dependent-launch wait
+(it reads the weights and x only, and x was written two or more launches back: the MoE input's norm
+comes before the router), while the router and the slots launch still run, and stores after it.
 Each result row is scaled by its routing weight and stored at act[n, j] (j: the token's position
 among its k experts; the shared expert's at j = k), in the weights' dtype, for the down kernel to
 sum.
@@ -65,19 +68,40 @@ def _store_act(act_ptr, acc_g, acc_u, scale, o_m, b_kpos, m_ok, o_n, n_ok, strid
 
 
 @triton.jit
+def _shared_products(p_x, sg_ptr, su_ptr, sgw_ptr, o_n, o_c, m_ok, stride_sgn, stride_sun, H: tl.constexpr,
+                     IS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                     PRECISION: tl.constexpr, WIDEN: tl.constexpr):
+    """The shared expert's [BM, BN] gate and up products for every token and its [BM] output scale."""
+    p_g = sg_ptr + o_n[:, None] * stride_sgn + o_c[None, :]
+    p_u = su_ptr + o_n[:, None] * stride_sun + o_c[None, :]
+    acc_g, acc_u = gated_products(p_x, p_g, p_u, m_ok, o_n < IS, H, BM, BN, BK, PRECISION, WIDEN)
+    return acc_g, acc_u, shared_gate(p_x, sgw_ptr, m_ok, H, BM, BK)
+
+
+@triton.jit
 def _moe_gate_up_kernel(x_ptr, rw_ptr, gu_ptr, sg_ptr, su_ptr, sgw_ptr, ids_ptr, slot_expert_ptr, slot_kpos_ptr,
                         count_ptr, arrivals_ptr, act_ptr, FIRST, stride_xn, stride_ge, stride_gn, stride_sgn,
                         stride_sun, stride_an, stride_ak, N, TILES, E: tl.constexpr, K: tl.constexpr,
                         H: tl.constexpr, I: tl.constexpr, IS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                         BK: tl.constexpr, NKP: tl.constexpr, KP: tl.constexpr, TP: tl.constexpr,
-                        INLINE: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr, USE_GDC: tl.constexpr):
-    if USE_GDC:
-        wait_then_release()
+                        INLINE: tl.constexpr, SHARED_EARLY: tl.constexpr, PRECISION: tl.constexpr,
+                        WIDEN: tl.constexpr, USE_GDC: tl.constexpr):
     i_s, i_t = tl.program_id(0), tl.program_id(1)
     o_m = tl.arange(0, BM)
     o_n = i_t * BN + tl.arange(0, BN)
     o_c = tl.arange(0, BK)
+    m_ok = o_m < N
     p_x = x_ptr + o_m[:, None] * stride_xn + o_c[None, :]
+    if SHARED_EARLY:  # the shared expert reads weights and x only, so its products run before the wait
+        if i_s >= N * K:
+            s_g, s_u, s_scale = _shared_products(p_x, sg_ptr, su_ptr, sgw_ptr, o_n, o_c, m_ok, stride_sgn,
+                                                 stride_sun, H, IS, BM, BN, BK, PRECISION, WIDEN)
+        else:
+            s_g = tl.zeros([BM, BN], dtype=tl.float32)
+            s_u = tl.zeros([BM, BN], dtype=tl.float32)
+            s_scale = tl.zeros([BM], dtype=tl.float32)
+    if USE_GDC:
+        wait_then_release()  # nothing is stored before this point
     if INLINE:
         if (i_s == 0) & (i_t == 0):  # the down kernel's arrival counters, zeroed before it starts
             o_r = tl.arange(0, TP)
@@ -99,14 +123,11 @@ def _moe_gate_up_kernel(x_ptr, rw_ptr, gu_ptr, sg_ptr, su_ptr, sgw_ptr, ids_ptr,
             b_w = tl.load(rw_ptr + o_m * K + b_kpos, mask=hit, other=0.0).to(tl.float32)  # [BM]
             _store_act(act_ptr, acc_g, acc_u, b_w, o_m, b_kpos, hit, o_n, n_ok, stride_an, stride_ak)
     else:
-        m_ok = o_m < N
-        n_ok = o_n < IS
-        p_g = sg_ptr + o_n[:, None] * stride_sgn + o_c[None, :]
-        p_u = su_ptr + o_n[:, None] * stride_sun + o_c[None, :]
-        acc_g, acc_u = gated_products(p_x, p_g, p_u, m_ok, n_ok, H, BM, BN, BK, PRECISION, WIDEN)
+        if not SHARED_EARLY:
+            s_g, s_u, s_scale = _shared_products(p_x, sg_ptr, su_ptr, sgw_ptr, o_n, o_c, m_ok, stride_sgn,
+                                                 stride_sun, H, IS, BM, BN, BK, PRECISION, WIDEN)
         b_kpos = tl.full([BM], K, dtype=tl.int32)
-        _store_act(act_ptr, acc_g, acc_u, shared_gate(p_x, sgw_ptr, m_ok, H, BM, BK), o_m, b_kpos, m_ok, o_n, n_ok,
-                   stride_an, stride_ak)
+        _store_act(act_ptr, s_g, s_u, s_scale, o_m, b_kpos, m_ok, o_n, o_n < IS, stride_an, stride_ak)
 
 
 def launch_gate_up(x, ids, weights, gate_up, shared, slots, act, block_m: int, tuning, widen: bool,
@@ -134,5 +155,6 @@ def launch_gate_up(x, ids, weights, gate_up, shared, slots, act, block_m: int, t
         N=n, TILES=arrivals.numel(), E=gate_up.shape[0], K=k, H=x.shape[1], I=i, IS=i_s, BM=block_m, BN=bn, BK=bk,
         NKP=triton.next_power_of_2(block_m * k), KP=triton.next_power_of_2(k),
         TP=max(2, triton.next_power_of_2(arrivals.numel())), INLINE=tuning.inline_slots,
+        SHARED_EARLY=tuning.gate_up_shared_early and shared is not None,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32", WIDEN=widen,
         num_warps=tuning.gate_up_warps, num_stages=tuning.gate_up_stages, **pdl.options(x))

@@ -15,7 +15,9 @@ class MoETuning:
     and every row arrives at the down kernel's counters (the same products and sums, one launch
     fewer). down_early_weights: each down program finds its expert and reads its first weight tile
     before the programmatic-dependent-launch wait, during the gate_up launch (the same products).
-    down_columns: the down half by column tile (`down_columns.py`: one program per BH output
+    gate_up_shared_early: the gate_up launch's shared-expert programs form their products before the
+    programmatic-dependent-launch wait (they read weights and x only) and store after it (the same
+    products). down_columns: the down half by column tile (`down_columns.py`: one program per BH output
     columns walking each token's experts, no rows of y and no last arrival; the same products and
     sums), for the small calls whose rows of the table set it."""
 
@@ -30,6 +32,7 @@ class MoETuning:
     inline_slots: bool = False
     down_early_weights: bool = False
     down_columns: bool = False
+    gate_up_shared_early: bool = False
 
     def __post_init__(self):
         for name in ("gate_up_bn", "gate_up_bk", "down_bh", "down_bk"):
