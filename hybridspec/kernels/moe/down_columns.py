@@ -16,8 +16,9 @@ Each product is the [BM, BH] tile product of `down.py` with the token's row at i
 the other rows zero (rows of a tile product do not mix), accumulated from zero in steps of BK (the
 tensor cores chain a step's 16-deep slices in order, so a wider step than `down.py`'s gives the
 same bits; `tests/gpu/test_moe.py` checks both widths); rows of experts held elsewhere (expert
-parallelism) add a zero, as the masked loads of `down.py`'s sum do. With `down_early_weights` the first token's first weight tile is read before
-the programmatic-dependent-launch wait (the ids were written two launches back).
+parallelism) add a zero, as the masked loads of `down.py`'s sum do. The call's ids are read before
+the programmatic-dependent-launch wait (the router wrote them two or more launches back), and with
+`down_early_weights` the first token's first weight tile too.
 
     act [N, k + 1, max(I, Is)]   down [E, H, I]   shared down [H, Is]   ids [N, k]   out [N, H]
 """
@@ -65,7 +66,7 @@ def _moe_down_columns_kernel(act_ptr, d_ptr, sd_ptr, ids_ptr, out_ptr, FIRST, st
     SHARED_STEPS: tl.constexpr = (IS + BK - 1) // BK  # and of the shared expert (0 without one)
     PER_TOKEN: tl.constexpr = K * STEPS + SHARED_STEPS
     o_a = tl.arange(0, NKP)
-    b_ids = tl.load(ids_ptr + o_a, mask=o_a < N * K, other=0).to(tl.int64)  # [NKP] the ids, two launches old
+    b_ids = tl.load(ids_ptr + o_a, mask=o_a < N * K, other=0).to(tl.int64)  # [NKP] written two launches back
     p_d0, depth0 = _expert_rows(d_ptr, sd_ptr, b_ids, 0, 0, o_h, FIRST, stride_de, stride_dh, stride_sdh, K, E, I, IS,
                                 NKP)
     d_ok0 = h_ok[:, None] & (o_c < depth0)[None, :]  # [BH, BK]
