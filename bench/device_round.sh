@@ -16,20 +16,21 @@
 #   the norm (bench/kernels/out_add_norm.py); the round step runs it in whole passes (`out-add-norm`).
 # tp1: the tensor-parallel code path on one GPU (an NCCL process group of one rank), greedy `ar`
 #   and `full`; its exactness rows' token hashes compare with the round step's (no process group).
-# moe-first: the MoE GPU tests, the MoE sweep at T = 1, 2, 4 and the round with the three MoE changes
-#   (alone and together), in one call (for a session with device time for one).
+# moe-first: the MoE sweep at T = 1, 2, 4 (each variant checked against fp32 first), the round with
+#   the three MoE changes alone and together (each checked graph against host path), then the MoE
+#   GPU tests (bit for bit against the shipped launches), in one call (for a session with device time for one).
 # rest: tests, linear, moe and tp1 in one call (round, round2 and sampled are calls of their own). The logs print every
 # row as it is measured, and gpu_round.py rewrites its JSON after each variant.
 set -u
 OUT=$(realpath -m "${1:?usage: bash bench/device_round.sh OUT [round|round2|rest|sampled|moe|tests|linear|tp1]}")
 STEP=${2:-round}
 CAP=${3:-590}
-LINEAR_MODELS=35b,122b MOE_LENGTHS=1,2,4,16 MOE_FIRST_CAP=0 ROUND_CAP=0 ROUND2_CAP=0 SAMPLED_CAP=0 MOE_CAP=0 TESTS_CAP=0 TP1_CAP=0 LINEAR_CAP=0
+LINEAR_MODELS=35b,122b MOE_LENGTHS=1,2,4,16 MOE_FIRST_CAP=0 TESTS_LAST_CAP=0 ROUND_CAP=0 ROUND2_CAP=0 SAMPLED_CAP=0 MOE_CAP=0 TESTS_CAP=0 TP1_CAP=0 LINEAR_CAP=0
 case "$STEP" in
   round) ROUND_CAP="$CAP" ;;
   round2) ROUND2_CAP="$CAP" ;;
   rest) TESTS_CAP=150 LINEAR_CAP=60 LINEAR_MODELS=35b MOE_CAP=150 TP1_CAP=150 ;;
-  moe-first) TESTS_CAP=80 TESTS=tests/gpu/test_moe.py MOE_CAP=110 MOE_LENGTHS=1,2,4 MOE_FIRST_CAP=$((CAP - 200)) ;;
+  moe-first) TESTS_LAST_CAP=80 TESTS=tests/gpu/test_moe.py MOE_CAP=110 MOE_LENGTHS=1,2,4 MOE_FIRST_CAP=$((CAP - 200)) ;;
   linear) LINEAR_CAP="$CAP" ;;
   tp1) TP1_CAP="$CAP" ;;
   sampled) SAMPLED_CAP="$CAP" ;;
@@ -50,6 +51,14 @@ round() {  # name cap extra-arguments...
   echo "gpu_round $name rc $?"
   grep -E "^  (decode .*graph|verify|round|counts .*graph|exactness)" "$OUT/$name.log" | cut -c1-220
 }
+gpu_tests() {  # cap
+  timeout "$1" python3 -m pytest -m gpu ${TESTS:-tests/gpu/test_moe.py tests/gpu/test_gdn_early_fold.py \
+    tests/gpu/test_linear.py tests/gpu/test_norm.py tests/gpu/test_router.py tests/gpu/test_pdl.py tests/gpu/test_graph_exactness.py \
+    tests/gpu/test_sampling.py} -q -p no:cacheprovider \
+    > "$OUT/gpu_tests.log" 2>&1
+  echo "gpu tests rc $?"
+  tail -12 "$OUT/gpu_tests.log"
+}
 if [ "$ROUND_CAP" -gt 0 ]; then
   round round "$ROUND_CAP" --variants shipped,moe-down-columns,out-add-norm-gated,moe-gate-up-deep,gdn-early-fold,moe-inline-slots
 fi
@@ -57,12 +66,7 @@ if [ "$ROUND2_CAP" -gt 0 ]; then
   round round2 "$ROUND2_CAP" --variants shipped,shared-beside-spec,router-early,in-proj,out-add-norm-gated+moe-inline-down-early+gdn-early-fold+in-proj+router-early
 fi
 if [ "$TESTS_CAP" -gt 0 ]; then
-  timeout "$TESTS_CAP" python3 -m pytest -m gpu ${TESTS:-tests/gpu/test_moe.py tests/gpu/test_gdn_early_fold.py \
-    tests/gpu/test_linear.py tests/gpu/test_norm.py tests/gpu/test_router.py tests/gpu/test_pdl.py tests/gpu/test_graph_exactness.py \
-    tests/gpu/test_sampling.py} -q -p no:cacheprovider \
-    > "$OUT/gpu_tests.log" 2>&1
-  echo "gpu tests rc $?"
-  tail -12 "$OUT/gpu_tests.log"
+  gpu_tests "$TESTS_CAP"
 fi
 if [ "$LINEAR_CAP" -gt 0 ]; then
   mkdir -p "$OUT/linear"
@@ -86,4 +90,7 @@ fi
 if [ "$SAMPLED_CAP" -gt 0 ]; then
   round sampled "$SAMPLED_CAP" --variants shipped,torch-sampling --temperatures 0,1 --top-k 20 \
     --top-p 0.95 --no-verification --no-exactness
+fi
+if [ "$TESTS_LAST_CAP" -gt 0 ]; then
+  gpu_tests "$TESTS_LAST_CAP"
 fi
