@@ -82,7 +82,7 @@ if [ "$MOE_CAP" -gt 0 ]; then
   [ -f "$OUT/moe/moe_kernels.md" ] && sed -n '/random routing/,/^## η/p' "$OUT/moe/moe_kernels.md"
 fi
 if [ "$MOE_FIRST_CAP" -gt 0 ]; then
-  round moe-first "$MOE_FIRST_CAP" --variants shipped,moe-down-columns,moe-gate-up-deep,moe-shared-early,moe-columns-deep-shared
+  round moe-first "$MOE_FIRST_CAP" --variants shipped,moe-columns-deep-shared,moe-down-columns,moe-gate-up-deep,moe-shared-early
 fi
 if [ "$TP1_CAP" -gt 0 ]; then
   round tp1 "$TP1_CAP" --tp 1 --no-verification
