@@ -25,12 +25,13 @@ set -u
 OUT=$(realpath -m "${1:?usage: bash bench/device_round.sh OUT [round|round2|rest|sampled|moe|tests|linear|tp1]}")
 STEP=${2:-round}
 CAP=${3:-590}
-LINEAR_MODELS=35b,122b MOE_LENGTHS=1,2,4,16 MOE_FIRST_CAP=0 TESTS_LAST_CAP=0 ROUND_CAP=0 ROUND2_CAP=0 SAMPLED_CAP=0 MOE_CAP=0 TESTS_CAP=0 TP1_CAP=0 LINEAR_CAP=0
+LINEAR_MODELS=35b,122b MOE_LENGTHS=1,2,4,16 MOE_FIRST_CAP=0 TESTS_LAST_CAP=0 MOE_ROWS= ROUND_CAP=0 ROUND2_CAP=0 SAMPLED_CAP=0 MOE_CAP=0 TESTS_CAP=0 TP1_CAP=0 LINEAR_CAP=0
 case "$STEP" in
   round) ROUND_CAP="$CAP" ;;
   round2) ROUND2_CAP="$CAP" ;;
   rest) TESTS_CAP=150 LINEAR_CAP=60 LINEAR_MODELS=35b MOE_CAP=150 TP1_CAP=150 ;;
-  moe-first) TESTS_LAST_CAP=80 TESTS=tests/gpu/test_moe.py MOE_CAP=110 MOE_LENGTHS=1,2,4 MOE_FIRST_CAP=$((CAP - 200)) ;;
+  moe-first) TESTS_LAST_CAP=80 TESTS=tests/gpu/test_moe.py MOE_CAP=110 MOE_LENGTHS=1,2,4 MOE_FIRST_CAP=$((CAP - 200))
+    MOE_ROWS="down columns T<=2,down columns k128 T<=2,gate_up k128 s5,down s4,shared early,shared early + gate_up k128 s5 + down columns T<=2" ;;
   linear) LINEAR_CAP="$CAP" ;;
   tp1) TP1_CAP="$CAP" ;;
   sampled) SAMPLED_CAP="$CAP" ;;
@@ -77,7 +78,7 @@ fi
 if [ "$MOE_CAP" -gt 0 ]; then
   mkdir -p "$OUT/moe"
   (cd bench/kernels && timeout "$MOE_CAP" python3 moe_kernels.py --out "$OUT/moe" --models 35b --sweep --no-runtime \
-    --no-sglang --quick --lengths "$MOE_LENGTHS" > "$OUT/moe.log" 2>&1)
+    --no-sglang --quick --lengths "$MOE_LENGTHS" ${MOE_ROWS:+--sweep-rows "$MOE_ROWS"} > "$OUT/moe.log" 2>&1)
   echo "moe_kernels rc $?"
   [ -f "$OUT/moe/moe_kernels.md" ] && sed -n '/random routing/,/^## η/p' "$OUT/moe/moe_kernels.md"
 fi

@@ -334,6 +334,7 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default="35b,122b")
     ap.add_argument("--quick", action="store_true", help="T in {1, 16}, 3 distinct counts, 5 samples")
     ap.add_argument("--sweep", action="store_true", help="also time the tuning variants of SWEEP")
+    ap.add_argument("--sweep-rows", default=None, help="with --sweep: comma list of SWEEP names to time (default all)")
     ap.add_argument("--no-runtime", action="store_true")
     ap.add_argument("--no-sglang", action="store_true")
     ap.add_argument("--baselines", type=Path, default=Path(".baselines/site"))
@@ -358,7 +359,12 @@ def main(argv=None) -> int:
     impls["hybridspec[routed only]"] = ours(shared=False)  # SGLang's kernel's work: the routed experts
     impls["torch_loop"] = torch_loop
     if args.sweep:
-        impls.update({f"hybridspec[{name}]": ours(table) for name, table in SWEEP.items()})
+        rows = [r for r in args.sweep_rows.split(",") if r] if args.sweep_rows else list(SWEEP)
+        unknown = [r for r in rows if r not in SWEEP]
+        if unknown:
+            print(f"--sweep-rows: no SWEEP row named {unknown} (rows: {list(SWEEP)})", file=sys.stderr)
+            return 2
+        impls.update({f"hybridspec[{name}]": ours(SWEEP[name]) for name in rows})
         impls.update({"hybridspec[slots]": ours_part(1), "hybridspec[slots+gate_up]": ours_part(2),
                       "hybridspec[slots+gate_up, routed only]": ours_part(2, shared=False)})
     bandwidth = copy_bandwidth(samples=10)
