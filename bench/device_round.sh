@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The resident round's open measurements, each step with its own time cap (10 minutes per command):
-#   device tool, timeout 600:   bash bench/device_round.sh $OUT [round|round2|rest|sampled|moe|tests|linear|tp1] [CAP]
+#   device tool, timeout 600:   bash bench/device_round.sh $OUT [moe-first|round|round2|rest|sampled|moe|tests|linear|tp1] [CAP]
 # CAP (seconds) replaces a one-part step's own cap where the call has less time (the device's
 # budget), so that it ends itself and leaves what it measured.
 # round: bench/gpu_round.py on the 35B preset, greedy `ar` and `full`, shipped first, then the
@@ -16,21 +16,23 @@
 #   the norm (bench/kernels/out_add_norm.py); the round step runs it in whole passes (`out-add-norm`).
 # tp1: the tensor-parallel code path on one GPU (an NCCL process group of one rank), greedy `ar`
 #   and `full`; its exactness rows' token hashes compare with the round step's (no process group).
-# moe-first: the MoE sweep at T = 1, 2, 4 (each variant checked against fp32 first), the round with
-#   the three MoE changes alone and together (each checked graph against host path), then the MoE
-#   GPU tests (bit for bit against the shipped launches), in one call (for a session with device time for one).
+# moe-first: the MoE tuning switches' GPU tests (bit for bit against the shipped launches), the MoE
+#   sweep at T = 1, 2, 4, then the round with the three MoE changes alone and together (each checked
+#   graph against host path), in one call (CAP of at least 360: the round gets CAP - 240).
 # rest: tests, linear, moe and tp1 in one call (round, round2 and sampled are calls of their own). The logs print every
 # row as it is measured, and gpu_round.py rewrites its JSON after each variant.
 set -u
-OUT=$(realpath -m "${1:?usage: bash bench/device_round.sh OUT [round|round2|rest|sampled|moe|tests|linear|tp1]}")
+OUT=$(realpath -m "${1:?usage: bash bench/device_round.sh OUT [moe-first|round|round2|rest|sampled|moe|tests|linear|tp1] [CAP]}")
 STEP=${2:-round}
 CAP=${3:-590}
-LINEAR_MODELS=35b,122b MOE_LENGTHS=1,2,4,16 MOE_FIRST_CAP=0 TESTS_LAST_CAP=0 MOE_ROWS= ROUND_CAP=0 ROUND2_CAP=0 SAMPLED_CAP=0 MOE_CAP=0 TESTS_CAP=0 TP1_CAP=0 LINEAR_CAP=0
+LINEAR_MODELS=35b,122b MOE_LENGTHS=1,2,4,16 MOE_FIRST_CAP=0 TESTS= TESTS_K= MOE_ROWS= ROUND_CAP=0 ROUND2_CAP=0 SAMPLED_CAP=0 MOE_CAP=0 TESTS_CAP=0 TP1_CAP=0 LINEAR_CAP=0
 case "$STEP" in
   round) ROUND_CAP="$CAP" ;;
   round2) ROUND2_CAP="$CAP" ;;
   rest) TESTS_CAP=150 LINEAR_CAP=60 LINEAR_MODELS=35b MOE_CAP=150 TP1_CAP=150 ;;
-  moe-first) TESTS_LAST_CAP=80 TESTS=tests/gpu/test_moe.py MOE_CAP=110 MOE_LENGTHS=1,2,4 MOE_FIRST_CAP=$((CAP - 200))
+  moe-first) [ "$CAP" -ge 360 ] || { echo "device_round.sh: moe-first needs a CAP of at least 360 s" >&2; exit 2; }
+    TESTS_CAP=120 TESTS=tests/gpu/test_moe.py TESTS_K=tuning_switches MOE_CAP=110 MOE_LENGTHS=1,2,4
+    MOE_FIRST_CAP=$((CAP - 240))
     MOE_ROWS="down columns T<=2,down columns k128 T<=2,gate_up k128 s5,down s4,shared early,shared early + gate_up k128 s5 + down columns T<=2" ;;
   linear) LINEAR_CAP="$CAP" ;;
   tp1) TP1_CAP="$CAP" ;;
@@ -55,7 +57,7 @@ round() {  # name cap extra-arguments...
 gpu_tests() {  # cap
   timeout "$1" python3 -m pytest -m gpu ${TESTS:-tests/gpu/test_moe.py tests/gpu/test_gdn_early_fold.py \
     tests/gpu/test_linear.py tests/gpu/test_norm.py tests/gpu/test_router.py tests/gpu/test_pdl.py tests/gpu/test_graph_exactness.py \
-    tests/gpu/test_sampling.py} -q -p no:cacheprovider \
+    tests/gpu/test_sampling.py} ${TESTS_K:+-k "$TESTS_K"} -q -p no:cacheprovider \
     > "$OUT/gpu_tests.log" 2>&1
   echo "gpu tests rc $?"
   tail -12 "$OUT/gpu_tests.log"
@@ -91,7 +93,4 @@ fi
 if [ "$SAMPLED_CAP" -gt 0 ]; then
   round sampled "$SAMPLED_CAP" --variants shipped,torch-sampling --temperatures 0,1 --top-k 20 \
     --top-p 0.95 --no-verification --no-exactness
-fi
-if [ "$TESTS_LAST_CAP" -gt 0 ]; then
-  gpu_tests "$TESTS_LAST_CAP"
 fi

@@ -1,7 +1,9 @@
 """The down half by column tile (`MoETuning.down_columns`, under TRITON_INTERPRET=1 on CPU tensors):
 bit for bit the shipped launches' result (the same tile products over the same steps, summed in the
 same order), on NaN-poisoned memory, with the slots launch and inline, with the early first tile,
-under expert parallelism, and, for a token, whatever the other tokens of its call."""
+under expert parallelism, and, for a token, whatever the other tokens of its call. The interpreter
+runs no programmatic-dependent launch, so these check the arithmetic of the early reads, not their
+order around the wait: `tests/gpu/test_moe.py` runs the same switches compiled, PDL on."""
 
 from __future__ import annotations
 
@@ -53,6 +55,25 @@ def test_down_columns_with_several_steps_and_column_tiles(early, shape):
         got = moe_triton.moe_experts(**args, tuning={64: MoETuning(**small, down_columns=True,
                                                                    down_early_weights=early)})
     assert torch.isfinite(want).all() and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("early", [False, True])
+def test_down_columns_expert_parallel_parts_mixing_held_and_remote_experts(early):
+    """Parts of 4 of 16 experts with routing over all 16 and steps of 16 over widths of 40 and 24:
+    a token's loop alternates experts held here with experts held elsewhere, each of several steps
+    (the remote ones adding zeros at every step), and token 0's first expert, read before the loop,
+    is remote in some parts."""
+    args = moe_inputs(6, 4, 16, 32, 40, 24, dtype=torch.bfloat16, seed=3)
+    small = dict(down_bh=16, down_bk=16)
+    with poisoned_allocations():
+        want = [moe_triton.moe_experts(**part, tuning={64: MoETuning(**small)}) for part in expert_parts(args, 4)]
+        got = [moe_triton.moe_experts(**part, tuning={64: MoETuning(**small, down_columns=True,
+                                                                      down_early_weights=early)})
+               for part in expert_parts(args, 4)]
+    first = args["ids"][0, 0].item() // 4
+    assert any(r != first for r in range(4))
+    for r, (g, w) in enumerate(zip(got, want)):
+        assert torch.isfinite(w).all() and torch.equal(g, w), r
 
 
 @pytest.mark.parametrize("early", [False, True])

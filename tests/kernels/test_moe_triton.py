@@ -211,7 +211,9 @@ def test_down_early_weights_expert_parallel_parts(inline):
 def test_gate_up_shared_early_equals_the_shipped_launches_bit_for_bit(inline, name, shape, route, dtype):
     """`MoETuning.gate_up_shared_early`: the shared expert's programs form their products before the
     wait and store after it; the routed programs as shipped: bit for bit the shipped result (tiles
-    of 16 × 16 as well, several steps and column tiles), on NaN-poisoned memory."""
+    of 16 × 16 as well, several steps and column tiles), on NaN-poisoned memory. The interpreter
+    runs no programmatic-dependent launch: this checks the restructured arithmetic; the order
+    around the wait runs in `tests/gpu/test_moe.py`."""
     args = moe_inputs(*shape, dtype=dtype, **route)
     for small in ({}, dict(gate_up_bn=16, gate_up_bk=16)):
         with poisoned_allocations():

@@ -49,7 +49,10 @@ def moe_experts(x: Tensor, ids: Tensor, weights: Tensor, gate_up: Tensor, down: 
     `checks.py`): sum_j weights[n, j] · expert_{ids[n, j]}(x_n) + the gated shared expert, over the
     experts [first_expert, first_expert + E) of the ids (expert parallelism: the others are held
     elsewhere and add nothing here). tuning: a table like `tuning.MOE_TUNING` (this module's
-    `MOE_TUNING` when None, looked up at each call)."""
+    `MOE_TUNING` when None, looked up at each call). With `gate_up_shared_early` (and
+    `inline_slots`, which drops the slots launch in between) the gate_up launch reads x before its
+    programmatic-dependent-launch wait, so the launch just before this call must not write x: in
+    the model the router, which reads x, comes between."""
     n = check_moe_args("moe_experts", x, ids, weights, gate_up, down, shared)[0]
     _check_layout(x, gate_up, down, shared)
     out = torch.empty_like(x)
