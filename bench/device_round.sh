@@ -33,7 +33,9 @@ case "$STEP" in
   moe-first) [ "$CAP" -ge 360 ] || { echo "device_round.sh: moe-first needs a CAP of at least 360 s" >&2; exit 2; }
     TESTS_CAP=120 TESTS=tests/gpu/test_moe.py TESTS_K=tuning_switches MOE_CAP=110 MOE_LENGTHS=1,2,4
     MOE_FIRST_CAP=$((CAP - 240))
-    MOE_ROWS="down columns T<=2,down columns k128 T<=2,gate_up k128 s5,down s4,shared early,shared early + gate_up k128 s5 + down columns T<=2" ;;
+    MOE_ROWS="down columns T<=2,down columns k128 T<=2,gate_up k128 s5,down s4,shared early"
+    MOE_ROWS="$MOE_ROWS,shared early + gate_up k128 s5 + down columns T<=2"
+    MOE_ROWS="$MOE_ROWS,all: inline slots + shared early + gate_up k128 s5 + down columns T<=2" ;;
   linear) LINEAR_CAP="$CAP" ;;
   tp1) TP1_CAP="$CAP" ;;
   sampled) SAMPLED_CAP="$CAP" ;;
@@ -85,7 +87,7 @@ if [ "$MOE_CAP" -gt 0 ]; then
   [ -f "$OUT/moe/moe_kernels.md" ] && sed -n '/random routing/,/^## η/p' "$OUT/moe/moe_kernels.md"
 fi
 if [ "$MOE_FIRST_CAP" -gt 0 ]; then
-  round moe-first "$MOE_FIRST_CAP" --variants shipped,moe-columns-deep-shared,moe-down-columns,moe-gate-up-deep,moe-shared-early
+  round moe-first "$MOE_FIRST_CAP" --variants shipped,moe-all,moe-columns-deep-shared,moe-down-columns,moe-shared-early,moe-gate-up-deep
 fi
 if [ "$TP1_CAP" -gt 0 ]; then
   round tp1 "$TP1_CAP" --tp 1 --no-verification

@@ -25,7 +25,7 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 `variant`): `shipped`, an op family put back on its PyTorch reference, a switch turned off, or one
 turned on (`VARIANTS`: `prepare-ref`, `no-pdl`, `shared-beside`, `shared-beside-spec`,
 `moe-inline-slots`, `moe-down-early`, `moe-inline-down-early`, `moe-down-columns`,
-`moe-gate-up-deep`, `moe-shared-early`, `moe-columns-deep-shared`, `gdn-early-fold`, `router-early`, `in-proj`, `out-add-norm`,
+`moe-gate-up-deep`, `moe-shared-early`, `moe-columns-deep-shared`, `moe-all`, `gdn-early-fold`, `router-early`, `in-proj`, `out-add-norm`,
 `out-add-norm-gated`, `torch-sampling`; `a+b` both at once), to measure a kernel or a launch mode
 against what it replaced side by side in one process. `--tp N --layouts columns,experts` loads each
 model once per MoE layout (every expert's columns split across the ranks, or expert parallelism)
@@ -115,6 +115,11 @@ VARIANTS = {
     "moe-columns-deep-shared": {moe_triton: {"MOE_TUNING": {
         2: dataclasses.replace(DOWN_COLUMNS, gate_up_bk=128, gate_up_stages=5, gate_up_shared_early=True),
         64: MoETuning(gate_up_bk=128, gate_up_stages=5, gate_up_shared_early=True)}}},
+    # and without the slots launch
+    "moe-all": {moe_triton: {"MOE_TUNING": {
+        2: dataclasses.replace(DOWN_COLUMNS, gate_up_bk=128, gate_up_stages=5, gate_up_shared_early=True,
+                               inline_slots=True),
+        64: MoETuning(gate_up_bk=128, gate_up_stages=5, gate_up_shared_early=True, inline_slots=True)}}},
     # the recurrent GDN verification reads its state and folds the pending commit before the PDL wait
     "gdn-early-fold": {GatedDeltaNet: {"_verify": _early_fold_verify}},
     # the mixers' out-projection, residual add and post-attention norm in two launches (`kernels/linear`)

@@ -81,6 +81,10 @@ SWEEP = {  # tuning tables timed beside the shipped one (name: {largest T of a r
     "shared early + gate_up k128 s5 + down columns T<=2": {
         2: dataclasses.replace(DOWN_COLUMNS, gate_up_bk=128, gate_up_stages=5, gate_up_shared_early=True),
         64: dataclasses.replace(GATE_UP_DEEP, gate_up_shared_early=True)},
+    "all: inline slots + shared early + gate_up k128 s5 + down columns T<=2": {
+        2: dataclasses.replace(DOWN_COLUMNS, gate_up_bk=128, gate_up_stages=5, gate_up_shared_early=True,
+                               inline_slots=True),
+        64: dataclasses.replace(GATE_UP_DEEP, gate_up_shared_early=True, inline_slots=True)},
 }
 
 
