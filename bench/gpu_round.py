@@ -25,11 +25,12 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 `variant`): `shipped`, an op family put back on its PyTorch reference, a switch turned off, or one
 turned on (`VARIANTS`: `prepare-ref`, `no-pdl`, `shared-beside`, `shared-beside-spec`,
 `moe-inline-slots`, `moe-down-early`, `moe-inline-down-early`, `moe-down-columns`,
-`moe-gate-up-deep`, `moe-shared-early`, `moe-columns-deep-shared`, `moe-all`, `gdn-early-fold`, `router-early`, `in-proj`, `out-add-norm`,
-`out-add-norm-gated`, `torch-sampling`; `a+b` both at once), to measure a kernel or a launch mode
-against what it replaced side by side in one process. `--tp N --layouts columns,experts` loads each
-model once per MoE layout (every expert's columns split across the ranks, or expert parallelism)
-and runs everything on each (rows and checks tagged `layout`).
+`moe-gate-up-deep`, `moe-shared-early`, `moe-columns-deep-shared`, `moe-all`, `gdn-early-fold`,
+`router-early`, `in-proj`, `out-add-norm`, `out-add-norm-gated`, `torch-sampling`; `a+b` both at
+once), to measure a kernel or a launch mode against what it replaced side by side in one process.
+`--tp N --layouts columns,experts` loads each model once per MoE layout (every expert's columns
+split across the ranks, or expert parallelism) and runs everything on each (rows and checks tagged
+`layout`).
 
     python3 bench/gpu_round.py --out DIR [--models embedded,qwen3.6-35b-a3b] [--context 1024]
     python3 bench/gpu_round.py --out DIR --models qwen3.5-122b-a10b --tp 2   # two GPUs, each rank its half

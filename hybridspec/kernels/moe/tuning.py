@@ -17,7 +17,8 @@ class MoETuning:
     before the programmatic-dependent-launch wait, during the gate_up launch (the same products).
     gate_up_shared_early: the gate_up launch's shared-expert programs form their products before the
     programmatic-dependent-launch wait (they read weights and x only) and store after it (the same
-    products); x must not come from the launch right before gate_up (`triton.moe_experts`). down_columns: the down half by column tile (`down_columns.py`: one program per BH output
+    products); x must not come from the launch right before gate_up (`triton.moe_experts`).
+    down_columns: the down half by column tile (`down_columns.py`: one program per BH output
     columns walking each token's experts, no rows of y and no last arrival; the same products and
     sums), for the small calls whose rows of the table set it."""
 
