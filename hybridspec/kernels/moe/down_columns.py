@@ -10,7 +10,7 @@ the experts' boundaries). At the 35B shapes and one token that is 128 programs, 
 streaming its [BH, I] slice of nine experts' down weights; `down.py`'s grid (one program per
 distinct expert and column tile) needs an [N, k + 1, H] round trip through y and a second, serial
 chain for the last arrival's sum. A token's experts are read once per token, so calls of many
-tokens that share experts read them again: the tuning table gives this kernel small calls only.
+tokens that share experts read them again: it suits calls of a few tokens only.
 
 Each product is the [BM, BH] tile product of `down.py` with the token's row at its own row n and
 the other rows zero (rows of a tile product do not mix), accumulated from zero in steps of BK (the
@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from hybridspec.kernels import pdl
+from hybridspec.kernels.moe.down import column_tiles
 from hybridspec.kernels.moe.tuning import step_width
 from hybridspec.kernels.pdl import wait_then_release
 from hybridspec.kernels.tiles import dot_bt
@@ -99,11 +100,6 @@ def _moe_down_columns_kernel(act_ptr, d_ptr, sd_ptr, ids_ptr, out_ptr, FIRST, st
              mask=(o_m < N)[:, None] & h_ok[None, :])
 
 
-def column_width(hidden: int, tuning) -> int:
-    """BH of the column kernel for a hidden size: the tuning's, no wider than the hidden size."""
-    return min(tuning.down_bh, max(16, triton.next_power_of_2(hidden)))
-
-
 def launch_down_columns(act, down, shared, ids, out, block_m: int, tuning, widen: bool, first_expert: int = 0) -> None:
     """act [N, k + 1, max(I, Is)] from the gate_up kernel, down [E, H, I] (experts first_expert…
     first_expert + E − 1 of the ids), shared (or None), ids [N, k] (contiguous), out [N, H]
@@ -118,7 +114,7 @@ def launch_down_columns(act, down, shared, ids, out, block_m: int, tuning, widen
         raise ValueError(f"launch_down_columns: {n} tokens in tiles of {block_m} rows")
     i_s = shared.down.shape[1] if shared is not None else 0
     sd = shared.down if shared is not None else down[0]
-    bh = column_width(h, tuning)
+    bh = column_tiles(h, tuning)[0]  # `down.py`'s column width for the same tuning
     bk = step_width(tuning.down_bk, max(i, i_s), block_m + bh, act.element_size(), tuning.down_stages)
     _moe_down_columns_kernel[(triton.cdiv(h, bh),)](
         act, down, sd, ids, out, first_expert, act.stride(0), act.stride(1), down.stride(0), down.stride(1),
