@@ -24,10 +24,8 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 `--variants a,b` runs steps 1–4 for each variant on the same loaded model (rows and checks tagged
 `variant`): `shipped`, an op family put back on its PyTorch reference, a switch turned off, or one
 turned on (`VARIANTS`: `prepare-ref`, `no-pdl`, `shared-beside`, `shared-beside-spec`,
-`moe-inline-slots`, `moe-down-early`, `moe-inline-down-early`, `moe-down-columns`,
-`moe-gate-up-deep`, `moe-shared-early`, `moe-columns-deep-shared`, `moe-all`, `gdn-early-fold`,
-`router-early`, `in-proj`, `out-add-norm`, `out-add-norm-gated`, `torch-sampling`; `a+b` both at
-once), to measure a kernel or a launch mode against what it replaced side by side in one process.
+`moe-down-early`, `torch-sampling`; `a+b` both at once), to measure a kernel or a launch mode
+against what it replaced side by side in one process.
 `--tp N --layouts columns,experts` loads each model once per MoE layout (every expert's columns
 split across the ranks, or expert parallelism) and runs everything on each (rows and checks tagged
 `layout`).
@@ -42,9 +40,7 @@ Writes DIR/gpu_round.json ({"device", "date", "versions", "rows": [...]}) and pr
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime as dt
-import functools
 import hashlib
 import json
 import platform
@@ -60,18 +56,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.kernels.cuda_timing import copy_bandwidth, median_us  # noqa: E402
 from hybridspec.kernels import pdl  # noqa: E402
 from hybridspec.kernels.attention import reference as attention_reference  # noqa: E402
-from hybridspec.kernels.gdn import reference as gdn_reference  # noqa: E402
-from hybridspec.kernels.gdn import triton as gdn_triton  # noqa: E402
-from hybridspec.kernels.linear import triton as linear_triton  # noqa: E402
-from hybridspec.kernels.moe import router as moe_router  # noqa: E402
 from hybridspec.kernels.moe import triton as moe_triton  # noqa: E402
-from hybridspec.kernels.moe.tuning import DOWN_COLUMNS, MoETuning  # noqa: E402
+from hybridspec.kernels.moe.tuning import MoETuning  # noqa: E402
 from hybridspec.runtime import resident  # noqa: E402
 from hybridspec.runtime.engine import Engine  # noqa: E402
 from hybridspec.runtime.layers.attention import GatedAttention  # noqa: E402
-from hybridspec.runtime.layers.gdn import GatedDeltaNet  # noqa: E402
-from hybridspec.runtime.layers.moe import Router, SparseMoE  # noqa: E402
-from hybridspec.runtime.models.hybrid import DecoderLayer  # noqa: E402
+from hybridspec.runtime.layers.moe import SparseMoE  # noqa: E402
 from hybridspec.runtime.policies import make_policy  # noqa: E402
 from hybridspec.runtime.sampling import SamplingParams  # noqa: E402
 from hybridspec.runtime.session import open_session  # noqa: E402
@@ -82,58 +72,14 @@ LAUNCH_CALLS = ("cudaGraphLaunch", "cudaLaunchKernel", "cuLaunchKernel", "cuLaun
                 "cudaMemcpyAsync", "cudaMemsetAsync")
 
 
-EARLY_FOLD = gdn_triton.SHIPPED.replace(verify={T: dataclasses.replace(row, early_fold=True)
-                                                for T, row in gdn_triton.SHIPPED.verify.items()
-                                                if row.method == "recurrent"})
-
-
-def _early_fold_verify(q, *args, **kwargs):
-    """The GDN layer's verify op with `EARLY_FOLD` for the Triton kernels' lengths."""
-    if q.shape[1] > gdn_triton.MAX_TOKENS:
-        return gdn_reference.gdn_verify_gated(q, *args, **kwargs)
-    return gdn_triton.gdn_verify_gated(q, *args, **kwargs, tuning=EARLY_FOLD)
-
-
 # variant → {module class: {attribute: op}} set on every such module of the target, or
 # {python module: {attribute: value}} set on that module
 VARIANTS = {
     "shipped": {},
     "shared-beside": {SparseMoE: {"shared_beside_from": 1}},  # the shared expert on a second stream
     "shared-beside-spec": {SparseMoE: {"shared_beside_from": 2}},  # the same for verification passes only
-    # the MoE's two expert kernels find their experts from the ids (no slots launch)
-    "moe-inline-slots": {moe_triton: {"MOE_TUNING": {64: MoETuning(inline_slots=True)}}},
     # the down kernel's programs read their expert's first weight tile before the PDL wait
     "moe-down-early": {moe_triton: {"MOE_TUNING": {64: MoETuning(down_early_weights=True)}}},
-    "moe-inline-down-early": {moe_triton: {"MOE_TUNING": {64: MoETuning(inline_slots=True,
-                                                                        down_early_weights=True)}}},
-    # the MoE's down half by column tile for calls of up to two tokens (`kernels/moe/down_columns.py`)
-    "moe-down-columns": {moe_triton: {"MOE_TUNING": {2: DOWN_COLUMNS, 64: MoETuning()}}},
-    # the gate_up kernel with three steps of weights in flight per program (steps of 128, five stages)
-    "moe-gate-up-deep": {moe_triton: {"MOE_TUNING": {64: MoETuning(gate_up_bk=128, gate_up_stages=5)}}},
-    # the gate_up launch's shared-expert programs form their products before the PDL wait
-    "moe-shared-early": {moe_triton: {"MOE_TUNING": {64: MoETuning(gate_up_shared_early=True)}}},
-    # the three MoE changes together
-    "moe-columns-deep-shared": {moe_triton: {"MOE_TUNING": {
-        2: dataclasses.replace(DOWN_COLUMNS, gate_up_bk=128, gate_up_stages=5, gate_up_shared_early=True),
-        64: MoETuning(gate_up_bk=128, gate_up_stages=5, gate_up_shared_early=True)}}},
-    # and without the slots launch
-    "moe-all": {moe_triton: {"MOE_TUNING": {
-        2: dataclasses.replace(DOWN_COLUMNS, gate_up_bk=128, gate_up_stages=5, gate_up_shared_early=True,
-                               inline_slots=True),
-        64: MoETuning(gate_up_bk=128, gate_up_stages=5, gate_up_shared_early=True, inline_slots=True)}}},
-    # the recurrent GDN verification reads its state and folds the pending commit before the PDL wait
-    "gdn-early-fold": {GatedDeltaNet: {"_verify": _early_fold_verify}},
-    # the mixers' out-projection, residual add and post-attention norm in two launches (`kernels/linear`)
-    "out-add-norm": {DecoderLayer: {"out_add_norm": linear_triton.linear_add_norm}},
-    # and the GDN output's gated norm applied by the same product's launch as it loads the heads
-    "out-add-norm-gated": {DecoderLayer: {"out_add_norm": linear_triton.linear_add_norm},
-                           GatedDeltaNet: {"fold_gated_norm": True}},
-    # the one-launch router's programs read their first weight tile before the PDL wait
-    "router-early": {Router: {"op": functools.partial(moe_router.router,
-                                                      tiles=moe_router.ROUTER_TILES._replace(early_weights=True))}},
-    # the mixers' fused input projections as one Triton launch of 16-row tiles (`kernels/linear`)
-    "in-proj": {GatedDeltaNet: {"in_proj_op": linear_triton.linear},
-                GatedAttention: {"in_proj_op": linear_triton.linear}},
     "prepare-ref": {GatedAttention: {"prepare_op": attention_reference.norm_rope_store}},
     "no-pdl": {pdl: {"ENABLED": False}},  # the kernels of `kernels/pdl.py` launched without PDL
     "torch-sampling": {resident: {"FUSED_SAMPLING": False}},  # the point-mass rule's torch form

@@ -17,7 +17,8 @@ Phases, each printed as it runs and written to OUT/moe_kernels.json and .md:
    timed eagerly; the floor is the bytes of the distinct experts' weights plus the shared expert
    over the device-to-device copy bandwidth measured in the same run; ours on the routed experts
    only (`hybridspec[routed only]`, SGLang's kernel's work) beside `floor_routed`, the routed
-   experts' bytes alone;
+   experts' bytes alone; with --sweep also the tables of SWEEP and the gate_up launch alone
+   (`hybridspec[gate_up]`; the down launch takes the rest of the whole call);
 3. runtime: the `qwen3.6-35b-a3b` preset (random weights, bf16, Triton GDN, random drafter),
    `ar`, `static:4` and `full` on a 128-token prompt, ms per round and per token, with the
    experts of every layer run by the PyTorch loop and by ours.
@@ -47,8 +48,7 @@ from hybridspec.kernels.moe import reference as moe_reference
 from hybridspec.kernels.moe import triton as moe_triton
 from hybridspec.kernels.moe.down import column_tiles
 from hybridspec.kernels.moe.gate_up import launch_gate_up
-from hybridspec.kernels.moe.routing import expert_slots, workspace_size
-from hybridspec.kernels.moe.tuning import DOWN_COLUMNS, MOE_TUNING, MoETuning, tuning_for
+from hybridspec.kernels.moe.tuning import MOE_TUNING, tuning_for
 from hybridspec.runtime.policies import make_policy
 from hybridspec.runtime.session import open_session
 
@@ -59,32 +59,9 @@ MODELS = {  # name: (E, k, hidden, moe_intermediate, shared_intermediate)
 }
 LENGTHS = (1, 2, 4, 8, 12, 16)
 DISTINCT = (8, 16, 32, 48, 64, 80, 96, 112, 128)
-GATE_UP_DEEP = MoETuning(gate_up_bk=128, gate_up_stages=5)
 SWEEP = {  # tuning tables timed beside the shipped one (name: {largest T of a row: MoETuning})
-    "inline slots": {64: MoETuning(inline_slots=True)},
-    "down early": {64: MoETuning(down_early_weights=True)},
-    "inline slots + down early": {64: MoETuning(inline_slots=True, down_early_weights=True)},
-    # the down half by column tile for calls of up to 2 or 4 tokens, the shipped kernels beyond
-    "down columns T<=2": {2: DOWN_COLUMNS, 64: MoETuning()},
-    "down columns T<=4": {4: DOWN_COLUMNS, 64: MoETuning()},
-    "down columns k128 T<=2": {2: dataclasses.replace(DOWN_COLUMNS, down_bk=128, down_stages=8), 64: MoETuning()},
-    "inline slots + down columns T<=2": {2: dataclasses.replace(DOWN_COLUMNS, inline_slots=True),
-                                         64: MoETuning(inline_slots=True)},
-    # deeper pipelines: three steps of weights in flight per program instead of one
-    "gate_up k128 s5": {64: GATE_UP_DEEP},
-    "gate_up k64 s8": {64: MoETuning(gate_up_bk=64, gate_up_stages=8)},
-    "down s4": {64: MoETuning(down_stages=4)},
-    "gate_up k128 s5 + down columns T<=2": {2: dataclasses.replace(DOWN_COLUMNS, gate_up_bk=128, gate_up_stages=5),
-                                            64: GATE_UP_DEEP},
-    # the shared expert's gate_up programs compute before the PDL wait, beside the router and slots
-    "shared early": {64: MoETuning(gate_up_shared_early=True)},
-    "shared early + gate_up k128 s5 + down columns T<=2": {
-        2: dataclasses.replace(DOWN_COLUMNS, gate_up_bk=128, gate_up_stages=5, gate_up_shared_early=True),
-        64: dataclasses.replace(GATE_UP_DEEP, gate_up_shared_early=True)},
-    "all: inline slots + shared early + gate_up k128 s5 + down columns T<=2": {
-        2: dataclasses.replace(DOWN_COLUMNS, gate_up_bk=128, gate_up_stages=5, gate_up_shared_early=True,
-                               inline_slots=True),
-        64: dataclasses.replace(GATE_UP_DEEP, gate_up_shared_early=True, inline_slots=True)},
+    # each down program's expert and first weight tile read before the PDL wait, during gate_up
+    "down early": {64: dataclasses.replace(MOE_TUNING[64], down_early_weights=True)},
 }
 
 
@@ -144,29 +121,27 @@ def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
 
 def ours(tuning=MOE_TUNING, shared: bool = True):
     """Ours; without the shared expert when `shared` is False (its launches then run the routed
-    experts' slots only)."""
+    experts only)."""
     def make(layer: Layer, inp: Inputs):
         return lambda: moe_triton.moe_experts(inp.x, inp.ids, inp.weights, layer.gate_up, layer.down,
                                               layer.shared if shared else None, tuning=tuning)
     return make
 
 
-def ours_part(stages: int, shared: bool = True):
-    """The first `stages` launches of ours alone (1: the expert slots; 2: and gate_up), to take a
-    call apart: down + sum = whole - (slots + gate_up)."""
+def ours_gate_up(shared: bool = True):
+    """The first of ours's two launches alone (gate_up, which also zeroes the down kernel's
+    counters), to take a call apart: down + sum = whole - gate_up."""
     def make(layer: Layer, inp: Inputs):
         n, k = inp.ids.shape
-        e, i = layer.gate_up.shape[0], layer.gate_up.shape[1] // 2
-        tiles = column_tiles(inp.x.shape[1], tuning_for(n))[1]
-        workspace = torch.empty(workspace_size(n, k, e, 16, tiles), dtype=torch.int32, device="cuda")
-        act = torch.empty((n, k + 1, max(i, layer.shared.gate.shape[0])), dtype=inp.x.dtype, device="cuda")
+        i = layer.gate_up.shape[1] // 2
         tuning = tuning_for(n)
+        arrivals = torch.empty(column_tiles(inp.x.shape[1], tuning)[1], dtype=torch.int32, device="cuda")
+        act = torch.empty((n, k + 1, max(i, layer.shared.gate.shape[0])), dtype=inp.x.dtype, device="cuda")
+        block_m = max(16, 1 << (n - 1).bit_length())
 
         def call():
-            slots = expert_slots(inp.ids, workspace, e, 16, tiles)
-            if stages > 1:
-                launch_gate_up(inp.x, inp.ids, inp.weights, layer.gate_up, layer.shared if shared else None, slots,
-                               act, 16, tuning, False)
+            launch_gate_up(inp.x, inp.ids, inp.weights, layer.gate_up, layer.shared if shared else None, arrivals,
+                           act, block_m, tuning, False)
         return call
     return make
 
@@ -303,7 +278,8 @@ def runtime_rounds(log, tokens: int, model: str = "qwen3.6-35b-a3b", device: str
                    dtype: str = "bfloat16") -> list[dict]:
     session = open_session(model, "random", device=device, dtype=dtype, backend="triton", max_context=1024)
     moes = [layer.mlp for layer in session.target.layers if layer.is_moe]
-    prompt = torch.randint(0, session.target.cfg.vocab_size, (128,), generator=torch.Generator().manual_seed(0)).tolist()
+    prompt = torch.randint(0, session.target.cfg.vocab_size, (128,),
+                           generator=torch.Generator().manual_seed(0)).tolist()
     rows = []
     for experts, op in (("torch_loop", moe_reference.moe_experts), ("hybridspec", moe_triton.moe_experts)):
         for moe in moes:
@@ -351,7 +327,8 @@ def main(argv=None) -> int:
     log = lambda line: print(line, flush=True)  # noqa: E731
     result = dict(device=torch.cuda.get_device_name(), date=dt.date.today().isoformat(),
                   command="python3 bench/kernels/moe_kernels.py " + " ".join(argv or sys.argv[1:]),
-                  versions=versions(), models=[m for m in args.models.split(",") if m], tuning={str(k): asdict(v) for k, v in MOE_TUNING.items()},
+                  versions=versions(), models=[m for m in args.models.split(",") if m],
+                  tuning={str(k): asdict(v) for k, v in MOE_TUNING.items()},
                   checks=[], rows=[], eta=[], runtime=[])
     log(f"{result['device']} {result['versions']}")
     impls = {"hybridspec": ours()}
@@ -369,8 +346,8 @@ def main(argv=None) -> int:
             print(f"--sweep-rows: no SWEEP row named {unknown} (rows: {list(SWEEP)})", file=sys.stderr)
             return 2
         impls.update({f"hybridspec[{name}]": ours(SWEEP[name]) for name in rows})
-        impls.update({"hybridspec[slots]": ours_part(1), "hybridspec[slots+gate_up]": ours_part(2),
-                      "hybridspec[slots+gate_up, routed only]": ours_part(2, shared=False)})
+        impls.update({"hybridspec[gate_up]": ours_gate_up(),
+                      "hybridspec[gate_up, routed only]": ours_gate_up(shared=False)})
     bandwidth = copy_bandwidth(samples=10)
     result["copy_bandwidth_GBps"] = bandwidth / 1e9
     log(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s")

@@ -11,7 +11,7 @@ def write_report(out: Path, result: dict) -> None:
     (out / "moe_kernels.json").write_text(json.dumps(result, indent=2))
     lines = ["# One MoE layer (routed + shared expert), bf16, batch 1", "",
              "SGLang's fused_moe runs the routed experts only, its alignment prepared outside the timed call; "
-             "`hybridspec[routed only]` does the same work (its slots kernel timed), beside the floor of the routed "
+             "`hybridspec[routed only]` does the same work (finding its experts included), beside the floor of the routed "
              "experts' bytes (`floor_routed`).", "",
              f"device: {result['device']}  ", f"date: {result['date']}  ", f"command: `{result['command']}`  ",
              f"versions: {json.dumps(result['versions'])}  ",

@@ -57,7 +57,6 @@ SWEEP = {
     "s8-w2-call": triton_router.RouterTiles(SPLIT=8, warps=2, tail_rows="call"),
     "s16-w1-call": triton_router.RouterTiles(SPLIT=16, warps=1, tail_rows="call"),
     "be32-s8-call": triton_router.RouterTiles(BE=32, SPLIT=8, tail_rows="call"),
-    "shipped-early": triton_router.ROUTER_TILES._replace(early_weights=True),
 }
 
 

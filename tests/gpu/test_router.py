@@ -64,23 +64,3 @@ def test_one_launch_router_on_the_gpu(tokens, experts, top_k, hidden):
     graph.replay()
     want = moe_router.router(x, weight, top_k, True, torch.bfloat16)
     assert torch.equal(g_ids, want[0]) and torch.equal(g_weights, want[1])
-
-
-@pytest.mark.parametrize("tokens", [1, 16])
-def test_the_first_weight_tile_before_the_wait_changes_no_bit_on_the_gpu(tokens):
-    """`RouterTiles.early_weights` compiled at the 35B shapes (PDL on where the GPU has it): ids,
-    weights and logits bit-equal to the shipped launch, eager and replayed in a CUDA graph."""
-    g = torch.Generator(device="cuda").manual_seed(40 + tokens)
-    x = torch.randn(tokens, 2048, device="cuda", generator=g).to(torch.bfloat16)
-    weight = (torch.randn(256, 2048, device="cuda", generator=g) / 45).to(torch.bfloat16)
-    early = moe_router.ROUTER_TILES._replace(early_weights=True)
-    logits = torch.empty(2, tokens, 256, device="cuda", dtype=torch.bfloat16)
-    want = moe_router.router(x, weight, 8, True, torch.bfloat16, logits=logits[0])
-    got = moe_router.router(x, weight, 8, True, torch.bfloat16, logits=logits[1], tiles=early)
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]) and torch.equal(logits[1], logits[0])
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        g_ids, g_weights = moe_router.router(x, weight, 8, True, torch.bfloat16, tiles=early)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(g_ids, want[0]) and torch.equal(g_weights, want[1])

@@ -2,7 +2,6 @@
 under TRITON_INTERPRET=1, against float64 steps over the accepted tokens of both rounds: the split
 and recurrent kernels, raw or normalised key factors, bf16 or fp32, the runtime's round buffers."""
 
-import dataclasses
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: kernels are interpreted
@@ -16,7 +15,6 @@ pytest.importorskip("triton")
 
 from hybridspec.kernels.gdn import reference  # noqa: E402
 from hybridspec.kernels.gdn import triton as gdn_triton  # noqa: E402
-from hybridspec.kernels.gdn.tuning import RECURRENT  # noqa: E402
 from tests.kernels.gdn_cases import BF16_ROUNDING, FP32_RATIO, PIECES_RATIO, SHAPES  # noqa: E402
 from tests.kernels.gdn_cases import first_round, second_round, two_rounds_oracle, verify_table  # noqa: E402
 from tests.kernels.test_gdn_reference import gated_steps, raw_inputs  # noqa: E402
@@ -68,23 +66,6 @@ def test_verify_folds_bf16_pending_commit(variant, raw_keys):
 
     assert_close("committed state, in place", s_ref, state, PIECES_RATIO if variant.startswith("split") else FP32_RATIO)
     assert_close("o (bf16)", o_ref, o, BF16_ROUNDING)
-
-
-@pytest.mark.parametrize(("T1", "T2", "dtype"), [(2, 1, torch.float32), (16, 4, torch.bfloat16), (3, 2, torch.bfloat16)])
-def test_early_fold_gives_the_same_bits(T1, T2, dtype):
-    """`VerifyTuning.early_fold` (the fold before the PDL wait) does the same arithmetic: the
-    committed state, o, z, g_cum and the raw keys' copy bit for bit the recurrent row's."""
-    first, (z1, k1, g1) = first_round(T1, 720 + T1, dtype=dtype, raw_keys=True, **SHAPES["grouped"])
-    second = second_round(first, T2, 730 + T2, dtype=dtype, **SHAPES["grouped"])
-    pending = (z1, k1, g1, torch.tensor([T1, 1]))
-    runs = []
-    for row in (RECURRENT, dataclasses.replace(RECURRENT, early_fold=True)):
-        state, k_out = first["state"].clone(), torch.empty_like(second["k"])
-        tuning = gdn_triton.SHIPPED.replace(verify={T: row for T in range(1, 17)})
-        runs.append((*gdn_triton.gdn_verify_gated(**dict(second, state=state), pending=pending, k_out=k_out,
-                                                  raw_keys=True, tuning=tuning), state, k_out))
-    for name, want, got in zip(("o", "z", "g_cum", "state", "k_out"), *runs):
-        assert torch.equal(want, got), name
 
 
 def test_verify_names_a_bad_pending_commit():

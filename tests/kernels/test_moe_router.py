@@ -70,12 +70,10 @@ def test_one_launch_router_matches_the_reference(tokens, experts, top_k, hidden)
                                    atol=1e-7 if dtype == torch.float32 else 1e-3)
 
 
-TILES = [moe_router.ROUTER_TILES, moe_router.RouterTiles(SPLIT=8, warps=1, tail_rows="call"),
-         moe_router.ROUTER_TILES._replace(early_weights=True)]
+TILES = [moe_router.ROUTER_TILES, moe_router.RouterTiles(SPLIT=8, warps=1, tail_rows="call")]
 
 
-@pytest.mark.parametrize("tiles", TILES,
-                         ids=lambda t: f"be{t.BE}-s{t.SPLIT}-w{t.warps}-{t.tail_rows}{'-early' * t.early_weights}")
+@pytest.mark.parametrize("tiles", TILES, ids=lambda t: f"be{t.BE}-s{t.SPLIT}-w{t.warps}-{t.tail_rows}")
 def test_one_launch_router_is_batch_invariant_and_leaves_its_counter_at_zero(tiles):
     """A token routes the same alone or among 15 others (the exactness of multi-token passes needs
     it), and every call leaves the arrival counter at zero for the next one; at every launch shape
@@ -93,24 +91,6 @@ def test_one_launch_router_is_batch_invariant_and_leaves_its_counter_at_zero(til
     other = moe_router.router(x[:3], weight, 8, True, torch.float32, tiles=tiles)
     assert torch.equal(shipped[0], other[0])
     torch.testing.assert_close(shipped[1], other[1], rtol=1e-5, atol=1e-6)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("tokens, hidden, split", [(1, 2048, 8), (5, 300, 4), (16, 256, 8)])
-def test_the_first_weight_tile_before_the_wait_changes_no_bit(dtype, tokens, hidden, split):
-    """`RouterTiles.early_weights`: the same spans in the same steps, the first tile loaded earlier:
-    ids, weights and logits bit-equal to the same launch shape reading it after the wait (one span
-    of one step at hidden 256 and split 8, spans ending past H at hidden 300)."""
-    g = torch.Generator().manual_seed(tokens + hidden)
-    x = torch.randn(tokens, hidden, generator=g).to(dtype)
-    weight = (torch.randn(64, hidden, generator=g) / hidden**0.5).to(dtype)
-    late = moe_router.RouterTiles(BE=32, SPLIT=split, tail_rows="call")
-    results = []
-    for tiles in (late, late._replace(early_weights=True)):
-        logits = torch.empty(tokens, 64, dtype=dtype)
-        results.append((*moe_router.router(x, weight, 8, True, dtype, logits=logits, tiles=tiles), logits))
-    for got, want in zip(results[1], results[0]):
-        assert torch.equal(got, want)
 
 
 def test_prefill_sized_calls_take_the_two_step_path():

@@ -1,6 +1,9 @@
 """The Triton MoE kernels (under TRITON_INTERPRET=1 on CPU tensors) against the float64 oracle:
 every verification length, k in {2, 8, 10}, E up to 512, awkward widths, skewed and spread
-routing, prefill pieces, bf16 and fp32; the device-side expert slots; no host read."""
+routing, prefill pieces, bf16 and fp32, expert-parallel parts, the shared expert alone, each
+program row's expert from the ids (`tiles.assignment_expert`), the early down weights bit for bit;
+no host read. The launches run on memory poisoned with NaN (ints −7), so an output, a partial row
+or an arrival counter the kernels leave unwritten shows."""
 
 from __future__ import annotations
 
@@ -16,7 +19,6 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from hybridspec.kernels.moe import triton as moe_triton  # noqa: E402
-from hybridspec.kernels.moe.routing import expert_slots, workspace_size  # noqa: E402
 from hybridspec.kernels.moe.tiles import assignment_expert  # noqa: E402
 from hybridspec.kernels.moe.tuning import MoETuning  # noqa: E402
 
@@ -24,7 +26,8 @@ RATIO = {torch.float32: 2e-6, torch.bfloat16: 1e-2}
 
 
 def _check(name, args, **kw):
-    got = moe_triton.moe_experts(**args, **kw)
+    with poisoned_allocations():  # counters left unzeroed never complete a column tile: NaN output
+        got = moe_triton.moe_experts(**args, **kw)
     ref = moe_oracle(**args)
     assert_close(name, ref, got, RATIO[args["x"].dtype])
     if args["x"].dtype == torch.bfloat16:  # no worse than the PyTorch reference's own rounding
@@ -45,6 +48,7 @@ def test_every_verification_length(n):
     ("all-distinct", (16, 8, 128, 32, 16, 0), {"all_distinct": True}, torch.float32),
     ("prefill-one-piece", (40, 2, 16, 32, 16, 16), {}, torch.float32),
     ("prefill-two-pieces", (70, 2, 16, 32, 16, 24), {}, torch.bfloat16),
+    ("prefill-three-pieces-no-shared", (130, 4, 32, 24, 16, 0), {}, torch.float32),
 ])
 def test_shapes_and_routings(name, shape, route, dtype):
     _check(name, moe_inputs(*shape, dtype=dtype, **route))
@@ -52,14 +56,20 @@ def test_shapes_and_routings(name, shape, route, dtype):
 
 @pytest.mark.parametrize("name, shape, route, dtype", [
     ("spread-bf16", (6, 8, 64, 48, 24, 16), {}, torch.bfloat16),
+    ("mixed-fp32", (6, 4, 16, 32, 40, 24), {}, torch.float32),
     ("within-one-quarter", (5, 2, 16, 32, 16, 16), {"within": (4, 8)}, torch.float32),
 ])
 def test_expert_parallel_parts_sum_to_the_whole_call(name, shape, route, dtype):
     """4 processes, a quarter of the experts each, the shared expert on process 0 only: the parts
-    sum to the whole call. With every token routed within [4, 8) process 0 runs only its shared
-    expert, and processes 2 and 3, holding none of the call's experts and no shared expert, return
-    zeros (nothing arrives at their down kernel's counters). Allocations are poisoned with NaN."""
-    args = moe_inputs(*shape, dtype=dtype, **route)
+    sum to the whole call, tokens mixing experts held here and elsewhere. With every token routed
+    within [4, 8) process 0 runs only its shared expert, and processes 2 and 3, holding none of the
+    call's experts and no shared expert, return zeros (every program row still arrives at their
+    down kernel's counters; the last arrival stores the empty sum). Allocations are poisoned with
+    NaN."""
+    args = moe_inputs(*shape, dtype=dtype, seed=3, **route)
+    quarter = args["gate_up"].shape[0] // 4
+    if "within" not in route:  # the premise: some token's experts are held by different parts
+        assert any(len(set((row // quarter).tolist())) > 1 for row in args["ids"]), name
     with poisoned_allocations():  # an unwritten output or partial row reads as NaN, not as a lucky zero
         parts = [moe_triton.moe_experts(**part) for part in expert_parts(args, 4)]
     want = [reference_moe(**part) for part in expert_parts(args, 4)]
@@ -68,44 +78,6 @@ def test_expert_parallel_parts_sum_to_the_whole_call(name, shape, route, dtype):
     assert_close(name, moe_oracle(**args), torch.stack(parts).double().sum(0), RATIO[dtype])
     if "within" in route:
         assert not parts[2].any() and not parts[3].any()
-
-
-INLINE = {64: MoETuning(inline_slots=True)}
-
-
-@pytest.mark.parametrize("name, shape, route, dtype", [
-    ("one-token", (1, 2, 16, 48, 24, 40), {}, torch.float32),
-    ("k8-E256-bf16", (16, 8, 256, 64, 32, 32), {}, torch.bfloat16),
-    ("k10-E512", (12, 10, 512, 48, 16, 16), {}, torch.float32),
-    ("one-expert-bf16", (16, 2, 16, 32, 16, 16), {"one_expert": 7}, torch.bfloat16),
-    ("all-distinct-no-shared", (16, 8, 128, 32, 16, 0), {"all_distinct": True}, torch.float32),
-    ("prefill-two-pieces", (70, 2, 16, 32, 16, 24), {}, torch.bfloat16),
-])
-def test_inline_slots_equal_the_slots_launch_bit_for_bit(name, shape, route, dtype):
-    """`MoETuning.inline_slots`: each expert program takes its expert from the ids (an expert's
-    first assignment runs it) and gate_up zeroes the down kernel's counters, with no slots launch:
-    the same products and the same sums as the three launches, bit for bit, on memory poisoned with
-    NaN (ints −7: counters left unzeroed never complete a column tile, so its output stays NaN)."""
-    args = moe_inputs(*shape, dtype=dtype, **route)
-    with poisoned_allocations():
-        want = moe_triton.moe_experts(**args)
-        got = moe_triton.moe_experts(**args, tuning=INLINE)
-    assert torch.equal(got, want), name
-
-
-@pytest.mark.parametrize("route", [{}, {"within": (4, 8)}])
-def test_inline_slots_expert_parallel_parts_equal_the_slots_launches(route):
-    """Under expert parallelism the assignments to experts held elsewhere run nowhere here; a part
-    holding none of the call's experts and no shared expert still completes every column tile (all
-    program rows arrive) and returns zeros."""
-    args = moe_inputs(5, 2, 16, 32, 16, 16, dtype=torch.float32, **route)
-    with poisoned_allocations():
-        want = [moe_triton.moe_experts(**part) for part in expert_parts(args, 4)]
-        got = [moe_triton.moe_experts(**part, tuning=INLINE) for part in expert_parts(args, 4)]
-    for r, (g, w) in enumerate(zip(got, want)):
-        assert torch.equal(g, w), r
-    if route:
-        assert not got[2].any() and not got[3].any()
 
 
 @triton.jit
@@ -139,18 +111,19 @@ def test_assignment_expert_runs_each_held_expert_in_its_first_assignments_row(fi
 
 
 @pytest.mark.parametrize("n", [1, 5])
-def test_inline_slots_run_the_shared_expert_alone(n):
+def test_the_shared_expert_alone(n):
     """The shared expert's own call (`SparseMoE.shared_beside_from`: ids all −1, one column): no
-    routed expert runs, every row still arrives, and the output is the three launches' bit for bit."""
+    routed expert runs, every program row still arrives, and the output is the shared expert's
+    (the oracle with routing weights of zero)."""
     args = moe_inputs(n, 1, 16, 32, 16, 24, dtype=torch.bfloat16)
     args["ids"].fill_(-1)
     with poisoned_allocations():
-        want = moe_triton.moe_experts(**args)
-        got = moe_triton.moe_experts(**args, tuning=INLINE)
-    assert torch.isfinite(want).all() and torch.equal(got, want)
+        got = moe_triton.moe_experts(**args)
+    want = moe_oracle(**{**args, "ids": torch.zeros_like(args["ids"]), "weights": torch.zeros_like(args["weights"])})
+    assert torch.isfinite(got).all()
+    assert_close(f"N={n}", want, got, RATIO[torch.bfloat16])
 
 
-@pytest.mark.parametrize("inline", [False, True])
 @pytest.mark.parametrize("name, shape, route, dtype", [
     ("one-token", (1, 2, 16, 48, 24, 40), {}, torch.float32),
     ("k8-E256-bf16", (16, 8, 256, 64, 32, 32), {}, torch.bfloat16),
@@ -159,74 +132,53 @@ def test_inline_slots_run_the_shared_expert_alone(n):
     ("all-distinct-no-shared", (16, 8, 128, 32, 16, 0), {"all_distinct": True}, torch.bfloat16),
     ("prefill-two-pieces", (70, 2, 16, 32, 16, 24), {}, torch.bfloat16),
 ])
-def test_down_early_weights_equal_the_shipped_launches_bit_for_bit(inline, name, shape, route, dtype):
+def test_down_early_weights_equal_the_shipped_launches_bit_for_bit(name, shape, route, dtype):
     """`MoETuning.down_early_weights`: the down programs take their expert and its first weight tile
     (the shared expert's in the last row) before the wait, then the same steps: bit for bit the
-    shipped result, with the slots launch or inline, on NaN-poisoned memory."""
+    shipped result, on NaN-poisoned memory."""
     args = moe_inputs(*shape, dtype=dtype, **route)
-    early = {64: MoETuning(inline_slots=inline, down_early_weights=True)}
+    early = {64: MoETuning(down_early_weights=True)}
     with poisoned_allocations():
         want = moe_triton.moe_experts(**args)
         got = moe_triton.moe_experts(**args, tuning=early)
-    assert torch.equal(got, want), name
+    assert torch.isfinite(want).all() and torch.equal(got, want), name
 
 
-@pytest.mark.parametrize("inline", [False, True])
 @pytest.mark.parametrize("shape", [(3, 4, 32, 40, 48, 40), (2, 4, 32, 40, 40, 48), (5, 2, 16, 40, 48, 0)],
                          ids=["I>Is", "I<Is", "no-shared"])
-def test_down_early_weights_with_several_steps_and_column_tiles(inline, shape):
+def test_down_early_weights_with_several_steps_and_column_tiles(shape):
     """Tiles of 16 × 16: the early tile is the first of several steps over the intermediate width
     (the routed and the shared expert's of different widths) in each of three column tiles, then the
     loop goes on from the second step: bit for bit the same tiles read after the wait."""
     args = moe_inputs(*shape, dtype=torch.bfloat16)
-    small = dict(down_bh=16, down_bk=16, inline_slots=inline)
+    small = dict(down_bh=16, down_bk=16)
     with poisoned_allocations():
         want = moe_triton.moe_experts(**args, tuning={64: MoETuning(**small)})
         got = moe_triton.moe_experts(**args, tuning={64: MoETuning(**small, down_early_weights=True)})
     assert torch.isfinite(want).all() and torch.equal(got, want)
 
 
-@pytest.mark.parametrize("inline", [False, True])
-def test_down_early_weights_expert_parallel_parts(inline):
-    """Under expert parallelism with the early read: the parts equal the shipped parts, and the two
-    parts holding none of the call's experts (and no shared expert) return zeros."""
-    args = moe_inputs(5, 2, 16, 32, 16, 16, dtype=torch.float32, within=(4, 8))
-    early = {64: MoETuning(inline_slots=inline, down_early_weights=True)}
-    with poisoned_allocations():
-        want = [moe_triton.moe_experts(**part) for part in expert_parts(args, 4)]
-        got = [moe_triton.moe_experts(**part, tuning=early) for part in expert_parts(args, 4)]
-    for r, (g, w) in enumerate(zip(got, want)):
-        assert torch.equal(g, w), r
-    assert not got[2].any() and not got[3].any()
-
-
-@pytest.mark.parametrize("inline", [False, True])
 @pytest.mark.parametrize("name, shape, route, dtype", [
-    ("one-token", (1, 2, 16, 48, 24, 40), {}, torch.float32),
-    ("k8-E256-bf16", (16, 8, 256, 64, 32, 32), {}, torch.bfloat16),
-    ("shared-narrower", (3, 8, 64, 48, 40, 16), {}, torch.bfloat16),
-    ("shared-wider-16-tiles", (2, 4, 32, 40, 40, 48), {}, torch.bfloat16),
-    ("no-shared", (5, 2, 16, 40, 48, 0), {}, torch.bfloat16),
+    ("mixed-held-and-remote", (6, 4, 16, 32, 40, 24), {}, torch.bfloat16),
+    ("within-one-quarter", (5, 2, 16, 32, 16, 16), {"within": (4, 8)}, torch.float32),
 ])
-def test_gate_up_shared_early_equals_the_shipped_launches_bit_for_bit(inline, name, shape, route, dtype):
-    """`MoETuning.gate_up_shared_early`: the shared expert's programs form their products before the
-    wait and store after it; the routed programs as shipped: bit for bit the shipped result (tiles
-    of 16 × 16 as well, several steps and column tiles), on NaN-poisoned memory. The interpreter
-    runs no programmatic-dependent launch: this checks the restructured arithmetic; the order
-    around the wait runs in `tests/gpu/test_moe.py`."""
-    args = moe_inputs(*shape, dtype=dtype, **route)
-    for small in ({}, dict(gate_up_bn=16, gate_up_bk=16)):
-        with poisoned_allocations():
-            want = moe_triton.moe_experts(**args, tuning={64: MoETuning(inline_slots=inline, **small)})
-            got = moe_triton.moe_experts(**args, tuning={64: MoETuning(inline_slots=inline, gate_up_shared_early=True,
-                                                                       **small)})
-        assert torch.isfinite(want).all() and torch.equal(got, want), (name, small)
-
-
-def test_inline_slots_read_nothing_back():
-    args = moe_inputs(4, 8, 64, 48, 32, 32, dtype=torch.bfloat16)
-    with NoHostRead():
-        moe_triton.moe_experts(**args, tuning=INLINE)
+def test_down_early_weights_expert_parallel_parts(name, shape, route, dtype):
+    """Under expert parallelism with the early read (parts of 4 of 16 experts, tiles of 16 × 16):
+    the parts equal the shipped parts bit for bit, where a token's experts alternate between held
+    here and held elsewhere (token 0's first expert remote in three of the four parts), and the two
+    parts holding none of the call's experts (and no shared expert) return zeros."""
+    args = moe_inputs(*shape, dtype=dtype, seed=3, **route)
+    small = dict(down_bh=16, down_bk=16)
+    with poisoned_allocations():
+        want = [moe_triton.moe_experts(**part, tuning={64: MoETuning(**small)}) for part in expert_parts(args, 4)]
+        got = [moe_triton.moe_experts(**part, tuning={64: MoETuning(**small, down_early_weights=True)})
+               for part in expert_parts(args, 4)]
+    for r, (g, w) in enumerate(zip(got, want)):
+        assert torch.isfinite(w).all() and torch.equal(g, w), (name, r)
+    if "within" in route:
+        assert not got[2].any() and not got[3].any()
+    else:  # the premise: held and remote experts mixed within a token
+        assert any((row // 4 == 0).any() and (row // 4 != 0).any() for row in args["ids"])
 
 
 def test_tuning_is_taken_as_given():
@@ -235,42 +187,12 @@ def test_tuning_is_taken_as_given():
     _check("small tiles", args, tuning=tuning)
 
 
-def test_expert_slots_are_the_sorted_distinct_experts_with_each_tokens_position_and_zeroed_arrivals():
-    args = moe_inputs(7, 3, 20, 8, 8, 0, seed=3)
-    ids = args["ids"]
-    n, k = ids.shape
-    workspace = torch.full((workspace_size(n, k, 20, 16, 3),), -7, dtype=torch.int32)
-    slot_expert, slot_kpos, count, arrivals = expert_slots(ids, workspace, 20, 16, 3)
-    assert arrivals.tolist() == [0, 0, 0]
-    distinct = torch.unique(ids)
-    assert count.tolist() == [len(distinct)]
-    assert slot_expert[: len(distinct)].tolist() == distinct.tolist()
-    for s, expert in enumerate(distinct.tolist()):
-        for t in range(16):
-            hits = (ids[t] == expert).nonzero().flatten().tolist() if t < n else []
-            assert slot_kpos[s, t].item() == (hits[0] if hits else -1), (s, t)
-
-
-def test_expert_slots_leave_out_the_experts_held_elsewhere():
-    """Experts [8, 16) of 20 held here: slots index those 8, assignments to the others have none."""
-    args = moe_inputs(7, 3, 20, 8, 8, 0, seed=3)
-    ids = args["ids"]
-    n, k = ids.shape
-    workspace = torch.full((workspace_size(n, k, 8, 16, 3),), -7, dtype=torch.int32)
-    slot_expert, slot_kpos, count, _ = expert_slots(ids, workspace, 8, 16, 3, first_expert=8)
-    held = [int(e) - 8 for e in torch.unique(ids) if 8 <= e < 16]
-    assert count.tolist() == [len(held)]
-    assert slot_expert[: len(held)].tolist() == held
-    for s in range(n * k):  # every slot row: the token's position of its held expert, -1 elsewhere
-        for t in range(16):
-            hits = (ids[t] == held[s] + 8).nonzero().flatten().tolist() if s < len(held) and t < n else []
-            assert slot_kpos[s, t].item() == (hits[0] if hits else -1), (s, t)
-
-
-def test_the_launcher_reads_nothing_back():
-    args = moe_inputs(5, 2, 16, 32, 16, 16)
+@pytest.mark.parametrize("tuning", [None, {64: MoETuning(down_early_weights=True)}], ids=["shipped", "down-early"])
+@pytest.mark.parametrize("shape", [(5, 2, 16, 32, 16, 16), (4, 8, 64, 48, 32, 32)], ids=["k2", "k8"])
+def test_the_launcher_reads_nothing_back(shape, tuning):
+    args = moe_inputs(*shape, dtype=torch.bfloat16)
     with NoHostRead():
-        moe_triton.moe_experts(**args)
+        moe_triton.moe_experts(**args, tuning=tuning)
 
 
 def test_bad_layouts_are_named():

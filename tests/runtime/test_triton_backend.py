@@ -35,16 +35,9 @@ def alternating_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def pow2_dir(tmp_path_factory):
-    """`alternating_dir` with GDN value heads of 16 (a power of two, which `fold_gated_norm` needs to
-    run inside the out-projection's launch; `alternating_dir`'s 12 take its fallback)."""
-    return write_tiny_qwen3_5_moe(tmp_path_factory.mktemp("pow2"), num_hidden_layers=4, full_attention_interval=2,
-                                  linear_value_head_dim=16)
-
-
-def _ar_tokens(directory) -> list[tuple[list[int], list[int]]]:
+def torch_ar_tokens(alternating_dir) -> list[tuple[list[int], list[int]]]:
     """(prompt, the PyTorch backend's `ar` tokens) per prompt."""
-    reference = load_target(directory, feature_layers=ScriptedDrafter.feature_layers)
+    reference = load_target(alternating_dir, feature_layers=ScriptedDrafter.feature_layers)
     ar, pairs = make_policy("ar", 15), []
     for prompt in _prompts(reference.cfg.vocab_size):
         result = Engine(reference, max_context=128).generate(prompt, policy=ar, max_new_tokens=NEW_TOKENS)
@@ -53,23 +46,8 @@ def _ar_tokens(directory) -> list[tuple[list[int], list[int]]]:
 
 
 @pytest.fixture(scope="module")
-def torch_ar_tokens(alternating_dir) -> list[tuple[list[int], list[int]]]:
-    return _ar_tokens(alternating_dir)
-
-
-@pytest.fixture(scope="module")
 def triton_target(alternating_dir):
     return load_target(alternating_dir, backend="triton", feature_layers=ScriptedDrafter.feature_layers)
-
-
-@pytest.fixture(scope="module")
-def pow2_ar_tokens(pow2_dir) -> list[tuple[list[int], list[int]]]:
-    return _ar_tokens(pow2_dir)
-
-
-@pytest.fixture(scope="module")
-def pow2_target(pow2_dir):
-    return load_target(pow2_dir, backend="triton", feature_layers=ScriptedDrafter.feature_layers)
 
 
 def test_triton_backend_emits_exactly_the_torch_ar_tokens(triton_target, torch_ar_tokens):
@@ -111,60 +89,3 @@ def test_ablation_backend_runs_the_gdn_reference_in_the_resident_round(alternati
     D = ablation.drafter.draft_len
     result = engine.generate(prompt, policy=make_policy("hybridspec", D, policy_parameters(D)), max_new_tokens=4)
     assert result.token_ids == want
-
-
-def _model(request, model: str):
-    """(the triton target, the torch backend's `ar` tokens) of the `pow2` or `alternating` model."""
-    if model == "pow2":
-        return request.getfixturevalue("pow2_target"), request.getfixturevalue("pow2_ar_tokens")
-    return request.getfixturevalue("triton_target"), request.getfixturevalue("torch_ar_tokens")
-
-
-def _full_rounds_emit(target, ar_tokens) -> None:
-    """`full` rounds (every round at w = 16) on each prompt emit the torch backend's `ar` tokens."""
-    for i, (prompt, want) in enumerate(ar_tokens):
-        drafter = ScriptedDrafter(prompt + want, target.cfg.vocab_size, seed=i)
-        result = Engine(target, drafter, max_context=128).generate(
-            prompt, policy=make_policy("full", 15, policy_parameters()), max_new_tokens=NEW_TOKENS)
-        assert result.token_ids == want
-
-
-@pytest.mark.parametrize("model", ["pow2", "alternating"])
-def test_the_input_projections_through_kernels_linear_emit_the_same_tokens(request, model):
-    """Every mixer's fused input projection through `kernels/linear`'s `linear` (`in_proj_op`: 16-row
-    tiles, the first weight tile before the wait), the rest of the triton backend as shipped: `full`
-    rounds still emit the torch backend's `ar` tokens (the 20-token prefill in two row blocks)."""
-    from hybridspec.kernels.linear import triton as linear_triton
-
-    triton_target, ar_tokens = _model(request, model)
-    mixers = [layer.linear_attn if layer.is_gdn else layer.self_attn for layer in triton_target.layers]
-    for mixer in mixers:
-        mixer.in_proj_op = linear_triton.linear
-    try:
-        _full_rounds_emit(triton_target, ar_tokens)
-    finally:
-        for mixer in mixers:
-            mixer.in_proj_op = torch.nn.functional.linear
-
-
-@pytest.mark.parametrize("model,fold_gated_norm", [("pow2", False), ("pow2", True), ("alternating", True)])
-def test_the_out_projection_with_the_norm_emits_the_same_tokens(request, model, fold_gated_norm):
-    """Every layer's out-projection, residual add and post-attention norm through `kernels/linear`
-    (`DecoderLayer.out_add_norm`; with `fold_gated_norm` the GDN layers' output norm too, inside the
-    same launch for heads of 16, through the norm's own launch for heads of 12): `full` rounds still
-    emit the torch backend's `ar` tokens, the prompt whose 20-token prefill runs two row blocks
-    included."""
-    from hybridspec.kernels.linear import triton as linear_triton
-
-    triton_target, ar_tokens = _model(request, model)
-    for layer in triton_target.layers:
-        layer.out_add_norm = linear_triton.linear_add_norm
-        if layer.is_gdn:
-            layer.linear_attn.fold_gated_norm = fold_gated_norm
-    try:
-        _full_rounds_emit(triton_target, ar_tokens)
-    finally:
-        for layer in triton_target.layers:
-            layer.out_add_norm = None
-            if layer.is_gdn:
-                layer.linear_attn.fold_gated_norm = False

@@ -27,26 +27,19 @@ class VerifyTuning:
     inputs loaded first); "split": `verify_split` (Eqs. 3, 10 by 16 x 16 products, all loads in
     flight at once, S_0 in two bf16 pieces for bf16 q, k). pdl: programmatic dependent launch on
     SM90+ (`launch.launch_options`). late_keys (split, raw keys): k's copy to k_out after the
-    outputs instead of with the solve. early_fold (recurrent, with a pending commit): the state
-    rows, the pending commit's factors and the gate parameters are loaded and the fold is done
-    before the PDL wait, beside the previous kernel's tail; for callers whose kernel just before
-    the verification writes none of them (the GDN layer: the conv, whose q, k, v are read after the
-    wait; the state and factors come from the previous round)."""
+    outputs instead of with the solve."""
 
     method: str
     block_v: int
     num_warps: int
     pdl: bool = True
     late_keys: bool = False
-    early_fold: bool = False
 
     def __post_init__(self):
         if self.method not in ("recurrent", "split"):
             raise ValueError(f"VerifyTuning: method={self.method!r}, expected recurrent or split")
         if self.late_keys and self.method != "split":
             raise ValueError(f"VerifyTuning: late_keys with method {self.method!r}, only the split kernel has it")
-        if self.early_fold and self.method != "recurrent":
-            raise ValueError(f"VerifyTuning: early_fold with method {self.method!r}, only the recurrent kernel has it")
         _check_power_of_two("VerifyTuning", "block_v", self.block_v)
         _check_power_of_two("VerifyTuning", "num_warps", self.num_warps)
 

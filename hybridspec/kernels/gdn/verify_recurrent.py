@@ -39,7 +39,6 @@ def gdn_verify_recurrent_kernel(
     DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     GATED: tl.constexpr, WRITE_K: tl.constexpr, EPS: tl.constexpr,
     USE_GDC: tl.constexpr, FOLD: tl.constexpr, BJ: tl.constexpr, RAW_KEYS: tl.constexpr,
-    EARLY_FOLD: tl.constexpr,
 ):
     """Per token i of BV rows of S (S_{i-1} in registers): z_i = beta_i (v_i - e^{gamma_i} S_{i-1} k_i),
     S_i = e^{gamma_i} S_{i-1} + z_i k_i^T, o_i = S_i q_i; the outputs are gathered into [BV, BT]
@@ -49,11 +48,8 @@ def gdn_verify_recurrent_kernel(
     A_log, dt_bias). WRITE_K: the normalised k goes to k_out (by the dv block 0 program of the first
     value head of each key head); RAW_KEYS: k as given goes there instead, as soon as it arrives,
     and z is stored as z_i / |k_i|. FOLD: the previous round's commit (Eq. 7) on these rows first
-    (`fold_rows`), stored in place and verified from. USE_GDC: programmatic dependent launch.
-    EARLY_FOLD: the state rows, the pending factors and A_log, dt_bias loaded and the fold done
-    before the wait, the same arithmetic; for callers whose kernel just before the verification
-    writes none of them (the layer's conv)."""
-    if USE_GDC and not EARLY_FOLD:
+    (`fold_rows`), stored in place and verified from. USE_GDC: programmatic dependent launch."""
+    if USE_GDC:
         wait_then_release()
     i_bh, i_v = tl.program_id(0), tl.program_id(1)
     i_b, i_h = (i_bh // HV).to(tl.int64), i_bh % HV
@@ -79,12 +75,6 @@ def gdn_verify_recurrent_kernel(
     r_K = tl.full([BT], 1.0, tl.float32)  # 1 / |k_i| (GATED)
     if GATED:
         a_log, dt = tl.load(A_log + i_h).to(tl.float32), tl.load(dt_bias + i_h).to(tl.float32)
-    if EARLY_FOLD:
-        if FOLD:  # the previous round's commit (Eq. 7) on these rows, stored in place: S_0 of this round
-            b_s = fold_rows(b_s, b_pz, b_pk, b_pg, b_m, BJ)
-            tl.store(p_s, b_s, mask=m_vk)
-        if USE_GDC:  # this round's q, k, v come from the kernel just before
-            wait_then_release()
     m_tk = m_t[:, None] & m_k[None, :]
     # every token's inputs at once: [BT, BK] rows of q, k; [BV, BT] of v; [BT] gates
     b_K = tl.load(p_k + o_t[:, None] * stride_k_t, mask=m_tk, other=0).to(tl.float32)
@@ -105,7 +95,7 @@ def gdn_verify_recurrent_kernel(
         b_B = tl.sigmoid(b_B)
     else:
         b_Q = b_Q * scale
-    if FOLD and not EARLY_FOLD:  # the previous round's commit (Eq. 7) on these rows, stored in place
+    if FOLD:  # the previous round's commit (Eq. 7) on these rows, stored in place: S_0 of this round
         b_s = fold_rows(b_s, b_pz, b_pk, b_pg, b_m, BJ)
         tl.store(p_s, b_s, mask=m_vk)
     b_o, b_z, b_gc = recurrent_steps(b_s, b_Q, b_K, b_V, b_G, b_B, T, BT)
@@ -128,12 +118,9 @@ def gdn_verify_recurrent_kernel(
 def launch_verify_recurrent(q, k, v, g, beta, state, scale, o, z, g_cum, tuning: VerifyTuning, *, gates=None,
                             k_out=None, pending=None, raw_keys=False) -> None:
     """One launch of `gdn_verify_recurrent_kernel`, arguments as `launch.verify_arguments`; the
-    tokens padded to BT = T rounded up to a power of two, the pending ones to BJ likewise. The early
-    fold only with a pending commit: without one (or once `triton.gdn_verify_gated` has committed a
-    long window by the reference, just before) the state may come from the kernel just before."""
+    tokens padded to BT = T rounded up to a power of two, the pending ones to BJ likewise."""
     grid, args, shape, pt = verify_arguments(q, k, v, g, beta, state, scale, o, z, g_cum, tuning, "recurrent",
                                              gates=gates, k_out=k_out, pending=pending, raw_keys=raw_keys)
     gdn_verify_recurrent_kernel[grid](*args, **shape, BT=triton.next_power_of_2(q.shape[1]),
-                                      BJ=triton.next_power_of_2(max(pt, 1)),
-                                      EARLY_FOLD=tuning.early_fold and pending is not None,
-                                      num_warps=tuning.num_warps, num_stages=1, **launch_options(tuning.pdl, state))
+                                      BJ=triton.next_power_of_2(max(pt, 1)), num_warps=tuning.num_warps,
+                                      num_stages=1, **launch_options(tuning.pdl, state))

@@ -2,20 +2,19 @@
 token n that routes to it (j: the token's position among its k experts; the shared expert's at
 j = k), and out_n = sum_j y[n, j] summed in the order j = 0..k.
 
-Grid (N·k + 1, ceil(H / BH)), as the gate_up kernel's: program (s, t) with s < count runs distinct
-expert slot_expert[s] (its [BH, I] tile of down weights read once, for all its tokens at once),
-s in count..N·k−1 return at once, s = N·k is the shared expert. act already carries each routing
-weight, so a token's k + 1 rows only need summing. Each program stores its rows of y (fp32), then
-arrives at its column tile's counter; the program that arrives last (count + 1 arrivals, the
-shared expert's included) sums the tile's rows of y and stores out. With `inline_slots` row s runs
-assignment s's expert where s is its first assignment (`tiles.assignment_expert`) and every row
-arrives (N·k + 1 arrivals), so no count is needed. The sum's order is fixed, so
-the result does not depend on the order programs run (no atomics on the data). Under expert
-parallelism (experts [first, first + E) held here) the sum skips the rows of experts held
-elsewhere, and with no expert here and no shared expert programs (0, t) store zeros (with
-`inline_slots` the last arrival stores the empty sum). With `down_early_weights` each program
-finds its expert and reads its first weight tile before the programmatic-dependent-launch wait,
-while the gate_up launch still runs (nothing it reads there is gate_up's output).
+Grid (N·k + 1, ceil(H / BH)), as the gate_up kernel's: program (s, t) with s < N·k takes assignment
+s's expert from the ids and runs it where s is that expert's first assignment
+(`tiles.assignment_expert`; its [BH, I] tile of down weights read once, for all its tokens at
+once), s = N·k is the shared expert. act already carries each routing weight, so a token's k + 1
+rows only need summing. Each program that runs an expert stores its rows of y (fp32); then every
+program arrives at its column tile's counter (zeroed by the gate_up launch), and the program that
+arrives last (N·k + 1 arrivals with the shared expert, N·k without) sums the tile's rows of y and
+stores out. The sum's order is fixed, so the result does not depend on the order programs run (no
+atomics on the data). Under expert parallelism (experts [first, first + E) held here) the sum
+skips the rows of experts held elsewhere; with no expert here and no shared expert the last
+arrival stores the empty sum, zeros. With `down_early_weights` each program finds its expert and
+reads its first weight tile before the programmatic-dependent-launch wait, while the gate_up
+launch still runs (nothing it reads there is gate_up's output).
 
     act [N, k + 1, max(I, Is)]   down [E, H, I]   shared down [H, Is]   y [N, k + 1, H] fp32   out [N, H]
 """
@@ -54,26 +53,17 @@ def _down_products(p_a, p_d, a_ok, h_ok, b_d0, I: tl.constexpr, BM: tl.constexpr
 
 
 @triton.jit
-def _first_weights(d_ptr, sd_ptr, ids_ptr, slot_expert_ptr, slot_kpos_ptr, count_ptr, i_s, o_h, h_ok, FIRST,
-                   stride_de, stride_dh, stride_sdh, N, K: tl.constexpr, E: tl.constexpr, I: tl.constexpr,
-                   IS: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, NKP: tl.constexpr, KP: tl.constexpr,
-                   INLINE: tl.constexpr):
+def _first_weights(d_ptr, sd_ptr, ids_ptr, i_s, o_h, h_ok, FIRST, stride_de, stride_dh, stride_sdh, N,
+                   K: tl.constexpr, E: tl.constexpr, I: tl.constexpr, IS: tl.constexpr, BM: tl.constexpr,
+                   BK: tl.constexpr, NKP: tl.constexpr, KP: tl.constexpr):
     """Program row s's expert (e, b_kpos, active, as the kernel finds them; e = 0 where inactive) and
-    its first [BH, BK] tile of down weights (the shared expert's in row N·k). Everything read here
-    was written two or more launches back (the router's ids or the slots launch's rows), finished
-    before the previous launch passed its own wait, so it may be read before this kernel's wait
-    (`kernels/pdl.py`)."""
+    its first [BH, BK] tile of down weights (the shared expert's in row N·k). The ids read here
+    come from the router, the launch before gate_up, finished before gate_up passed its own wait,
+    so they may be read before this kernel's wait (`kernels/pdl.py`)."""
     o_c = tl.arange(0, BK)
-    o_m = tl.arange(0, BM)
     routed = i_s < N * K
-    row = tl.minimum(i_s, N * K - 1)
-    if INLINE:
-        e, b_kpos, active = assignment_expert(ids_ptr, row, N, FIRST, E, K, BM, NKP, KP)
-        active = active & routed
-    else:  # rows past the count were never written: not read
-        active = routed & (i_s < tl.load(count_ptr))
-        e = tl.load(slot_expert_ptr + row, mask=active, other=0).to(tl.int64)
-        b_kpos = tl.load(slot_kpos_ptr + row * BM + o_m, mask=tl.where(active, o_m >= 0, False), other=-1)
+    e, b_kpos, active = assignment_expert(ids_ptr, tl.minimum(i_s, N * K - 1), N, FIRST, E, K, BM, NKP, KP)
+    active = active & routed
     e = tl.where(active, e, 0)
     r_ok = tl.where(active, h_ok[:, None] & (o_c < I)[None, :], False)  # [BH, BK]
     s_ok = tl.where(routed, False, h_ok[:, None] & (o_c < IS)[None, :])  # [BH, BK]
@@ -83,13 +73,11 @@ def _first_weights(d_ptr, sd_ptr, ids_ptr, slot_expert_ptr, slot_kpos_ptr, count
 
 
 @triton.jit
-def _moe_down_kernel(act_ptr, d_ptr, sd_ptr, ids_ptr, slot_expert_ptr, slot_kpos_ptr, count_ptr, arrivals_ptr, y_ptr,
-                     out_ptr, FIRST, stride_an, stride_ak, stride_de, stride_dh, stride_sdh, stride_yn, stride_yk,
-                     stride_on,
+def _moe_down_kernel(act_ptr, d_ptr, sd_ptr, ids_ptr, arrivals_ptr, y_ptr, out_ptr, FIRST, stride_an, stride_ak,
+                     stride_de, stride_dh, stride_sdh, stride_yn, stride_yk, stride_on,
                      N, K: tl.constexpr, E: tl.constexpr, H: tl.constexpr, I: tl.constexpr, IS: tl.constexpr,
                      BM: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr, NKP: tl.constexpr, KP: tl.constexpr,
-                     INLINE: tl.constexpr, EARLY: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr,
-                     USE_GDC: tl.constexpr):
+                     EARLY: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr, USE_GDC: tl.constexpr):
     i_s, i_t = tl.program_id(0), tl.program_id(1)
     o_m = tl.arange(0, BM)
     o_h = i_t * BH + tl.arange(0, BH)
@@ -97,31 +85,18 @@ def _moe_down_kernel(act_ptr, d_ptr, sd_ptr, ids_ptr, slot_expert_ptr, slot_kpos
     h_ok = o_h < H
     m_ok = o_m < N
     if EARLY:  # the expert and its first weight tile, read before the wait
-        e_0, b_kpos_0, active_0, b_d0 = _first_weights(
-            d_ptr, sd_ptr, ids_ptr, slot_expert_ptr, slot_kpos_ptr, count_ptr, i_s, o_h, h_ok, FIRST, stride_de,
-            stride_dh, stride_sdh, N, K, E, I, IS, BM, BK, NKP, KP, INLINE)
+        e_0, b_kpos_0, active_0, b_d0 = _first_weights(d_ptr, sd_ptr, ids_ptr, i_s, o_h, h_ok, FIRST, stride_de,
+                                                       stride_dh, stride_sdh, N, K, E, I, IS, BM, BK, NKP, KP)
     else:
         b_d0 = tl.zeros([BH, BK], dtype=d_ptr.dtype.element_ty)  # not read without EARLY
     if USE_GDC:
         wait_then_release()
-    if INLINE:  # every program row arrives, whether or not it runs an expert
-        arrives = i_s >= 0
-        expected = N * K + (IS > 0)
-    else:  # the distinct experts' rows and the shared expert's
-        n_active = tl.load(count_ptr)
-        arrives = (i_s >= N * K) | (i_s < n_active)
-        expected = n_active + (IS > 0)
     if i_s < N * K:
         if EARLY:
             e, b_kpos, active = e_0, b_kpos_0, active_0
-        elif INLINE:
-            e, b_kpos, active = assignment_expert(ids_ptr, i_s, N, FIRST, E, K, BM, NKP, KP)
         else:
-            active = i_s < n_active
+            e, b_kpos, active = assignment_expert(ids_ptr, i_s, N, FIRST, E, K, BM, NKP, KP)
         if active:
-            if (not INLINE) & (not EARLY):  # the distinct experts found by the slots launch
-                e = tl.load(slot_expert_ptr + i_s).to(tl.int64)
-                b_kpos = tl.load(slot_kpos_ptr + i_s * BM + o_m)  # [BM] position among the token's k, or -1
             hit = b_kpos >= 0
             p_a = act_ptr + o_m[:, None] * stride_an + b_kpos[:, None] * stride_ak + o_c[None, :]
             p_d = d_ptr + e * stride_de + o_h[:, None] * stride_dh + o_c[None, :]
@@ -134,25 +109,19 @@ def _moe_down_kernel(act_ptr, d_ptr, sd_ptr, ids_ptr, slot_expert_ptr, slot_kpos
         acc = _down_products(p_a, p_d, m_ok, h_ok, b_d0, IS, BM, BH, BK, EARLY, PRECISION, WIDEN)
         tl.store(y_ptr + o_m[:, None] * stride_yn + K * stride_yk + o_h[None, :], acc,
                  mask=m_ok[:, None] & h_ok[None, :])
-    if arrives:
-        tl.debug_barrier()  # every thread's rows of y stored before the release below
-        arrived = tl.atomic_add(arrivals_ptr + i_t, 1, sem="acq_rel")
-        if arrived == expected - 1:  # the last program of this column tile
-            total = tl.zeros([BM, BH], dtype=tl.float32)
-            for j in tl.static_range(K + (IS > 0)):
-                y_ok = m_ok
-                if j < K:  # a routed expert's row: only where this call holds the expert
-                    b_e = tl.load(ids_ptr + o_m * K + j, mask=m_ok, other=0) - FIRST  # [BM]
-                    y_ok = m_ok & (b_e >= 0) & (b_e < E)
-                total += tl.load(y_ptr + o_m[:, None] * stride_yn + j * stride_yk + o_h[None, :],
-                                 mask=y_ok[:, None] & h_ok[None, :], other=0.0, cache_modifier=".cg")
-            tl.store(out_ptr + o_m[:, None] * stride_on + o_h[None, :], total.to(out_ptr.dtype.element_ty),
-                     mask=m_ok[:, None] & h_ok[None, :])
-    if not INLINE:
-        if IS == 0:
-            if (n_active == 0) & (i_s == 0):  # nothing arrives: no expert of the call is held here
-                tl.store(out_ptr + o_m[:, None] * stride_on + o_h[None, :],
-                         tl.zeros([BM, BH], out_ptr.dtype.element_ty), mask=m_ok[:, None] & h_ok[None, :])
+    tl.debug_barrier()  # every thread's rows of y stored before the release below
+    arrived = tl.atomic_add(arrivals_ptr + i_t, 1, sem="acq_rel")  # every program row arrives
+    if arrived == N * K + (IS > 0) - 1:  # the last program of this column tile
+        total = tl.zeros([BM, BH], dtype=tl.float32)
+        for j in tl.static_range(K + (IS > 0)):
+            y_ok = m_ok
+            if j < K:  # a routed expert's row: only where this call holds the expert
+                b_e = tl.load(ids_ptr + o_m * K + j, mask=m_ok, other=0) - FIRST  # [BM]
+                y_ok = m_ok & (b_e >= 0) & (b_e < E)
+            total += tl.load(y_ptr + o_m[:, None] * stride_yn + j * stride_yk + o_h[None, :],
+                             mask=y_ok[:, None] & h_ok[None, :], other=0.0, cache_modifier=".cg")
+        tl.store(out_ptr + o_m[:, None] * stride_on + o_h[None, :], total.to(out_ptr.dtype.element_ty),
+                 mask=m_ok[:, None] & h_ok[None, :])
 
 
 def column_tiles(hidden: int, tuning) -> tuple[int, int]:
@@ -161,11 +130,12 @@ def column_tiles(hidden: int, tuning) -> tuple[int, int]:
     return bh, triton.cdiv(hidden, bh)
 
 
-def launch_down(act, down, shared, ids, slots, out, block_m: int, tuning, widen: bool, first_expert: int = 0) -> None:
+def launch_down(act, down, shared, ids, arrivals, out, block_m: int, tuning, widen: bool,
+                first_expert: int = 0) -> None:
     """act [N, k + 1, max(I, Is)] from the gate_up kernel, down [E, H, I] (experts first_expert…
-    first_expert + E − 1 of the ids), shared (or None), ids [N, k] (contiguous), slots from
-    `routing.expert_slots`, or with `tuning.inline_slots` (None, None, None, arrivals) (the
-    arrivals zeroed, one per column tile), out [N, H] (written); widen: under the interpreter."""
+    first_expert + E − 1 of the ids), shared (or None), ids [N, k] (contiguous), arrivals (int32,
+    one per column tile, zeroed by the gate_up launch), out [N, H] (written); widen: under the
+    interpreter."""
     n, k1 = act.shape[:2]
     e, h, i = down.shape
     if tuple(ids.shape) != (n, k1 - 1) or not ids.is_contiguous():
@@ -173,17 +143,13 @@ def launch_down(act, down, shared, ids, slots, out, block_m: int, tuning, widen:
                          f"with strides {ids.stride()}")
     i_s = shared.down.shape[1] if shared is not None else 0
     sd = shared.down if shared is not None else down[0]
-    slot_expert, slot_kpos, count, arrivals = slots
-    if tuning.inline_slots:
-        slot_expert = slot_kpos = count = arrivals  # not read
     bh, tiles = column_tiles(h, tuning)
     bk = step_width(tuning.down_bk, max(i, i_s), block_m + bh, act.element_size(), tuning.down_stages)
     y = torch.empty((n, k1, h), dtype=torch.float32, device=act.device)  # [N, k + 1, H]
     _moe_down_kernel[(n * (k1 - 1) + (shared is not None), tiles)](
-        act, down, sd, ids, slot_expert, slot_kpos, count, arrivals, y, out, first_expert,
+        act, down, sd, ids, arrivals, y, out, first_expert,
         act.stride(0), act.stride(1), down.stride(0), down.stride(1), sd.stride(0), y.stride(0), y.stride(1),
         out.stride(0), N=n, K=k1 - 1, E=e, H=h, I=i, IS=i_s, BM=block_m, BH=bh, BK=bk,
         NKP=triton.next_power_of_2(block_m * (k1 - 1)), KP=triton.next_power_of_2(k1 - 1),
-        INLINE=tuning.inline_slots, EARLY=tuning.down_early_weights,
-        PRECISION="ieee" if act.dtype == torch.float32 else "tf32", WIDEN=widen,
+        EARLY=tuning.down_early_weights, PRECISION="ieee" if act.dtype == torch.float32 else "tf32", WIDEN=widen,
         num_warps=tuning.down_warps, num_stages=tuning.down_stages, **pdl.options(act))

@@ -1,21 +1,18 @@
 """First half of the experts: act = w · silu(x W_gate^T) * (x W_up^T) for each distinct expert.
 
-Grid (N·k + 1, ceil(max(I, Is) / BN)). Program (s, t) with s < count runs distinct expert
-slot_expert[s] on the tokens that route to it (at most one row per token, N <= BM, so every
-expert's tokens fit one [BM, BK] tile and its weights are read once), columns t·BN..t·BN+BN−1 of
-its intermediate width; programs s in count..N·k−1 return at once (the grid depends on N and k
-only). With `inline_slots` row s runs assignment s's expert where s is its first assignment
-(`tiles.assignment_expert`), and program (0, 0) zeroes the down kernel's arrival counters.
-Program s = N·k runs the shared expert on every token and scales it by sigmoid(x · gate_weight);
-with `gate_up_shared_early` it forms those products before the programmatic-dependent-launch wait
-(it reads the weights and x only, and x was written two or more launches back: the MoE input's norm
-comes before the router), while the router and the slots launch still run, and stores after it.
+Grid (N·k + 1, ceil(max(I, Is) / BN)), fixed by N and k. Program (s, t) with s < N·k takes
+assignment s's expert from the ids and runs it only where s is that expert's first assignment
+(`tiles.assignment_expert`), on the tokens that route to it (at most one row per token, N <= BM, so
+every expert's tokens fit one [BM, BK] tile and its weights are read once), columns t·BN..t·BN+BN−1
+of its intermediate width; the other rows of s < N·k return at once. Program s = N·k runs the shared
+expert on every token and scales it by sigmoid(x · gate_weight). Program (0, 0) also zeroes the down
+kernel's arrival counters, before the down launch passes its wait.
 Each result row is scaled by its routing weight and stored at act[n, j] (j: the token's position
 among its k experts; the shared expert's at j = k), in the weights' dtype, for the down kernel to
 sum.
 
     x [N, H]   gate_up [E, 2I, H]   shared gate / up [Is, H], gate_weight [1, H]
-    act [N, k + 1, max(I, Is)]
+    act [N, k + 1, max(I, Is)]   arrivals [tiles] int32 (zeroed)
 """
 
 from __future__ import annotations
@@ -79,82 +76,60 @@ def _shared_products(p_x, sg_ptr, su_ptr, sgw_ptr, o_n, o_c, m_ok, stride_sgn, s
 
 
 @triton.jit
-def _moe_gate_up_kernel(x_ptr, rw_ptr, gu_ptr, sg_ptr, su_ptr, sgw_ptr, ids_ptr, slot_expert_ptr, slot_kpos_ptr,
-                        count_ptr, arrivals_ptr, act_ptr, FIRST, stride_xn, stride_ge, stride_gn, stride_sgn,
-                        stride_sun, stride_an, stride_ak, N, TILES, E: tl.constexpr, K: tl.constexpr,
-                        H: tl.constexpr, I: tl.constexpr, IS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                        BK: tl.constexpr, NKP: tl.constexpr, KP: tl.constexpr, TP: tl.constexpr,
-                        INLINE: tl.constexpr, SHARED_EARLY: tl.constexpr, PRECISION: tl.constexpr,
-                        WIDEN: tl.constexpr, USE_GDC: tl.constexpr):
+def _moe_gate_up_kernel(x_ptr, rw_ptr, gu_ptr, sg_ptr, su_ptr, sgw_ptr, ids_ptr, arrivals_ptr, act_ptr, FIRST,
+                        stride_xn, stride_ge, stride_gn, stride_sgn, stride_sun, stride_an, stride_ak, N, TILES,
+                        E: tl.constexpr, K: tl.constexpr, H: tl.constexpr, I: tl.constexpr, IS: tl.constexpr,
+                        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NKP: tl.constexpr, KP: tl.constexpr,
+                        TP: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr, USE_GDC: tl.constexpr):
     i_s, i_t = tl.program_id(0), tl.program_id(1)
     o_m = tl.arange(0, BM)
     o_n = i_t * BN + tl.arange(0, BN)
     o_c = tl.arange(0, BK)
     m_ok = o_m < N
     p_x = x_ptr + o_m[:, None] * stride_xn + o_c[None, :]
-    if SHARED_EARLY:  # the shared expert reads weights and x only, so its products run before the wait
-        if i_s >= N * K:
-            s_g, s_u, s_scale = _shared_products(p_x, sg_ptr, su_ptr, sgw_ptr, o_n, o_c, m_ok, stride_sgn,
-                                                 stride_sun, H, IS, BM, BN, BK, PRECISION, WIDEN)
-        else:
-            s_g = tl.zeros([BM, BN], dtype=tl.float32)
-            s_u = tl.zeros([BM, BN], dtype=tl.float32)
-            s_scale = tl.zeros([BM], dtype=tl.float32)
     if USE_GDC:
-        wait_then_release()  # nothing is stored before this point
-    if INLINE:
-        if (i_s == 0) & (i_t == 0):  # the down kernel's arrival counters, zeroed before it starts
-            o_r = tl.arange(0, TP)
-            tl.store(arrivals_ptr + o_r, tl.zeros([TP], tl.int32), mask=o_r < TILES)
+        wait_then_release()  # nothing is read or stored before this point
+    if (i_s == 0) & (i_t == 0):  # the down kernel's arrival counters, zeroed before it starts
+        o_r = tl.arange(0, TP)
+        tl.store(arrivals_ptr + o_r, tl.zeros([TP], tl.int32), mask=o_r < TILES)
     if i_s < N * K:
-        if INLINE:
-            e, b_kpos, active = assignment_expert(ids_ptr, i_s, N, FIRST, E, K, BM, NKP, KP)
-        else:
-            active = i_s < tl.load(count_ptr)
+        e, b_kpos, active = assignment_expert(ids_ptr, i_s, N, FIRST, E, K, BM, NKP, KP)
         if active:
-            if not INLINE:  # the distinct experts found by the slots launch
-                e = tl.load(slot_expert_ptr + i_s).to(tl.int64)
-                b_kpos = tl.load(slot_kpos_ptr + i_s * BM + o_m)  # [BM] position among the token's k, or -1
             hit = b_kpos >= 0
             n_ok = o_n < I
             p_g = gu_ptr + e * stride_ge + o_n[:, None] * stride_gn + o_c[None, :]
             acc_g, acc_u = gated_products(p_x, p_g, p_g + I * stride_gn, hit, n_ok, H, BM, BN, BK,
-                                             PRECISION, WIDEN)
+                                          PRECISION, WIDEN)
             b_w = tl.load(rw_ptr + o_m * K + b_kpos, mask=hit, other=0.0).to(tl.float32)  # [BM]
             _store_act(act_ptr, acc_g, acc_u, b_w, o_m, b_kpos, hit, o_n, n_ok, stride_an, stride_ak)
     else:
-        if not SHARED_EARLY:
-            s_g, s_u, s_scale = _shared_products(p_x, sg_ptr, su_ptr, sgw_ptr, o_n, o_c, m_ok, stride_sgn,
-                                                 stride_sun, H, IS, BM, BN, BK, PRECISION, WIDEN)
+        s_g, s_u, s_scale = _shared_products(p_x, sg_ptr, su_ptr, sgw_ptr, o_n, o_c, m_ok, stride_sgn,
+                                             stride_sun, H, IS, BM, BN, BK, PRECISION, WIDEN)
         b_kpos = tl.full([BM], K, dtype=tl.int32)
         _store_act(act_ptr, s_g, s_u, s_scale, o_m, b_kpos, m_ok, o_n, o_n < IS, stride_an, stride_ak)
 
 
-def launch_gate_up(x, ids, weights, gate_up, shared, slots, act, block_m: int, tuning, widen: bool,
+def launch_gate_up(x, ids, weights, gate_up, shared, arrivals, act, block_m: int, tuning, widen: bool,
                    first_expert: int = 0) -> None:
     """x [N, H], ids / weights [N, k] (ids contiguous; experts first_expert… first_expert + E − 1 of
-    them held in gate_up [E, 2I, H]), shared (SharedExpert or None), slots from
-    `routing.expert_slots`, or with `tuning.inline_slots` (None, None, None, arrivals), whose
-    arrivals this launch zeroes; act [N, k + 1, max(I, Is)] (written); widen: under the interpreter."""
+    them held in gate_up [E, 2I, H]), shared (SharedExpert or None), arrivals (int32, one per column
+    tile of the down kernel; this launch zeroes them), act [N, k + 1, max(I, Is)] (written); widen:
+    under the interpreter."""
     n, k = weights.shape
     if tuple(ids.shape) != (n, k) or not ids.is_contiguous():
         raise ValueError(f"launch_gate_up: ids must be contiguous [N, k] = {(n, k)}, got {tuple(ids.shape)} "
                          f"with strides {ids.stride()}")
     i = gate_up.shape[1] // 2
     i_s = shared.gate.shape[0] if shared is not None else 0
-    slot_expert, slot_kpos, count, arrivals = slots
-    if tuning.inline_slots:
-        slot_expert = slot_kpos = count = arrivals  # not read
     sg, su, sgw = (shared.gate, shared.up, shared.gate_weight) if shared is not None else (gate_up,) * 3
     bn = min(tuning.gate_up_bn, max(16, triton.next_power_of_2(max(i, i_s))))
     bk = step_width(tuning.gate_up_bk, x.shape[1], block_m + 2 * bn, x.element_size(), tuning.gate_up_stages)
     grid = (n * k + (shared is not None), triton.cdiv(max(i, i_s), bn))
     _moe_gate_up_kernel[grid](
-        x, weights, gate_up, sg, su, sgw, ids, slot_expert, slot_kpos, count, arrivals, act, first_expert,
+        x, weights, gate_up, sg, su, sgw, ids, arrivals, act, first_expert,
         x.stride(0), gate_up.stride(0), gate_up.stride(1), sg.stride(0), su.stride(0), act.stride(0), act.stride(1),
         N=n, TILES=arrivals.numel(), E=gate_up.shape[0], K=k, H=x.shape[1], I=i, IS=i_s, BM=block_m, BN=bn, BK=bk,
         NKP=triton.next_power_of_2(block_m * k), KP=triton.next_power_of_2(k),
-        TP=max(2, triton.next_power_of_2(arrivals.numel())), INLINE=tuning.inline_slots,
-        SHARED_EARLY=tuning.gate_up_shared_early and shared is not None,
+        TP=max(2, triton.next_power_of_2(arrivals.numel())),
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32", WIDEN=widen,
         num_warps=tuning.gate_up_warps, num_stages=tuning.gate_up_stages, **pdl.options(x))

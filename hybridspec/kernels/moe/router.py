@@ -40,18 +40,15 @@ FUSED_TOKENS, FUSED_EXPERTS = 16, 256  # calls the one-launch router takes
 
 class RouterTiles(NamedTuple):
     """Launch shape of the one-launch router: experts per program, spans of the hidden dimension,
-    hidden columns per step, warps per program, whether the last program's softmax / top-k
+    hidden columns per step, warps per program, and whether the last program's softmax / top-k
     tile has one row per token of the call rounded up to a power of two (`tail_rows="call"`) or
-    always FUSED_TOKENS rows (`"fixed"`), and whether each program reads its first [BE, BK] tile
-    of the router's weight before the programmatic-dependent-launch wait (`early_weights`: the
-    weight is no kernel's output)."""
+    always FUSED_TOKENS rows (`"fixed"`)."""
 
     BE: int = 16
     SPLIT: int = 4
     BK: int = 128
     warps: int = 4
     tail_rows: str = "fixed"
-    early_weights: bool = False
 
 
 ROUTER_TILES = RouterTiles(BE=32, SPLIT=8, tail_rows="call")  # `bench/results/router_notes.md`
@@ -120,25 +117,16 @@ def _router_fused_kernel(x_ptr, r_ptr, part_ptr, counter_ptr, logits_ptr, ids_pt
                          N, E, H: tl.constexpr, SPAN: tl.constexpr, K: tl.constexpr, RENORMALIZE: tl.constexpr,
                          SPLIT: tl.constexpr, BM: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr,
                          BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
-                         WIDEN: tl.constexpr, TAIL_M: tl.constexpr, EARLY: tl.constexpr, USE_GDC: tl.constexpr):
+                         WIDEN: tl.constexpr, TAIL_M: tl.constexpr, USE_GDC: tl.constexpr):
     i_e, i_s = tl.program_id(0), tl.program_id(1)
     o_m = tl.arange(0, BM)
     o_e = i_e * BE + tl.arange(0, BE)
     o_c = tl.arange(0, BK)
     m_ok, e_ok = o_m < N, o_e < E
-    first = i_s * SPAN
-    if EARLY:  # the first weight tile, read before the wait
-        b_r0 = tl.load(r_ptr + o_e[:, None] * stride_re + first + o_c[None, :],
-                       mask=e_ok[:, None] & (first + o_c < H)[None, :], other=0.0)  # [BE, BK]
     if USE_GDC:
         wait_then_release()
     acc = tl.zeros([BM, BE], dtype=tl.float32)
-    if EARLY:
-        b_x = tl.load(x_ptr + o_m[:, None] * stride_xn + first + o_c[None, :],
-                      mask=m_ok[:, None] & (first + o_c < H)[None, :], other=0.0)  # [BM, BK]
-        acc = dot_bt(b_x, b_r0, acc, PRECISION, WIDEN)
-        first += BK
-    for c in range(first, i_s * SPAN + SPAN, BK):  # this program's span of the hidden dimension
+    for c in range(i_s * SPAN, i_s * SPAN + SPAN, BK):  # this program's span of the hidden dimension
         c_ok = c + o_c < H
         b_x = tl.load(x_ptr + o_m[:, None] * stride_xn + c + o_c[None, :], mask=m_ok[:, None] & c_ok[None, :],
                       other=0.0)  # [BM, BK]
@@ -217,5 +205,5 @@ def router(x: Tensor, weight: Tensor, top_k: int, renormalize: bool, dtype: torc
             H=h, SPAN=span, K=top_k, RENORMALIZE=bool(renormalize), SPLIT=tiles.SPLIT, BM=FUSED_TOKENS, BE=tiles.BE,
             BK=tiles.BK, BLOCK_E=triton.next_power_of_2(e), BLOCK_K=triton.next_power_of_2(top_k),
             PRECISION="ieee" if x.dtype == torch.float32 else "tf32", WIDEN=interpreted(), TAIL_M=tail,
-            EARLY=tiles.early_weights, num_warps=tiles.warps, **pdl.options(x))
+            num_warps=tiles.warps, **pdl.options(x))
     return ids, weights

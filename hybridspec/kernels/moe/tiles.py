@@ -9,8 +9,8 @@ import triton.language as tl
 @triton.jit
 def assignment_expert(ids_ptr, i_s, N, FIRST, E, K: tl.constexpr, BM: tl.constexpr, NKP: tl.constexpr,
                       KP: tl.constexpr):
-    """Program row s's expert read from the ids [N, K] themselves, with no slots launch: (e, b_kpos,
-    active). e = ids[s // K, s % K] − FIRST (int64); active where this call holds e (0 <= e < E) and
+    """Program row s's expert read from the ids [N, K] themselves: (e, b_kpos, active).
+    e = ids[s // K, s % K] − FIRST (int64); active where this call holds e (0 <= e < E) and
     no earlier assignment has it, so each held distinct expert runs in exactly one row, that of its
     first assignment; b_kpos [BM] is, for token n, the position j with ids[n, j] − FIRST = e, or -1
     (a token's k experts are distinct)."""

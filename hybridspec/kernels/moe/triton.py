@@ -1,12 +1,10 @@
 """Triton MoE experts: the same signature, layouts and result as `reference.moe_experts`.
 
-Three launches per call of at most 64 tokens, none reading the host and each with a grid fixed by
-(N, k): `routing.expert_slots` finds the distinct experts on the device, `gate_up` runs each
-distinct expert's gate and up projections once for all its tokens, `down` sums every token's
-weighted expert outputs and the shared expert's. With `MoETuning.inline_slots` the two expert
-kernels find their experts from the ids themselves, two launches per call; with
-`MoETuning.down_columns` the down half runs by column tile (`down_columns.py`). Longer calls (prefill)
-run in 64-token pieces.
+Two launches per call of at most 64 tokens, none reading the host and each with a grid fixed by
+(N, k): `gate_up` runs each distinct expert's gate and up projections once for all its tokens (each
+program row takes its expert from the ids, `tiles.assignment_expert`) and zeroes the down kernel's
+arrival counters, `down` sums every token's weighted expert outputs and the shared expert's. Longer
+calls (prefill) run in 64-token pieces.
 Accumulation is fp32; bf16 weights use bf16 tensor-core products, fp32 weights IEEE fp32 ones.
 """
 
@@ -19,9 +17,7 @@ from torch import Tensor
 from hybridspec.kernels.interpreter import interpreted
 from hybridspec.kernels.moe.checks import SharedExpert, check_moe_args
 from hybridspec.kernels.moe.down import column_tiles, launch_down
-from hybridspec.kernels.moe.down_columns import launch_down_columns
 from hybridspec.kernels.moe.gate_up import launch_gate_up
-from hybridspec.kernels.moe.routing import expert_slots, workspace_size
 from hybridspec.kernels.moe.tuning import MOE_TUNING, tuning_for
 
 MAX_TOKENS = 64  # tokens per launch: one [BM <= 64, BK] activation tile per expert
@@ -49,10 +45,7 @@ def moe_experts(x: Tensor, ids: Tensor, weights: Tensor, gate_up: Tensor, down: 
     `checks.py`): sum_j weights[n, j] · expert_{ids[n, j]}(x_n) + the gated shared expert, over the
     experts [first_expert, first_expert + E) of the ids (expert parallelism: the others are held
     elsewhere and add nothing here). tuning: a table like `tuning.MOE_TUNING` (this module's
-    `MOE_TUNING` when None, looked up at each call). With `gate_up_shared_early` (and
-    `inline_slots`, which drops the slots launch in between) the gate_up launch reads x before its
-    programmatic-dependent-launch wait, so the launch just before this call must not write x: in
-    the model the router, which reads x, comes between."""
+    `MOE_TUNING` when None, looked up at each call)."""
     n = check_moe_args("moe_experts", x, ids, weights, gate_up, down, shared)[0]
     _check_layout(x, gate_up, down, shared)
     out = torch.empty_like(x)
@@ -68,16 +61,7 @@ def _moe_piece(x, ids, weights, gate_up, down, shared, out, tuning, first_expert
     n, k = ids.shape
     block_m = max(16, triton.next_power_of_2(n))
     i, i_s = gate_up.shape[1] // 2, shared.gate.shape[0] if shared is not None else 0
-    tiles = column_tiles(x.shape[1], tuning)[1]  # the down kernel's arrival counters
-    if tuning.inline_slots:  # the expert kernels read the ids themselves; gate_up zeroes the counters
-        slots = (None, None, None, torch.empty(tiles, dtype=torch.int32, device=x.device))
-    else:
-        workspace = torch.empty(workspace_size(n, k, gate_up.shape[0], block_m, tiles), dtype=torch.int32,
-                                device=x.device)
-        slots = expert_slots(ids, workspace, gate_up.shape[0], block_m, tiles, first_expert)
+    arrivals = torch.empty(column_tiles(x.shape[1], tuning)[1], dtype=torch.int32, device=x.device)  # gate_up zeroes
     act = torch.empty((n, k + 1, max(i, i_s)), dtype=x.dtype, device=x.device)  # [N, k + 1, max(I, Is)]
-    launch_gate_up(x, ids, weights, gate_up, shared, slots, act, block_m, tuning, interpreted(), first_expert)
-    if tuning.down_columns:
-        launch_down_columns(act, down, shared, ids, out, block_m, tuning, interpreted(), first_expert)
-    else:
-        launch_down(act, down, shared, ids, slots, out, block_m, tuning, interpreted(), first_expert)
+    launch_gate_up(x, ids, weights, gate_up, shared, arrivals, act, block_m, tuning, interpreted(), first_expert)
+    launch_down(act, down, shared, ids, arrivals, out, block_m, tuning, interpreted(), first_expert)

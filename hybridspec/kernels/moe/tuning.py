@@ -9,18 +9,9 @@ from types import MappingProxyType
 @dataclass(frozen=True)
 class MoETuning:
     """gate_up_*: tile of BN intermediate columns (gate and up rows) over BK hidden columns per step;
-    down_*: tile of BH hidden outputs over BK intermediate columns per step. inline_slots: no
-    `routing.expert_slots` launch; program row s of both kernels takes assignment s's expert from
-    the ids and runs it only where s is that expert's first assignment (`tiles.assignment_expert`),
-    and every row arrives at the down kernel's counters (the same products and sums, one launch
-    fewer). down_early_weights: each down program finds its expert and reads its first weight tile
-    before the programmatic-dependent-launch wait, during the gate_up launch (the same products).
-    gate_up_shared_early: the gate_up launch's shared-expert programs form their products before the
-    programmatic-dependent-launch wait (they read weights and x only) and store after it (the same
-    products); x must not come from the launch right before gate_up (`triton.moe_experts`).
-    down_columns: the down half by column tile (`down_columns.py`: one program per BH output
-    columns walking each token's experts, no rows of y and no last arrival; the same products and
-    sums), for the small calls whose rows of the table set it."""
+    down_*: tile of BH hidden outputs over BK intermediate columns per step. down_early_weights: each
+    down program finds its expert and reads its first weight tile before the
+    programmatic-dependent-launch wait, during the gate_up launch (the same products)."""
 
     gate_up_bn: int = 32
     gate_up_bk: int = 256
@@ -30,10 +21,7 @@ class MoETuning:
     down_bk: int = 128
     down_warps: int = 4
     down_stages: int = 3
-    inline_slots: bool = False
     down_early_weights: bool = False
-    down_columns: bool = False
-    gate_up_shared_early: bool = False
 
     def __post_init__(self):
         for name in ("gate_up_bn", "gate_up_bk", "down_bh", "down_bk"):
@@ -52,12 +40,6 @@ class MoETuning:
 MOE_TUNING = MappingProxyType({
     64: MoETuning(),
 })
-
-
-# The down half by column tile for one- and two-token calls: 128 programs of 16 columns at H = 2048,
-# each step the whole intermediate width of the 35B experts, three steps in flight, the first read
-# before the PDL wait (`bench/results/moe_kernels_notes.md`).
-DOWN_COLUMNS = MoETuning(down_columns=True, down_bh=16, down_bk=512, down_stages=4, down_early_weights=True)
 
 
 def tuning_for(n_tokens: int, table=MOE_TUNING) -> MoETuning:

@@ -19,21 +19,14 @@ MAX_N = 16384
 
 
 @triton.jit
-def _offset_rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, stride_x, stride_r, stride_y, stride_s, stride_part,
-                            N, eps, HAS_RESIDUAL: tl.constexpr, PARTS: tl.constexpr, BLOCK: tl.constexpr,
-                            USE_GDC: tl.constexpr):
+def _offset_rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, stride_x, stride_r, stride_y, stride_s,
+                            N, eps, HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, USE_GDC: tl.constexpr):
     if USE_GDC:
         wait_then_release()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < N
-    if PARTS:  # x = the fp32 parts [PARTS, rows, N] of a product summed in order, rounded as its output
-        acc = tl.zeros([BLOCK], dtype=tl.float32)
-        for i in tl.static_range(PARTS):
-            acc += tl.load(x_ptr + i * stride_part + row * stride_x + cols, mask=ok, other=0.0)
-        x = acc.to(s_ptr.dtype.element_ty)
-    else:
-        x = tl.load(x_ptr + row * stride_x + cols, mask=ok, other=0.0)
+    x = tl.load(x_ptr + row * stride_x + cols, mask=ok, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(r_ptr + row * stride_r + cols, mask=ok, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(s_ptr.dtype.element_ty)  # torch's add: fp32, rounded
@@ -56,7 +49,7 @@ def _gated_rms_norm_kernel(x_ptr, g_ptr, w_ptr, y_ptr, stride_xt, stride_xh, str
     x = tl.load(x_ptr + t * stride_xt + h * stride_xh + cols, mask=ok, other=0.0)
     w = tl.load(w_ptr + cols, mask=ok, other=0.0)
     g = tl.load(g_ptr + t * stride_gt + h * stride_gh + cols, mask=ok, other=0.0)
-    tl.store(y_ptr + row * N + cols, gated_rms(x, g, w, N, eps, 0, y_ptr.dtype.element_ty), mask=ok)
+    tl.store(y_ptr + row * N + cols, gated_rms(x, g, w, N, eps, y_ptr.dtype.element_ty), mask=ok)
 
 
 def _rows(name: str, t: Tensor, n: int) -> Tensor:
@@ -96,28 +89,8 @@ def offset_rms_norm(x: Tensor, weight: Tensor, eps: float, residual: Tensor | No
         s_rows = s.view(-1, n)
     if rows.shape[0]:
         _offset_rms_norm_kernel[(rows.shape[0],)](
-            rows, r_rows, weight, y, s_rows, rows.stride(0), r_rows.stride(0), n, s_rows.stride(0), 0, n, eps,
-            HAS_RESIDUAL=residual is not None, PARTS=0, BLOCK=triton.next_power_of_2(n), **pdl.options(x))
-    return y, s
-
-
-def offset_rms_norm_of_parts(parts: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-    """`offset_rms_norm(x, weight, eps, residual)` where x is the sum of a product's fp32 parts
-    [P, rows, N] (summed in part order, rounded to residual's dtype): (normalize(s) · (1 + weight), s),
-    s = x + residual [rows, N]."""
-    n = _check(residual, weight)
-    r_rows = _rows("residual", residual, n)
-    if parts.dim() != 3 or parts.shape[1:] != r_rows.shape or parts.dtype != torch.float32 or parts.stride(-1) != 1:
-        raise ValueError(f"rms norm: parts {tuple(parts.shape)} {parts.dtype} must be fp32 [P, {r_rows.shape[0]}, {n}]"
-                         " and contiguous in the last dimension")
-    y = torch.empty(residual.shape, dtype=residual.dtype, device=residual.device)
-    s = torch.empty(residual.shape, dtype=residual.dtype, device=residual.device)
-    s_rows = s.view(-1, n)
-    if r_rows.shape[0]:
-        _offset_rms_norm_kernel[(r_rows.shape[0],)](
-            parts, r_rows, weight, y, s_rows, parts.stride(1), r_rows.stride(0), n, s_rows.stride(0), parts.stride(0),
-            n, eps, HAS_RESIDUAL=True, PARTS=parts.shape[0], BLOCK=triton.next_power_of_2(n),
-            **pdl.options(residual))
+            rows, r_rows, weight, y, s_rows, rows.stride(0), r_rows.stride(0), n, s_rows.stride(0), n, eps,
+            HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(n), **pdl.options(x))
     return y, s
 
 

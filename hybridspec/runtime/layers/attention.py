@@ -33,7 +33,6 @@ class GatedAttention(nn.Module):
         self.q_norm = OffsetRMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
         self.k_norm = OffsetRMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
         self._qkv: Tensor | None = None  # q (with its gate), k and v projections as one weight
-        self.in_proj_op: Callable = torch.nn.functional.linear  # the fused projection's product (`kernels/linear`)
 
     def fuse_projections(self) -> None:
         """The q (2× wide), k and v projections as one GEMM (`fuse_linears`)."""
@@ -45,18 +44,10 @@ class GatedAttention(nn.Module):
         if self._qkv is None or torch.is_grad_enabled():
             return self.q_proj(x), self.k_proj(x), self.v_proj(x)
         kv = self.n_kv * self.head_dim
-        return self.in_proj_op(x, self._qkv).split((2 * self.n_heads * self.head_dim, kv, kv), dim=-1)
+        return torch.nn.functional.linear(x, self._qkv).split((2 * self.n_heads * self.head_dim, kv, kv), dim=-1)
 
-    def forward(self, x: Tensor, cache: TargetCache, slot: int, rope: tuple[Tensor, Tensor],
-                then: Callable | None = None):
-        """x [B, T, hidden] → [B, T, hidden]: `o_proj` of `heads`, or `then(heads, o_proj.weight)`
-        where given (the projection fused with what follows it)."""
-        o = self.heads(x, cache, slot, rope)
-        return self.o_proj(o) if then is None else then(o, self.o_proj.weight)
-
-    def heads(self, x: Tensor, cache: TargetCache, slot: int, rope: tuple[Tensor, Tensor]) -> Tensor:
-        """x [B, T, hidden] at positions p … p+T−1 (p = cache.position, on the device) → the gated
-        heads' output [B, T, heads·head_dim] before `o_proj`; writes their
+    def forward(self, x: Tensor, cache: TargetCache, slot: int, rope: tuple[Tensor, Tensor]) -> Tensor:
+        """x [B, T, hidden] at positions p … p+T−1 (p = cache.position, on the device); writes their
         K/V into the cache. `op` reads keys up to `cache.key_span` (static) or, when the host knows
         the length, up to length + T; the Triton kernels read the length on the device instead."""
         B, T, _ = x.shape
@@ -65,4 +56,5 @@ class GatedAttention(nn.Module):
         kv_shape = (B, T, self.n_kv, self.head_dim)
         q = self.prepare_op(q, k.view(kv_shape), v.view(kv_shape), self.q_norm.weight, self.k_norm.weight,
                             self.q_norm.eps, *rope, cache.key[slot], cache.value[slot], cache.position)
-        return self.op(q, gate, cache.key[slot], cache.value[slot], cache.position, cache.key_span or cache.length + T)
+        out = self.op(q, gate, cache.key[slot], cache.value[slot], cache.position, cache.key_span or cache.length + T)
+        return self.o_proj(out)

@@ -40,8 +40,6 @@ class GatedDeltaNet(nn.Module):
         self._verify = verify
         self.conv_op = gdn_reference.causal_conv_silu  # the model sets the backend's (`kernels/gdn`)
         self._in_proj: Tensor | None = None  # the four input projections as one weight (`fuse_projections`)
-        self.in_proj_op: Callable = F.linear  # the fused projection's product (`kernels/linear`'s `linear`)
-        self.fold_gated_norm = False  # the output norm inside a fused projection's launch (`forward`)
 
     def fuse_projections(self) -> None:
         """The qkv, z, b and a projections as one GEMM (`fuse_linears`): one launch, one pass over x."""
@@ -53,23 +51,10 @@ class GatedDeltaNet(nn.Module):
         if self._in_proj is None or torch.is_grad_enabled():
             return self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_b(x), self.in_proj_a(x)
         sizes = (self.conv_dim, self.hv * self.dv, self.hv, self.hv)
-        return self.in_proj_op(x, self._in_proj).split(sizes, dim=-1)
+        return F.linear(x, self._in_proj).split(sizes, dim=-1)
 
-    def forward(self, x: Tensor, cache: TargetCache, slot: int, then: Callable | None = None):
-        """x [B, T, hidden] → [B, T, hidden]; fills the round buffers of `slot` for these T tokens.
-        `then(o, out_proj.weight)`, where given, takes the place of `out_proj` (and returns what it
-        returns): the projection fused with what follows it. With `fold_gated_norm` it also takes
-        the output norm: `then(heads, out_proj.weight, gate=…, gate_weight=…, gate_eps=…)` on the raw
-        heads [B, T, HV, dv]."""
-        o, gate = self.heads(x, cache, slot)
-        if then is not None and self.fold_gated_norm:
-            return then(o, self.out_proj.weight, gate=gate, gate_weight=self.norm.weight, gate_eps=self.norm.eps)
-        o = self.norm(o, gate).flatten(-2)  # [B, T, HV·dv] in x's dtype (o rounded to it first)
-        return self.out_proj(o) if then is None else then(o, self.out_proj.weight)
-
-    def heads(self, x: Tensor, cache: TargetCache, slot: int) -> tuple[Tensor, Tensor]:
-        """x [B, T, hidden] → (the heads' output, their output gate), both [B, T, HV, dv], before the
-        gated norm and `out_proj`."""
+    def forward(self, x: Tensor, cache: TargetCache, slot: int) -> Tensor:
+        """x [B, T, hidden] → [B, T, hidden]; fills the round buffers of `slot` for these T tokens."""
         B, T, _ = x.shape
         mixed, z, b, a = self._project(x)  # mixed: [B, T, conv_dim]
         # the conv inputs also go to the round buffer, from which the commit advances the window
@@ -88,4 +73,6 @@ class GatedDeltaNet(nn.Module):
                                g_out=cache.g_cum[slot, :, :T], k_out=cache.k[slot, :, :T],
                                pending=cache.pending_commit(slot), raw_keys=True)
         cache.mark_committed(slot)  # the launch above folded the pending commit into this layer's state
-        return o, z.reshape(B, T, self.hv, self.dv)
+        gate = z.reshape(B, T, self.hv, self.dv)
+        o = self.norm(o, gate)  # [B, T, HV, dv] in x's dtype (o rounded to it first)
+        return self.out_proj(o.reshape(B, T, -1))

@@ -11,7 +11,6 @@ the `model.` prefix removed (the loaders of `models/` map other layouts onto it)
 
 from __future__ import annotations
 
-import functools
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -135,14 +134,11 @@ def whole(t: Tensor) -> Tensor:
 
 class DecoderLayer(nn.Module):
     """`reduce` completes the token mixer's and the MLP block's outputs: `whole` in one process, an
-    all-reduce over the ranks under tensor parallelism (`runtime/tensor_parallel.py`).
-    `out_add_norm`, where set (`kernels/linear`'s `linear_add_norm`), runs the mixer's out-projection,
-    the residual add and the post-attention norm together in one process."""
+    all-reduce over the ranks under tensor parallelism (`runtime/tensor_parallel.py`)."""
 
     def __init__(self, cfg: TargetConfig, index: int, verify: Callable, experts: Callable):
         super().__init__()
         self.reduce: Callable[[Tensor], Tensor] = whole
-        self.out_add_norm: Callable | None = None
         self.is_gdn = cfg.layer_types[index] == "linear_attention"
         if self.is_gdn:
             self.linear_attn = GatedDeltaNet(cfg, verify)
@@ -161,12 +157,8 @@ class DecoderLayer(nn.Module):
             rope: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor]:
         """The token mixer on h = input_layernorm(x), its residual add fused into the post-attention
         norm: returns (post_attention_layernorm(x'), x') with x' = x + mixer(h)."""
-        mixer, args = (self.linear_attn, (h, cache, slot)) if self.is_gdn else (self.self_attn, (h, cache, slot, rope))
-        norm = self.post_attention_layernorm
-        if self.out_add_norm is not None and self.reduce is whole:
-            then = functools.partial(self.out_add_norm, residual=x, norm_weight=norm.weight, eps=norm.eps)
-            return mixer(*args, then=then)
-        return norm.add_norm(self.reduce(mixer(*args)), x)
+        h = self.linear_attn(h, cache, slot) if self.is_gdn else self.self_attn(h, cache, slot, rope)
+        return self.post_attention_layernorm.add_norm(self.reduce(h), x)
 
 
 def device_resident(backend: str) -> bool:

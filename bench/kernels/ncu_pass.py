@@ -1,0 +1,188 @@
+"""Nsight Compute's view of every kernel of one verification pass of the 35B preset (random weights,
+bf16, Triton backend), for the question the round's timings cannot answer: where inside each
+kernel the time over its bytes goes (DRAM throughput against peak, achieved occupancy, the warp
+stall reasons, registers, grid).
+
+Two halves:
+- `run`: loads the preset, prefills a random context, warms the pass at each width, then runs one
+  eager pass per width between `cudaProfilerStart` and `cudaProfilerStop`, so that
+  `ncu --profile-from-start off` profiles those passes' kernels only;
+- `summary CSV [--raw RAW]`: reads `ncu --page details --csv` and prints, per kernel name, calls,
+  mean duration, DRAM and memory throughput, achieved occupancy, registers, grid and block, and
+  from `--page raw --csv` the four largest warp stall reasons (cycles per issued instruction), as a
+  table (and JSON beside it).
+
+    ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \\
+        --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \\
+        -o OUT/pass -f python3 bench/kernels/ncu_pass.py run --widths 1
+    ncu -i OUT/pass.ncu-rep --page details --csv > OUT/pass.csv
+    ncu -i OUT/pass.ncu-rep --page raw --csv > OUT/pass_raw.csv
+    python3 bench/kernels/ncu_pass.py summary OUT/pass.csv --raw OUT/pass_raw.csv --out OUT/ncu_summary.json
+
+ncu replays each kernel with its caches flushed (`--cache-control all`, the default), so every
+kernel reads its weights from DRAM as it does in a decoding pass, but without the overlap of
+programmatic dependent launch: durations here are each kernel alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+# metrics of the details page kept per kernel (section, metric name as ncu prints them)
+KEPT = {
+    "Duration": "duration",
+    "DRAM Throughput": "dram_pct",
+    "Memory Throughput": "memory_pct",
+    "Compute (SM) Throughput": "sm_pct",
+    "Achieved Occupancy": "occupancy_pct",
+    "Registers Per Thread": "registers",
+    "Grid Size": "grid",
+    "Block Size": "block",
+    "Dynamic Shared Memory Per Block": "dynamic_smem",
+    "Static Shared Memory Per Block": "static_smem",
+    "Warp Cycles Per Issued Instruction": "cycles_per_issue",
+    "Elapsed Cycles": "cycles",
+}
+
+
+def run(args) -> int:
+    import torch
+
+    from hybridspec.runtime.session import open_session
+    from tests.runtime.helpers import prefilled_cache
+
+    widths = [int(w) for w in args.widths.split(",")]
+    session = open_session(args.model, "random", device="cuda", dtype="bfloat16", backend="triton",
+                           max_context=args.context + 4 * max(widths))
+    target = session.target
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, target.cfg.vocab_size, (args.context,), generator=gen).tolist()
+    cache = prefilled_cache(target, prompt, max(widths))
+    block = torch.randint(0, target.cfg.vocab_size, (1, max(widths)), generator=gen).cuda()
+    for w in widths:
+        for _ in range(2):  # compile and warm each width before the profiled region
+            cache.pending = [True] * len(cache.pending)
+            target.forward_pass(block[:, :w], cache)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    for w in widths:
+        cache.pending = [True] * len(cache.pending)
+        target.forward_pass(block[:, :w], cache)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+    print(f"profiled one pass at each of w = {widths}")
+    return 0
+
+
+def _number(text: str):
+    try:
+        return float(text.replace(",", ""))
+    except ValueError:
+        return text
+
+
+def _rows(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        lines = [line for line in f if line.startswith('"')]  # ncu prints its own notes before the table
+    return list(csv.DictReader(lines))
+
+
+STALL = "smsp__average_warps_issue_stalled_"  # raw metrics: warps stalled per issued instruction, by reason
+STALL_END = "_per_issue_active.ratio"
+
+
+def read_stalls(path: Path) -> dict[str, dict]:
+    """launch ID → {reason: warps stalled per issued instruction} from `--page raw --csv` (one row
+    per launch; its second row holds the units)."""
+    stalls = {}
+    for row in _rows(path):
+        if not row.get("ID", "").strip().isdigit():
+            continue
+        stalls[row["ID"]] = {name[len(STALL):-len(STALL_END)]: _number(value) for name, value in row.items()
+                             if name and name.startswith(STALL) and name.endswith(STALL_END)}
+    return stalls
+
+
+def read_details(path: Path, stalls: dict[str, dict] | None = None) -> dict[str, list[dict]]:
+    """kernel name → one dict per profiled launch: the KEPT metrics, plus `stalls` (reason → warps
+    stalled per issued instruction, from `read_stalls`) where given."""
+    launches: dict[tuple[str, str], dict] = {}
+    for row in _rows(path):
+        key = (row["ID"], row["Kernel Name"])
+        launch = launches.setdefault(key, {"stalls": (stalls or {}).get(row["ID"], {})})
+        name, value = row["Metric Name"], _number(row["Metric Value"])
+        if name in KEPT:
+            unit = row.get("Metric Unit", "")
+            if name == "Duration":  # µs whatever unit ncu chose
+                value = value * {"nsecond": 1e-3, "ns": 1e-3, "msecond": 1e3, "ms": 1e3}.get(unit, 1.0)
+            launch[KEPT[name]] = value
+    by_kernel: dict[str, list[dict]] = defaultdict(list)
+    for (_, kernel), launch in launches.items():
+        by_kernel[kernel].append(launch)
+    return by_kernel
+
+
+def summarise(by_kernel: dict[str, list[dict]]) -> list[dict]:
+    rows = []
+    for kernel, launches in by_kernel.items():
+        durations = [l["duration"] for l in launches if isinstance(l.get("duration"), float)]
+        row = dict(kernel=kernel[:80], calls=len(launches),
+                   us=round(statistics.mean(durations), 2) if durations else None,
+                   total_us=round(sum(durations), 1))
+        for field in ("dram_pct", "memory_pct", "sm_pct", "occupancy_pct", "registers", "grid", "block",
+                      "dynamic_smem", "static_smem", "cycles_per_issue"):
+            values = [l[field] for l in launches if field in l]
+            if values:
+                row[field] = round(statistics.mean(values), 1) if isinstance(values[0], float) else values[0]
+        stalls: dict[str, list[float]] = defaultdict(list)
+        for launch in launches:
+            for reason, value in launch["stalls"].items():
+                if isinstance(value, float):
+                    stalls[reason].append(value)
+        row["stalls"] = dict(sorted(((r, round(statistics.mean(v), 2)) for r, v in stalls.items()),
+                                    key=lambda item: -item[1])[:4])
+        rows.append(row)
+    return sorted(rows, key=lambda r: -(r["total_us"] or 0))
+
+
+def summary(args) -> int:
+    rows = summarise(read_details(Path(args.csv), read_stalls(Path(args.raw)) if args.raw else None))
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=1))
+    print("| kernel | calls | µs | total µs | DRAM % | mem % | SM % | occupancy % | regs | grid | block |"
+          " cycles/issue | top stalls |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        stalls = "; ".join(f"{k} {v}" for k, v in r["stalls"].items())
+        print(f"| {r['kernel']} | {r['calls']} | {r['us']} | {r['total_us']} | {r.get('dram_pct', '')} |"
+              f" {r.get('memory_pct', '')} | {r.get('sm_pct', '')} | {r.get('occupancy_pct', '')} |"
+              f" {r.get('registers', '')} | {r.get('grid', '')} | {r.get('block', '')} |"
+              f" {r.get('cycles_per_issue', '')} | {stalls} |")
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="one eager pass per width inside the profiled region (under ncu)")
+    r.add_argument("--model", default="qwen3.6-35b-a3b")
+    r.add_argument("--widths", default="1", help="comma list of pass widths, e.g. 1,4,16")
+    r.add_argument("--context", type=int, default=1024)
+    s = sub.add_parser("summary", help="a table per kernel name from `ncu --page details --csv`")
+    s.add_argument("csv")
+    s.add_argument("--raw", default=None, help="`ncu --page raw --csv` of the same report (the stall reasons)")
+    s.add_argument("--out", default=None, help="also write the rows as JSON here")
+    args = ap.parse_args(argv)
+    return run(args) if args.cmd == "run" else summary(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
