@@ -6,8 +6,8 @@
 # round: bench/gpu_round.py on the 35B preset, greedy `ar` and `full`, shipped first, then the
 #   variants written and not yet measured; every row is timed before the profiler's host counts and
 #   GPU work per round (gpu_round's second pass).
-# ncu: Nsight Compute's view of every kernel of one one-token pass and one w = 4 pass
-#   (bench/kernels/ncu_pass.py: DRAM throughput, occupancy, stall reasons per kernel).
+# ncu: Nsight Compute's view of every kernel of one one-token pass and of one w = 4 pass, a report
+#   each (bench/kernels/ncu_pass.py: DRAM throughput, occupancy, stall reasons per kernel); CAP 590.
 # sampled: the same for top-k 20 / top-p 0.95 at temperature 1 beside greedy, the kernels against
 #   the torch form of the point-mass rule.
 # moe: one MoE layer, the shipped launches beside the sweep's rows (moe_kernels.py --sweep).
@@ -24,7 +24,7 @@ MOE_LENGTHS=1,2,4,16 ROUND_CAP=0 NCU_CAP=0 SAMPLED_CAP=0 MOE_CAP=0 TESTS_CAP=0 T
 case "$STEP" in
   round) ROUND_CAP="$CAP" ;;
   ncu) NCU_CAP="$CAP" ;;
-  rest) TESTS_CAP=240 MOE_CAP=150 TP1_CAP=150 ;;
+  rest) TESTS_CAP=300 MOE_CAP=120 TP1_CAP=150 ;;
   tp1) TP1_CAP="$CAP" ;;
   sampled) SAMPLED_CAP="$CAP" ;;
   moe) MOE_CAP="$CAP" ;;
@@ -48,17 +48,24 @@ if [ "$ROUND_CAP" -gt 0 ]; then
   round round "$ROUND_CAP" --variants shipped,moe-down-early,shared-beside-spec,shared-beside
 fi
 if [ "$NCU_CAP" -gt 0 ]; then
-  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  timeout "$NCU_CAP" "$NCU" --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \
-    --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis -o "$OUT/pass" -f \
-    python3 bench/kernels/ncu_pass.py run --widths 1,4 > "$OUT/ncu.log" 2>&1
-  echo "ncu rc $?"
-  tail -3 "$OUT/ncu.log"
-  "$NCU" -i "$OUT/pass.ncu-rep" --page details --csv > "$OUT/pass.csv" 2>> "$OUT/ncu.log"
-  "$NCU" -i "$OUT/pass.ncu-rep" --page raw --csv > "$OUT/pass_raw.csv" 2>> "$OUT/ncu.log"
-  python3 bench/kernels/ncu_pass.py summary "$OUT/pass.csv" --raw "$OUT/pass_raw.csv" --out "$OUT/ncu_summary.json" \
-    > "$OUT/ncu_summary.md"
-  head -40 "$OUT/ncu_summary.md" | cut -c1-300
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  if [ -z "$NCU" ]; then
+    echo "ncu step: no ncu on PATH, under /opt/nvidia/nsight-compute or in /usr/local/cuda/bin"
+  else
+    for W in 1 4; do  # one report per width, each profile capped so that its export and summary still run
+      timeout $((NCU_CAP / 2 - 30)) "$NCU" --clock-control none --profile-from-start off --section SpeedOfLight \
+        --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
+        -o "$OUT/pass_w$W" -f python3 bench/kernels/ncu_pass.py run --width "$W" > "$OUT/ncu_w$W.log" 2>&1
+      echo "ncu w=$W rc $?"
+      tail -3 "$OUT/ncu_w$W.log"
+      [ -f "$OUT/pass_w$W.ncu-rep" ] || continue
+      "$NCU" -i "$OUT/pass_w$W.ncu-rep" --page details --csv > "$OUT/pass_w$W.csv" 2>> "$OUT/ncu_w$W.log"
+      "$NCU" -i "$OUT/pass_w$W.ncu-rep" --page raw --csv > "$OUT/pass_w${W}_raw.csv" 2>> "$OUT/ncu_w$W.log"
+      python3 bench/kernels/ncu_pass.py summary "$OUT/pass_w$W.csv" --raw "$OUT/pass_w${W}_raw.csv" \
+        --out "$OUT/ncu_w$W.json" > "$OUT/ncu_w$W.md"
+      head -25 "$OUT/ncu_w$W.md" | cut -c1-300
+    done
+  fi
 fi
 if [ "$TESTS_CAP" -gt 0 ]; then
   timeout "$TESTS_CAP" python3 -m pytest -m gpu tests/gpu/test_moe.py tests/gpu/test_norm.py tests/gpu/test_router.py \

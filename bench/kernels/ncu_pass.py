@@ -4,9 +4,10 @@ kernel the time over its bytes goes (DRAM throughput against peak, achieved occu
 stall reasons, registers, grid).
 
 Two halves:
-- `run`: loads the preset, prefills a random context, warms the pass at each width, then runs one
-  eager pass per width between `cudaProfilerStart` and `cudaProfilerStop`, so that
-  `ncu --profile-from-start off` profiles those passes' kernels only;
+- `run --width W`: loads the preset, prefills a random context, warms the pass of W tokens, then
+  runs one eager pass between `cudaProfilerStart` and `cudaProfilerStop`, so that
+  `ncu --profile-from-start off` profiles that pass's kernels only (one report per width, so that
+  each kernel's rows are of one call size);
 - `summary CSV [--raw RAW]`: reads `ncu --page details --csv` and prints, per kernel name, calls,
   mean duration, DRAM and memory throughput, achieved occupancy, registers, grid and block, and
   from `--page raw --csv` the four largest warp stall reasons (cycles per issued instruction), as a
@@ -14,7 +15,7 @@ Two halves:
 
     ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \\
         --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \\
-        -o OUT/pass -f python3 bench/kernels/ncu_pass.py run --widths 1
+        -o OUT/pass -f python3 bench/kernels/ncu_pass.py run --width 1
     ncu -i OUT/pass.ncu-rep --page details --csv > OUT/pass.csv
     ncu -i OUT/pass.ncu-rep --page raw --csv > OUT/pass_raw.csv
     python3 bench/kernels/ncu_pass.py summary OUT/pass.csv --raw OUT/pass_raw.csv --out OUT/ncu_summary.json
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import statistics
 import sys
@@ -49,8 +51,10 @@ KEPT = {
     "Dynamic Shared Memory Per Block": "dynamic_smem",
     "Static Shared Memory Per Block": "static_smem",
     "Warp Cycles Per Issued Instruction": "cycles_per_issue",
-    "Elapsed Cycles": "cycles",
 }
+TO_US = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3, "second": 1e6, "s": 1e6}
+PERCENT = {"dram_pct", "memory_pct", "sm_pct", "occupancy_pct"}  # taken only from rows in % (the memory
+# section prints another "Memory Throughput" in bytes per second)
 
 
 def run(args) -> int:
@@ -59,26 +63,24 @@ def run(args) -> int:
     from hybridspec.runtime.session import open_session
     from tests.runtime.helpers import prefilled_cache
 
-    widths = [int(w) for w in args.widths.split(",")]
+    w = args.width
     session = open_session(args.model, "random", device="cuda", dtype="bfloat16", backend="triton",
-                           max_context=args.context + 4 * max(widths))
+                           max_context=args.context + 4 * w)
     target = session.target
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, target.cfg.vocab_size, (args.context,), generator=gen).tolist()
-    cache = prefilled_cache(target, prompt, max(widths))
-    block = torch.randint(0, target.cfg.vocab_size, (1, max(widths)), generator=gen).cuda()
-    for w in widths:
-        for _ in range(2):  # compile and warm each width before the profiled region
-            cache.pending = [True] * len(cache.pending)
-            target.forward_pass(block[:, :w], cache)
+    cache = prefilled_cache(target, prompt, w)
+    block = torch.randint(0, target.cfg.vocab_size, (1, w), generator=gen).cuda()
+    for _ in range(2):  # compile and warm before the profiled region
+        cache.pending = [True] * len(cache.pending)
+        target.forward_pass(block, cache)
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
-    for w in widths:
-        cache.pending = [True] * len(cache.pending)
-        target.forward_pass(block[:, :w], cache)
+    cache.pending = [True] * len(cache.pending)
+    target.forward_pass(block, cache)
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
-    print(f"profiled one pass at each of w = {widths}")
+    print(f"profiled one pass of w = {w}")
     return 0
 
 
@@ -90,9 +92,13 @@ def _number(text: str):
 
 
 def _rows(path: Path) -> list[dict]:
-    with open(path, newline="") as f:
-        lines = [line for line in f if line.startswith('"')]  # ncu prints its own notes before the table
-    return list(csv.DictReader(lines))
+    """The CSV table of an ncu page: from its header line (ncu may print notes before it) to the end,
+    quoted fields spanning lines included."""
+    text = path.read_text()
+    start = text.find('"ID"')
+    if start < 0:
+        raise ValueError(f"{path}: no ncu CSV table (no header line starting with \"ID\")")
+    return list(csv.DictReader(io.StringIO(text[start:], newline="")))
 
 
 STALL = "smsp__average_warps_issue_stalled_"  # raw metrics: warps stalled per issued instruction, by reason
@@ -107,7 +113,8 @@ def read_stalls(path: Path) -> dict[str, dict]:
         if not row.get("ID", "").strip().isdigit():
             continue
         stalls[row["ID"]] = {name[len(STALL):-len(STALL_END)]: _number(value) for name, value in row.items()
-                             if name and name.startswith(STALL) and name.endswith(STALL_END)}
+                             if name and name.startswith(STALL) and name.endswith(STALL_END)
+                             and name != f"{STALL}selected{STALL_END}"}  # issuing, not a stall
     return stalls
 
 
@@ -119,10 +126,10 @@ def read_details(path: Path, stalls: dict[str, dict] | None = None) -> dict[str,
         key = (row["ID"], row["Kernel Name"])
         launch = launches.setdefault(key, {"stalls": (stalls or {}).get(row["ID"], {})})
         name, value = row["Metric Name"], _number(row["Metric Value"])
-        if name in KEPT:
-            unit = row.get("Metric Unit", "")
+        unit = row.get("Metric Unit", "")
+        if name in KEPT and (KEPT[name] not in PERCENT or unit == "%"):
             if name == "Duration":  # µs whatever unit ncu chose
-                value = value * {"nsecond": 1e-3, "ns": 1e-3, "msecond": 1e3, "ms": 1e3}.get(unit, 1.0)
+                value = value * TO_US.get(unit, 1.0)
             launch[KEPT[name]] = value
     by_kernel: dict[str, list[dict]] = defaultdict(list)
     for (_, kernel), launch in launches.items():
@@ -172,9 +179,9 @@ def summary(args) -> int:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run", help="one eager pass per width inside the profiled region (under ncu)")
+    r = sub.add_parser("run", help="one eager pass of --width tokens inside the profiled region (under ncu)")
     r.add_argument("--model", default="qwen3.6-35b-a3b")
-    r.add_argument("--widths", default="1", help="comma list of pass widths, e.g. 1,4,16")
+    r.add_argument("--width", type=int, default=1, help="tokens in the profiled pass")
     r.add_argument("--context", type=int, default=1024)
     s = sub.add_parser("summary", help="a table per kernel name from `ncu --page details --csv`")
     s.add_argument("csv")

@@ -58,6 +58,7 @@ def test_shapes_and_routings(name, shape, route, dtype):
     ("spread-bf16", (6, 8, 64, 48, 24, 16), {}, torch.bfloat16),
     ("mixed-fp32", (6, 4, 16, 32, 40, 24), {}, torch.float32),
     ("within-one-quarter", (5, 2, 16, 32, 16, 16), {"within": (4, 8)}, torch.float32),
+    ("prefill-two-pieces", (70, 2, 16, 32, 16, 16), {}, torch.float32),
 ])
 def test_expert_parallel_parts_sum_to_the_whole_call(name, shape, route, dtype):
     """4 processes, a quarter of the experts each, the shared expert on process 0 only: the parts
@@ -164,9 +165,9 @@ def test_down_early_weights_with_several_steps_and_column_tiles(shape):
 ])
 def test_down_early_weights_expert_parallel_parts(name, shape, route, dtype):
     """Under expert parallelism with the early read (parts of 4 of 16 experts, tiles of 16 × 16):
-    the parts equal the shipped parts bit for bit, where a token's experts alternate between held
-    here and held elsewhere (token 0's first expert remote in three of the four parts), and the two
-    parts holding none of the call's experts (and no shared expert) return zeros."""
+    the parts equal the shipped parts bit for bit, including parts where one token's experts are
+    some held here and some elsewhere, and the two parts holding none of the call's experts (and
+    no shared expert) return zeros."""
     args = moe_inputs(*shape, dtype=dtype, seed=3, **route)
     small = dict(down_bh=16, down_bk=16)
     with poisoned_allocations():

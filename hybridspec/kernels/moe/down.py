@@ -58,8 +58,9 @@ def _first_weights(d_ptr, sd_ptr, ids_ptr, i_s, o_h, h_ok, FIRST, stride_de, str
                    BK: tl.constexpr, NKP: tl.constexpr, KP: tl.constexpr):
     """Program row s's expert (e, b_kpos, active, as the kernel finds them; e = 0 where inactive) and
     its first [BH, BK] tile of down weights (the shared expert's in row N·k). The ids read here
-    come from the router, the launch before gate_up, finished before gate_up passed its own wait,
-    so they may be read before this kernel's wait (`kernels/pdl.py`)."""
+    were written at least two launches back (the router's, before the call's first gate_up), so
+    they were complete before the gate_up launch passed its own wait and may be read before this
+    kernel's wait (`kernels/pdl.py`)."""
     o_c = tl.arange(0, BK)
     routed = i_s < N * K
     e, b_kpos, active = assignment_expert(ids_ptr, tl.minimum(i_s, N * K - 1), N, FIRST, E, K, BM, NKP, KP)

@@ -62,7 +62,7 @@ class SparseMoE(nn.Module):
     `shared_beside_from` (None: never): for calls of at least that many tokens (B · T), `forward`
     runs the shared expert as a call of its own beside the router and the routed experts (on a
     second CUDA stream, forked before the router and joined before the sum), instead of as one more
-    slot of the routed experts' launches; at batch 1, 2 keeps one-token passes as they are and
+    program row of the routed experts' launches; at batch 1, 2 keeps one-token passes as they are and
     changes verification passes."""
 
     def __init__(self, cfg: TargetConfig, experts_op: Callable = moe_reference.moe_experts):
