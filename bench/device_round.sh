@@ -52,10 +52,16 @@ if [ "$NCU_CAP" -gt 0 ]; then
   if [ -z "$NCU" ]; then
     echo "ncu step: no ncu on PATH, under /opt/nvidia/nsight-compute or in /usr/local/cuda/bin"
   else
+    METRICS=dram__bytes_read.sum,dram__bytes_write.sum
+    for R in long_scoreboard short_scoreboard wait barrier membar mio_throttle lg_throttle math_pipe_throttle \
+      no_instruction branch_resolving dispatch_stall drain imc_miss not_selected sleeping tex_throttle misc; do
+      METRICS="$METRICS,smsp__average_warps_issue_stalled_${R}_per_issue_active.ratio"
+    done
     for W in 1 4; do  # one report per width, each profile capped so that its export and summary still run
       timeout $((NCU_CAP / 2 - 30)) "$NCU" --clock-control none --profile-from-start off --section SpeedOfLight \
         --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
-        -o "$OUT/pass_w$W" -f python3 bench/kernels/ncu_pass.py run --width "$W" > "$OUT/ncu_w$W.log" 2>&1
+        --metrics "$METRICS" -o "$OUT/pass_w$W" -f python3 bench/kernels/ncu_pass.py run --width "$W" \
+        > "$OUT/ncu_w$W.log" 2>&1
       echo "ncu w=$W rc $?"
       tail -3 "$OUT/ncu_w$W.log"
       [ -f "$OUT/pass_w$W.ncu-rep" ] || continue

@@ -10,15 +10,19 @@ Two halves:
   each kernel's rows are of one call size);
 - `summary CSV [--raw RAW]`: reads `ncu --page details --csv` and prints, per kernel name, calls,
   mean duration, DRAM and memory throughput, achieved occupancy, registers, grid and block, and
-  from `--page raw --csv` the four largest warp stall reasons (cycles per issued instruction), as a
+  from `--page raw --csv` the DRAM bytes moved (and so the achieved TB/s, to set against the copy
+  bandwidth) and the four largest warp stall reasons (warps stalled per issued instruction), as a
   table (and JSON beside it).
 
     ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \\
         --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \\
+        --metrics dram__bytes_read.sum,dram__bytes_write.sum,smsp__average_warps_issue_stalled_wait_... \\
         -o OUT/pass -f python3 bench/kernels/ncu_pass.py run --width 1
     ncu -i OUT/pass.ncu-rep --page details --csv > OUT/pass.csv
     ncu -i OUT/pass.ncu-rep --page raw --csv > OUT/pass_raw.csv
     python3 bench/kernels/ncu_pass.py summary OUT/pass.csv --raw OUT/pass_raw.csv --out OUT/ncu_summary.json
+
+(`bench/device_round.sh OUT ncu` runs this for w = 1 and w = 4 with every stall reason's metric.)
 
 ncu replays each kernel with its caches flushed (`--cache-control all`, the default), so every
 kernel reads its weights from DRAM as it does in a decoding pass, but without the overlap of
@@ -105,26 +109,38 @@ STALL = "smsp__average_warps_issue_stalled_"  # raw metrics: warps stalled per i
 STALL_END = "_per_issue_active.ratio"
 
 
-def read_stalls(path: Path) -> dict[str, dict]:
-    """launch ID → {reason: warps stalled per issued instruction} from `--page raw --csv` (one row
-    per launch; its second row holds the units)."""
-    stalls = {}
-    for row in _rows(path):
+BYTES = ("dram__bytes_read.sum", "dram__bytes_write.sum")  # raw metrics: DRAM traffic of the launch
+TO_MB = {"byte": 1e-6, "Kbyte": 1e-3, "Mbyte": 1.0, "Gbyte": 1e3}
+
+
+def read_raw(path: Path) -> dict[str, dict]:
+    """launch ID → {"stalls": {reason: warps stalled per issued instruction}, "dram_mb": bytes read
+    and written in MB} from `--page raw --csv` (one row per launch; the row after the header holds
+    the units)."""
+    rows = _rows(path)
+    units = next((row for row in rows if not row.get("ID", "").strip().isdigit()), {})
+    raw = {}
+    for row in rows:
         if not row.get("ID", "").strip().isdigit():
             continue
-        stalls[row["ID"]] = {name[len(STALL):-len(STALL_END)]: _number(value) for name, value in row.items()
-                             if name and name.startswith(STALL) and name.endswith(STALL_END)
-                             and name != f"{STALL}selected{STALL_END}"}  # issuing, not a stall
-    return stalls
+        stalls = {name[len(STALL):-len(STALL_END)]: _number(value) for name, value in row.items()
+                  if name and name.startswith(STALL) and name.endswith(STALL_END)
+                  and name != f"{STALL}selected{STALL_END}"}  # issuing, not a stall
+        launch = {"stalls": stalls}
+        traffic = [_number(row[m]) * TO_MB.get(units.get(m, "").strip(), float("nan")) for m in BYTES if m in row]
+        if traffic and all(isinstance(t, float) for t in traffic):
+            launch["dram_mb"] = sum(traffic)
+        raw[row["ID"]] = launch
+    return raw
 
 
-def read_details(path: Path, stalls: dict[str, dict] | None = None) -> dict[str, list[dict]]:
+def read_details(path: Path, raw: dict[str, dict] | None = None) -> dict[str, list[dict]]:
     """kernel name → one dict per profiled launch: the KEPT metrics, plus `stalls` (reason → warps
-    stalled per issued instruction, from `read_stalls`) where given."""
+    stalled per issued instruction) and `dram_mb` from `read_raw` where given."""
     launches: dict[tuple[str, str], dict] = {}
     for row in _rows(path):
         key = (row["ID"], row["Kernel Name"])
-        launch = launches.setdefault(key, {"stalls": (stalls or {}).get(row["ID"], {})})
+        launch = launches.setdefault(key, {"stalls": {}, **(raw or {}).get(row["ID"], {})})
         name, value = row["Metric Name"], _number(row["Metric Value"])
         unit = row.get("Metric Unit", "")
         if name in KEPT and (KEPT[name] not in PERCENT or unit == "%"):
@@ -144,11 +160,14 @@ def summarise(by_kernel: dict[str, list[dict]]) -> list[dict]:
         row = dict(kernel=kernel[:80], calls=len(launches),
                    us=round(statistics.mean(durations), 2) if durations else None,
                    total_us=round(sum(durations), 1))
-        for field in ("dram_pct", "memory_pct", "sm_pct", "occupancy_pct", "registers", "grid", "block",
+        for field in ("dram_mb", "dram_pct", "memory_pct", "sm_pct", "occupancy_pct", "registers", "grid", "block",
                       "dynamic_smem", "static_smem", "cycles_per_issue"):
             values = [l[field] for l in launches if field in l]
             if values:
-                row[field] = round(statistics.mean(values), 1) if isinstance(values[0], float) else values[0]
+                row[field] = round(statistics.mean(values), 3 if field == "dram_mb" else 1) \
+                    if isinstance(values[0], float) else values[0]
+        if row.get("dram_mb") is not None and row["us"]:
+            row["tb_per_s"] = round(row["dram_mb"] / row["us"], 3)  # MB per µs = TB/s: against the copy bandwidth
         stalls: dict[str, list[float]] = defaultdict(list)
         for launch in launches:
             for reason, value in launch["stalls"].items():
@@ -161,15 +180,16 @@ def summarise(by_kernel: dict[str, list[dict]]) -> list[dict]:
 
 
 def summary(args) -> int:
-    rows = summarise(read_details(Path(args.csv), read_stalls(Path(args.raw)) if args.raw else None))
+    rows = summarise(read_details(Path(args.csv), read_raw(Path(args.raw)) if args.raw else None))
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1))
-    print("| kernel | calls | µs | total µs | DRAM % | mem % | SM % | occupancy % | regs | grid | block |"
-          " cycles/issue | top stalls |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| kernel | calls | µs | total µs | DRAM MB | TB/s | DRAM % | mem % | SM % | occupancy % | regs | grid |"
+          " block | cycles/issue | top stalls |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         stalls = "; ".join(f"{k} {v}" for k, v in r["stalls"].items())
-        print(f"| {r['kernel']} | {r['calls']} | {r['us']} | {r['total_us']} | {r.get('dram_pct', '')} |"
+        print(f"| {r['kernel']} | {r['calls']} | {r['us']} | {r['total_us']} | {r.get('dram_mb', '')} |"
+              f" {r.get('tb_per_s', '')} | {r.get('dram_pct', '')} |"
               f" {r.get('memory_pct', '')} | {r.get('sm_pct', '')} | {r.get('occupancy_pct', '')} |"
               f" {r.get('registers', '')} | {r.get('grid', '')} | {r.get('block', '')} |"
               f" {r.get('cycles_per_issue', '')} | {stalls} |")

@@ -48,10 +48,11 @@ def test_summary_groups_launches_by_kernel_with_units_sections_and_stalls(tmp_pa
     stall = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
     names = [stall.format(r) for r in ("long_scoreboard", "barrier", "wait", "selected")]
     raw = tmp_path / "raw.csv"
-    raw.write_text(_line(("ID", "Kernel Name", *names)) + _line(("", "", *["ratio"] * len(names)))
-                   + _line((0, "_moe_gate_up_kernel", "3.0", "1.0", "0.5", "9.0"))
-                   + _line((1, "_router_fused_kernel", "0.2", "4.0", "1,000.5", "9.0"))
-                   + _line((2, "_moe_gate_up_kernel", "5.0", "1.0", "0.5", "9.0")))
+    raw.write_text(_line(("ID", "Kernel Name", "dram__bytes_read.sum", "dram__bytes_write.sum", *names))
+                   + _line(("", "", "Mbyte", "Kbyte", *["ratio"] * len(names)))
+                   + _line((0, "_moe_gate_up_kernel", "37.70", "100.00", "3.0", "1.0", "0.5", "9.0"))
+                   + _line((1, "_router_fused_kernel", "1.05", "2.00", "0.2", "4.0", "1,000.5", "9.0"))
+                   + _line((2, "_moe_gate_up_kernel", "37.70", "300.00", "5.0", "1.0", "0.5", "9.0")))
     out = tmp_path / "summary.json"
     assert ncu_pass.main(["summary", str(details), "--raw", str(raw), "--out", str(out)]) == 0
     rows = {r["kernel"]: r for r in json.loads(out.read_text())}
@@ -59,6 +60,8 @@ def test_summary_groups_launches_by_kernel_with_units_sections_and_stalls(tmp_pa
     assert (gate_up["calls"], gate_up["us"], gate_up["total_us"]) == (2, 19.0, 38.0)
     assert gate_up["dram_pct"] == 60.0 and gate_up["memory_pct"] == 56.1  # the % rows, not the Tbyte/s ones
     assert gate_up["registers"] == 128.0
+    assert gate_up["dram_mb"] == 37.9 and gate_up["tb_per_s"] == 1.995  # 37.7 MB read + 0.1 / 0.3 written, 19 µs
+    assert router["dram_mb"] == 1.052
     assert list(gate_up["stalls"]) == ["long_scoreboard", "barrier", "wait"]  # `selected` is issuing
     assert gate_up["stalls"]["long_scoreboard"] == 4.0
     assert router["us"] == 6.5 and list(router["stalls"])[0] == "wait" and router["stalls"]["wait"] == 1000.5
