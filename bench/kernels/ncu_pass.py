@@ -42,7 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-# metrics of the details page kept per kernel (section, metric name as ncu prints them)
+# metric name on the details page (as ncu prints it) → the field it is kept as, per launch
 KEPT = {
     "Duration": "duration",
     "DRAM Throughput": "dram_pct",
