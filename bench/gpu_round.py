@@ -40,6 +40,7 @@ Writes DIR/gpu_round.json ({"device", "date", "versions", "rows": [...]}) and pr
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import hashlib
 import json
@@ -57,7 +58,6 @@ from bench.kernels.cuda_timing import copy_bandwidth, median_us  # noqa: E402
 from hybridspec.kernels import pdl  # noqa: E402
 from hybridspec.kernels.attention import reference as attention_reference  # noqa: E402
 from hybridspec.kernels.moe import triton as moe_triton  # noqa: E402
-from hybridspec.kernels.moe.tuning import MoETuning  # noqa: E402
 from hybridspec.runtime import resident  # noqa: E402
 from hybridspec.runtime.engine import Engine  # noqa: E402
 from hybridspec.runtime.layers.attention import GatedAttention  # noqa: E402
@@ -79,7 +79,8 @@ VARIANTS = {
     "shared-beside": {SparseMoE: {"shared_beside_from": 1}},  # the shared expert on a second stream
     "shared-beside-spec": {SparseMoE: {"shared_beside_from": 2}},  # the same for verification passes only
     # the down kernel's programs read their expert's first weight tile before the PDL wait
-    "moe-down-early": {moe_triton: {"MOE_TUNING": {64: MoETuning(down_early_weights=True)}}},
+    "moe-down-early": {moe_triton: {"MOE_TUNING": {64: dataclasses.replace(moe_triton.MOE_TUNING[64],
+                                                                            down_early_weights=True)}}},
     "prepare-ref": {GatedAttention: {"prepare_op": attention_reference.norm_rope_store}},
     "no-pdl": {pdl: {"ENABLED": False}},  # the kernels of `kernels/pdl.py` launched without PDL
     "torch-sampling": {resident: {"FUSED_SAMPLING": False}},  # the point-mass rule's torch form

@@ -208,7 +208,13 @@ def main(argv=None) -> int:
     s.add_argument("--raw", default=None, help="`ncu --page raw --csv` of the same report (the stall reasons)")
     s.add_argument("--out", default=None, help="also write the rows as JSON here")
     args = ap.parse_args(argv)
-    return run(args) if args.cmd == "run" else summary(args)
+    if args.cmd == "run":
+        return run(args)
+    try:
+        return summary(args)
+    except (OSError, ValueError) as error:  # a missing page, or one with no table (ncu failed)
+        print(f"ncu_pass summary: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
