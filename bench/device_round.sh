@@ -60,7 +60,7 @@ if [ "$NCU_CAP" -gt 0 ]; then
     for W in 1 4; do  # one report per width, each profile capped so that its export and summary still run
       timeout $((NCU_CAP / 2 - 30)) "$NCU" --clock-control none --profile-from-start off --section SpeedOfLight \
         --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
-        --metrics "$METRICS" -o "$OUT/pass_w$W" -f python3 bench/kernels/ncu_pass.py run --width "$W" \
+        --metrics "$METRICS" -o "$OUT/pass_w$W" -f python3 bench/kernels/ncu_pass.py run --width "$W" --layers 8 \
         > "$OUT/ncu_w$W.log" 2>&1
       echo "ncu w=$W rc $?"
       tail -3 "$OUT/ncu_w$W.log"

@@ -64,10 +64,14 @@ PERCENT = {"dram_pct", "memory_pct", "sm_pct", "occupancy_pct"}  # taken only fr
 def run(args) -> int:
     import torch
 
+    from hybridspec.runtime.presets import PRESETS
     from hybridspec.runtime.session import open_session
     from tests.runtime.helpers import prefilled_cache
 
     w = args.width
+    if args.layers:  # the first N layers: every kernel shape of the full model at a fraction of the load
+        # time, and few enough launches that ncu's per-kernel replays finish inside one device call
+        PRESETS[args.model] = {**PRESETS[args.model], "num_hidden_layers": args.layers}
     session = open_session(args.model, "random", device="cuda", dtype="bfloat16", backend="triton",
                            max_context=args.context + 4 * w)
     target = session.target
@@ -203,6 +207,8 @@ def main(argv=None) -> int:
     r.add_argument("--model", default="qwen3.6-35b-a3b")
     r.add_argument("--width", type=int, default=1, help="tokens in the profiled pass")
     r.add_argument("--context", type=int, default=1024)
+    r.add_argument("--layers", type=int, default=8,
+                   help="keep the preset's first N layers (every fourth is attention); 0: all of them")
     s = sub.add_parser("summary", help="a table per kernel name from `ncu --page details --csv`")
     s.add_argument("csv")
     s.add_argument("--raw", default=None, help="`ncu --page raw --csv` of the same report (the stall reasons)")
