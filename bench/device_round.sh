@@ -3,9 +3,9 @@
 #   device tool, timeout 600:   bash bench/device_round.sh $OUT [round|ncu|rest|sampled|moe|tests|tp1] [CAP]
 # CAP (seconds) replaces a one-part step's own cap where the call has less time (the device's
 # budget), so that it ends itself and leaves what it measured.
-# round: bench/gpu_round.py on the 35B preset, greedy `ar` and `full`, shipped first, then the
-#   variants written and not yet measured; every row is timed before the profiler's host counts and
-#   GPU work per round (gpu_round's second pass).
+# round: bench/gpu_round.py on the 35B preset, greedy `ar` and `full`, the variants of $VARIANTS (a comma
+#   list of gpu_round.py's VARIANTS; default shipped alone); every row is timed before the profiler's
+#   host counts and GPU work per round (gpu_round's second pass).
 # ncu: Nsight Compute's view of every kernel of one one-token pass and of one w = 4 pass, a report
 #   each (bench/kernels/ncu_pass.py: DRAM throughput, occupancy, stall reasons per kernel); CAP 590.
 # sampled: the same for top-k 20 / top-p 0.95 at temperature 1 beside greedy, the kernels against
@@ -44,8 +44,15 @@ round() {  # name cap extra-arguments...
   echo "gpu_round $name rc $?"
   grep -E "^  (decode .*graph|verify|round|counts .*graph|exactness)" "$OUT/$name.log" | cut -c1-220
 }
+if [ "$MOE_CAP" -gt 0 ]; then
+  mkdir -p "$OUT/moe"
+  (cd bench/kernels && timeout "$MOE_CAP" python3 moe_kernels.py --out "$OUT/moe" --models 35b --sweep --no-runtime \
+    --no-sglang --quick --lengths "$MOE_LENGTHS" > "$OUT/moe.log" 2>&1)
+  echo "moe_kernels rc $?"
+  [ -f "$OUT/moe/moe_kernels.md" ] && sed -n '/random routing/,/^## η/p' "$OUT/moe/moe_kernels.md"
+fi
 if [ "$ROUND_CAP" -gt 0 ]; then
-  round round "$ROUND_CAP" --variants shipped,moe-down-early,shared-beside-spec,shared-beside
+  round round "$ROUND_CAP" --variants "${VARIANTS:-shipped}"
 fi
 if [ "$NCU_CAP" -gt 0 ]; then
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
@@ -79,13 +86,6 @@ if [ "$TESTS_CAP" -gt 0 ]; then
     > "$OUT/gpu_tests.log" 2>&1
   echo "gpu tests rc $?"
   tail -12 "$OUT/gpu_tests.log"
-fi
-if [ "$MOE_CAP" -gt 0 ]; then
-  mkdir -p "$OUT/moe"
-  (cd bench/kernels && timeout "$MOE_CAP" python3 moe_kernels.py --out "$OUT/moe" --models 35b --sweep --no-runtime \
-    --no-sglang --quick --lengths "$MOE_LENGTHS" > "$OUT/moe.log" 2>&1)
-  echo "moe_kernels rc $?"
-  [ -f "$OUT/moe/moe_kernels.md" ] && sed -n '/random routing/,/^## η/p' "$OUT/moe/moe_kernels.md"
 fi
 if [ "$TP1_CAP" -gt 0 ]; then
   round tp1 "$TP1_CAP" --tp 1 --no-verification

@@ -22,10 +22,9 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
    softmax attention, dense GEMMs and other, with the longest kernels named.
 
 `--variants a,b` runs steps 1–4 for each variant on the same loaded model (rows and checks tagged
-`variant`): `shipped`, an op family put back on its PyTorch reference, a switch turned off, or one
-turned on (`VARIANTS`: `prepare-ref`, `no-pdl`, `shared-beside`, `shared-beside-spec`,
-`moe-down-early`, `torch-sampling`; `a+b` both at once), to measure a kernel or a launch mode
-against what it replaced side by side in one process.
+`variant`): `shipped`, an op family put back on its PyTorch reference, or a switch turned off
+(`VARIANTS`: `prepare-ref`, `no-pdl`, `torch-sampling`; `a+b` both at once), to measure a kernel or
+a launch mode against what it replaced side by side in one process.
 `--tp N --layouts columns,experts` loads each model once per MoE layout (every expert's columns
 split across the ranks, or expert parallelism) and runs everything on each (rows and checks tagged
 `layout`).
@@ -40,8 +39,8 @@ Writes DIR/gpu_round.json ({"device", "date", "versions", "rows": [...]}) and pr
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime as dt
+import gc
 import hashlib
 import json
 import platform
@@ -57,11 +56,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.kernels.cuda_timing import copy_bandwidth, median_us  # noqa: E402
 from hybridspec.kernels import pdl  # noqa: E402
 from hybridspec.kernels.attention import reference as attention_reference  # noqa: E402
-from hybridspec.kernels.moe import triton as moe_triton  # noqa: E402
 from hybridspec.runtime import resident  # noqa: E402
 from hybridspec.runtime.engine import Engine  # noqa: E402
 from hybridspec.runtime.layers.attention import GatedAttention  # noqa: E402
-from hybridspec.runtime.layers.moe import SparseMoE  # noqa: E402
 from hybridspec.runtime.policies import make_policy  # noqa: E402
 from hybridspec.runtime.sampling import SamplingParams  # noqa: E402
 from hybridspec.runtime.session import open_session  # noqa: E402
@@ -76,11 +73,6 @@ LAUNCH_CALLS = ("cudaGraphLaunch", "cudaLaunchKernel", "cuLaunchKernel", "cuLaun
 # {python module: {attribute: value}} set on that module
 VARIANTS = {
     "shipped": {},
-    "shared-beside": {SparseMoE: {"shared_beside_from": 1}},  # the shared expert on a second stream
-    "shared-beside-spec": {SparseMoE: {"shared_beside_from": 2}},  # the same for verification passes only
-    # the down kernel's programs read their expert's first weight tile before the PDL wait
-    "moe-down-early": {moe_triton: {"MOE_TUNING": {64: dataclasses.replace(moe_triton.MOE_TUNING[64],
-                                                                            down_early_weights=True)}}},
     "prepare-ref": {GatedAttention: {"prepare_op": attention_reference.norm_rope_store}},
     "no-pdl": {pdl: {"ENABLED": False}},  # the kernels of `kernels/pdl.py` launched without PDL
     "torch-sampling": {resident: {"FUSED_SAMPLING": False}},  # the point-mass rule's torch form
@@ -529,6 +521,7 @@ def run(args, variants: list[str], command: str) -> None:
             torch.cuda.empty_cache()
             write()
         del session
+        gc.collect()  # the session's modules hold reference cycles: free its weights before the next load
         torch.cuda.empty_cache()
     # counted pass, under the profiler, once per distinct variant: host reads and launches and the
     # GPU work per round (filled into the timed rows), and `--profile`'s kernel-time split
@@ -559,6 +552,7 @@ def run(args, variants: list[str], command: str) -> None:
             torch.cuda.empty_cache()
             write()
         del session
+        gc.collect()  # the session's modules hold reference cycles: free its weights before the next load
         torch.cuda.empty_cache()
     if writer:
         print(json.dumps(result["checks"], indent=1))

@@ -6,11 +6,10 @@ calls `wait_then_release` before it reads anything the previous kernel writes: i
 previous kernel has finished and its writes are visible, then lets the next kernel launch. Weights
 (which no kernel writes) may be read before the wait, and so may what a kernel two or more launches
 back wrote: every kernel here waits before it releases the next, so when a kernel starts, the one
-before its predecessor has finished (the MoE down kernel's `down_early_weights` reads the router's
-ids that way). The results are unchanged; only the gaps between launches shrink. `ENABLED` switches
-it for every kernel that takes its options here (`bench/gpu_round.py --variants shipped,no-pdl`
-measures it in whole rounds; the GDN verify kernels choose it per tuning row instead,
-`gdn/launch.py`)."""
+before its predecessor has finished. The results are unchanged; only the gaps between launches
+shrink. `ENABLED` switches it for every kernel that takes its options here (`bench/gpu_round.py
+--variants shipped,no-pdl` measures it in whole rounds; the GDN verify kernels choose it per tuning
+row instead, `gdn/launch.py`)."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ def target(tmp_path_factory):
     return load_target(directory, backend="triton")
 
 
-@pytest.mark.parametrize("name", [*gpu_round.VARIANTS, "shared-beside-spec+moe-down-early+no-pdl"])
+@pytest.mark.parametrize("name", [*gpu_round.VARIANTS, "prepare-ref+no-pdl+torch-sampling"])
 def test_each_variant_sets_existing_attributes_and_puts_them_back(target, name):
     parts = name.split("+")
     undo = gpu_round.apply_variant(target, name)

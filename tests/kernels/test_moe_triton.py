@@ -1,9 +1,9 @@
 """The Triton MoE kernels (under TRITON_INTERPRET=1 on CPU tensors) against the float64 oracle:
 every verification length, k in {2, 8, 10}, E up to 512, awkward widths, skewed and spread
 routing, prefill pieces, bf16 and fp32, expert-parallel parts, the shared expert alone, each
-program row's expert from the ids (`tiles.assignment_expert`), the early down weights bit for bit;
-no host read. The launches run on memory poisoned with NaN (ints −7), so an output, a partial row
-or an arrival counter the kernels leave unwritten shows."""
+program row's expert from the ids (`tiles.assignment_expert`); no host read. The launches run on
+memory poisoned with NaN (ints −7), so an output, a partial row or an arrival counter the kernels
+leave unwritten shows."""
 
 from __future__ import annotations
 
@@ -113,9 +113,9 @@ def test_assignment_expert_runs_each_held_expert_in_its_first_assignments_row(fi
 
 @pytest.mark.parametrize("n", [1, 5])
 def test_the_shared_expert_alone(n):
-    """The shared expert's own call (`SparseMoE.shared_beside_from`: ids all −1, one column): no
-    routed expert runs, every program row still arrives, and the output is the shared expert's
-    (the oracle with routing weights of zero)."""
+    """A call whose assignments are all held by no process (ids all −1, as under expert parallelism;
+    one column): no routed expert runs, every program row still arrives, and the output is the
+    shared expert's (the oracle with routing weights of zero)."""
     args = moe_inputs(n, 1, 16, 32, 16, 24, dtype=torch.bfloat16)
     args["ids"].fill_(-1)
     with poisoned_allocations():
@@ -125,75 +125,17 @@ def test_the_shared_expert_alone(n):
     assert_close(f"N={n}", want, got, RATIO[torch.bfloat16])
 
 
-@pytest.mark.parametrize("name, shape, route, dtype", [
-    ("one-token", (1, 2, 16, 48, 24, 40), {}, torch.float32),
-    ("k8-E256-bf16", (16, 8, 256, 64, 32, 32), {}, torch.bfloat16),
-    ("shared-narrower", (3, 8, 64, 48, 40, 16), {}, torch.bfloat16),
-    ("one-expert", (16, 2, 16, 32, 16, 16), {"one_expert": 7}, torch.float32),
-    ("all-distinct-no-shared", (16, 8, 128, 32, 16, 0), {"all_distinct": True}, torch.bfloat16),
-    ("prefill-two-pieces", (70, 2, 16, 32, 16, 24), {}, torch.bfloat16),
-])
-def test_down_early_weights_equal_the_shipped_launches_bit_for_bit(name, shape, route, dtype):
-    """`MoETuning.down_early_weights`: the down programs take their expert and its first weight tile
-    (the shared expert's in the last row) before the wait, then the same steps: bit for bit the
-    shipped result, on NaN-poisoned memory."""
-    args = moe_inputs(*shape, dtype=dtype, **route)
-    early = {64: MoETuning(down_early_weights=True)}
-    with poisoned_allocations():
-        want = moe_triton.moe_experts(**args)
-        got = moe_triton.moe_experts(**args, tuning=early)
-    assert torch.isfinite(want).all() and torch.equal(got, want), name
-
-
-@pytest.mark.parametrize("shape", [(3, 4, 32, 40, 48, 40), (2, 4, 32, 40, 40, 48), (5, 2, 16, 40, 48, 0)],
-                         ids=["I>Is", "I<Is", "no-shared"])
-def test_down_early_weights_with_several_steps_and_column_tiles(shape):
-    """Tiles of 16 × 16: the early tile is the first of several steps over the intermediate width
-    (the routed and the shared expert's of different widths) in each of three column tiles, then the
-    loop goes on from the second step: bit for bit the same tiles read after the wait."""
-    args = moe_inputs(*shape, dtype=torch.bfloat16)
-    small = dict(down_bh=16, down_bk=16)
-    with poisoned_allocations():
-        want = moe_triton.moe_experts(**args, tuning={64: MoETuning(**small)})
-        got = moe_triton.moe_experts(**args, tuning={64: MoETuning(**small, down_early_weights=True)})
-    assert torch.isfinite(want).all() and torch.equal(got, want)
-
-
-@pytest.mark.parametrize("name, shape, route, dtype", [
-    ("mixed-held-and-remote", (6, 4, 16, 32, 40, 24), {}, torch.bfloat16),
-    ("within-one-quarter", (5, 2, 16, 32, 16, 16), {"within": (4, 8)}, torch.float32),
-])
-def test_down_early_weights_expert_parallel_parts(name, shape, route, dtype):
-    """Under expert parallelism with the early read (parts of 4 of 16 experts, tiles of 16 × 16):
-    the parts equal the shipped parts bit for bit, including parts where one token's experts are
-    some held here and some elsewhere, and the two parts holding none of the call's experts (and
-    no shared expert) return zeros."""
-    args = moe_inputs(*shape, dtype=dtype, seed=3, **route)
-    small = dict(down_bh=16, down_bk=16)
-    with poisoned_allocations():
-        want = [moe_triton.moe_experts(**part, tuning={64: MoETuning(**small)}) for part in expert_parts(args, 4)]
-        got = [moe_triton.moe_experts(**part, tuning={64: MoETuning(**small, down_early_weights=True)})
-               for part in expert_parts(args, 4)]
-    for r, (g, w) in enumerate(zip(got, want)):
-        assert torch.isfinite(w).all() and torch.equal(g, w), (name, r)
-    if "within" in route:
-        assert not got[2].any() and not got[3].any()
-    else:  # the premise: held and remote experts mixed within a token
-        assert any((row // 4 == 0).any() and (row // 4 != 0).any() for row in args["ids"])
-
-
 def test_tuning_is_taken_as_given():
     args = moe_inputs(6, 2, 16, 80, 40, 24)
     tuning = {64: MoETuning(gate_up_bn=16, gate_up_bk=32, down_bh=32, down_bk=16, down_stages=1)}
     _check("small tiles", args, tuning=tuning)
 
 
-@pytest.mark.parametrize("tuning", [None, {64: MoETuning(down_early_weights=True)}], ids=["shipped", "down-early"])
 @pytest.mark.parametrize("shape", [(5, 2, 16, 32, 16, 16), (4, 8, 64, 48, 32, 32)], ids=["k2", "k8"])
-def test_the_launcher_reads_nothing_back(shape, tuning):
+def test_the_launcher_reads_nothing_back(shape):
     args = moe_inputs(*shape, dtype=torch.bfloat16)
     with NoHostRead():
-        moe_triton.moe_experts(**args, tuning=tuning)
+        moe_triton.moe_experts(**args)
 
 
 def test_bad_layouts_are_named():

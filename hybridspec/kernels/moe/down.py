@@ -12,9 +12,7 @@ arrives last (N·k + 1 arrivals with the shared expert, N·k without) sums the t
 stores out. The sum's order is fixed, so the result does not depend on the order programs run (no
 atomics on the data). Under expert parallelism (experts [first, first + E) held here) the sum
 skips the rows of experts held elsewhere; with no expert here and no shared expert the last
-arrival stores the empty sum, zeros. With `down_early_weights` each program finds its expert and
-reads its first weight tile before the programmatic-dependent-launch wait, while the gate_up
-launch still runs (nothing it reads there is gate_up's output).
+arrival stores the empty sum, zeros.
 
     act [N, k + 1, max(I, Is)]   down [E, H, I]   shared down [H, Is]   y [N, k + 1, H] fp32   out [N, H]
 """
@@ -33,18 +31,12 @@ from hybridspec.kernels.tiles import dot_bt
 
 
 @triton.jit
-def _down_products(p_a, p_d, a_ok, h_ok, b_d0, I: tl.constexpr, BM: tl.constexpr, BH: tl.constexpr,
-                   BK: tl.constexpr, EARLY: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr):
-    """[BM, BH] fp32 product act W_down^T over the intermediate dimension in steps of BK; with EARLY
-    the first step's weight tile is b_d0, loaded by the caller."""
+def _down_products(p_a, p_d, a_ok, h_ok, I: tl.constexpr, BM: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr,
+                   PRECISION: tl.constexpr, WIDEN: tl.constexpr):
+    """[BM, BH] fp32 product act W_down^T over the intermediate dimension in steps of BK."""
     o_c = tl.arange(0, BK)
     acc = tl.zeros([BM, BH], dtype=tl.float32)
-    start = 0
-    if EARLY:
-        b_a = tl.load(p_a, mask=a_ok[:, None] & (o_c < I)[None, :], other=0.0)  # [BM, BK]
-        acc = dot_bt(b_a, b_d0, acc, PRECISION, WIDEN)
-        start = BK
-    for c in range(start, I, BK):
+    for c in range(0, I, BK):
         c_ok = c + o_c < I
         b_a = tl.load(p_a + c, mask=a_ok[:, None] & c_ok[None, :], other=0.0)  # [BM, BK]
         b_d = tl.load(p_d + c, mask=h_ok[:, None] & c_ok[None, :], other=0.0)  # [BH, BK]
@@ -53,61 +45,32 @@ def _down_products(p_a, p_d, a_ok, h_ok, b_d0, I: tl.constexpr, BM: tl.constexpr
 
 
 @triton.jit
-def _first_weights(d_ptr, sd_ptr, ids_ptr, i_s, o_h, h_ok, FIRST, stride_de, stride_dh, stride_sdh, N,
-                   K: tl.constexpr, E: tl.constexpr, I: tl.constexpr, IS: tl.constexpr, BM: tl.constexpr,
-                   BK: tl.constexpr, NKP: tl.constexpr, KP: tl.constexpr):
-    """Program row s's expert (e, b_kpos, active, as the kernel finds them; e = 0 where inactive) and
-    its first [BH, BK] tile of down weights (the shared expert's in row N·k). The ids read here
-    were written at least two launches back (the router's, before the call's first gate_up), so
-    they were complete before the gate_up launch passed its own wait and may be read before this
-    kernel's wait (`kernels/pdl.py`)."""
-    o_c = tl.arange(0, BK)
-    routed = i_s < N * K
-    e, b_kpos, active = assignment_expert(ids_ptr, tl.minimum(i_s, N * K - 1), N, FIRST, E, K, BM, NKP, KP)
-    active = active & routed
-    e = tl.where(active, e, 0)
-    r_ok = tl.where(active, h_ok[:, None] & (o_c < I)[None, :], False)  # [BH, BK]
-    s_ok = tl.where(routed, False, h_ok[:, None] & (o_c < IS)[None, :])  # [BH, BK]
-    b_r = tl.load(d_ptr + e * stride_de + o_h[:, None] * stride_dh + o_c[None, :], mask=r_ok, other=0.0)
-    b_s = tl.load(sd_ptr + o_h[:, None] * stride_sdh + o_c[None, :], mask=s_ok, other=0.0)
-    return e, b_kpos, active, tl.where(routed, b_r, b_s)
-
-
-@triton.jit
 def _moe_down_kernel(act_ptr, d_ptr, sd_ptr, ids_ptr, arrivals_ptr, y_ptr, out_ptr, FIRST, stride_an, stride_ak,
                      stride_de, stride_dh, stride_sdh, stride_yn, stride_yk, stride_on,
                      N, K: tl.constexpr, E: tl.constexpr, H: tl.constexpr, I: tl.constexpr, IS: tl.constexpr,
                      BM: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr, NKP: tl.constexpr, KP: tl.constexpr,
-                     EARLY: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr, USE_GDC: tl.constexpr):
+                     PRECISION: tl.constexpr, WIDEN: tl.constexpr, USE_GDC: tl.constexpr):
+    if USE_GDC:
+        wait_then_release()
     i_s, i_t = tl.program_id(0), tl.program_id(1)
     o_m = tl.arange(0, BM)
     o_h = i_t * BH + tl.arange(0, BH)
     o_c = tl.arange(0, BK)
     h_ok = o_h < H
     m_ok = o_m < N
-    if EARLY:  # the expert and its first weight tile, read before the wait
-        e_0, b_kpos_0, active_0, b_d0 = _first_weights(d_ptr, sd_ptr, ids_ptr, i_s, o_h, h_ok, FIRST, stride_de,
-                                                       stride_dh, stride_sdh, N, K, E, I, IS, BM, BK, NKP, KP)
-    else:
-        b_d0 = tl.zeros([BH, BK], dtype=d_ptr.dtype.element_ty)  # not read without EARLY
-    if USE_GDC:
-        wait_then_release()
     if i_s < N * K:
-        if EARLY:
-            e, b_kpos, active = e_0, b_kpos_0, active_0
-        else:
-            e, b_kpos, active = assignment_expert(ids_ptr, i_s, N, FIRST, E, K, BM, NKP, KP)
+        e, b_kpos, active = assignment_expert(ids_ptr, i_s, N, FIRST, E, K, BM, NKP, KP)
         if active:
             hit = b_kpos >= 0
             p_a = act_ptr + o_m[:, None] * stride_an + b_kpos[:, None] * stride_ak + o_c[None, :]
             p_d = d_ptr + e * stride_de + o_h[:, None] * stride_dh + o_c[None, :]
-            acc = _down_products(p_a, p_d, hit, h_ok, b_d0, I, BM, BH, BK, EARLY, PRECISION, WIDEN)
+            acc = _down_products(p_a, p_d, hit, h_ok, I, BM, BH, BK, PRECISION, WIDEN)
             p_y = y_ptr + o_m[:, None] * stride_yn + b_kpos[:, None] * stride_yk + o_h[None, :]
             tl.store(p_y, acc, mask=hit[:, None] & h_ok[None, :])
     else:
         p_a = act_ptr + o_m[:, None] * stride_an + K * stride_ak + o_c[None, :]
         p_d = sd_ptr + o_h[:, None] * stride_sdh + o_c[None, :]
-        acc = _down_products(p_a, p_d, m_ok, h_ok, b_d0, IS, BM, BH, BK, EARLY, PRECISION, WIDEN)
+        acc = _down_products(p_a, p_d, m_ok, h_ok, IS, BM, BH, BK, PRECISION, WIDEN)
         tl.store(y_ptr + o_m[:, None] * stride_yn + K * stride_yk + o_h[None, :], acc,
                  mask=m_ok[:, None] & h_ok[None, :])
     tl.debug_barrier()  # every thread's rows of y stored before the release below
@@ -152,5 +115,5 @@ def launch_down(act, down, shared, ids, arrivals, out, block_m: int, tuning, wid
         act.stride(0), act.stride(1), down.stride(0), down.stride(1), sd.stride(0), y.stride(0), y.stride(1),
         out.stride(0), N=n, K=k1 - 1, E=e, H=h, I=i, IS=i_s, BM=block_m, BH=bh, BK=bk,
         NKP=triton.next_power_of_2(block_m * (k1 - 1)), KP=triton.next_power_of_2(k1 - 1),
-        EARLY=tuning.down_early_weights, PRECISION="ieee" if act.dtype == torch.float32 else "tf32", WIDEN=widen,
+        PRECISION="ieee" if act.dtype == torch.float32 else "tf32", WIDEN=widen,
         num_warps=tuning.down_warps, num_stages=tuning.down_stages, **pdl.options(act))

@@ -9,9 +9,7 @@ from types import MappingProxyType
 @dataclass(frozen=True)
 class MoETuning:
     """gate_up_*: tile of BN intermediate columns (gate and up rows) over BK hidden columns per step;
-    down_*: tile of BH hidden outputs over BK intermediate columns per step. down_early_weights: each
-    down program finds its expert and reads its first weight tile before the
-    programmatic-dependent-launch wait, during the gate_up launch (the same products)."""
+    down_*: tile of BH hidden outputs over BK intermediate columns per step."""
 
     gate_up_bn: int = 32
     gate_up_bk: int = 256
@@ -21,7 +19,6 @@ class MoETuning:
     down_bk: int = 128
     down_warps: int = 4
     down_stages: int = 3
-    down_early_weights: bool = False
 
     def __post_init__(self):
         for name in ("gate_up_bn", "gate_up_bk", "down_bh", "down_bk"):
