@@ -2,7 +2,7 @@
 token n that routes to it (j: the token's position among its k experts; the shared expert's at
 j = k), and out_n = sum_j y[n, j] summed in the order j = 0..k.
 
-Grid (N·k + 1, ceil(H / BH)), as the gate_up kernel's: program (s, t) with s < N·k takes assignment
+Grid (N·k + 1, ceil(H / BH)) (N·k without the shared expert): program (s, t) with s < N·k takes assignment
 s's expert from the ids and runs it where s is that expert's first assignment
 (`tiles.assignment_expert`; its [BH, I] tile of down weights read once, for all its tokens at
 once), s = N·k is the shared expert. act already carries each routing weight, so a token's k + 1
