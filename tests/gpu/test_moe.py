@@ -27,13 +27,17 @@ def _cuda(args: dict) -> dict:
     return {k: moved(v) for k, v in args.items()}
 
 
+@pytest.mark.parametrize("shared_row", [False, True], ids=["pieces", "shared-row"])
 @pytest.mark.parametrize("n", [1, 4, 16, 40, 70])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_equal_to_the_oracle_on_the_gpu(shape, n):
+def test_equal_to_the_oracle_on_the_gpu(shape, n, shared_row):
+    """Both forms of the shared expert (`MoETuning.shared_row`) within the precision of the inputs."""
+    from hybridspec.kernels.moe.tuning import MoETuning
+
     e, k, h, i, i_s = SHAPES[shape]
     dtype = torch.bfloat16 if shape == "35b" else torch.float32
     args = moe_inputs(n, k, e, h, i, i_s, dtype=dtype, seed=n)
-    got = moe_triton.moe_experts(**_cuda(args))
+    got = moe_triton.moe_experts(**_cuda(args), tuning={64: MoETuning(shared_row=shared_row)})
     assert_close(f"{shape} N={n}", moe_oracle(**args), got, 1e-2 if dtype == torch.bfloat16 else 1e-5)
 
 

@@ -125,6 +125,17 @@ def test_the_shared_expert_alone(n):
     assert_close(f"N={n}", want, got, RATIO[torch.bfloat16])
 
 
+@pytest.mark.parametrize("name, shape, dtype", [
+    ("k8-bf16", (3, 8, 64, 48, 32, 32), torch.bfloat16),
+    ("k2-awkward-fp32", (5, 2, 16, 48, 24, 40), torch.float32),
+    ("prefill-two-pieces", (70, 2, 16, 32, 16, 24), torch.float32),
+])
+def test_the_shared_row_form(name, shape, dtype):
+    """`MoETuning.shared_row` (the shared expert in a program row of its own instead of pieces of
+    token 0's programs) against the oracle, on poisoned memory."""
+    _check(name, moe_inputs(*shape, dtype=dtype, seed=5), tuning={64: MoETuning(shared_row=True)})
+
+
 def test_tuning_is_taken_as_given():
     args = moe_inputs(6, 2, 16, 80, 40, 24)
     tuning = {64: MoETuning(gate_up_bn=16, gate_up_bk=32, down_bh=32, down_bk=16, down_stages=1)}

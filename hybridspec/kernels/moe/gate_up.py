@@ -11,8 +11,9 @@ same steps over the hidden dimension as its routed expert (one [SBP, BK] tile mo
 piece's gate and up rows interleaved, then the gate weight row, whose product is the shared
 expert's scale logit). So the shared expert's 2·Is·H weights add SB/BN of a routed tile to k·tiles
 programs instead of a row of programs of its own, which at one or two tokens would run after the
-routed ones as a wave of their own.
-Program (0, 0) also zeroes the down kernel's arrival counters, before the down launch passes its
+routed ones as a wave of their own. With `MoETuning.shared_row` the shared expert instead runs in
+a program row of its own (s = N·k; grid N·k + 1 rows), its scale logit summed in fp32 outside the
+tensor cores. Program (0, 0) also zeroes the down kernel's arrival counters, before the down launch passes its
 wait. Each result row is scaled by its routing weight (the shared expert's by sigmoid(x ·
 gate_weight)) and stored at act[n, j] (j: the token's position among its k experts; the shared
 expert's at j = k), in the weights' dtype, for the down kernel to sum.
@@ -49,6 +50,30 @@ def gated_products(p_x, p_g, p_u, x_ok, n_ok, H: tl.constexpr, BM: tl.constexpr,
         acc_g = dot_bt(b_x, b_g, acc_g, PRECISION, WIDEN)
         acc_u = dot_bt(b_x, b_u, acc_u, PRECISION, WIDEN)
     return acc_g, acc_u
+
+
+@triton.jit
+def shared_gate(p_x, sgw_ptr, x_ok, H: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):
+    """[BM] sigmoid(x · gate_weight): the shared expert's output scale for each row of x."""
+    o_c = tl.arange(0, BK)
+    acc = tl.zeros([BM], dtype=tl.float32)
+    for c in range(0, H, BK):
+        c_ok = c + o_c < H
+        b_x = tl.load(p_x + c, mask=x_ok[:, None] & c_ok[None, :], other=0.0).to(tl.float32)
+        acc += tl.sum(b_x * tl.load(sgw_ptr + c + o_c, mask=c_ok, other=0.0).to(tl.float32)[None, :], 1)
+    return tl.sigmoid(acc)
+
+
+@triton.jit
+def _shared_products(p_x, sg_ptr, su_ptr, sgw_ptr, o_n, o_c, m_ok, stride_sgn, stride_sun, H: tl.constexpr,
+                     IS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                     PRECISION: tl.constexpr, WIDEN: tl.constexpr):
+    """`MoETuning.shared_row`: the shared expert's [BM, BN] gate and up products for every token and
+    its [BM] output scale, in a program row of its own."""
+    p_g = sg_ptr + o_n[:, None] * stride_sgn + o_c[None, :]
+    p_u = su_ptr + o_n[:, None] * stride_sun + o_c[None, :]
+    acc_g, acc_u = gated_products(p_x, p_g, p_u, m_ok, o_n < IS, H, BM, BN, BK, PRECISION, WIDEN)
+    return acc_g, acc_u, shared_gate(p_x, sgw_ptr, m_ok, H, BM, BK)
 
 
 @triton.jit
@@ -116,8 +141,8 @@ def _moe_gate_up_kernel(x_ptr, rw_ptr, gu_ptr, sg_ptr, su_ptr, sgw_ptr, ids_ptr,
                         stride_xn, stride_ge, stride_gn, stride_sgn, stride_sun, stride_an, stride_ak, N, TILES,
                         E: tl.constexpr, K: tl.constexpr, H: tl.constexpr, I: tl.constexpr, IS: tl.constexpr,
                         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SB: tl.constexpr, SBP: tl.constexpr,
-                        NKP: tl.constexpr, KP: tl.constexpr, TP: tl.constexpr, PRECISION: tl.constexpr,
-                        WIDEN: tl.constexpr, USE_GDC: tl.constexpr):
+                        SHARED_ROW: tl.constexpr, NKP: tl.constexpr, KP: tl.constexpr, TP: tl.constexpr,
+                        PRECISION: tl.constexpr, WIDEN: tl.constexpr, USE_GDC: tl.constexpr):
     i_s, i_t = tl.program_id(0), tl.program_id(1)
     o_m = tl.arange(0, BM)
     o_n = i_t * BN + tl.arange(0, BN)
@@ -130,25 +155,41 @@ def _moe_gate_up_kernel(x_ptr, rw_ptr, gu_ptr, sg_ptr, su_ptr, sgw_ptr, ids_ptr,
     if (i_s == 0) & (i_t == 0):  # the down kernel's arrival counters, zeroed before it starts
         o_r = tl.arange(0, TP)
         tl.store(arrivals_ptr + o_r, tl.zeros([TP], tl.int32), mask=o_r < TILES)
-    e, b_kpos, active = assignment_expert(ids_ptr, i_s, N, FIRST, E, K, BM, NKP, KP)
-    hit = b_kpos >= 0
-    p_g = gu_ptr + e * stride_ge + o_n[:, None] * stride_gn + o_c[None, :]
-    piece = i_s * tl.num_programs(1) + i_t
-    if (i_s < K) & (piece * SB < IS):  # a piece of the shared expert (none when IS = 0), with or without an expert
-        p_s, s_ok = _piece_rows(sg_ptr, su_ptr, sgw_ptr, piece, stride_sgn, stride_sun, IS, SB, SBP, BK)
-        if active:
-            acc_g, acc_u, acc_s = _products_with_piece(p_x, p_g, p_g + I * stride_gn, p_s, m_ok, n_ok, s_ok, True,
-                                                       H, BM, BN, BK, SBP, PRECISION, WIDEN)
+    if SHARED_ROW:
+        if i_s < N * K:
+            e, b_kpos, active = assignment_expert(ids_ptr, i_s, N, FIRST, E, K, BM, NKP, KP)
+            if active:
+                hit = b_kpos >= 0
+                p_g = gu_ptr + e * stride_ge + o_n[:, None] * stride_gn + o_c[None, :]
+                acc_g, acc_u = gated_products(p_x, p_g, p_g + I * stride_gn, hit, n_ok, H, BM, BN, BK, PRECISION,
+                                              WIDEN)
+                b_w = tl.load(rw_ptr + o_m * K + b_kpos, mask=hit, other=0.0).to(tl.float32)  # [BM]
+                _store_act(act_ptr, acc_g, acc_u, b_w, o_m, b_kpos, hit, o_n, n_ok, stride_an, stride_ak)
+        else:
+            s_g, s_u, s_scale = _shared_products(p_x, sg_ptr, su_ptr, sgw_ptr, o_n, o_c, m_ok, stride_sgn,
+                                                 stride_sun, H, IS, BM, BN, BK, PRECISION, WIDEN)
+            _store_act(act_ptr, s_g, s_u, s_scale, o_m, tl.full([BM], K, dtype=tl.int32), m_ok, o_n, o_n < IS,
+                       stride_an, stride_ak)
+    else:
+        e, b_kpos, active = assignment_expert(ids_ptr, i_s, N, FIRST, E, K, BM, NKP, KP)
+        hit = b_kpos >= 0
+        p_g = gu_ptr + e * stride_ge + o_n[:, None] * stride_gn + o_c[None, :]
+        piece = i_s * tl.num_programs(1) + i_t
+        if (i_s < K) & (piece * SB < IS):  # a piece of the shared expert (none when IS = 0), with or without an expert
+            p_s, s_ok = _piece_rows(sg_ptr, su_ptr, sgw_ptr, piece, stride_sgn, stride_sun, IS, SB, SBP, BK)
+            if active:
+                acc_g, acc_u, acc_s = _products_with_piece(p_x, p_g, p_g + I * stride_gn, p_s, m_ok, n_ok, s_ok, True,
+                                                           H, BM, BN, BK, SBP, PRECISION, WIDEN)
+                b_w = tl.load(rw_ptr + o_m * K + b_kpos, mask=hit, other=0.0).to(tl.float32)  # [BM]
+                _store_act(act_ptr, acc_g, acc_u, b_w, o_m, b_kpos, hit, o_n, n_ok, stride_an, stride_ak)
+            else:
+                _, _, acc_s = _products_with_piece(p_x, p_g, p_g, p_s, m_ok, n_ok, s_ok, False, H, BM, BN, BK, SBP,
+                                                   PRECISION, WIDEN)
+            _store_piece(act_ptr, acc_s, piece, o_m, m_ok, IS, stride_an, stride_ak, K, SB, SBP, BM)
+        elif active:
+            acc_g, acc_u = gated_products(p_x, p_g, p_g + I * stride_gn, hit, n_ok, H, BM, BN, BK, PRECISION, WIDEN)
             b_w = tl.load(rw_ptr + o_m * K + b_kpos, mask=hit, other=0.0).to(tl.float32)  # [BM]
             _store_act(act_ptr, acc_g, acc_u, b_w, o_m, b_kpos, hit, o_n, n_ok, stride_an, stride_ak)
-        else:
-            _, _, acc_s = _products_with_piece(p_x, p_g, p_g, p_s, m_ok, n_ok, s_ok, False, H, BM, BN, BK, SBP,
-                                               PRECISION, WIDEN)
-        _store_piece(act_ptr, acc_s, piece, o_m, m_ok, IS, stride_an, stride_ak, K, SB, SBP, BM)
-    elif active:
-        acc_g, acc_u = gated_products(p_x, p_g, p_g + I * stride_gn, hit, n_ok, H, BM, BN, BK, PRECISION, WIDEN)
-        b_w = tl.load(rw_ptr + o_m * K + b_kpos, mask=hit, other=0.0).to(tl.float32)  # [BM]
-        _store_act(act_ptr, acc_g, acc_u, b_w, o_m, b_kpos, hit, o_n, n_ok, stride_an, stride_ak)
 
 
 def shared_pieces(k: int, tiles: int, shared_width: int) -> tuple[int, int]:
@@ -175,13 +216,14 @@ def launch_gate_up(x, ids, weights, gate_up, shared, arrivals, act, block_m: int
     bn = min(tuning.gate_up_bn, max(16, triton.next_power_of_2(max(i, i_s))))
     tiles = triton.cdiv(max(i, i_s), bn)
     sb, sbp = shared_pieces(k, tiles, i_s)
-    rows = block_m + 2 * bn + (sbp if shared is not None else 0)  # the tiles of one step
+    pieces = shared is not None and not tuning.shared_row
+    rows = block_m + 2 * bn + (sbp if pieces else 0)  # the tiles of one step
     bk = step_width(tuning.gate_up_bk, x.shape[1], rows, x.element_size(), tuning.gate_up_stages)
-    _moe_gate_up_kernel[(n * k, tiles)](
+    _moe_gate_up_kernel[(n * k + (shared is not None and not pieces), tiles)](
         x, weights, gate_up, sg, su, sgw, ids, arrivals, act, first_expert,
         x.stride(0), gate_up.stride(0), gate_up.stride(1), sg.stride(0), su.stride(0), act.stride(0), act.stride(1),
         N=n, TILES=arrivals.numel(), E=gate_up.shape[0], K=k, H=x.shape[1], I=i, IS=i_s, BM=block_m, BN=bn, BK=bk,
-        SB=sb, SBP=sbp, NKP=triton.next_power_of_2(block_m * k), KP=triton.next_power_of_2(k),
-        TP=max(2, triton.next_power_of_2(arrivals.numel())),
+        SB=sb, SBP=sbp, SHARED_ROW=tuning.shared_row, NKP=triton.next_power_of_2(block_m * k),
+        KP=triton.next_power_of_2(k), TP=max(2, triton.next_power_of_2(arrivals.numel())),
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32", WIDEN=widen,
         num_warps=tuning.gate_up_warps, num_stages=tuning.gate_up_stages, **pdl.options(x))
