@@ -136,6 +136,20 @@ def test_the_shared_row_form(name, shape, dtype):
     _check(name, moe_inputs(*shape, dtype=dtype, seed=5), tuning={64: MoETuning(shared_row=True)})
 
 
+@pytest.mark.parametrize("k, tiles, width", [(8, 16, 512), (8, 32, 1024), (2, 1, 16), (4, 2, 40), (10, 3, 7),
+                                             (2, 2, 40), (1, 1, 100)])
+def test_shared_pieces_cover_the_shared_expert_once(k, tiles, width):
+    """Token 0's k·tiles programs take pieces p = 0, 1, … of SB columns while p·SB < Is: every column
+    in exactly one piece, and a piece's tile holds its interleaved gate and up rows and the gate
+    weight's row in a power of two of at least 16 rows."""
+    from hybridspec.kernels.moe.gate_up import shared_pieces
+
+    sb, sbp = shared_pieces(k, tiles, width)
+    owners = [p for p in range(k * tiles) if p * sb < width for _ in range(min(sb, width - p * sb))]
+    assert len(owners) == width and owners == sorted(owners)
+    assert sbp >= max(16, 2 * sb + 1) and sbp & (sbp - 1) == 0
+
+
 def test_tuning_is_taken_as_given():
     args = moe_inputs(6, 2, 16, 80, 40, 24)
     tuning = {64: MoETuning(gate_up_bn=16, gate_up_bk=32, down_bh=32, down_bk=16, down_stages=1)}
