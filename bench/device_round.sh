@@ -14,7 +14,7 @@
 # tests: the GPU tests of the kernels and of graph exactness.
 # tp1: the tensor-parallel code path on one GPU (an NCCL process group of one rank), greedy `ar`
 #   and `full`; its exactness rows' token hashes compare with the round step's (no process group).
-# rest: tests, moe and tp1 in one call (round and sampled are calls of their own). The logs print
+# rest: moe, tests and tp1 in one call, in that order (round and sampled are calls of their own). The logs print
 # every row as it is measured, and gpu_round.py rewrites its JSON after each variant.
 set -u
 OUT=$(realpath -m "${1:?usage: bash bench/device_round.sh OUT [round|ncu|rest|sampled|moe|tests|tp1] [CAP]}")
@@ -67,7 +67,7 @@ if [ "$NCU_CAP" -gt 0 ]; then
     for W in 1 4; do  # one report per width, each profile capped so that its export and summary still run
       timeout $((NCU_CAP / 2 - 30)) "$NCU" --clock-control none --profile-from-start off --section SpeedOfLight \
         --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
-        --metrics "$METRICS" -o "$OUT/pass_w$W" -f python3 bench/kernels/ncu_pass.py run --width "$W" --layers 8 \
+        --metrics "$METRICS" -o "$OUT/pass_w$W" -f python3 bench/kernels/ncu_pass.py run --width "$W" \
         > "$OUT/ncu_w$W.log" 2>&1
       echo "ncu w=$W rc $?"
       tail -3 "$OUT/ncu_w$W.log"

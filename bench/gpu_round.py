@@ -525,8 +525,8 @@ def run(args, variants: list[str], command: str) -> None:
             del runs
             torch.cuda.empty_cache()
             write()
-        del session
-        gc.collect()  # the session's modules hold reference cycles: free its weights before the next load
+        del session, undo  # undo names the last variant's modules, and so their weights
+        gc.collect()
         torch.cuda.empty_cache()
     # counted pass, under the profiler, once per distinct variant: host reads and launches and the
     # GPU work per round (filled into the timed rows), and `--profile`'s kernel-time split
@@ -556,8 +556,8 @@ def run(args, variants: list[str], command: str) -> None:
             del runs
             torch.cuda.empty_cache()
             write()
-        del session
-        gc.collect()  # the session's modules hold reference cycles: free its weights before the next load
+        del session, undo  # undo names the last variant's modules, and so their weights
+        gc.collect()
         torch.cuda.empty_cache()
     if writer:
         print(json.dumps(result["checks"], indent=1))

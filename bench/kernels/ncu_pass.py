@@ -71,6 +71,13 @@ def run(args) -> int:
     w = args.width
     if args.layers:  # the first N layers: every kernel shape of the full model at a fraction of the load
         # time, and few enough launches that ncu's per-kernel replays finish inside one device call
+        if args.model not in PRESETS:
+            print(f"ncu_pass run: --layers cuts a preset; {args.model!r} is not one (give --layers 0)", file=sys.stderr)
+            return 2
+        layers = PRESETS[args.model]["num_hidden_layers"]
+        if not 1 <= args.layers <= layers:
+            print(f"ncu_pass run: --layers {args.layers} outside 1..{layers} ({args.model})", file=sys.stderr)
+            return 2
         PRESETS[args.model] = {**PRESETS[args.model], "num_hidden_layers": args.layers}
     session = open_session(args.model, "random", device="cuda", dtype="bfloat16", backend="triton",
                            max_context=args.context + 4 * w)

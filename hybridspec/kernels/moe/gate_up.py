@@ -3,20 +3,21 @@
 Grid (N·k, ceil(max(I, Is) / BN)), fixed by N and k. Program (s, t) takes assignment s's expert
 from the ids and runs it only where s is that expert's first assignment (`tiles.assignment_expert`),
 on the tokens that route to it (at most one row per token, N <= BM, so every expert's tokens fit
-one [BM, BK] tile and its weights are read once), columns t·BN..t·BN+BN−1 of its intermediate width;
-the other rows' programs return at once. The shared expert has no programs of its own: its Is
-columns are cut into k·tiles pieces of SB columns, and program (s, t) of token 0's rows (s < k,
-always the first assignment of their expert) also runs piece s·tiles + t on every token, in the
-same steps over the hidden dimension as its routed expert (one [SBP, BK] tile more per step: the
-piece's gate and up rows interleaved, then the gate weight row, whose product is the shared
-expert's scale logit). So the shared expert's 2·Is·H weights add SB/BN of a routed tile to k·tiles
-programs instead of a row of programs of its own, which at one or two tokens would run after the
-routed ones as a wave of their own. With `MoETuning.shared_row` the shared expert instead runs in
-a program row of its own (s = N·k; grid N·k + 1 rows), its scale logit summed in fp32 outside the
-tensor cores. Program (0, 0) also zeroes the down kernel's arrival counters, before the down launch passes its
-wait. Each result row is scaled by its routing weight (the shared expert's by sigmoid(x ·
-gate_weight)) and stored at act[n, j] (j: the token's position among its k experts; the shared
-expert's at j = k), in the weights' dtype, for the down kernel to sum.
+one [BM, BK] tile and its weights are read once), columns t·BN..t·BN+BN−1 of its intermediate width.
+The shared expert has no programs of its own: its Is columns are cut into k·tiles pieces of SB
+columns, and program (s, t) of token 0's rows (s < k) also runs piece s·tiles + t on every token,
+in the same steps over the hidden dimension as its routed expert (one [SBP, BK] tile more per step:
+the piece's gate and up rows interleaved, then the gate weight row, whose product is the shared
+expert's scale logit). Token 0's rows run their piece even where they run no expert (ids of experts
+held elsewhere); the other rows' programs that run no expert return at once. So the shared expert's
+2·Is·H weights add about SB/BN of a routed tile to k·tiles programs instead of a row of programs of
+its own, which at one or two tokens would run after the routed ones as a wave of their own. With
+`MoETuning.shared_row` the shared expert instead runs in a program row of its own (s = N·k; grid
+N·k + 1 rows), its scale logit summed in fp32 outside the tensor cores. Program (0, 0) also zeroes
+the down kernel's arrival counters, before the down launch passes its wait. Each result row is
+scaled by its routing weight (the shared expert's by sigmoid(x · gate_weight)) and stored at
+act[n, j] (j: the token's position among its k experts; the shared expert's at j = k), in the
+weights' dtype, for the down kernel to sum.
 
     x [N, H]   gate_up [E, 2I, H]   shared gate / up [Is, H], gate_weight [1, H]
     act [N, k + 1, max(I, Is)]   arrivals [tiles] int32 (zeroed)
@@ -96,9 +97,10 @@ def _piece_rows(sg_ptr, su_ptr, sgw_ptr, piece, stride_sgn, stride_sun, IS, SB: 
 def _products_with_piece(p_x, p_g, p_u, p_s, m_ok, n_ok, s_ok, ROUTED: tl.constexpr, H: tl.constexpr,
                          BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SBP: tl.constexpr,
                          PRECISION: tl.constexpr, WIDEN: tl.constexpr):
-    """The routed [BM, BN] gate and up products (zeros unless ROUTED; only the rows of the tokens
-    that route to the expert are kept, each row depending on its own token alone) and the shared
-    piece's [BM, SBP] products of every token, in one pass over the hidden dimension in steps of BK."""
+    """The routed [BM, BN] gate and up products (zeros unless ROUTED) and the shared piece's
+    [BM, SBP] products, for every token (each row depends on its own token alone; the caller stores
+    the routed rows of the tokens that route to the expert), in one pass over the hidden dimension
+    in steps of BK."""
     o_c = tl.arange(0, BK)
     acc_g = tl.zeros([BM, BN], dtype=tl.float32)
     acc_u = tl.zeros([BM, BN], dtype=tl.float32)
@@ -219,7 +221,7 @@ def launch_gate_up(x, ids, weights, gate_up, shared, arrivals, act, block_m: int
     pieces = shared is not None and not tuning.shared_row
     rows = block_m + 2 * bn + (sbp if pieces else 0)  # the tiles of one step
     bk = step_width(tuning.gate_up_bk, x.shape[1], rows, x.element_size(), tuning.gate_up_stages)
-    _moe_gate_up_kernel[(n * k + (shared is not None and not pieces), tiles)](
+    _moe_gate_up_kernel[(n * k + (shared is not None and tuning.shared_row), tiles)](
         x, weights, gate_up, sg, su, sgw, ids, arrivals, act, first_expert,
         x.stride(0), gate_up.stride(0), gate_up.stride(1), sg.stride(0), su.stride(0), act.stride(0), act.stride(1),
         N=n, TILES=arrivals.numel(), E=gate_up.shape[0], K=k, H=x.shape[1], I=i, IS=i_s, BM=block_m, BN=bn, BK=bk,

@@ -11,7 +11,9 @@ class MoETuning:
     """gate_up_*: tile of BN intermediate columns (gate and up rows) over BK hidden columns per step;
     down_*: tile of BH hidden outputs over BK intermediate columns per step. shared_row: gate_up runs
     the shared expert in a program row of its own (N·k + 1 rows) instead of as pieces of token 0's
-    programs (the same products, another summation of the scale logit)."""
+    programs (the same result summed in another order: the scale logit in fp32 outside the tensor
+    cores, and from 17 to 32 tokens in steps of 256 hidden columns where the pieces form's larger
+    tiles take 128)."""
 
     gate_up_bn: int = 32
     gate_up_bk: int = 256
