@@ -29,7 +29,7 @@ def _cuda(args: dict) -> dict:
 
 
 @pytest.mark.parametrize("shared_row", [False, True], ids=["pieces", "shared-row"])
-@pytest.mark.parametrize("n", [1, 4, 16, 40, 70])
+@pytest.mark.parametrize("n", [1, 4, 16, 24, 40, 70])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_equal_to_the_oracle_on_the_gpu(shape, n, shared_row):
     """Both forms of the shared expert (`MoETuning.shared_row`) within the precision of the inputs, on

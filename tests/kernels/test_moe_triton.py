@@ -46,6 +46,7 @@ def test_every_verification_length(n):
     ("k8-awkward-widths", (5, 8, 64, 80, 24, 40), {}, torch.float32),
     ("one-expert-bf16", (16, 2, 16, 32, 16, 16), {"one_expert": 7}, torch.bfloat16),
     ("all-distinct", (16, 8, 128, 32, 16, 0), {"all_distinct": True}, torch.float32),
+    ("prefill-24-bf16", (24, 8, 64, 64, 32, 32), {}, torch.bfloat16),
     ("prefill-one-piece", (40, 2, 16, 32, 16, 16), {}, torch.float32),
     ("prefill-two-pieces", (70, 2, 16, 32, 16, 24), {}, torch.bfloat16),
     ("prefill-three-pieces-no-shared", (130, 4, 32, 24, 16, 0), {}, torch.float32),
