@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The resident round's open measurements, each step with its own time cap (10 minutes per command):
-#   device tool, timeout 600:   bash bench/device_round.sh $OUT [round|ncu|pieces|rest|sampled|moe|tests|tp1] [CAP]
+#   device tool, timeout 600:   bash bench/device_round.sh $OUT [round|ncu|bare|rest|sampled|moe|tests|tp1] [CAP]
 # CAP (seconds) replaces a one-part step's own cap where the call has less time (the device's
 # budget), so that it ends itself and leaves what it measured.
 # round: bench/gpu_round.py on the 35B preset, greedy `ar` and `full`, the variants of $VARIANTS (a comma
@@ -14,13 +14,12 @@
 # tests: the GPU tests of the kernels and of graph exactness.
 # tp1: the tensor-parallel code path on one GPU (an NCCL process group of one rank), greedy `ar`
 #   and `full`; its exactness rows' token hashes compare with the round step's (no process group).
-# pieces: the MoE sweep (T = 1, 2, 4, 16, the `shared row` row beside the shipped pieces form), the round
-#   with shipped and moe-shared-row, the round's `ar` again in a process whose cuBLAS has no
-#   workspace (no split-K with its separate reduce launch), then the MoE GPU tests; CAP 590.
+# bare: greedy `ar` shipped, then again in a process whose cuBLAS has no workspace (no split-K with
+#   its separate reduce launch), then the MoE GPU tests; CAP 590.
 # rest: moe, tests and tp1 in one call, in that order (round and sampled are calls of their own). The logs print
 # every row as it is measured, and gpu_round.py rewrites its JSON after each variant.
 set -u
-OUT=$(realpath -m "${1:?usage: bash bench/device_round.sh OUT [round|ncu|pieces|rest|sampled|moe|tests|tp1] [CAP]}")
+OUT=$(realpath -m "${1:?usage: bash bench/device_round.sh OUT [round|ncu|bare|rest|sampled|moe|tests|tp1] [CAP]}")
 STEP=${2:-round}
 CAP=${3:-590}
 MOE_LENGTHS=1,2,4,16 BARE_CAP=0 MOE_TESTS_CAP=0 ROUND_CAP=0 NCU_CAP=0 SAMPLED_CAP=0 MOE_CAP=0 TESTS_CAP=0 TP1_CAP=0
@@ -28,13 +27,12 @@ case "$STEP" in
   round) ROUND_CAP="$CAP" ;;
   ncu) NCU_CAP="$CAP" ;;
   rest) TESTS_CAP=300 MOE_CAP=120 TP1_CAP=150 ;;
-  pieces) MOE_CAP=$((CAP * 20 / 100)) ROUND_CAP=$((CAP * 40 / 100)) BARE_CAP=$((CAP * 18 / 100))
-    MOE_TESTS_CAP=$((CAP * 20 / 100)) VARIANTS=${VARIANTS:-shipped,moe-shared-row} ;;
+  bare) BARE_CAP=$((CAP * 60 / 100)) MOE_TESTS_CAP=$((CAP * 35 / 100)) ;;
   tp1) TP1_CAP="$CAP" ;;
   sampled) SAMPLED_CAP="$CAP" ;;
   moe) MOE_CAP="$CAP" ;;
   tests) TESTS_CAP="$CAP" ;;
-  *) echo "device_round.sh: step must be round, ncu, pieces, rest, sampled, moe, tests or tp1, not '$STEP'" >&2
+  *) echo "device_round.sh: step must be round, ncu, bare, rest, sampled, moe, tests or tp1, not '$STEP'" >&2
     exit 2 ;;
 esac
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -61,8 +59,9 @@ if [ "$ROUND_CAP" -gt 0 ]; then
   round round "$ROUND_CAP" --variants "${VARIANTS:-shipped}"
 fi
 if [ "$BARE_CAP" -gt 0 ]; then  # torch reads both sizes (KiB) when it first makes a cuBLAS handle
-  CUBLAS_WORKSPACE_CONFIG=:0:1 CUBLASLT_WORKSPACE_SIZE=0 round bare-cublas "$BARE_CAP" --variants shipped \
-    --policies ar --no-verification
+  round shipped-ar $((BARE_CAP / 2)) --variants shipped,shipped --policies ar --no-verification --no-exactness
+  CUBLAS_WORKSPACE_CONFIG=:0:1 CUBLASLT_WORKSPACE_SIZE=0 round bare-cublas $((BARE_CAP / 2)) --variants \
+    shipped,shipped --policies ar --no-verification --no-exactness
 fi
 if [ "$MOE_TESTS_CAP" -gt 0 ]; then
   timeout "$MOE_TESTS_CAP" python3 -m pytest -m gpu tests/gpu/test_moe.py -q -p no:cacheprovider \

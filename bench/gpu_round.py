@@ -22,9 +22,9 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
    softmax attention, dense GEMMs and other, with the longest kernels named.
 
 `--variants a,b` runs steps 1–4 for each variant on the same loaded model (rows and checks tagged
-`variant`): `shipped`, an op family put back on its PyTorch reference, a switch turned off, or a
-launch form (`VARIANTS`: `prepare-ref`, `no-pdl`, `torch-sampling`, `moe-shared-row`; `a+b` both at
-once), to measure a kernel or a launch mode against what it replaced side by side in one process.
+`variant`): `shipped`, an op family put back on its PyTorch reference, or a switch turned off
+(`VARIANTS`: `prepare-ref`, `no-pdl`, `torch-sampling`; `a+b` both at once), to measure a kernel or
+a launch mode against what it replaced side by side in one process.
 `--tp N --layouts columns,experts` loads each model once per MoE layout (every expert's columns
 split across the ranks, or expert parallelism) and runs everything on each (rows and checks tagged
 `layout`).
@@ -39,7 +39,6 @@ Writes DIR/gpu_round.json ({"device", "date", "versions", "rows": [...]}) and pr
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime as dt
 import gc
 import hashlib
@@ -57,7 +56,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.kernels.cuda_timing import copy_bandwidth, median_us  # noqa: E402
 from hybridspec.kernels import pdl  # noqa: E402
 from hybridspec.kernels.attention import reference as attention_reference  # noqa: E402
-from hybridspec.kernels.moe import triton as moe_triton  # noqa: E402
 from hybridspec.runtime import resident  # noqa: E402
 from hybridspec.runtime.engine import Engine  # noqa: E402
 from hybridspec.runtime.layers.attention import GatedAttention  # noqa: E402
@@ -75,9 +73,6 @@ LAUNCH_CALLS = ("cudaGraphLaunch", "cudaLaunchKernel", "cuLaunchKernel", "cuLaun
 # {python module: {attribute: value}} set on that module
 VARIANTS = {
     "shipped": {},
-    # the MoE's shared expert in a gate_up program row of its own instead of pieces of token 0's programs
-    "moe-shared-row": {moe_triton: {"MOE_TUNING": {64: dataclasses.replace(moe_triton.MOE_TUNING[64],
-                                                                           shared_row=True)}}},
     "prepare-ref": {GatedAttention: {"prepare_op": attention_reference.norm_rope_store}},
     "no-pdl": {pdl: {"ENABLED": False}},  # the kernels of `kernels/pdl.py` launched without PDL
     "torch-sampling": {resident: {"FUSED_SAMPLING": False}},  # the point-mass rule's torch form

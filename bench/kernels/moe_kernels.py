@@ -27,7 +27,6 @@ Phases, each printed as it runs and written to OUT/moe_kernels.json and .md:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime as dt
 import importlib
 import platform
@@ -59,10 +58,7 @@ MODELS = {  # name: (E, k, hidden, moe_intermediate, shared_intermediate)
 }
 LENGTHS = (1, 2, 4, 8, 12, 16)
 DISTINCT = (8, 16, 32, 48, 64, 80, 96, 112, 128)
-SWEEP = {  # tuning tables timed beside the shipped one (name: {largest T of a row: MoETuning})
-    # the shared expert in a program row of its own instead of pieces of token 0's programs
-    "shared row": {64: dataclasses.replace(MOE_TUNING[64], shared_row=True)},
-}
+SWEEP: dict[str, dict] = {}  # tuning tables timed beside the shipped one (name: {largest T of a row: MoETuning})
 
 
 class Layer:

@@ -126,51 +126,6 @@ def test_the_shared_expert_alone(n):
     assert_close(f"N={n}", want, got, RATIO[torch.bfloat16])
 
 
-@pytest.mark.parametrize("name, shape, dtype", [
-    ("k8-bf16", (3, 8, 64, 48, 32, 32), torch.bfloat16),
-    ("k2-awkward-fp32", (5, 2, 16, 48, 24, 40), torch.float32),
-    ("prefill-two-pieces", (70, 2, 16, 32, 16, 24), torch.float32),
-])
-def test_the_shared_row_form(name, shape, dtype, monkeypatch):
-    """`MoETuning.shared_row` (the shared expert in a program row of its own instead of pieces of
-    token 0's programs) against the oracle, on poisoned memory; its gate_up grid has the extra row
-    (N·k + 1 rows against the pieces form's N·k)."""
-    from hybridspec.kernels.moe import gate_up
-
-    grids = []
-    kernel = gate_up._moe_gate_up_kernel
-
-    class Recorded:  # the kernel, with the grid of each launch noted
-        def __getitem__(self, grid):
-            grids.append(grid)
-            return kernel[grid]
-
-    monkeypatch.setattr(gate_up, "_moe_gate_up_kernel", Recorded())
-    args = moe_inputs(*shape, dtype=dtype, seed=5)
-    _check(name, args, tuning={64: MoETuning(shared_row=True)})
-    row_grids = list(grids)
-    grids.clear()
-    moe_triton.moe_experts(**args)
-    n, k = args["ids"].shape
-    pieces = [min(64, n - start) * k for start in range(0, n, 64)]
-    assert [g[0] for g in row_grids] == [p + 1 for p in pieces] and [g[0] for g in grids] == pieces
-
-
-@pytest.mark.parametrize("k, tiles, width", [(8, 16, 512), (8, 32, 1024), (2, 1, 16), (4, 2, 40), (10, 3, 7),
-                                             (2, 2, 40), (1, 1, 100)])
-def test_shared_pieces_cover_the_shared_expert_once(k, tiles, width):
-    """The launcher's piece width: token 0's k·tiles programs, taking pieces p = 0, 1, … of SB
-    columns while p·SB < Is, cover every column (the kernel's indexing is checked end to end by the
-    oracle tests on poisoned memory), and a piece's tile holds its interleaved gate and up rows and
-    the gate weight's row in a power of two of at least 16 rows."""
-    from hybridspec.kernels.moe.gate_up import shared_pieces
-
-    sb, sbp = shared_pieces(k, tiles, width)
-    covered = sum(min(sb, width - p * sb) for p in range(k * tiles) if p * sb < width)  # pieces are disjoint
-    assert covered == width
-    assert sbp >= max(16, 2 * sb + 1) and sbp & (sbp - 1) == 0
-
-
 def test_tuning_is_taken_as_given():
     args = moe_inputs(6, 2, 16, 80, 40, 24)
     tuning = {64: MoETuning(gate_up_bn=16, gate_up_bk=32, down_bh=32, down_bk=16, down_stages=1)}

@@ -9,11 +9,7 @@ from types import MappingProxyType
 @dataclass(frozen=True)
 class MoETuning:
     """gate_up_*: tile of BN intermediate columns (gate and up rows) over BK hidden columns per step;
-    down_*: tile of BH hidden outputs over BK intermediate columns per step. shared_row: gate_up runs
-    the shared expert in a program row of its own (N·k + 1 rows) instead of as pieces of token 0's
-    programs (the same result summed in another order: the scale logit in fp32 outside the tensor
-    cores, and from 17 to 32 tokens in steps of 256 hidden columns where the pieces form's larger
-    tiles take 128)."""
+    down_*: tile of BH hidden outputs over BK intermediate columns per step."""
 
     gate_up_bn: int = 32
     gate_up_bk: int = 256
@@ -23,7 +19,6 @@ class MoETuning:
     down_bk: int = 128
     down_warps: int = 4
     down_stages: int = 3
-    shared_row: bool = False
 
     def __post_init__(self):
         for name in ("gate_up_bn", "gate_up_bk", "down_bh", "down_bk"):
