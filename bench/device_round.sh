@@ -14,20 +14,22 @@
 # tests: the GPU tests of the kernels and of graph exactness.
 # tp1: the tensor-parallel code path on one GPU (an NCCL process group of one rank), greedy `ar`
 #   and `full`; its exactness rows' token hashes compare with the round step's (no process group).
-# bare: greedy `ar` shipped, then again in a process whose cuBLAS has no workspace (no split-K with
-#   its separate reduce launch), then the MoE GPU tests; CAP 590.
+# bare: what one dependent launch costs in a graph (bench/kernels/launch_chain.py), greedy `ar`
+#   shipped, then again in a process whose cuBLAS has no workspace (no split-K with its separate
+#   reduce launch), then the MoE GPU tests; CAP 590.
 # rest: moe, tests and tp1 in one call, in that order (round and sampled are calls of their own). The logs print
 # every row as it is measured, and gpu_round.py rewrites its JSON after each variant.
 set -u
 OUT=$(realpath -m "${1:?usage: bash bench/device_round.sh OUT [round|ncu|bare|rest|sampled|moe|tests|tp1] [CAP]}")
 STEP=${2:-round}
 CAP=${3:-590}
-MOE_LENGTHS=1,2,4,16 BARE_CAP=0 MOE_TESTS_CAP=0 ROUND_CAP=0 NCU_CAP=0 SAMPLED_CAP=0 MOE_CAP=0 TESTS_CAP=0 TP1_CAP=0
+MOE_LENGTHS=1,2,4,16 LAUNCH_CAP=0 BARE_CAP=0 MOE_TESTS_CAP=0 ROUND_CAP=0 NCU_CAP=0 SAMPLED_CAP=0
+MOE_CAP=0 TESTS_CAP=0 TP1_CAP=0
 case "$STEP" in
   round) ROUND_CAP="$CAP" ;;
   ncu) NCU_CAP="$CAP" ;;
   rest) TESTS_CAP=300 MOE_CAP=120 TP1_CAP=150 ;;
-  bare) BARE_CAP=$((CAP * 60 / 100)) MOE_TESTS_CAP=$((CAP * 35 / 100)) ;;
+  bare) LAUNCH_CAP=$((CAP * 12 / 100)) BARE_CAP=$((CAP * 55 / 100)) MOE_TESTS_CAP=$((CAP * 30 / 100)) ;;
   tp1) TP1_CAP="$CAP" ;;
   sampled) SAMPLED_CAP="$CAP" ;;
   moe) MOE_CAP="$CAP" ;;
@@ -57,6 +59,11 @@ if [ "$MOE_CAP" -gt 0 ]; then
 fi
 if [ "$ROUND_CAP" -gt 0 ]; then
   round round "$ROUND_CAP" --variants "${VARIANTS:-shipped}"
+fi
+if [ "$LAUNCH_CAP" -gt 0 ]; then
+  (cd bench/kernels && timeout "$LAUNCH_CAP" python3 launch_chain.py --out "$OUT/launch" > "$OUT/launch_chain.log" 2>&1)
+  echo "launch_chain rc $?"
+  tail -10 "$OUT/launch_chain.log"
 fi
 if [ "$BARE_CAP" -gt 0 ]; then  # torch reads both sizes (KiB) when it first makes a cuBLAS handle
   round shipped-ar $((BARE_CAP / 2)) --variants shipped,shipped --policies ar --no-verification --no-exactness
