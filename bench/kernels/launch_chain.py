@@ -35,8 +35,8 @@ BLOCK = 1024  # weight elements (bf16) per program and step
 
 @triton.jit
 def _link(src_ptr, dst_ptr, w_ptr, STEPS: tl.constexpr, BLOCK: tl.constexpr, USE_GDC: tl.constexpr):
-    """dst[p] = src[p] + 1 after reading STEPS · BLOCK weights of this program's slice (summed into
-    the result times zero, so the reads cannot be dropped and the values stay exact)."""
+    """dst[p] = src[p] + 1 + the sum of STEPS · BLOCK weights of this program's slice (the weights are
+    zeros: the sum keeps the reads live and the values exact)."""
     pid = tl.program_id(0)
     if USE_GDC:
         wait_then_release()
@@ -44,7 +44,7 @@ def _link(src_ptr, dst_ptr, w_ptr, STEPS: tl.constexpr, BLOCK: tl.constexpr, USE
     for s in range(STEPS):
         acc += tl.load(w_ptr + (pid * STEPS + s) * BLOCK + tl.arange(0, BLOCK)).to(tl.float32)
     x = tl.load(src_ptr + pid)
-    tl.store(dst_ptr + pid, x + 1.0 + 0.0 * tl.sum(acc, 0))
+    tl.store(dst_ptr + pid, x + 1.0 + tl.sum(acc, 0))
 
 
 def chain(launches: int, grid: int, weight_bytes: int, pdl: bool, device) -> tuple[list, torch.Tensor, int]:
