@@ -4,8 +4,9 @@ kernel the time over its bytes goes (DRAM throughput against peak, achieved occu
 stall reasons, registers, grid).
 
 Two halves:
-- `run --width W`: loads the preset, prefills a random context, warms the pass of W tokens, then
-  runs one eager pass between `cudaProfilerStart` and `cudaProfilerStop`, so that
+- `run --width W [--layers N]`: loads the preset (its first N layers, default 8: every kernel shape
+  of the whole model, with few enough launches for ncu's replays), prefills a random context, warms
+  the pass of W tokens, then runs one eager pass between `cudaProfilerStart` and `cudaProfilerStop`, so that
   `ncu --profile-from-start off` profiles that pass's kernels only (one report per width, so that
   each kernel's rows are of one call size);
 - `summary CSV [--raw RAW]`: reads `ncu --page details --csv` and prints, per kernel name, calls,

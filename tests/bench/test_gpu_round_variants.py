@@ -45,6 +45,8 @@ def test_each_variant_sets_existing_attributes_and_puts_them_back(target, name):
 def test_the_moe_sweep_rows_are_tuning_tables():
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "kernels"))
     moe_kernels = pytest.importorskip("moe_kernels")
+    if not moe_kernels.SWEEP:
+        pytest.skip("the MoE sweep has no rows now")
     for name, table in moe_kernels.SWEEP.items():
         assert table and all(isinstance(k, int) and isinstance(v, MoETuning) for k, v in table.items()), name
         assert max(table) >= 64, f"{name}: calls of up to 64 tokens need a row"
