@@ -9,6 +9,7 @@ import torch
 
 from hybridspec.kernels.moe import reference
 from hybridspec.kernels.moe import router as moe_router
+from hybridspec.kernels.norm import triton as norm_triton
 
 
 @pytest.mark.parametrize("experts,top_k", [(256, 8), (512, 10), (60, 4), (16, 1)])
@@ -100,3 +101,50 @@ def test_prefill_sized_calls_take_the_two_step_path():
     ids_ref, weights_ref = reference.router(x, weight, 4, False, torch.float32)
     assert torch.equal(ids, ids_ref)
     torch.testing.assert_close(weights, weights_ref, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 16, 20])
+@pytest.mark.parametrize("experts,top_k,hidden", [(256, 8, 2048), (60, 4, 200), (16, 2, 96)])
+def test_norm_router_matches_the_reference_and_routes_what_it_stores(tokens, experts, top_k, hidden):
+    """The post-attention add + norm in the router's launch (≤ 16 tokens; 20 takes the norm's own
+    launch): s equals the norm kernel's, the normalized rows are the norm kernel's within one
+    rounding (the scale's sum runs in column steps) and the reference's in fp32, and the routing is
+    exactly the plain router's on the stored rows (the products read the very values stored); fp32
+    and bf16, hidden sizes that do not fill the column steps."""
+    g = torch.Generator().manual_seed(tokens * experts + hidden)
+    for dtype in (torch.float32, torch.bfloat16):
+        x, residual = (torch.randn(2, tokens, hidden, generator=g).to(dtype) * 3).unbind(0)
+        norm_weight = (0.1 * torch.randn(hidden, generator=g)).to(dtype)
+        weight = (torch.randn(experts, hidden, generator=g) / hidden ** 0.5).to(dtype)
+        normed, s, ids, weights = moe_router.norm_router(x, residual, norm_weight, 1e-6, weight, top_k, True, dtype)
+        kernel_normed, kernel_s = norm_triton.offset_rms_norm(x, norm_weight, 1e-6, residual)
+        assert torch.equal(s, kernel_s)
+        one_rounding = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=2 ** -7, atol=1e-3)
+        torch.testing.assert_close(normed.float(), kernel_normed.float(), **one_rounding)
+        if dtype == torch.float32:
+            want_normed, want_s, _, _ = reference.norm_router(x, residual, norm_weight, 1e-6, weight, top_k, True,
+                                                              dtype)
+            torch.testing.assert_close(s, want_s, rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(normed, want_normed, rtol=1e-5, atol=1e-5)
+        plain_ids, plain_weights = moe_router.router(normed, weight, top_k, True, dtype)
+        assert torch.equal(ids, plain_ids) and torch.equal(weights, plain_weights)
+
+
+def test_norm_router_is_batch_invariant_and_names_bad_arguments():
+    """A token's normalized row and routing are the same alone and among 15 others, and the arrival
+    counter is back at zero; a residual or norm weight of the wrong shape is named."""
+    g = torch.Generator().manual_seed(5)
+    x, residual = (torch.randn(2, 16, 256, generator=g)).to(torch.bfloat16).unbind(0)
+    norm_weight = (0.1 * torch.randn(256, generator=g)).to(torch.bfloat16)
+    weight = (torch.randn(128, 256, generator=g) / 16).to(torch.bfloat16)
+    together = moe_router.norm_router(x, residual, norm_weight, 1e-6, weight, 8, True, torch.bfloat16)
+    for n in (0, 9, 15):
+        alone = moe_router.norm_router(x[n : n + 1], residual[n : n + 1], norm_weight, 1e-6, weight, 8, True,
+                                       torch.bfloat16)
+        for a, t in zip(alone, together):
+            assert torch.equal(a, t[n : n + 1])
+    assert int(moe_router._counter(x.device)) == 0
+    with pytest.raises(ValueError, match="residual"):
+        moe_router.norm_router(x, residual[:3], norm_weight, 1e-6, weight, 8, True, torch.bfloat16)
+    with pytest.raises(ValueError, match="norm_weight"):
+        moe_router.norm_router(x, residual, norm_weight[:8], 1e-6, weight, 8, True, torch.bfloat16)
