@@ -22,9 +22,10 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
    softmax attention, dense GEMMs and other, with the longest kernels named.
 
 `--variants a,b` runs steps 1–4 for each variant on the same loaded model (rows and checks tagged
-`variant`): `shipped`, an op family put back on its PyTorch reference, or a switch turned off
-(`VARIANTS`: `separate-norm`, `prepare-ref`, `no-pdl`, `torch-sampling`; `a+b` both at once), to measure a kernel or
-a launch mode against what it replaced side by side in one process.
+`variant`): `shipped`, an op family put back on its PyTorch reference or its previous form, or a
+switch turned off (`VARIANTS`: `separate-norm`, `two-step-topk`, `prepare-ref`, `no-pdl`,
+`torch-sampling`; `a+b` both at once), to measure a kernel or a launch mode against what it
+replaced side by side in one process.
 `--tp N --layouts columns,experts` loads each model once per MoE layout (every expert's columns
 split across the ranks, or expert parallelism) and runs everything on each (rows and checks tagged
 `layout`).
@@ -83,6 +84,7 @@ def separate_norm_router(x, residual, norm_weight, eps, weight, top_k, renormali
 VARIANTS = {
     "shipped": {},
     "separate-norm": {Router: {"norm_op": separate_norm_router}},  # the post-attention norm's own launch
+    "two-step-topk": {moe_router: {"ROUTER_TILES": moe_router.ROUTER_TILES._replace(packed_topk=False)}},
     "prepare-ref": {GatedAttention: {"prepare_op": attention_reference.norm_rope_store}},
     "no-pdl": {pdl: {"ENABLED": False}},  # the kernels of `kernels/pdl.py` launched without PDL
     "torch-sampling": {resident: {"FUSED_SAMPLING": False}},  # the point-mass rule's torch form

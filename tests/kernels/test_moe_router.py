@@ -71,7 +71,25 @@ def test_one_launch_router_matches_the_reference(tokens, experts, top_k, hidden)
                                    atol=1e-7 if dtype == torch.float32 else 1e-3)
 
 
-TILES = [moe_router.ROUTER_TILES, moe_router.RouterTiles(SPLIT=8, warps=1, tail_rows="call")]
+TILES = [moe_router.ROUTER_TILES, moe_router.RouterTiles(SPLIT=8, warps=1, tail_rows="call"),
+         moe_router.ROUTER_TILES._replace(packed_topk=not moe_router.ROUTER_TILES.packed_topk)]
+
+
+@pytest.mark.parametrize("experts,top_k", [(256, 8), (60, 4), (16, 16)])
+def test_packed_and_two_step_argmax_choose_the_same_experts_and_weights(experts, top_k):
+    """The packed (probability, expert) keys give bit for bit the ids and weights of the two
+    reductions per round, on bf16 logits with many exact ties and with every expert chosen."""
+    g = torch.Generator().manual_seed(experts + top_k)
+    x = torch.randint(-2, 3, (16, 64), generator=g).to(torch.bfloat16)  # small integers: logits tie often
+    weight = torch.randint(-1, 2, (experts, 64), generator=g).to(torch.bfloat16)
+    base = moe_router.ROUTER_TILES
+    packed = moe_router.router(x, weight, top_k, True, torch.float32, tiles=base._replace(packed_topk=True))
+    two_step = moe_router.router(x, weight, top_k, True, torch.float32, tiles=base._replace(packed_topk=False))
+    assert torch.equal(packed[0], two_step[0]) and torch.equal(packed[1], two_step[1])
+    chosen = torch.nn.functional.linear(x.float(), weight.float()).gather(1, packed[0])  # [16, k] logits
+    assert bool((chosen[:, 1:] == chosen[:, :-1]).any()), "no tie among the chosen: the test lost its point"
+    if experts == top_k:
+        assert torch.equal(packed[0].sort(1).values, torch.arange(experts).expand(16, -1))
 
 
 @pytest.mark.parametrize("tiles", TILES, ids=lambda t: f"be{t.BE}-s{t.SPLIT}-w{t.warps}-{t.tail_rows}")

@@ -51,26 +51,32 @@ FUSED_TOKENS, FUSED_EXPERTS = 16, 256  # calls the one-launch router takes
 
 class RouterTiles(NamedTuple):
     """Launch shape of the one-launch router: experts per program, spans of the hidden dimension,
-    hidden columns per step, warps per program, and whether the last program's softmax / top-k
+    hidden columns per step, warps per program, whether the last program's softmax / top-k
     tile has one row per token of the call rounded up to a power of two (`tail_rows="call"`) or
-    always FUSED_TOKENS rows (`"fixed"`)."""
+    always FUSED_TOKENS rows (`"fixed"`), and whether each argmax round is one reduction over
+    packed (probability, expert) keys (`packed_topk`) or two (the largest probability, then the
+    lowest expert that has it); both choose the same experts and weights."""
 
     BE: int = 16
     SPLIT: int = 4
     BK: int = 128
     warps: int = 4
     tail_rows: str = "fixed"
+    packed_topk: bool = False
 
 
-ROUTER_TILES = RouterTiles(BE=32, SPLIT=8, tail_rows="call")  # `bench/results/router_notes.md`
+ROUTER_TILES = RouterTiles(BE=32, SPLIT=8, tail_rows="call", packed_topk=True)  # `bench/results/router_notes.md`
 
 
 @triton.jit
 def _softmax_top_k(z, e_ok, K: tl.constexpr, RENORMALIZE: tl.constexpr, BLOCK_E: tl.constexpr,
-                   BLOCK_K: tl.constexpr):
+                   BLOCK_K: tl.constexpr, PACKED: tl.constexpr = False):
     """Rows of logits z [R, BLOCK_E] (fp32; columns outside e_ok ignored) → (weights, ids)
     [R, BLOCK_K]: the top K of each row's softmax by decreasing probability, ties to the lower id,
-    renormalized to sum 1 when asked."""
+    renormalized to sum 1 when asked. PACKED: each round takes one max over int64 keys
+    (probability bits << 32 | BLOCK_E − 1 − expert): probabilities are ≥ 0, whose fp32 bits order
+    as the values do, and the masked −1 is negative, so the largest key is the largest
+    probability's lowest expert."""
     cols = tl.arange(0, BLOCK_E)
     z = tl.where(e_ok[None, :], z, float("-inf"))
     p = tl.exp(z - tl.max(z, axis=1)[:, None])
@@ -79,12 +85,20 @@ def _softmax_top_k(z, e_ok, K: tl.constexpr, RENORMALIZE: tl.constexpr, BLOCK_E:
     slots = tl.arange(0, BLOCK_K)
     chosen_w = tl.zeros([z.shape[0], BLOCK_K], dtype=tl.float32)
     chosen_i = tl.zeros([z.shape[0], BLOCK_K], dtype=tl.int64)
+    if PACKED:
+        key = (p.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (BLOCK_E - 1 - cols[None, :]).to(tl.int64)
     for j in tl.static_range(K):
-        best = tl.max(p, axis=1)  # [R]
-        index = tl.min(tl.where(p == best[:, None], cols[None, :], BLOCK_E), axis=1)
+        if PACKED:
+            top = tl.max(key, axis=1)  # [R]
+            index = (BLOCK_E - 1) - (top & 0xFFFFFFFF)
+            best = (top >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+            key = tl.where(cols[None, :] == index[:, None], -(1 << 62), key)
+        else:
+            best = tl.max(p, axis=1)  # [R]
+            index = tl.min(tl.where(p == best[:, None], cols[None, :], BLOCK_E), axis=1)
+            p = tl.where(cols[None, :] == index[:, None], -1.0, p)
         chosen_w = tl.where(slots[None, :] == j, best[:, None], chosen_w)
         chosen_i = tl.where(slots[None, :] == j, index[:, None].to(tl.int64), chosen_i)
-        p = tl.where(cols[None, :] == index[:, None], -1.0, p)
     if RENORMALIZE:
         chosen_w = chosen_w / tl.sum(chosen_w, axis=1)[:, None]
     return chosen_w, chosen_i
@@ -148,7 +162,8 @@ def _router_fused_kernel(x_ptr, r_ptr, part_ptr, counter_ptr, logits_ptr, ids_pt
                          SPAN: tl.constexpr, K: tl.constexpr, RENORMALIZE: tl.constexpr, SPLIT: tl.constexpr,
                          BM: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr, BLOCK_E: tl.constexpr,
                          BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr,
-                         TAIL_M: tl.constexpr, NORM: tl.constexpr, BH: tl.constexpr, USE_GDC: tl.constexpr):
+                         TAIL_M: tl.constexpr, NORM: tl.constexpr, BH: tl.constexpr, PACKED: tl.constexpr,
+                         USE_GDC: tl.constexpr):
     i_e, i_s = tl.program_id(0), tl.program_id(1)
     o_m = tl.arange(0, BM)
     o_e = i_e * BE + tl.arange(0, BE)
@@ -188,7 +203,7 @@ def _router_fused_kernel(x_ptr, r_ptr, part_ptr, counter_ptr, logits_ptr, ids_pt
                          cache_modifier=".cg")
         z = z.to(logits_ptr.dtype.element_ty)  # the logits in x's dtype, as the linear layer returns them
         tl.store(logits_ptr + t_m[:, None] * E + cols[None, :], z, mask=ok)
-        chosen_w, chosen_i = _softmax_top_k(z.to(tl.float32), cols < E, K, RENORMALIZE, BLOCK_E, BLOCK_K)
+        chosen_w, chosen_i = _softmax_top_k(z.to(tl.float32), cols < E, K, RENORMALIZE, BLOCK_E, BLOCK_K, PACKED)
         slots = tl.arange(0, BLOCK_K)
         keep = t_ok[:, None] & (slots < K)[None, :]
         tl.store(ids_ptr + t_m[:, None] * K + slots[None, :], chosen_i, mask=keep)
@@ -245,25 +260,27 @@ def _launch(x, weight, top_k, renormalize, dtype, logits, tiles, norm=None) -> t
             H=h, SPAN=span, K=top_k, RENORMALIZE=bool(renormalize), SPLIT=tiles.SPLIT, BM=FUSED_TOKENS, BE=tiles.BE,
             BK=tiles.BK, BLOCK_E=triton.next_power_of_2(e), BLOCK_K=triton.next_power_of_2(top_k),
             PRECISION="ieee" if x.dtype == torch.float32 else "tf32", WIDEN=interpreted(), TAIL_M=tail,
-            NORM=norm is not None, BH=min(512, triton.next_power_of_2(h)), num_warps=tiles.warps, **pdl.options(x))
+            NORM=norm is not None, BH=min(512, triton.next_power_of_2(h)), PACKED=tiles.packed_topk,
+            num_warps=tiles.warps, **pdl.options(x))
     return ids, weights
 
 
 def router(x: Tensor, weight: Tensor, top_k: int, renormalize: bool, dtype: torch.dtype,
-           *, logits: Tensor | None = None, tiles: RouterTiles = ROUTER_TILES) -> tuple[Tensor, Tensor]:
+           *, logits: Tensor | None = None, tiles: RouterTiles | None = None) -> tuple[Tensor, Tensor]:
     """As `reference.router`: x [N, H], weight [E, H] → ids [N, k] (long), weights [N, k] in `dtype`.
-    `logits` ([N, E] in x's dtype), when given, receives the logits the routing was taken from."""
+    `logits` ([N, E] in x's dtype), when given, receives the logits the routing was taken from.
+    tiles: this module's `ROUTER_TILES` when None, looked up at each call."""
     _check_router("router", x, weight, top_k)
     if not fused(x.shape[0], weight.shape[0]):
         z = F.linear(x, weight)
         if logits is not None:
             logits.copy_(z)
         return router_topk(z, top_k, renormalize, dtype)
-    return _launch(x, weight, top_k, renormalize, dtype, logits, tiles)
+    return _launch(x, weight, top_k, renormalize, dtype, logits, tiles or ROUTER_TILES)
 
 
 def norm_router(x: Tensor, residual: Tensor, norm_weight: Tensor, eps: float, weight: Tensor, top_k: int,
-                renormalize: bool, dtype: torch.dtype, *, tiles: RouterTiles = ROUTER_TILES
+                renormalize: bool, dtype: torch.dtype, *, tiles: RouterTiles | None = None
                 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """As `reference.norm_router`: x, residual [N, H], norm_weight [H] (zero-centred), router weight
     [E, H] → (normed [N, H], s = x + residual [N, H], ids [N, k] long, weights [N, k] in `dtype`),
@@ -279,5 +296,6 @@ def norm_router(x: Tensor, residual: Tensor, norm_weight: Tensor, eps: float, we
         normed, s = norm_triton.offset_rms_norm(x, norm_weight, eps, residual)
         return (normed, s, *router(normed, weight, top_k, renormalize, dtype, tiles=tiles))
     normed, s = torch.empty_like(x), torch.empty_like(x)
-    ids, weights = _launch(x, weight, top_k, renormalize, dtype, None, tiles, (residual, norm_weight, eps, normed, s))
+    ids, weights = _launch(x, weight, top_k, renormalize, dtype, None, tiles or ROUTER_TILES,
+                           (residual, norm_weight, eps, normed, s))
     return normed, s, ids, weights
