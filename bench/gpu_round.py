@@ -23,9 +23,9 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 
 `--variants a,b` runs steps 1–4 for each variant on the same loaded model (rows and checks tagged
 `variant`): `shipped`, an op family put back on its PyTorch reference or its previous form, or a
-switch turned off (`VARIANTS`: `separate-norm`, `two-step-topk`, `prepare-ref`, `no-pdl`,
-`torch-sampling`; `a+b` both at once), to measure a kernel or a launch mode against what it
-replaced side by side in one process.
+switch turned off (`VARIANTS`: `two-step-topk`, `prepare-ref`, `no-pdl`, `torch-sampling`; `a+b`
+both at once), to measure a kernel or a launch mode against what it replaced side by side in one
+process.
 `--tp N --layouts columns,experts` loads each model once per MoE layout (every expert's columns
 split across the ranks, or expert parallelism) and runs everything on each (rows and checks tagged
 `layout`).
@@ -58,11 +58,9 @@ from bench.kernels.cuda_timing import copy_bandwidth, median_us  # noqa: E402
 from hybridspec.kernels import pdl  # noqa: E402
 from hybridspec.kernels.attention import reference as attention_reference  # noqa: E402
 from hybridspec.kernels.moe import router as moe_router  # noqa: E402
-from hybridspec.kernels.norm import triton as norm_triton  # noqa: E402
 from hybridspec.runtime import resident  # noqa: E402
 from hybridspec.runtime.engine import Engine  # noqa: E402
 from hybridspec.runtime.layers.attention import GatedAttention  # noqa: E402
-from hybridspec.runtime.layers.moe import Router  # noqa: E402
 from hybridspec.runtime.policies import make_policy  # noqa: E402
 from hybridspec.runtime.sampling import SamplingParams  # noqa: E402
 from hybridspec.runtime.session import open_session  # noqa: E402
@@ -73,18 +71,11 @@ LAUNCH_CALLS = ("cudaGraphLaunch", "cudaLaunchKernel", "cuLaunchKernel", "cuLaun
                 "cudaMemcpyAsync", "cudaMemsetAsync")
 
 
-def separate_norm_router(x, residual, norm_weight, eps, weight, top_k, renormalize, dtype):
-    """`kernels/moe/router.norm_router` as two launches: the norm kernel, then the router."""
-    normed, s = norm_triton.offset_rms_norm(x, norm_weight, eps, residual)
-    return (normed, s, *moe_router.router(normed, weight, top_k, renormalize, dtype))
-
-
 # variant → {module class: {attribute: op}} set on every such module of the target, or
 # {python module: {attribute: value}} set on that module
 VARIANTS = {
     "shipped": {},
-    "separate-norm": {Router: {"norm_op": separate_norm_router}},  # the post-attention norm's own launch
-    "two-step-topk": {moe_router: {"ROUTER_TILES": moe_router.ROUTER_TILES._replace(packed_topk=False)}},
+    "two-step-topk": {moe_router: {"ROUTER_TILES": moe_router.ROUTER_TILES._replace(packed_rows=0)}},
     "prepare-ref": {GatedAttention: {"prepare_op": attention_reference.norm_rope_store}},
     "no-pdl": {pdl: {"ENABLED": False}},  # the kernels of `kernels/pdl.py` launched without PDL
     "torch-sampling": {resident: {"FUSED_SAMPLING": False}},  # the point-mass rule's torch form

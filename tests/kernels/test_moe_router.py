@@ -9,7 +9,6 @@ import torch
 
 from hybridspec.kernels.moe import reference
 from hybridspec.kernels.moe import router as moe_router
-from hybridspec.kernels.norm import triton as norm_triton
 
 
 @pytest.mark.parametrize("experts,top_k", [(256, 8), (512, 10), (60, 4), (16, 1)])
@@ -72,24 +71,25 @@ def test_one_launch_router_matches_the_reference(tokens, experts, top_k, hidden)
 
 
 TILES = [moe_router.ROUTER_TILES, moe_router.RouterTiles(SPLIT=8, warps=1, tail_rows="call"),
-         moe_router.ROUTER_TILES._replace(packed_topk=not moe_router.ROUTER_TILES.packed_topk)]
+         moe_router.ROUTER_TILES._replace(packed_rows=16), moe_router.ROUTER_TILES._replace(packed_rows=0)]
 
 
+@pytest.mark.parametrize("tokens", [1, 2, 16])
 @pytest.mark.parametrize("experts,top_k", [(256, 8), (60, 4), (16, 16)])
-def test_packed_and_two_step_argmax_choose_the_same_experts_and_weights(experts, top_k):
+def test_packed_and_two_step_argmax_choose_the_same_experts_and_weights(tokens, experts, top_k):
     """The packed (probability, expert) keys give bit for bit the ids and weights of the two
-    reductions per round, on bf16 logits with many exact ties and with every expert chosen."""
+    reductions per round, on bf16 logits with exact ties (twin experts) and with every expert chosen."""
     g = torch.Generator().manual_seed(experts + top_k)
-    x = torch.randint(-2, 3, (16, 64), generator=g).to(torch.bfloat16)  # small integers: logits tie often
-    weight = torch.randint(-1, 2, (experts, 64), generator=g).to(torch.bfloat16)
-    base = moe_router.ROUTER_TILES
-    packed = moe_router.router(x, weight, top_k, True, torch.float32, tiles=base._replace(packed_topk=True))
-    two_step = moe_router.router(x, weight, top_k, True, torch.float32, tiles=base._replace(packed_topk=False))
+    x = torch.randint(-2, 3, (tokens, 64), generator=g).to(torch.bfloat16)
+    weight = torch.randint(-1, 2, (experts // 2, 64), generator=g).repeat_interleave(2, 0).to(torch.bfloat16)
+    base = moe_router.ROUTER_TILES  # experts 2i and 2i + 1 are twins: the top expert's twin ties with it
+    packed = moe_router.router(x, weight, top_k, True, torch.float32, tiles=base._replace(packed_rows=16))
+    two_step = moe_router.router(x, weight, top_k, True, torch.float32, tiles=base._replace(packed_rows=0))
     assert torch.equal(packed[0], two_step[0]) and torch.equal(packed[1], two_step[1])
-    chosen = torch.nn.functional.linear(x.float(), weight.float()).gather(1, packed[0])  # [16, k] logits
+    chosen = torch.nn.functional.linear(x.float(), weight.float()).gather(1, packed[0])  # [tokens, k] logits
     assert bool((chosen[:, 1:] == chosen[:, :-1]).any()), "no tie among the chosen: the test lost its point"
     if experts == top_k:
-        assert torch.equal(packed[0].sort(1).values, torch.arange(experts).expand(16, -1))
+        assert torch.equal(packed[0].sort(1).values, torch.arange(experts).expand(tokens, -1))
 
 
 @pytest.mark.parametrize("tiles", TILES, ids=lambda t: f"be{t.BE}-s{t.SPLIT}-w{t.warps}-{t.tail_rows}")
@@ -119,50 +119,3 @@ def test_prefill_sized_calls_take_the_two_step_path():
     ids_ref, weights_ref = reference.router(x, weight, 4, False, torch.float32)
     assert torch.equal(ids, ids_ref)
     torch.testing.assert_close(weights, weights_ref, rtol=1e-5, atol=1e-7)
-
-
-@pytest.mark.parametrize("tokens", [1, 3, 16, 20])
-@pytest.mark.parametrize("experts,top_k,hidden", [(256, 8, 2048), (60, 4, 200), (16, 2, 96)])
-def test_norm_router_matches_the_reference_and_routes_what_it_stores(tokens, experts, top_k, hidden):
-    """The post-attention add + norm in the router's launch (≤ 16 tokens; 20 takes the norm's own
-    launch): s equals the norm kernel's, the normalized rows are the norm kernel's within one
-    rounding (the scale's sum runs in column steps) and the reference's in fp32, and the routing is
-    exactly the plain router's on the stored rows (the products read the very values stored); fp32
-    and bf16, hidden sizes that do not fill the column steps."""
-    g = torch.Generator().manual_seed(tokens * experts + hidden)
-    for dtype in (torch.float32, torch.bfloat16):
-        x, residual = (torch.randn(2, tokens, hidden, generator=g).to(dtype) * 3).unbind(0)
-        norm_weight = (0.1 * torch.randn(hidden, generator=g)).to(dtype)
-        weight = (torch.randn(experts, hidden, generator=g) / hidden ** 0.5).to(dtype)
-        normed, s, ids, weights = moe_router.norm_router(x, residual, norm_weight, 1e-6, weight, top_k, True, dtype)
-        kernel_normed, kernel_s = norm_triton.offset_rms_norm(x, norm_weight, 1e-6, residual)
-        assert torch.equal(s, kernel_s)
-        one_rounding = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=2 ** -7, atol=1e-3)
-        torch.testing.assert_close(normed.float(), kernel_normed.float(), **one_rounding)
-        if dtype == torch.float32:
-            want_normed, want_s, _, _ = reference.norm_router(x, residual, norm_weight, 1e-6, weight, top_k, True,
-                                                              dtype)
-            torch.testing.assert_close(s, want_s, rtol=1e-6, atol=1e-6)
-            torch.testing.assert_close(normed, want_normed, rtol=1e-5, atol=1e-5)
-        plain_ids, plain_weights = moe_router.router(normed, weight, top_k, True, dtype)
-        assert torch.equal(ids, plain_ids) and torch.equal(weights, plain_weights)
-
-
-def test_norm_router_is_batch_invariant_and_names_bad_arguments():
-    """A token's normalized row and routing are the same alone and among 15 others, and the arrival
-    counter is back at zero; a residual or norm weight of the wrong shape is named."""
-    g = torch.Generator().manual_seed(5)
-    x, residual = (torch.randn(2, 16, 256, generator=g)).to(torch.bfloat16).unbind(0)
-    norm_weight = (0.1 * torch.randn(256, generator=g)).to(torch.bfloat16)
-    weight = (torch.randn(128, 256, generator=g) / 16).to(torch.bfloat16)
-    together = moe_router.norm_router(x, residual, norm_weight, 1e-6, weight, 8, True, torch.bfloat16)
-    for n in (0, 9, 15):
-        alone = moe_router.norm_router(x[n : n + 1], residual[n : n + 1], norm_weight, 1e-6, weight, 8, True,
-                                       torch.bfloat16)
-        for a, t in zip(alone, together):
-            assert torch.equal(a, t[n : n + 1])
-    assert int(moe_router._counter(x.device)) == 0
-    with pytest.raises(ValueError, match="residual"):
-        moe_router.norm_router(x, residual[:3], norm_weight, 1e-6, weight, 8, True, torch.bfloat16)
-    with pytest.raises(ValueError, match="norm_weight"):
-        moe_router.norm_router(x, residual, norm_weight[:8], 1e-6, weight, 8, True, torch.bfloat16)

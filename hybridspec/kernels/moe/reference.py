@@ -24,7 +24,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from hybridspec.kernels.moe.checks import SharedExpert, check_moe_args
-from hybridspec.kernels.norm import reference as norm_reference
 
 
 def router_topk(logits: Tensor, top_k: int, renormalize: bool, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -84,13 +83,3 @@ def moe_experts_sync_free(x: Tensor, ids: Tensor, weights: Tensor, gate_up: Tens
     y = torch.einsum("nki,nkhi->nkh", F.silu(gate) * up, down[local])  # [N, k, H]
     out = (y * torch.where(mine, weights, 0)[..., None]).sum(1)
     return out if shared is None else out + shared_expert(x, shared)
-
-
-def norm_router(x: Tensor, residual: Tensor, norm_weight: Tensor, eps: float, weight: Tensor, top_k: int,
-                renormalize: bool, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The post-attention add + offset RMS norm and the router of its result: x, residual [N, H],
-    norm_weight [H] (zero-centred), router weight [E, H] → (normed [N, H], s [N, H], ids [N, k],
-    weights [N, k]) with s = x + residual, normed = normalize(s) · (1 + norm_weight) in x's dtype
-    (`norm.reference.offset_rms_norm`) and (ids, weights) = `router(normed, …)`."""
-    normed, s = norm_reference.offset_rms_norm(x, norm_weight, eps, residual)
-    return (normed, s, *router(normed, weight, top_k, renormalize, dtype))

@@ -13,7 +13,6 @@ from torch import Tensor, nn
 from ...kernels.moe import SharedExpert
 from ...kernels.moe import reference as moe_reference
 from ..config import TargetConfig
-from .norms import OffsetRMSNorm
 
 
 class DenseMLP(nn.Module):
@@ -29,16 +28,13 @@ class DenseMLP(nn.Module):
 
 class Router(nn.Module):
     """Softmax top-k router; `op` turns the input and the router's weight into ids and weights
-    (`kernels/moe`: the reference, or the Triton router, one launch for calls of up to 16 tokens);
-    `norm_op` does the same from the un-normalized input, the post-attention add and norm included
-    (`norm_router`: with the Triton router, in the router's launch)."""
+    (`kernels/moe`: the reference, or the Triton router, one launch for calls of up to 16 tokens)."""
 
     def __init__(self, cfg: TargetConfig):
         super().__init__()
         self.top_k, self.renormalize = cfg.num_experts_per_tok, cfg.norm_topk_prob
         self.weight = nn.Parameter(torch.zeros(cfg.num_experts, cfg.hidden_size))
         self.op = moe_reference.router
-        self.norm_op = moe_reference.norm_router
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """x [N, hidden] → expert ids [N, k] (long), routing weights [N, k] in x's dtype."""
@@ -86,15 +82,6 @@ class SparseMoE(nn.Module):
         """x [B, T, hidden] → ids, weights [B, T, k]."""
         ids, weights = self.gate(x.reshape(-1, x.shape[-1]))
         return ids.view(*x.shape[:-1], -1), weights.view(*x.shape[:-1], -1)
-
-    def norm_route(self, x: Tensor, residual: Tensor, norm: OffsetRMSNorm) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """The post-attention norm and `route` in one call: x (the mixer's output), residual
-        [B, T, hidden] → (norm(x + residual), x + residual, ids, weights [B, T, k])."""
-        rows = x.reshape(-1, x.shape[-1])
-        normed, s, ids, weights = self.gate.norm_op(rows, residual.reshape(rows.shape), norm.weight, norm.eps,
-                                                    self.gate.weight, self.gate.top_k, self.gate.renormalize, x.dtype)
-        lead = x.shape[:-1]
-        return normed.view_as(x), s.view_as(x), ids.view(*lead, -1), weights.view(*lead, -1)
 
     def run_experts(self, x: Tensor, ids: Tensor, weights: Tensor) -> Tensor:
         """x [B, T, hidden] with its routing → MoE output [B, T, hidden] (routed + gated shared)."""

@@ -97,14 +97,11 @@ def gdn_conv_op(backend: str) -> Callable:
     return gdn_reference.causal_conv_silu if gdn_triton is None else gdn_triton.causal_conv_silu
 
 
-def router_ops(backend: str) -> tuple[Callable, Callable]:
-    """(router, norm_router) of a backend: the router (logits, softmax, top-k) and the same with the
-    post-attention add + norm before it; the references, or the Triton router (one launch per call
-    of up to 16 tokens, the norm included)."""
+def router_op(backend: str) -> Callable:
+    """The router (logits, softmax, top-k) of a backend: the reference, or the Triton router (one
+    launch per call of up to 16 tokens)."""
     router = triton_kernels(backend, "moe.router")
-    if router is None:
-        return moe_reference.router, moe_reference.norm_router
-    return router.router, router.norm_router
+    return moe_reference.router if router is None else router.router
 
 
 def moe_experts_op(backend: str) -> Callable:
@@ -156,21 +153,12 @@ class DecoderLayer(nn.Module):
     def is_moe(self) -> bool:
         return isinstance(self.mlp, SparseMoE)
 
-    def _mixer(self, h: Tensor, cache: TargetCache, slot: int, rope: tuple[Tensor, Tensor] | None) -> Tensor:
-        """The token mixer's whole output on h = input_layernorm(x)."""
-        return self.reduce(self.linear_attn(h, cache, slot) if self.is_gdn else self.self_attn(h, cache, slot, rope))
-
     def mix(self, h: Tensor, x: Tensor, cache: TargetCache, slot: int,
             rope: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor]:
         """The token mixer on h = input_layernorm(x), its residual add fused into the post-attention
         norm: returns (post_attention_layernorm(x'), x') with x' = x + mixer(h)."""
-        return self.post_attention_layernorm.add_norm(self._mixer(h, cache, slot, rope), x)
-
-    def mix_route(self, h: Tensor, x: Tensor, cache: TargetCache, slot: int,
-                  rope: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """`mix`, then the MoE block's router, the post-attention norm inside the router's call
-        (`SparseMoE.norm_route`): returns (post_attention_layernorm(x'), x', ids, weights)."""
-        return self.mlp.norm_route(self._mixer(h, cache, slot, rope), x, self.post_attention_layernorm)
+        h = self.linear_attn(h, cache, slot) if self.is_gdn else self.self_attn(h, cache, slot, rope)
+        return self.post_attention_layernorm.add_norm(self.reduce(h), x)
 
 
 def device_resident(backend: str) -> bool:
@@ -198,12 +186,12 @@ class HybridTarget(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(cfg.rotary_dim, cfg.rope_theta), persistent=False)
         self.feature_layers = tuple(feature_layers)  # layers whose output the drafter reads (its target_layer_ids)
         offset_norm, gated_norm = norm_ops(backend)
-        route = router_ops(backend)
+        route = router_op(backend)
         attend, prepare = attention_ops(backend)
         conv = gdn_conv_op(backend)
         for module in self.modules():
             if isinstance(module, Router):
-                module.op, module.norm_op = route
+                module.op = route
             elif isinstance(module, GatedAttention):
                 module.op, module.prepare_op = attend, prepare
             elif isinstance(module, GatedDeltaNet):
@@ -246,7 +234,8 @@ class HybridTarget(nn.Module):
         self._check_room(cache, u)
         layer = self.layers[0]
         x = self.embed_tokens(tokens)
-        moe_input, residual, ids, weights = layer.mix_route(layer.input_layernorm(x), x, cache, 0, rope=None)
+        moe_input, residual = layer.mix(layer.input_layernorm(x), x, cache, 0, rope=None)  # [B, u, hidden]
+        ids, weights = layer.mlp.route(moe_input)
         return Stage0(u, residual, moe_input, ids, weights)
 
     @torch.no_grad()
@@ -268,13 +257,13 @@ class HybridTarget(nn.Module):
             h, x = layer.input_layernorm.add_norm(delta, x)  # x: the output of layer index − 1
             if index - 1 in taps:
                 outputs[index - 1] = x
+            h, x = layer.mix(h, x, cache, self._slot[index], rope)
             if layer.is_moe:
-                h, x, ids, weights = layer.mix_route(h, x, cache, self._slot[index], rope)
-                delta = layer.reduce(layer.mlp.run_experts(h, ids, weights))
+                delta, ids = layer.mlp(h)
+                delta = layer.reduce(delta)
                 if routing is not None:
                     routing.append(ids)
             else:
-                h, x = layer.mix(h, x, cache, self._slot[index], rope)
                 delta = layer.reduce(layer.mlp(h))
         normed, x = self.norm.add_norm(delta, x)
         if len(self.layers) - 1 in taps:
