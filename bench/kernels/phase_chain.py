@@ -2,7 +2,7 @@
 question behind running a decoder layer's chain (norm → projections → router → experts) inside one
 kernel instead of about eleven.
 
-Phase A: y1 = W_A x (8,192 rows × 2,048, 33.5 MB: the size of a layer's MoE gate_up at T = 1).
+Phase A: y1 = W_A x (8,192 rows × 2,048, 33.5 MB: the routed experts' gate_up of a layer at T = 1).
 Phase B: y2 = W_B y1[:4096] (2,048 rows × 4,096, 16.8 MB: an out-projection's size). G = 128
 programs (one per SM, all resident), each one tile of each phase: 64 rows of A, 16 rows of B.
 - `two launches`: A, then B with programmatic dependent launch (B's programs wait for A to finish).
@@ -78,7 +78,9 @@ def _phase_kernel(w_ptr, x_ptr, y_ptr, stride_w, K, BN: tl.constexpr, BK: tl.con
 def _chain_kernel(wa_ptr, x_ptr, y1_ptr, wb_ptr, y2_ptr, bar_ptr, stride_a, stride_b, KA, KB,
                   BN_A: tl.constexpr, BN_B: tl.constexpr, BK: tl.constexpr, PREFETCH: tl.constexpr,
                   PRECISION: tl.constexpr, WIDEN: tl.constexpr):
-    """Both phases in one launch, a grid barrier between them (bar_ptr: zero before the launch)."""
+    """Both phases in one launch, a grid barrier between them. bar_ptr: two int32 counters, arrivals
+    and departures, zero before the launch and zero again after it (the last program to leave the
+    barrier resets both, so a graph replays the launch alone, with no reset of its own)."""
     pid = tl.program_id(0)
     acc = _tile(wa_ptr, x_ptr, pid * BN_A, stride_a, KA, BN_A, BK, PRECISION, WIDEN)
     _store_row(y1_ptr, acc, pid * BN_A, BN_A, y1_ptr.dtype.element_ty)
@@ -90,6 +92,9 @@ def _chain_kernel(wa_ptr, x_ptr, y1_ptr, wb_ptr, y2_ptr, bar_ptr, stride_a, stri
     tl.atomic_add(bar_ptr, 1, sem="release")
     while tl.atomic_add(bar_ptr, 0, sem="acquire") < tl.num_programs(0):
         pass
+    if tl.atomic_add(bar_ptr + 1, 1, sem="relaxed") == tl.num_programs(0) - 1:  # every program has left
+        tl.atomic_xchg(bar_ptr, 0)
+        tl.atomic_xchg(bar_ptr + 1, 0)
     o_m = tl.arange(0, 16)
     acc = tl.zeros([16, BN_B], dtype=tl.float32)
     start = 0
@@ -120,8 +125,8 @@ def two_launches(wa, x, y1, wb, y2, grid: int, pdl: bool, widen: bool = False) -
 
 def one_launch(wa, x, y1, wb, y2, barrier, grid: int, prefetch: bool, widen: bool = False) -> None:
     """The same two products in one launch of `grid` programs, all of which must be resident at
-    once (the grid barrier waits for every one); barrier: one int32, zeroed here first."""
-    barrier.zero_()
+    once (the grid barrier waits for every one); barrier: two int32 counters, zero (the launch
+    leaves them so)."""
     bk = min(BK, wa.shape[1], wb.shape[1])
     _chain_kernel[(grid,)](wa, x, y1, wb, y2, barrier, wa.stride(0), wb.stride(0), wa.shape[1], wb.shape[1],
                            BN_A=wa.shape[0] // grid, BN_B=wb.shape[0] // grid, BK=bk, PREFETCH=prefetch,
@@ -151,7 +156,7 @@ def main(argv=None) -> int:
         wa = (torch.randn(ROWS_A, HIDDEN, device="cuda", generator=g) / HIDDEN ** 0.5).to(torch.bfloat16)
         wb = (torch.randn(ROWS_B, DEPTH_B, device="cuda", generator=g) / DEPTH_B ** 0.5).to(torch.bfloat16)
         sets.append((wa, wb, torch.empty(ROWS_A, device="cuda", dtype=torch.bfloat16),
-                     torch.empty(ROWS_B, device="cuda", dtype=torch.bfloat16), torch.zeros(1, dtype=torch.int32,
+                     torch.empty(ROWS_B, device="cuda", dtype=torch.bfloat16), torch.zeros(2, dtype=torch.int32,
                                                                                             device="cuda")))
     x = torch.randn(HIDDEN, device="cuda", generator=g).to(torch.bfloat16)
     wa, wb = sets[0][:2]

@@ -92,7 +92,7 @@ def test_packed_and_two_step_argmax_choose_the_same_experts_and_weights(tokens, 
         assert torch.equal(packed[0].sort(1).values, torch.arange(experts).expand(tokens, -1))
 
 
-@pytest.mark.parametrize("tiles", TILES, ids=lambda t: f"be{t.BE}-s{t.SPLIT}-w{t.warps}-{t.tail_rows}")
+@pytest.mark.parametrize("tiles", TILES, ids=lambda t: f"be{t.BE}-s{t.SPLIT}-w{t.warps}-{t.tail_rows}-p{t.packed_rows}")
 def test_one_launch_router_is_batch_invariant_and_leaves_its_counter_at_zero(tiles):
     """A token routes the same alone or among 15 others (the exactness of multi-token passes needs
     it), and every call leaves the arrival counter at zero for the next one; at every launch shape

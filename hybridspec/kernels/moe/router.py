@@ -83,7 +83,8 @@ def _softmax_top_k(z, e_ok, K: tl.constexpr, RENORMALIZE: tl.constexpr, BLOCK_E:
             top = tl.max(key, axis=1)  # [R]
             index = (BLOCK_E - 1) - (top & 0xFFFFFFFF)
             best = (top >> 32).to(tl.int32).to(tl.float32, bitcast=True)
-            key = tl.where(cols[None, :] == index[:, None], -(1 << 62), key)
+            key = tl.where(cols[None, :] == index[:, None], -(1 << 62), key)  # below every valid key (≥ 0);
+            # a masked column's key is lower still, and K ≤ E leaves a valid key in every round
         else:
             best = tl.max(p, axis=1)  # [R]
             index = tl.min(tl.where(p == best[:, None], cols[None, :], BLOCK_E), axis=1)
