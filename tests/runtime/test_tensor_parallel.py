@@ -14,60 +14,57 @@ import dataclasses
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from hybridspec.runtime.config import ConfigError
 from hybridspec.runtime.loading import load_target
 from hybridspec.runtime.sharding import local_config, shard_state
+from hybridspec.runtime.tensor_parallel import spawn
 
 WORLD = 2
 POLICIES = ("ar", "hybridspec")  # one process's rounds (w per round) as well as its tokens
 
 
-def _rank(rank: int, world: int, rendezvous: str, expert_parallel: bool) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
-    try:
-        from hybridspec.runtime.engine import Engine
-        from hybridspec.runtime.policies import make_policy
-        from hybridspec.runtime.session import EMBEDDED, open_session
-        from hybridspec.runtime.tensor_parallel import parallelize
-        from tests.runtime.helpers import policy_parameters, prefilled_cache
+def _check_rank(expert_parallel: bool) -> None:
+    """One rank's checks, in the process group `tensor_parallel.spawn` made for it."""
+    from hybridspec.runtime.engine import Engine
+    from hybridspec.runtime.policies import make_policy
+    from hybridspec.runtime.session import EMBEDDED, open_session
+    from hybridspec.runtime.tensor_parallel import parallelize
+    from tests.runtime.helpers import policy_parameters, prefilled_cache
 
-        session = open_session(device="cpu", dtype="float32", backend="torch")
-        full, drafter = session.target, session.drafter
-        local = parallelize(load_target(EMBEDDED / "target", dtype="float32", feature_layers=full.feature_layers,
-                                        shard=(rank, world), expert_parallel=expert_parallel))
-        assert local.cfg.linear_num_value_heads * world == full.cfg.linear_num_value_heads
-        moe = local.layers[0].mlp
-        held = moe.experts.gate_up_proj.shape[0]
-        assert (held * world, moe.first_expert) == ((full.cfg.num_experts, rank * held) if expert_parallel
-                                                    else (world * full.cfg.num_experts, 0))
-        prompt = session.codec.encode("The tensor-parallel target splits every layer's heads across the ranks.")
-        block = torch.tensor([prompt[-6:]])
-        logits = []
-        for target in (full, local):
-            cache = prefilled_cache(target, prompt[:-6], 16)
-            logits.append(target.forward_pass(block, cache).logits)
-        assert local.new_cache(max_len=64).ssm.shape[2] * world == full.new_cache(max_len=64).ssm.shape[2]
-        torch.testing.assert_close(logits[1], logits[0], rtol=1e-5, atol=1e-5)
-        gathered = [torch.empty_like(logits[1]) for _ in range(world)]
-        dist.all_gather(gathered, logits[1])
-        assert all(torch.equal(g, gathered[0]) for g in gathered)  # every rank holds the same logits
-        params = policy_parameters(drafter.draft_len)
-        for name in POLICIES[1:] if expert_parallel else POLICIES:
-            policy = make_policy(name, drafter.draft_len, params)
-            want = Engine(full, drafter, max_context=256).generate(prompt, policy=policy, max_new_tokens=24)
-            got = Engine(local, drafter, max_context=256).generate(prompt, policy=policy, max_new_tokens=24)
-            assert got.token_ids == want.token_ids, (rank, name)
-            assert [r.w for r in got.rounds] == [r.w for r in want.rounds], (rank, name)
-    finally:
-        dist.destroy_process_group()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    session = open_session(device="cpu", dtype="float32", backend="torch")
+    full, drafter = session.target, session.drafter
+    local = parallelize(load_target(EMBEDDED / "target", dtype="float32", feature_layers=full.feature_layers,
+                                    shard=(rank, world), expert_parallel=expert_parallel))
+    assert local.cfg.linear_num_value_heads * world == full.cfg.linear_num_value_heads
+    moe = local.layers[0].mlp
+    held = moe.experts.gate_up_proj.shape[0]
+    assert (held * world, moe.first_expert) == ((full.cfg.num_experts, rank * held) if expert_parallel
+                                                else (world * full.cfg.num_experts, 0))
+    prompt = session.codec.encode("The tensor-parallel target splits every layer's heads across the ranks.")
+    block = torch.tensor([prompt[-6:]])
+    logits = []
+    for target in (full, local):
+        cache = prefilled_cache(target, prompt[:-6], 16)
+        logits.append(target.forward_pass(block, cache).logits)
+    assert local.new_cache(max_len=64).ssm.shape[2] * world == full.new_cache(max_len=64).ssm.shape[2]
+    torch.testing.assert_close(logits[1], logits[0], rtol=1e-5, atol=1e-5)
+    gathered = [torch.empty_like(logits[1]) for _ in range(world)]
+    dist.all_gather(gathered, logits[1])
+    assert all(torch.equal(g, gathered[0]) for g in gathered)  # every rank holds the same logits
+    params = policy_parameters(drafter.draft_len)
+    for name in POLICIES[1:] if expert_parallel else POLICIES:
+        policy = make_policy(name, drafter.draft_len, params)
+        want = Engine(full, drafter, max_context=256).generate(prompt, policy=policy, max_new_tokens=24)
+        got = Engine(local, drafter, max_context=256).generate(prompt, policy=policy, max_new_tokens=24)
+        assert got.token_ids == want.token_ids, (rank, name)
+        assert [r.w for r in got.rounds] == [r.w for r in want.rounds], (rank, name)
 
 
 @pytest.mark.parametrize("expert_parallel", [False, True], ids=["columns", "experts"])
-def test_two_ranks_with_gloo_equal_one_process(tmp_path, expert_parallel):
-    mp.spawn(_rank, args=(WORLD, str(tmp_path / "rendezvous"), expert_parallel), nprocs=WORLD, join=True)
+def test_two_ranks_with_gloo_equal_one_process(expert_parallel):
+    spawn(_check_rank, WORLD, "cpu", expert_parallel)  # the launcher the commands use; a rank's failure raises
 
 
 @pytest.fixture(scope="module")
