@@ -12,29 +12,30 @@ routers of more than 256 experts, where on the H200 the last program's top-k ove
 costs more than the launch it saves (`bench/results/router_notes.md`). One path serves every call
 size of a model up to 16 tokens, so a token routes the same in a one-token and a w-token pass.
 
-`router_topk`: softmax, top-k and renormalization of given logits, one program per token.
+`router_topk` (`router_topk.py`, re-exported here): softmax, top-k and renormalization of given
+logits, one program per token.
 
 The k experts are found by k rounds of argmax over a token's probabilities held in registers
-(k ≤ 16, E ≤ 1024), so ids come out by decreasing probability, ties to the lower expert id. A
-token's result depends on its own logits only (batch invariance)."""
+(`tiles.softmax_top_k`; k ≤ 16, E ≤ 1024), so ids come out by decreasing probability, ties to the
+lower expert id. A token's result depends on its own logits only (batch invariance)."""
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch import Tensor
 
-import torch.nn.functional as F
-
 from hybridspec.kernels import pdl
 from hybridspec.kernels.interpreter import interpreted
+from hybridspec.kernels.moe.router_topk import MAX_EXPERTS, MAX_TOP_K, router_topk
+from hybridspec.kernels.moe.tiles import softmax_top_k
 from hybridspec.kernels.pdl import wait_then_release
 from hybridspec.kernels.tiles import dot_bt
 
-MAX_EXPERTS, MAX_TOP_K = 1024, 16
 FUSED_TOKENS, FUSED_EXPERTS = 16, 256  # calls the one-launch router takes
 
 
@@ -57,76 +58,6 @@ class RouterTiles(NamedTuple):
 
 
 ROUTER_TILES = RouterTiles(BE=32, SPLIT=8, tail_rows="call", packed_rows=2)  # `bench/results/router_notes.md`
-
-
-@triton.jit
-def _softmax_top_k(z, e_ok, K: tl.constexpr, RENORMALIZE: tl.constexpr, BLOCK_E: tl.constexpr,
-                   BLOCK_K: tl.constexpr, PACKED: tl.constexpr = False):
-    """Rows of logits z [R, BLOCK_E] (fp32; columns outside e_ok ignored) → (weights, ids)
-    [R, BLOCK_K]: the top K of each row's softmax by decreasing probability, ties to the lower id,
-    renormalized to sum 1 when asked. PACKED: each round takes one max over int64 keys
-    (probability bits << 32 | BLOCK_E − 1 − expert): probabilities are ≥ 0, whose fp32 bits order
-    as the values do, and the masked −1 is negative, so the largest key is the largest
-    probability's lowest expert."""
-    cols = tl.arange(0, BLOCK_E)
-    z = tl.where(e_ok[None, :], z, float("-inf"))
-    p = tl.exp(z - tl.max(z, axis=1)[:, None])
-    p = p / tl.sum(p, axis=1)[:, None]
-    p = tl.where(e_ok[None, :], p, -1.0)
-    slots = tl.arange(0, BLOCK_K)
-    chosen_w = tl.zeros([z.shape[0], BLOCK_K], dtype=tl.float32)
-    chosen_i = tl.zeros([z.shape[0], BLOCK_K], dtype=tl.int64)
-    if PACKED:
-        key = (p.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (BLOCK_E - 1 - cols[None, :]).to(tl.int64)
-    for j in tl.static_range(K):
-        if PACKED:
-            top = tl.max(key, axis=1)  # [R]
-            index = (BLOCK_E - 1) - (top & 0xFFFFFFFF)
-            best = (top >> 32).to(tl.int32).to(tl.float32, bitcast=True)
-            key = tl.where(cols[None, :] == index[:, None], -(1 << 62), key)  # below every valid key (≥ 0);
-            # a masked column's key is lower still, and K ≤ E leaves a valid key in every round
-        else:
-            best = tl.max(p, axis=1)  # [R]
-            index = tl.min(tl.where(p == best[:, None], cols[None, :], BLOCK_E), axis=1)
-            p = tl.where(cols[None, :] == index[:, None], -1.0, p)
-        chosen_w = tl.where(slots[None, :] == j, best[:, None], chosen_w)
-        chosen_i = tl.where(slots[None, :] == j, index[:, None].to(tl.int64), chosen_i)
-    if RENORMALIZE:
-        chosen_w = chosen_w / tl.sum(chosen_w, axis=1)[:, None]
-    return chosen_w, chosen_i
-
-
-@triton.jit
-def _router_kernel(logits_ptr, ids_ptr, w_ptr, stride_l, E, K: tl.constexpr, RENORMALIZE: tl.constexpr,
-                   BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK_E)
-    ok = cols < E
-    z = tl.load(logits_ptr + row * stride_l + cols, mask=ok, other=float("-inf")).to(tl.float32)
-    chosen_w, chosen_i = _softmax_top_k(z[None, :], ok, K, RENORMALIZE, BLOCK_E, BLOCK_K)  # [1, BLOCK_K]
-    slots = tl.arange(0, BLOCK_K)
-    keep = (slots < K)[None, :]
-    tl.store(ids_ptr + row * K + slots[None, :], chosen_i, mask=keep)
-    tl.store(w_ptr + row * K + slots[None, :], chosen_w.to(w_ptr.dtype.element_ty), mask=keep)
-
-
-def router_topk(logits: Tensor, top_k: int, renormalize: bool, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """As `reference.router_topk`: logits [N, E] → ids [N, k] (long), weights [N, k] in `dtype`."""
-    if logits.dim() != 2 or logits.stride(-1) != 1:
-        raise ValueError(f"router_topk: logits must be [N, E] and contiguous in E, got {tuple(logits.shape)} "
-                         f"with strides {logits.stride()}")
-    n, e = logits.shape
-    if not 1 <= top_k <= min(e, MAX_TOP_K) or e > MAX_EXPERTS:
-        raise ValueError(f"router_topk: top-{top_k} of {e} experts (k ≤ {MAX_TOP_K}, E ≤ {MAX_EXPERTS})")
-    if logits.device.type != "cuda" and not interpreted():
-        raise ValueError(f"router_topk: tensors are on {logits.device}; the Triton kernel needs CUDA tensors "
-                         "(CPU tensors only with TRITON_INTERPRET=1 set before import)")
-    ids = torch.empty(n, top_k, dtype=torch.long, device=logits.device)
-    weights = torch.empty(n, top_k, dtype=dtype, device=logits.device)
-    if n:
-        _router_kernel[(n,)](logits, ids, weights, logits.stride(0), e, K=top_k, RENORMALIZE=bool(renormalize),
-                             BLOCK_E=triton.next_power_of_2(e), BLOCK_K=triton.next_power_of_2(top_k))
-    return ids, weights
 
 
 @triton.jit
@@ -164,7 +95,7 @@ def _router_fused_kernel(x_ptr, r_ptr, part_ptr, counter_ptr, logits_ptr, ids_pt
                          cache_modifier=".cg")
         z = z.to(logits_ptr.dtype.element_ty)  # the logits in x's dtype, as the linear layer returns them
         tl.store(logits_ptr + t_m[:, None] * E + cols[None, :], z, mask=ok)
-        chosen_w, chosen_i = _softmax_top_k(z.to(tl.float32), cols < E, K, RENORMALIZE, BLOCK_E, BLOCK_K, PACKED)
+        chosen_w, chosen_i = softmax_top_k(z.to(tl.float32), cols < E, K, RENORMALIZE, BLOCK_E, BLOCK_K, PACKED)
         slots = tl.arange(0, BLOCK_K)
         keep = t_ok[:, None] & (slots < K)[None, :]
         tl.store(ids_ptr + t_m[:, None] * K + slots[None, :], chosen_i, mask=keep)

@@ -25,3 +25,40 @@ def assignment_expert(ids_ptr, i_s, N, FIRST, E, K: tl.constexpr, BM: tl.constex
     b_ids = tl.load(ids_ptr + o_m[:, None] * K + o_j[None, :], mask=ok, other=0).to(tl.int64) - FIRST  # [BM, KP]
     b_kpos = tl.min(tl.where(ok & (b_ids == e), o_j[None, :], K), 1)  # [BM]
     return e, tl.where(b_kpos < K, b_kpos, -1), active
+
+
+@triton.jit
+def softmax_top_k(z, e_ok, K: tl.constexpr, RENORMALIZE: tl.constexpr, BLOCK_E: tl.constexpr,
+                   BLOCK_K: tl.constexpr, PACKED: tl.constexpr = False):
+    """Rows of logits z [R, BLOCK_E] (fp32; columns outside e_ok ignored) → (weights, ids)
+    [R, BLOCK_K]: the top K of each row's softmax by decreasing probability, ties to the lower id,
+    renormalized to sum 1 when asked. PACKED: each round takes one max over int64 keys
+    (probability bits << 32 | BLOCK_E − 1 − expert): probabilities are ≥ 0, whose fp32 bits order
+    as the values do, and the masked −1 is negative, so the largest key is the largest
+    probability's lowest expert."""
+    cols = tl.arange(0, BLOCK_E)
+    z = tl.where(e_ok[None, :], z, float("-inf"))
+    p = tl.exp(z - tl.max(z, axis=1)[:, None])
+    p = p / tl.sum(p, axis=1)[:, None]
+    p = tl.where(e_ok[None, :], p, -1.0)
+    slots = tl.arange(0, BLOCK_K)
+    chosen_w = tl.zeros([z.shape[0], BLOCK_K], dtype=tl.float32)
+    chosen_i = tl.zeros([z.shape[0], BLOCK_K], dtype=tl.int64)
+    if PACKED:
+        key = (p.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (BLOCK_E - 1 - cols[None, :]).to(tl.int64)
+    for j in tl.static_range(K):
+        if PACKED:
+            top = tl.max(key, axis=1)  # [R]
+            index = (BLOCK_E - 1) - (top & 0xFFFFFFFF)
+            best = (top >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+            key = tl.where(cols[None, :] == index[:, None], -(1 << 62), key)  # below every valid key (≥ 0);
+            # a masked column's key is lower still, and K ≤ E leaves a valid key in every round
+        else:
+            best = tl.max(p, axis=1)  # [R]
+            index = tl.min(tl.where(p == best[:, None], cols[None, :], BLOCK_E), axis=1)
+            p = tl.where(cols[None, :] == index[:, None], -1.0, p)
+        chosen_w = tl.where(slots[None, :] == j, best[:, None], chosen_w)
+        chosen_i = tl.where(slots[None, :] == j, index[:, None].to(tl.int64), chosen_i)
+    if RENORMALIZE:
+        chosen_w = chosen_w / tl.sum(chosen_w, axis=1)[:, None]
+    return chosen_w, chosen_i
