@@ -1,0 +1,53 @@
+"""Triton offset RMS norm (Qwen3.5 / Qwen3-Next): `reference.offset_rms_norm`'s signature and
+roundings, the residual add fused in, one launch, one program per row."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from hybridspec.kernels import pdl
+from hybridspec.kernels.norm.checks import check_norm_args, rows_of
+from hybridspec.kernels.pdl import wait_then_release
+
+
+@triton.jit
+def _offset_rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, stride_x, stride_r, stride_y, stride_s,
+                            N, eps, HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, USE_GDC: tl.constexpr):
+    if USE_GDC:
+        wait_then_release()
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < N
+    x = tl.load(x_ptr + row * stride_x + cols, mask=ok, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(r_ptr + row * stride_r + cols, mask=ok, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(s_ptr.dtype.element_ty)  # torch's add: fp32, rounded
+        tl.store(s_ptr + row * stride_s + cols, x, mask=ok)
+    xf = x.to(tl.float32)
+    inv = tl.rsqrt(tl.sum(xf * xf, axis=0) / N + eps)
+    w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * stride_y + cols, (xf * inv * (1.0 + w)).to(y_ptr.dtype.element_ty), mask=ok)
+
+
+def offset_rms_norm(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None
+                    ) -> tuple[Tensor, Tensor]:
+    """As `reference.offset_rms_norm`: (normalize(s) · (1 + weight), s), s = x (+ residual)."""
+    n = check_norm_args(x, weight)
+    rows = rows_of("x", x, n)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if residual is None:
+        s, r_rows, s_rows = x, rows, rows
+    else:
+        if residual.shape != x.shape:
+            raise ValueError(f"rms norm: residual {tuple(residual.shape)} does not match x {tuple(x.shape)}")
+        r_rows = rows_of("residual", residual, n)
+        s = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        s_rows = s.view(-1, n)
+    if rows.shape[0]:
+        _offset_rms_norm_kernel[(rows.shape[0],)](
+            rows, r_rows, weight, y, s_rows, rows.stride(0), r_rows.stride(0), n, s_rows.stride(0), n, eps,
+            HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(n), **pdl.options(x))
+    return y, s
