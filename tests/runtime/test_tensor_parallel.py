@@ -18,7 +18,7 @@ import torch.distributed as dist
 from hybridspec.runtime.config import ConfigError
 from hybridspec.runtime.loading import load_target
 from hybridspec.runtime.sharding import local_config, shard_state
-from hybridspec.runtime.tensor_parallel import spawn
+from hybridspec.runtime.tensor_parallel import parallelize, spawn
 
 WORLD = 2
 POLICIES = ("ar", "hybridspec")  # one process's rounds (w per round) as well as its tokens
@@ -29,7 +29,6 @@ def _check_rank(expert_parallel: bool) -> None:
     from hybridspec.runtime.engine import Engine
     from hybridspec.runtime.policies import make_policy
     from hybridspec.runtime.session import EMBEDDED, open_session
-    from hybridspec.runtime.tensor_parallel import parallelize
     from tests.runtime.helpers import policy_parameters, prefilled_cache
 
     rank, world = dist.get_rank(), dist.get_world_size()

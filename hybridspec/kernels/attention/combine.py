@@ -45,7 +45,7 @@ def _attn_combine_kernel(acc_ptr, ml_ptr, gate_ptr, pos_ptr, out_ptr, stride_gb,
 
 def launch_combine(acc: Tensor, ml: Tensor, gate: Tensor, position: Tensor, out: Tensor, S: int, lay: dict) -> None:
     """The split step's acc and ml for a cache of S positions, gate [B, T, H, D] (rows contiguous),
-    position [1] (on the device) → out [B, T, H·D] (written); lay: `triton.layout`."""
+    position [≥ 1] long (on the device) → out [B, T, H·D] (written); lay: `triton.layout`."""
     B, T, H, D = gate.shape
     rows = lay["row_blocks"] * lay["BM"]
     _attn_combine_kernel[(B * T * H,)](

@@ -76,8 +76,8 @@ def _attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, acc_ptr, ml_ptr,
 
 def launch_split(q: Tensor, key: Tensor, value: Tensor, position: Tensor, acc: Tensor, ml: Tensor, lay: dict,
                  widen: bool) -> None:
-    """q [B, T, H, D], the cache's key / value [B, S, H_kv, D], position [1] (int, on the device) →
-    acc [B·H_kv, splits, rows, BD] and ml [B·H_kv, splits, rows, 2] (fp32, written); lay: `layout`."""
+    """q [B, T, H, D], the cache's key / value [B, S, H_kv, D], position [≥ 1] long (on the device) →
+    acc [B·H_kv, splits, rows, BD] and ml [B·H_kv, splits, rows, 2] (fp32, written); lay: `triton.layout`."""
     B, T, H, D = q.shape
     S, H_kv = key.shape[1], key.shape[2]
     rows = lay["row_blocks"] * lay["BM"]

@@ -1,8 +1,8 @@
 """Triton top-k of given router logits: softmax over the experts, the top k by decreasing
 probability (ties to the lower expert id), renormalized when asked; one program per token, so a
 token's result depends on its own logits only (batch invariance). Same signature and result as
-`reference.router_topk`; the router's prefill path (`router.py`) takes it after the library's
-product."""
+`reference.router_topk`; `router.py` takes it after the library's product for the calls its one
+launch does not take (prefill chunks, routers of more than 256 experts)."""
 
 from __future__ import annotations
 

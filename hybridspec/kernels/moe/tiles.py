@@ -29,7 +29,7 @@ def assignment_expert(ids_ptr, i_s, N, FIRST, E, K: tl.constexpr, BM: tl.constex
 
 @triton.jit
 def softmax_top_k(z, e_ok, K: tl.constexpr, RENORMALIZE: tl.constexpr, BLOCK_E: tl.constexpr,
-                   BLOCK_K: tl.constexpr, PACKED: tl.constexpr = False):
+                  BLOCK_K: tl.constexpr, PACKED: tl.constexpr = False):
     """Rows of logits z [R, BLOCK_E] (fp32; columns outside e_ok ignored) → (weights, ids)
     [R, BLOCK_K]: the top K of each row's softmax by decreasing probability, ties to the lower id,
     renormalized to sum 1 when asked. PACKED: each round takes one max over int64 keys
