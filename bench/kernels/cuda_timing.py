@@ -1,11 +1,16 @@
-"""CUDA-graph and copy-bandwidth timing shared by the kernel benchmarks (GPU only)."""
+"""CUDA-graph and copy-bandwidth timing, and the result files' head, shared by the kernel
+benchmarks (GPU only)."""
 
 from __future__ import annotations
 
+import datetime as dt
+import platform
 import statistics
+import sys
 from collections.abc import Callable
 
 import torch
+import triton
 
 
 def capture(rounds: list[Callable[[], None]]) -> torch.cuda.CUDAGraph:
@@ -53,3 +58,16 @@ def copy_bandwidth(samples: int, nbytes: int = 1 << 30) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e-3)
     return 2 * nbytes / statistics.median(times)
+
+
+def run_header(script: str, argv: list[str] | None, bandwidth: float, **extra) -> dict:
+    """The head of a benchmark's result file: device, date, the command (`script` with its
+    arguments), versions and the copy bandwidth (bytes/s, stored in GB/s), plus `extra`, and an
+    empty `rows`; printed as one line."""
+    head = dict(device=torch.cuda.get_device_name(), date=dt.date.today().isoformat(),
+                command=f"python3 bench/kernels/{script} " + " ".join(argv or sys.argv[1:]),
+                versions=dict(python=platform.python_version(), torch=torch.__version__,
+                              cuda=str(torch.version.cuda), triton=triton.__version__),
+                copy_bandwidth_GBps=bandwidth / 1e9, **extra, rows=[])
+    print(f"{head['device']} {extra or ''} {head['versions']} copy {bandwidth / 1e9:.0f} GB/s", flush=True)
+    return head

@@ -16,9 +16,7 @@ Prints a table and writes OUT/launch_chain.json (`{"device", "date", "versions",
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import platform
 import sys
 from pathlib import Path
 
@@ -73,16 +71,11 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("launch_chain.py needs a CUDA GPU", file=sys.stderr)
         return 2
-    from cuda_timing import capture, copy_bandwidth, median_us
+    from cuda_timing import capture, copy_bandwidth, median_us, run_header
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     bandwidth = copy_bandwidth(samples=10)
-    result = dict(device=torch.cuda.get_device_name(), date=dt.date.today().isoformat(),
-                  command="python3 bench/kernels/launch_chain.py " + " ".join(argv or sys.argv[1:]),
-                  versions=dict(python=platform.python_version(), torch=torch.__version__,
-                                cuda=str(torch.version.cuda), triton=triton.__version__),
-                  copy_bandwidth_GBps=bandwidth / 1e9, rows=[])
-    print(f"{result['device']} {result['versions']} copy {bandwidth / 1e9:.0f} GB/s", flush=True)
+    result = run_header("launch_chain.py", argv, bandwidth)
     print("| grid | bytes per launch | PDL | µs per launch | bytes' floor µs | over µs |\n|---|---|---|---|---|---|")
     for grid, asked in ((1, 0), (sms, 0), (sms, 1 << 20), (sms, 16 << 20)):
         for pdl in (False, True):

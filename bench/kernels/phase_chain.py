@@ -21,9 +21,7 @@ Prints a table and writes OUT/phase_chain.json (`{"device", "date", "versions",
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import platform
 import sys
 from pathlib import Path
 
@@ -141,15 +139,10 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("phase_chain.py needs a CUDA GPU", file=sys.stderr)
         return 2
-    from cuda_timing import capture, copy_bandwidth, median_us
+    from cuda_timing import capture, copy_bandwidth, median_us, run_header
 
     bandwidth = copy_bandwidth(samples=10)
-    result = dict(device=torch.cuda.get_device_name(), date=dt.date.today().isoformat(),
-                  command="python3 bench/kernels/phase_chain.py " + " ".join(argv or sys.argv[1:]),
-                  versions=dict(python=platform.python_version(), torch=torch.__version__,
-                                cuda=str(torch.version.cuda), triton=triton.__version__),
-                  copy_bandwidth_GBps=bandwidth / 1e9, rows=[])
-    print(f"{result['device']} {result['versions']} copy {bandwidth / 1e9:.0f} GB/s", flush=True)
+    result = run_header("phase_chain.py", argv, bandwidth)
     g = torch.Generator(device="cuda").manual_seed(0)
     sets = []
     for _ in range(4):

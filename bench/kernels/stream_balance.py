@@ -19,9 +19,7 @@ Prints a table and writes OUT/stream_balance.json (`{"device", "date", "versions
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import platform
 import sys
 from pathlib import Path
 
@@ -76,16 +74,11 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("stream_balance.py needs a CUDA GPU", file=sys.stderr)
         return 2
-    from cuda_timing import capture, copy_bandwidth, median_us
+    from cuda_timing import capture, copy_bandwidth, median_us, run_header
 
     bandwidth = copy_bandwidth(samples=10)
-    result = dict(device=torch.cuda.get_device_name(), date=dt.date.today().isoformat(),
-                  command="python3 bench/kernels/stream_balance.py " + " ".join(argv or sys.argv[1:]),
-                  versions=dict(python=platform.python_version(), torch=torch.__version__,
-                                cuda=str(torch.version.cuda), triton=triton.__version__),
-                  copy_bandwidth_GBps=bandwidth / 1e9, sms=torch.cuda.get_device_properties(0).multi_processor_count,
-                  rows=[])
-    print(f"{result['device']} ({result['sms']} SMs) {result['versions']} copy {bandwidth / 1e9:.0f} GB/s", flush=True)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    result = run_header("stream_balance.py", argv, bandwidth, sms=sms)
     g = torch.Generator(device="cuda").manual_seed(0)
     weights = [torch.randn(ROWS, HIDDEN, device="cuda", generator=g).to(torch.bfloat16) for _ in range(4)]
     x = torch.randn(HIDDEN, device="cuda", generator=g).to(torch.bfloat16)

@@ -31,7 +31,7 @@ from torch import Tensor
 
 from hybridspec.kernels import pdl
 from hybridspec.kernels.interpreter import interpreted
-from hybridspec.kernels.moe.router_topk import MAX_EXPERTS, MAX_TOP_K, router_topk
+from hybridspec.kernels.moe.router_topk import check_top_k, router_topk
 from hybridspec.kernels.moe.tiles import softmax_top_k
 from hybridspec.kernels.pdl import wait_then_release
 from hybridspec.kernels.tiles import dot_bt
@@ -137,11 +137,7 @@ def router(x: Tensor, weight: Tensor, top_k: int, renormalize: bool, dtype: torc
         if logits is not None:
             logits.copy_(z)
         return router_topk(z, top_k, renormalize, dtype)
-    if not 1 <= top_k <= min(e, MAX_TOP_K) or e > MAX_EXPERTS:
-        raise ValueError(f"router: top-{top_k} of {e} experts (k ≤ {MAX_TOP_K}, E ≤ {MAX_EXPERTS})")
-    if x.device.type != "cuda" and not interpreted():
-        raise ValueError(f"router: tensors are on {x.device}; the Triton kernel needs CUDA tensors "
-                         "(CPU tensors only with TRITON_INTERPRET=1 set before import)")
+    check_top_k("router", e, top_k, x.device)
     ids = torch.empty(n, top_k, dtype=torch.long, device=x.device)
     weights = torch.empty(n, top_k, dtype=dtype, device=x.device)
     if logits is None:

@@ -31,17 +31,23 @@ def _router_kernel(logits_ptr, ids_ptr, w_ptr, stride_l, E, K: tl.constexpr, REN
     tl.store(w_ptr + row * K + slots[None, :], chosen_w.to(w_ptr.dtype.element_ty), mask=keep)
 
 
+def check_top_k(name: str, experts: int, top_k: int, device: torch.device) -> None:
+    """ValueError naming what a top-k of `experts` on `device` cannot take: k outside 1 … min(E,
+    MAX_TOP_K), more than MAX_EXPERTS experts, or CPU tensors without the interpreter."""
+    if not 1 <= top_k <= min(experts, MAX_TOP_K) or experts > MAX_EXPERTS:
+        raise ValueError(f"{name}: top-{top_k} of {experts} experts (k ≤ {MAX_TOP_K}, E ≤ {MAX_EXPERTS})")
+    if device.type != "cuda" and not interpreted():
+        raise ValueError(f"{name}: tensors are on {device}; the Triton kernel needs CUDA tensors "
+                         "(CPU tensors only with TRITON_INTERPRET=1 set before import)")
+
+
 def router_topk(logits: Tensor, top_k: int, renormalize: bool, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """As `reference.router_topk`: logits [N, E] → ids [N, k] (long), weights [N, k] in `dtype`."""
     if logits.dim() != 2 or logits.stride(-1) != 1:
         raise ValueError(f"router_topk: logits must be [N, E] and contiguous in E, got {tuple(logits.shape)} "
                          f"with strides {logits.stride()}")
     n, e = logits.shape
-    if not 1 <= top_k <= min(e, MAX_TOP_K) or e > MAX_EXPERTS:
-        raise ValueError(f"router_topk: top-{top_k} of {e} experts (k ≤ {MAX_TOP_K}, E ≤ {MAX_EXPERTS})")
-    if logits.device.type != "cuda" and not interpreted():
-        raise ValueError(f"router_topk: tensors are on {logits.device}; the Triton kernel needs CUDA tensors "
-                         "(CPU tensors only with TRITON_INTERPRET=1 set before import)")
+    check_top_k("router_topk", e, top_k, logits.device)
     ids = torch.empty(n, top_k, dtype=torch.long, device=logits.device)
     weights = torch.empty(n, top_k, dtype=dtype, device=logits.device)
     if n:
