@@ -22,10 +22,10 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
    softmax attention, dense GEMMs and other, with the longest kernels named.
 
 `--variants a,b` runs steps 1–4 for each variant on the same loaded model (rows and checks tagged
-`variant`): `shipped`, an op family put back on its PyTorch reference or its previous form, or a
-switch turned off (`VARIANTS`: `two-step-topk`, `prepare-ref`, `no-pdl`, `torch-sampling`; `a+b`
-both at once), to measure a kernel or a launch mode against what it replaced side by side in one
-process.
+`variant`): `shipped`, an op family put back on its PyTorch reference or its previous form, a
+switch turned off, or a form on trial (`VARIANTS`: `two-step-topk`, `prepare-ref`, `no-pdl`,
+`torch-sampling`, `library-linear`, `moe-tiles`; `a+b` both at once), to measure a kernel or a launch
+mode against what it replaced side by side in one process.
 `--tp N --layouts columns,experts` loads each model once per MoE layout (every expert's columns
 split across the ranks, or expert parallelism) and runs everything on each (rows and checks tagged
 `layout`).
@@ -49,8 +49,10 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from types import MappingProxyType
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -58,9 +60,12 @@ from bench.kernels.cuda_timing import copy_bandwidth, median_us  # noqa: E402
 from hybridspec.kernels import pdl  # noqa: E402
 from hybridspec.kernels.attention import reference as attention_reference  # noqa: E402
 from hybridspec.kernels.moe import router as moe_router  # noqa: E402
+from hybridspec.kernels.moe import triton as moe_triton  # noqa: E402
+from hybridspec.kernels.moe.tuning import MoETuning  # noqa: E402
 from hybridspec.runtime import resident  # noqa: E402
 from hybridspec.runtime.engine import Engine  # noqa: E402
 from hybridspec.runtime.layers.attention import GatedAttention  # noqa: E402
+from hybridspec.runtime.layers.gdn import GatedDeltaNet  # noqa: E402
 from hybridspec.runtime.policies import make_policy  # noqa: E402
 from hybridspec.runtime.sampling import SamplingParams  # noqa: E402
 from hybridspec.runtime.session import open_session  # noqa: E402
@@ -79,6 +84,10 @@ VARIANTS = {
     "prepare-ref": {GatedAttention: {"prepare_op": attention_reference.norm_rope_store}},
     "no-pdl": {pdl: {"ENABLED": False}},  # the kernels of `kernels/pdl.py` launched without PDL
     "torch-sampling": {resident: {"FUSED_SAMPLING": False}},  # the point-mass rule's torch form
+    # the mixers' projections of one or two tokens by the library product, not `kernels/linear`'s
+    "library-linear": {GatedDeltaNet: {"linear_op": F.linear}, GatedAttention: {"linear_op": F.linear}},
+    # the experts of one or two tokens by the tile kernels, not the register-slice ones
+    "moe-tiles": {moe_triton: {"MOE_TUNING": MappingProxyType({64: MoETuning()})}},
 }
 
 

@@ -47,7 +47,7 @@ from hybridspec.kernels.moe import reference as moe_reference
 from hybridspec.kernels.moe import triton as moe_triton
 from hybridspec.kernels.moe.down import column_tiles
 from hybridspec.kernels.moe.gate_up import launch_gate_up
-from hybridspec.kernels.moe.tuning import MOE_TUNING, tuning_for
+from hybridspec.kernels.moe.tuning import MOE_TUNING, MoETuning, tuning_for
 from hybridspec.runtime.policies import make_policy
 from hybridspec.runtime.session import open_session
 
@@ -58,7 +58,16 @@ MODELS = {  # name: (E, k, hidden, moe_intermediate, shared_intermediate)
 }
 LENGTHS = (1, 2, 4, 8, 12, 16)
 DISTINCT = (8, 16, 32, 48, 64, 80, 96, 112, 128)
-SWEEP: dict[str, dict] = {}  # tuning tables timed beside the shipped one (name: {largest T of a row: MoETuning})
+# tuning tables timed beside the shipped one (name: {largest T of a row: MoETuning}): the tile kernels
+# at every T, and the register-slice kernels at other slice widths or up to four tokens
+SWEEP: dict[str, dict] = {
+    "tiles": {64: MoETuning()},
+    **{name: {1: MoETuning(rows=True, **one), 2: MoETuning(rows=True, **two), 64: MoETuning()}
+       for name, one, two in (("rows bn2 bh2", {}, {}), ("rows bh2 at 1", {"rows_bn": 1}, {"rows_bn": 1}),
+                              ("rows bn2 at 1", {"rows_bh": 1}, {"rows_bn": 1}))},
+    "rows to 4": {1: MoETuning(rows=True, rows_bn=1, rows_bh=1), 4: MoETuning(rows=True, rows_bn=1),
+                  64: MoETuning()},
+}
 
 
 class Layer:

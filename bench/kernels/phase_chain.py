@@ -10,6 +10,11 @@ programs (one per SM, all resident), each one tile of each phase: 64 rows of A, 
   counter) and waits for every program's arrival before it reads y1 for its B tile.
 - `one launch, B prefetched`: the same, each program loading its first step of W_B (no phase
   writes it) before it waits at the barrier, so that B's stream starts while A drains.
+- `rows A/B before|after the wait`: both phases as register products (`_rows_kernel`: each program
+  loads its whole [BN, K] slice of W into registers, no tensor cores, no shared-memory pipeline),
+  two PDL launches; `before`: each program loads its slice before its PDL wait, so a kernel whose
+  programs fit beside its predecessor's streams its weights while the predecessor runs, and only
+  the activation's read and the sum wait. `dot A, rows B ...`: phase A as in `two launches`.
 Every launch reads its own copy of the weights (four copies rotated, past the L2), CUDA-graph timed.
 
     python3 bench/kernels/phase_chain.py --out OUT
@@ -109,6 +114,35 @@ def _chain_kernel(wa_ptr, x_ptr, y1_ptr, wb_ptr, y2_ptr, bar_ptr, stride_a, stri
     _store_row(y2_ptr, acc, pid * BN_B, BN_B, y2_ptr.dtype.element_ty)
 
 
+@triton.jit
+def _rows_kernel(w_ptr, x_ptr, y_ptr, stride_w, K: tl.constexpr, BN: tl.constexpr, EARLY: tl.constexpr,
+                 USE_GDC: tl.constexpr):
+    """y[p·BN : (p + 1)·BN] = W[those rows] · x, the [BN, K] slice held in registers; EARLY: the
+    slice loads before the PDL wait (no kernel writes W)."""
+    o_n = tl.program_id(0) * BN + tl.arange(0, BN)
+    o_c = tl.arange(0, K)
+    p_w = w_ptr + o_n[:, None] * stride_w + o_c[None, :]
+    if EARLY:
+        b_w = tl.load(p_w)  # [BN, K]
+        if USE_GDC:
+            wait_then_release()
+    else:
+        if USE_GDC:
+            wait_then_release()
+        b_w = tl.load(p_w)
+    b_x = tl.load(x_ptr + o_c, cache_modifier=".cg").to(tl.float32)  # [K]
+    acc = tl.sum(b_w.to(tl.float32) * b_x[None, :], 1)  # [BN]
+    tl.store(y_ptr + o_n, acc.to(y_ptr.dtype.element_ty))
+
+
+def rows_launch(w, x, y, bn: int, early: bool, warps: int, pdl: bool = True):
+    """y = w @ x[:w.shape[1]] by `_rows_kernel`, w.shape[0] / bn programs; returns the compiled kernel
+    (its n_regs and n_spills say whether the slice stayed in registers)."""
+    options = dict(USE_GDC=True, launch_pdl=True) if pdl else dict(USE_GDC=False)
+    return _rows_kernel[(w.shape[0] // bn,)](w, x, y, w.stride(0), K=w.shape[1], BN=bn, EARLY=early,
+                                             num_warps=warps, **options)
+
+
 def two_launches(wa, x, y1, wb, y2, grid: int, pdl: bool, widen: bool = False) -> None:
     """y1 = wa @ x, then y2 = wb @ y1[:wb.shape[1]], one launch each (grid programs of one tile)."""
     prec = "ieee" if wa.dtype == torch.float32 else "tf32"
@@ -119,6 +153,13 @@ def two_launches(wa, x, y1, wb, y2, grid: int, pdl: bool, widen: bool = False) -
     _phase_kernel[(grid,)](wb, y1, y2, wb.stride(0), wb.shape[1], BN=wb.shape[0] // grid,
                            BK=min(BK, wb.shape[1]), PRECISION=prec, WIDEN=widen, num_warps=WARPS,
                            num_stages=STAGES, **options)
+
+
+def _dot_a(wa, x, y1):
+    """Phase A alone as in `two_launches` (PDL)."""
+    _phase_kernel[(GRID,)](wa, x, y1, wa.stride(0), wa.shape[1], BN=wa.shape[0] // GRID, BK=min(BK, wa.shape[1]),
+                           PRECISION="tf32", WIDEN=False, num_warps=WARPS, num_stages=STAGES, USE_GDC=True,
+                           launch_pdl=True)
 
 
 def one_launch(wa, x, y1, wb, y2, barrier, grid: int, prefetch: bool, widen: bool = False) -> None:
@@ -156,6 +197,20 @@ def main(argv=None) -> int:
     want = (wb.float() @ (wa.float() @ x.float()).to(torch.bfloat16).float()[:DEPTH_B])
     floor = (ROWS_A * HIDDEN + ROWS_B * DEPTH_B) * 2 / bandwidth * 1e6
     forms = {
+        "dot A, rows B (8 × 4096, 8 warps) after the wait": lambda s: (
+            _dot_a(s[0], x, s[2]), rows_launch(s[1], s[2], s[3], 8, False, 8)),
+        "dot A, rows B (8 × 4096, 8 warps) before the wait": lambda s: (
+            _dot_a(s[0], x, s[2]), rows_launch(s[1], s[2], s[3], 8, True, 8)),
+        "dot A, rows B (4 × 4096, 4 warps) before the wait": lambda s: (
+            _dot_a(s[0], x, s[2]), rows_launch(s[1], s[2], s[3], 4, True, 4)),
+        "rows A (16 × 2048) / B (8 × 4096), 8 warps, after the wait": lambda s: (
+            rows_launch(s[0], x, s[2], 16, False, 8), rows_launch(s[1], s[2], s[3], 8, False, 8)),
+        "rows A (16 × 2048) / B (8 × 4096), 8 warps, before the wait": lambda s: (
+            rows_launch(s[0], x, s[2], 16, True, 8), rows_launch(s[1], s[2], s[3], 8, True, 8)),
+        "rows A (8 × 2048) / B (4 × 4096), 4 warps, before the wait": lambda s: (
+            rows_launch(s[0], x, s[2], 8, True, 4), rows_launch(s[1], s[2], s[3], 4, True, 4)),
+        "rows A (32 × 2048) / B (16 × 4096), 8 warps, before the wait": lambda s: (
+            rows_launch(s[0], x, s[2], 32, True, 8), rows_launch(s[1], s[2], s[3], 16, True, 8)),
         "two launches, PDL": lambda s: two_launches(s[0], x, s[2], s[1], s[3], GRID, True),
         "two launches, no PDL": lambda s: two_launches(s[0], x, s[2], s[1], s[3], GRID, False),
         "one launch": lambda s: one_launch(s[0], x, s[2], s[1], s[3], s[4], GRID, False),
@@ -174,6 +229,13 @@ def main(argv=None) -> int:
         result["rows"].append(dict(form=name, us=round(us, 2), floor_us=round(floor, 2), ratio=round(us / floor, 3)))
         print(f"| {name} | {us:.2f} | {floor:.2f} | {us / floor:.2f} |", flush=True)
         del graph
+    for bn, k, warps in ((4, DEPTH_B, 4), (8, DEPTH_B, 8), (16, DEPTH_B, 8), (8, HIDDEN, 4), (16, HIDDEN, 8),
+                         (32, HIDDEN, 8)):
+        w = sets[0][1][:, :k] if k == DEPTH_B else sets[0][0]
+        kernel = rows_launch(w.contiguous(), sets[0][2], torch.empty(w.shape[0], device="cuda"), bn, True, warps)
+        result.setdefault("registers", []).append(dict(bn=bn, k=k, warps=warps, regs=kernel.n_regs,
+                                                       spills=kernel.n_spills))
+        print(f"rows kernel {bn} × {k}, {warps} warps: {kernel.n_regs} registers, {kernel.n_spills} spilled")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "phase_chain.json").write_text(json.dumps(result, indent=1))
     return 0

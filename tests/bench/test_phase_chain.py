@@ -31,3 +31,12 @@ def test_every_form_gives_both_products(form):
         assert barrier.tolist() == [0, 0]  # left as found: the next launch's barrier counts from zero
     torch.testing.assert_close(y1, wa @ x, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(y2, wb @ (wa @ x)[:32], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("early", [False, True])
+def test_the_register_rows_form_gives_the_product(early):
+    g = torch.Generator().manual_seed(2)
+    w, x = torch.randn(32, 64, generator=g), torch.randn(80, generator=g)
+    y = torch.full((32,), float("nan"))
+    phase_chain.rows_launch(w, x, y, bn=8, early=early, warps=4, pdl=False)
+    torch.testing.assert_close(y, w @ x[:64], rtol=1e-5, atol=1e-5)

@@ -4,7 +4,8 @@ Two launches per call of at most 64 tokens, none reading the host and each with 
 (N, k): `gate_up` runs each distinct expert's gate and up projections once for all its tokens (each
 program row takes its expert from the ids, `tiles.assignment_expert`) and zeroes the down kernel's
 arrival counters, `down` sums every token's weighted expert outputs and the shared expert's. Longer
-calls (prefill) run in 64-token pieces.
+calls (prefill) run in 64-token pieces. Calls whose tuning row says `rows` (a few tokens) take the
+register-slice forms of both launches instead (`gate_up_rows.py`, `down_rows.py`).
 Accumulation is fp32; bf16 weights use bf16 tensor-core products, fp32 weights IEEE fp32 ones.
 """
 
@@ -17,7 +18,9 @@ from torch import Tensor
 from hybridspec.kernels.interpreter import interpreted
 from hybridspec.kernels.moe.checks import SharedExpert, check_moe_args
 from hybridspec.kernels.moe.down import column_tiles, launch_down
+from hybridspec.kernels.moe.down_rows import launch_down_rows
 from hybridspec.kernels.moe.gate_up import launch_gate_up
+from hybridspec.kernels.moe.gate_up_rows import launch_gate_up_rows
 from hybridspec.kernels.moe.tuning import MOE_TUNING, tuning_for
 
 MAX_TOKENS = 64  # tokens per launch: one [BM <= 64, BK] activation tile per expert
@@ -59,6 +62,12 @@ def moe_experts(x: Tensor, ids: Tensor, weights: Tensor, gate_up: Tensor, down: 
 
 def _moe_piece(x, ids, weights, gate_up, down, shared, out, tuning, first_expert: int) -> None:
     n, k = ids.shape
+    if tuning.rows:
+        i, i_s = gate_up.shape[1] // 2, shared.gate.shape[0] if shared is not None else 0
+        act = torch.empty((n, k + 1, max(i, i_s)), dtype=x.dtype, device=x.device)  # [N, k + 1, max(I, Is)]
+        launch_gate_up_rows(x, ids, weights, gate_up, shared, act, tuning.rows_bn, tuning.rows_warps, first_expert)
+        launch_down_rows(act, down, shared, ids, out, tuning.rows_bh, tuning.rows_warps, first_expert)
+        return
     block_m = max(16, triton.next_power_of_2(n))
     i, i_s = gate_up.shape[1] // 2, shared.gate.shape[0] if shared is not None else 0
     arrivals = torch.empty(column_tiles(x.shape[1], tuning)[1], dtype=torch.int32, device=x.device)  # gate_up zeroes

@@ -18,7 +18,8 @@ from .norms import OffsetRMSNorm
 class GatedAttention(nn.Module):
     """`op` computes the gated attention over the cache and `prepare_op` the q/k norms, RoPE and the
     cache writes before it (`kernels/attention`: the references, or the Triton kernels that read the
-    position on the device); the model sets both per backend."""
+    position on the device); `linear_op` the projections' product; the model sets all three per
+    backend."""
 
     def __init__(self, cfg: TargetConfig, op: Callable = attention_reference.gated_attention,
                  prepare_op: Callable = attention_reference.norm_rope_store):
@@ -33,6 +34,7 @@ class GatedAttention(nn.Module):
         self.q_norm = OffsetRMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
         self.k_norm = OffsetRMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
         self._qkv: Tensor | None = None  # q (with its gate), k and v projections as one weight
+        self.linear_op: Callable[[Tensor, Tensor], Tensor] = torch.nn.functional.linear
 
     def fuse_projections(self) -> None:
         """The q (2× wide), k and v projections as one GEMM (`fuse_linears`)."""
@@ -44,7 +46,7 @@ class GatedAttention(nn.Module):
         if self._qkv is None or torch.is_grad_enabled():
             return self.q_proj(x), self.k_proj(x), self.v_proj(x)
         kv = self.n_kv * self.head_dim
-        return torch.nn.functional.linear(x, self._qkv).split((2 * self.n_heads * self.head_dim, kv, kv), dim=-1)
+        return self.linear_op(x, self._qkv).split((2 * self.n_heads * self.head_dim, kv, kv), dim=-1)
 
     def forward(self, x: Tensor, cache: TargetCache, slot: int, rope: tuple[Tensor, Tensor]) -> Tensor:
         """x [B, T, hidden] at positions p … p+T−1 (p = cache.position, on the device); writes their
@@ -57,4 +59,4 @@ class GatedAttention(nn.Module):
         q = self.prepare_op(q, k.view(kv_shape), v.view(kv_shape), self.q_norm.weight, self.k_norm.weight,
                             self.q_norm.eps, *rope, cache.key[slot], cache.value[slot], cache.position)
         out = self.op(q, gate, cache.key[slot], cache.value[slot], cache.position, cache.key_span or cache.length + T)
-        return self.o_proj(out)
+        return self.linear_op(out, self.o_proj.weight)

@@ -39,6 +39,7 @@ class GatedDeltaNet(nn.Module):
         self.out_proj = nn.Linear(value_dim, cfg.hidden_size, bias=False)
         self._verify = verify
         self.conv_op = gdn_reference.causal_conv_silu  # the model sets the backend's (`kernels/gdn`)
+        self.linear_op: Callable[[Tensor, Tensor], Tensor] = F.linear  # the projections' product (the model's)
         self._in_proj: Tensor | None = None  # the four input projections as one weight (`fuse_projections`)
 
     def fuse_projections(self) -> None:
@@ -51,7 +52,7 @@ class GatedDeltaNet(nn.Module):
         if self._in_proj is None or torch.is_grad_enabled():
             return self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_b(x), self.in_proj_a(x)
         sizes = (self.conv_dim, self.hv * self.dv, self.hv, self.hv)
-        return F.linear(x, self._in_proj).split(sizes, dim=-1)
+        return self.linear_op(x, self._in_proj).split(sizes, dim=-1)
 
     def forward(self, x: Tensor, cache: TargetCache, slot: int) -> Tensor:
         """x [B, T, hidden] → [B, T, hidden]; fills the round buffers of `slot` for these T tokens."""
@@ -75,4 +76,4 @@ class GatedDeltaNet(nn.Module):
         cache.mark_committed(slot)  # the launch above folded the pending commit into this layer's state
         gate = z.reshape(B, T, self.hv, self.dv)
         o = self.norm(o, gate)  # [B, T, HV, dv] in x's dtype (o rounded to it first)
-        return self.out_proj(o.reshape(B, T, -1))
+        return self.linear_op(o.reshape(B, T, -1), self.out_proj.weight)

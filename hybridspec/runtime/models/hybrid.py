@@ -120,6 +120,13 @@ def attention_ops(backend: str) -> tuple[Callable, Callable]:
     return attention.gated_attention, attention.norm_rope_store
 
 
+def linear_op(backend: str) -> Callable:
+    """The mixers' projection product of a backend: F.linear, or (triton) `kernels/linear`'s, which
+    takes calls of one or two tokens on its register-slice kernel and the rest on F.linear."""
+    dense = triton_kernels(backend, "linear.triton")
+    return torch.nn.functional.linear if dense is None else dense.linear
+
+
 def norm_ops(backend: str) -> tuple[Callable, Callable]:
     """(offset_rms_norm, gated_rms_norm) of a backend (`kernels/norm`): the reference, or one Triton
     launch per norm with the residual add fused in."""
@@ -189,13 +196,14 @@ class HybridTarget(nn.Module):
         route = router_op(backend)
         attend, prepare = attention_ops(backend)
         conv = gdn_conv_op(backend)
+        project = linear_op(backend)
         for module in self.modules():
             if isinstance(module, Router):
                 module.op = route
             elif isinstance(module, GatedAttention):
-                module.op, module.prepare_op = attend, prepare
+                module.op, module.prepare_op, module.linear_op = attend, prepare, project
             elif isinstance(module, GatedDeltaNet):
-                module.conv_op = conv
+                module.conv_op, module.linear_op = conv, project
             elif isinstance(module, OffsetRMSNorm):
                 module.op = offset_norm
             elif isinstance(module, GatedRMSNorm):

@@ -1,0 +1,1 @@
+"""Dense products of a few tokens (`reference.py`, `triton.py`)."""

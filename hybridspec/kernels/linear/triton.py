@@ -1,0 +1,61 @@
+"""Triton dense product for calls of a few tokens: `reference.rows_linear`'s signature, one launch
+(`rows.py`), no host read."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+from torch import Tensor
+
+from hybridspec.kernels import pdl
+from hybridspec.kernels.interpreter import interpreted
+from hybridspec.kernels.linear.rows import launch_rows_linear
+
+MAX_TOKENS = 4  # the kernel computes every token's sums from the same registers: a few tokens only
+SMALL_TOKENS = 2  # `linear` takes the kernel for calls of at most this many tokens
+MAX_K = 16384  # one row of the weight per program still fits the registers
+SLICE_BYTES = 4096  # weight bytes per program, at least MIN_ROWS rows (`bench/results/linear_notes.md`)
+MIN_ROWS = 1
+
+
+def slice_rows(k: int, element_size: int) -> int:
+    """Rows of the weight per program: SLICE_BYTES of weight rounded up to a power of two, at least
+    MIN_ROWS."""
+    return max(MIN_ROWS, triton.next_power_of_2(max(1, SLICE_BYTES // (k * element_size))))
+
+
+def rows_linear(x: Tensor, weight: Tensor, block_n: int | None = None, warps: int = 4) -> Tensor:
+    """x [..., K] with at most MAX_TOKENS rows in all, weight [R, K] contiguous, same dtype → x W^T
+    [..., R] in x's dtype (fp32 sums)."""
+    if weight.dim() != 2 or not weight.is_contiguous():
+        raise ValueError(f"rows_linear: weight must be a contiguous [R, K] matrix, got {tuple(weight.shape)} "
+                         f"with strides {weight.stride()}")
+    k = weight.shape[1]
+    if x.shape[-1] != k or x.dtype != weight.dtype:
+        raise ValueError(f"rows_linear: x {tuple(x.shape)} {x.dtype} does not match weight "
+                         f"{tuple(weight.shape)} {weight.dtype}")
+    if x.device != weight.device or not (x.is_cuda or interpreted()):
+        raise ValueError(f"rows_linear: x on {x.device} and weight on {weight.device}: both must be on one CUDA "
+                         "device (or the interpreter)")
+    rows = x.reshape(-1, k)
+    if rows.shape[0] > MAX_TOKENS:
+        raise ValueError(f"rows_linear: {rows.shape[0]} tokens, at most {MAX_TOKENS}")
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    y = torch.empty(rows.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
+    if rows.shape[0] and weight.shape[0]:
+        launch_rows_linear(rows, weight, y, block_n or slice_rows(k, weight.element_size()), warps,
+                           pdl.options(x))
+    return y.view(*x.shape[:-1], weight.shape[0])
+
+
+def linear(x: Tensor, weight: Tensor) -> Tensor:
+    """F.linear(x, weight) (no bias): calls of at most SMALL_TOKENS tokens with a contiguous weight
+    of x's dtype and K ≤ MAX_K take `rows_linear`, the rest the library product. Chosen from the
+    shapes alone (no host read)."""
+    k = x.shape[-1]
+    if (x.numel() <= SMALL_TOKENS * k and weight.is_contiguous() and weight.dtype == x.dtype and k <= MAX_K
+            and (x.is_cuda or interpreted())):
+        return rows_linear(x, weight)
+    return F.linear(x, weight)

@@ -1,0 +1,66 @@
+"""The register-slice product (`kernels/linear`, under TRITON_INTERPRET=1 on CPU tensors) against
+its reference and the float64 product: one to four tokens, awkward widths (K and R not powers of
+two, slices wider than the weight), bf16 and fp32, leading batch dimensions; the dispatcher
+`linear` takes the kernel for one or two tokens and the library product beyond, with the same
+result shape; bad arguments are named."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hybridspec.kernels.linear import reference
+from tests.tolerance import assert_close
+
+pytest.importorskip("triton")
+
+from hybridspec.kernels.linear import triton as linear_triton  # noqa: E402
+
+RATIO = {torch.float32: 1e-6, torch.bfloat16: 8e-3}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("t, r, k, block_n, warps", [
+    (1, 64, 256, None, 4), (2, 33, 100, None, 4), (3, 5, 2048, 2, 2), (4, 40, 72, 8, 1), (1, 3, 48, 16, 4),
+])
+def test_rows_linear_matches_the_reference(dtype, t, r, k, block_n, warps):
+    g = torch.Generator().manual_seed(t * 1000 + r + k)
+    x = torch.randn(t, k, generator=g).to(dtype)
+    w = (torch.randn(r, k, generator=g) / k ** 0.5).to(dtype)
+    y = linear_triton.rows_linear(x, w, block_n, warps)
+    assert y.dtype == dtype and y.shape == (t, r)
+    assert_close(f"{t}x{r}x{k}", x.double() @ w.double().T, y, RATIO[dtype])
+    assert_close(f"{t}x{r}x{k} vs reference", reference.rows_linear(x, w).double(), y, RATIO[dtype])
+
+
+def test_slice_rows_fills_the_slice_with_whole_rows():
+    assert linear_triton.slice_rows(2048, 2) == 1 and linear_triton.slice_rows(4096, 2) == 1
+    assert linear_triton.slice_rows(256, 2) == 8 and linear_triton.slice_rows(100, 4) == 16
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 96), (1, 2, 96), (2, 1, 96), (1, 3, 96), (5, 96)])
+def test_linear_takes_the_kernel_for_few_tokens_and_the_library_beyond(shape, monkeypatch):
+    g = torch.Generator().manual_seed(len(shape))
+    x, w = torch.randn(*shape, generator=g), torch.randn(24, 96, generator=g)
+    calls = []
+    monkeypatch.setattr(linear_triton, "rows_linear", lambda *a: calls.append(a) or reference.rows_linear(*a))
+    y = linear_triton.linear(x, w)
+    assert y.shape == (*shape[:-1], 24)
+    torch.testing.assert_close(y, F.linear(x, w), rtol=1e-5, atol=1e-5)
+    assert len(calls) == (x.numel() // 96 <= linear_triton.SMALL_TOKENS)
+    calls.clear()
+    linear_triton.linear(x, w.T.contiguous().T)  # a strided weight: the library product
+    assert not calls
+
+
+def test_bad_arguments_are_named():
+    x, w = torch.randn(1, 32), torch.randn(8, 32)
+    with pytest.raises(ValueError, match="contiguous"):
+        linear_triton.rows_linear(x, torch.randn(32, 8).T)
+    with pytest.raises(ValueError, match="does not match"):
+        linear_triton.rows_linear(torch.randn(1, 31), w)
+    with pytest.raises(ValueError, match="does not match"):
+        linear_triton.rows_linear(x.double(), w)
+    with pytest.raises(ValueError, match="at most"):
+        linear_triton.rows_linear(torch.randn(linear_triton.MAX_TOKENS + 1, 32), w)
