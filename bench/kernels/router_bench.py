@@ -45,6 +45,8 @@ def shapes(model: str) -> tuple[int, int, int]:
 
 IMPLS = {
     "fused": lambda x, w, k: triton_router.router(x, w, k, True, x.dtype),
+    "fused-tiles": lambda x, w, k: triton_router.router(x, w, k, True, x.dtype,
+                                                        tiles=triton_router.ROUTER_TILES._replace(rows_tokens=0)),
     "linear+topk": lambda x, w, k: triton_router.router_topk(F.linear(x, w), k, True, x.dtype),
     "reference": lambda x, w, k: reference.router(x, w, k, True, x.dtype),
 }

@@ -39,7 +39,7 @@ def test_replays_in_a_cuda_graph():
     torch.testing.assert_close(weights, weights_ref, rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize("tokens", [1, 16])
+@pytest.mark.parametrize("tokens", [1, 2, 16])
 @pytest.mark.parametrize("experts,top_k,hidden", [(256, 8, 2048), (512, 10, 2048), (256, 8, 3072)])
 def test_one_launch_router_on_the_gpu(tokens, experts, top_k, hidden):
     """Compiled: logits within bf16 rounding of F.linear's, a top-k of their softmax, no host read,

@@ -119,3 +119,29 @@ def test_prefill_sized_calls_take_the_two_step_path():
     ids_ref, weights_ref = reference.router(x, weight, 4, False, torch.float32)
     assert torch.equal(ids, ids_ref)
     torch.testing.assert_close(weights, weights_ref, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("block_e, warps", [(1, 4), (4, 2), (64, 1)])
+@pytest.mark.parametrize("experts, top_k", [(256, 8), (48, 10), (7, 7)])
+def test_register_slice_router_matches_the_reference_and_is_batch_invariant(block_e, warps, experts, top_k):
+    """The register-slice form (calls of one or two tokens): the reference's experts and weights,
+    logits within rounding; a token alone routes bit for bit as beside another; the counter left
+    at zero; on fp32 logits with no near-ties, the same experts as the tile form."""
+    tiles = moe_router.RouterTiles(rows_tokens=2, rows_be=block_e, rows_warps=warps, packed_rows=2)
+    g = torch.Generator().manual_seed(experts + top_k)
+    x = torch.randn(2, 96, generator=g)
+    weight = torch.randn(experts, 96, generator=g) / 10
+    logits = torch.empty(2, experts)
+    ids, weights = moe_router.router(x, weight, top_k, True, torch.float32, logits=logits, tiles=tiles)
+    ids_ref, weights_ref = reference.router(x, weight, top_k, True, torch.float32)
+    assert torch.equal(ids, ids_ref)
+    torch.testing.assert_close(weights, weights_ref, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(logits, x @ weight.T, rtol=1e-5, atol=1e-6)
+    assert int(moe_router._counter(x.device)) == 0
+    xb = x.to(torch.bfloat16)
+    together = moe_router.router(xb, weight.to(torch.bfloat16), top_k, True, torch.bfloat16, tiles=tiles)
+    for n in (0, 1):
+        alone = moe_router.router(xb[n : n + 1], weight.to(torch.bfloat16), top_k, True, torch.bfloat16, tiles=tiles)
+        assert torch.equal(alone[0], together[0][n : n + 1]) and torch.equal(alone[1], together[1][n : n + 1])
+    tile_ids = moe_router.router(x, weight, top_k, True, torch.float32, tiles=tiles._replace(rows_tokens=0))[0]
+    assert torch.equal(tile_ids, ids)

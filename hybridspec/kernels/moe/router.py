@@ -9,8 +9,10 @@ partial logits, and the program that arrives last sums the spans in a fixed orde
 logits to x's dtype (what the model's linear layer returns) and runs softmax and top-k for every
 token of the call. Other calls take the library's product and `router_topk`: prefill chunks, and
 routers of more than 256 experts, where on the H200 the last program's top-k over the wider row
-costs more than the launch it saves (`bench/results/router_notes.md`). One path serves every call
-size of a model up to 16 tokens, so a token routes the same in a one-token and a w-token pass.
+costs more than the launch it saves (`bench/results/router_notes.md`). Calls of one or two tokens
+(`RouterTiles.rows_tokens`) take the register-slice form of the same launch (`router_rows.py`),
+whose programs each hold whole rows of the weight. Within each form a token routes the same
+whatever the other tokens of the call; between the forms its logits may differ in the last bit.
 
 `router_topk` (`router_topk.py`, re-exported here): softmax, top-k and renormalization of given
 logits, one program per token.
@@ -32,7 +34,8 @@ from torch import Tensor
 from hybridspec.kernels import pdl
 from hybridspec.kernels.interpreter import interpreted
 from hybridspec.kernels.moe.router_topk import check_top_k, router_topk
-from hybridspec.kernels.moe.tiles import softmax_top_k
+from hybridspec.kernels.moe.router_rows import launch_router_rows
+from hybridspec.kernels.moe.tiles import route_partials
 from hybridspec.kernels.pdl import wait_then_release
 from hybridspec.kernels.tiles import dot_bt
 
@@ -47,7 +50,9 @@ class RouterTiles(NamedTuple):
     is one reduction over packed (probability, expert) keys (`packed_rows`) instead of two (the
     largest probability, then the lowest expert that has it). Both forms choose the same experts
     and weights bit for bit, so the choice may follow the call's size; the int64 keys of a tall
-    tile cost more than the reductions they save."""
+    tile cost more than the reductions they save. Calls of at most `rows_tokens` tokens take the
+    register-slice form instead (`router_rows.py`: rows_be experts' whole rows per program,
+    rows_warps warps), whose logits are summed in another order than the tile form's."""
 
     BE: int = 16
     SPLIT: int = 4
@@ -55,9 +60,13 @@ class RouterTiles(NamedTuple):
     warps: int = 4
     tail_rows: str = "fixed"
     packed_rows: int = 0
+    rows_tokens: int = 0
+    rows_be: int = 1
+    rows_warps: int = 4
 
 
-ROUTER_TILES = RouterTiles(BE=32, SPLIT=8, tail_rows="call", packed_rows=2)  # `bench/results/router_notes.md`
+# `bench/results/router_notes.md`
+ROUTER_TILES = RouterTiles(BE=32, SPLIT=8, tail_rows="call", packed_rows=2, rows_tokens=2)
 
 
 @triton.jit
@@ -85,21 +94,8 @@ def _router_fused_kernel(x_ptr, r_ptr, part_ptr, counter_ptr, logits_ptr, ids_pt
     tl.debug_barrier()  # every thread's partial logits stored before the release below
     arrived = tl.atomic_add(counter_ptr, 1, sem="acq_rel")
     if arrived == tl.num_programs(0) * SPLIT - 1:  # the last program: softmax and top-k of every token
-        t_m = tl.arange(0, TAIL_M)
-        t_ok = t_m < N
-        cols = tl.arange(0, BLOCK_E)
-        ok = t_ok[:, None] & (cols < E)[None, :]
-        z = tl.zeros([TAIL_M, BLOCK_E], dtype=tl.float32)
-        for s in tl.static_range(SPLIT):  # the spans summed in a fixed order
-            z += tl.load(part_ptr + (s * N + t_m[:, None]) * E + cols[None, :], mask=ok, other=0.0,
-                         cache_modifier=".cg")
-        z = z.to(logits_ptr.dtype.element_ty)  # the logits in x's dtype, as the linear layer returns them
-        tl.store(logits_ptr + t_m[:, None] * E + cols[None, :], z, mask=ok)
-        chosen_w, chosen_i = softmax_top_k(z.to(tl.float32), cols < E, K, RENORMALIZE, BLOCK_E, BLOCK_K, PACKED)
-        slots = tl.arange(0, BLOCK_K)
-        keep = t_ok[:, None] & (slots < K)[None, :]
-        tl.store(ids_ptr + t_m[:, None] * K + slots[None, :], chosen_i, mask=keep)
-        tl.store(w_ptr + t_m[:, None] * K + slots[None, :], chosen_w.to(w_ptr.dtype.element_ty), mask=keep)
+        route_partials(part_ptr, logits_ptr, ids_ptr, w_ptr, N, E, SPLIT, K, RENORMALIZE, BLOCK_E, BLOCK_K, TAIL_M,
+                       PACKED)
         tl.atomic_xchg(counter_ptr, 0)  # every program has arrived: ready for the next call
 
 
@@ -142,7 +138,11 @@ def router(x: Tensor, weight: Tensor, top_k: int, renormalize: bool, dtype: torc
     weights = torch.empty(n, top_k, dtype=dtype, device=x.device)
     if logits is None:
         logits = torch.empty(n, e, dtype=x.dtype, device=x.device)
-    if n:
+    if n and n <= tiles.rows_tokens:
+        part = torch.empty(n, e, dtype=torch.float32, device=x.device)
+        launch_router_rows(x, weight, part, _counter(x.device), logits, ids, weights, top_k, bool(renormalize),
+                           tiles.rows_be, tiles.rows_warps, tiles.packed_rows)
+    elif n:
         span = triton.cdiv(triton.cdiv(h, tiles.SPLIT), tiles.BK) * tiles.BK
         part = torch.empty(tiles.SPLIT, n, e, dtype=torch.float32, device=x.device)
         tail = FUSED_TOKENS if tiles.tail_rows == "fixed" else triton.next_power_of_2(n)

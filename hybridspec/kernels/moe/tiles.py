@@ -62,3 +62,26 @@ def softmax_top_k(z, e_ok, K: tl.constexpr, RENORMALIZE: tl.constexpr, BLOCK_E: 
     if RENORMALIZE:
         chosen_w = chosen_w / tl.sum(chosen_w, axis=1)[:, None]
     return chosen_w, chosen_i
+
+
+@triton.jit
+def route_partials(part_ptr, logits_ptr, ids_ptr, w_ptr, N, E, SPLIT: tl.constexpr, K: tl.constexpr,
+                   RENORMALIZE: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, TAIL_M: tl.constexpr,
+                   PACKED: tl.constexpr):
+    """A one-launch router's last step: the partial logits part [SPLIT, N, E] (fp32) summed over the
+    spans in a fixed order, rounded to the logits' dtype (what the model's linear layer returns) and
+    stored, then each token's softmax top-k (`softmax_top_k`) stored as ids [N, K] and weights."""
+    t_m = tl.arange(0, TAIL_M)
+    t_ok = t_m < N
+    cols = tl.arange(0, BLOCK_E)
+    ok = t_ok[:, None] & (cols < E)[None, :]
+    z = tl.zeros([TAIL_M, BLOCK_E], dtype=tl.float32)
+    for s in tl.static_range(SPLIT):
+        z += tl.load(part_ptr + (s * N + t_m[:, None]) * E + cols[None, :], mask=ok, other=0.0, cache_modifier=".cg")
+    z = z.to(logits_ptr.dtype.element_ty)
+    tl.store(logits_ptr + t_m[:, None] * E + cols[None, :], z, mask=ok)
+    chosen_w, chosen_i = softmax_top_k(z.to(tl.float32), cols < E, K, RENORMALIZE, BLOCK_E, BLOCK_K, PACKED)
+    slots = tl.arange(0, BLOCK_K)
+    keep = t_ok[:, None] & (slots < K)[None, :]
+    tl.store(ids_ptr + t_m[:, None] * K + slots[None, :], chosen_i, mask=keep)
+    tl.store(w_ptr + t_m[:, None] * K + slots[None, :], chosen_w.to(w_ptr.dtype.element_ty), mask=keep)

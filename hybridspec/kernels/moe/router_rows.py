@@ -1,0 +1,58 @@
+"""The one-launch router for calls of a few tokens, each program holding whole rows of the router
+weight in registers (the form of `kernels/linear/rows.py`: one load of its slice, every program's
+bytes in flight at once).
+
+Grid ceil(E / BE): program p loads the rows of experts p·BE … p·BE + BE − 1 over the whole hidden
+dimension and stores every token's logits for them (fp32 sums) into part [N, E]; then it arrives
+at the counter, and the program that arrives last rounds the logits to x's dtype, stores them and
+runs softmax and top-k for every token (`tiles.route_partials`, one span), and resets the counter.
+
+    x [N, H]   weight [E, H]   part [N, E] fp32   logits [N, E]   ids / weights [N, k]
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from hybridspec.kernels import pdl
+from hybridspec.kernels.moe.tiles import route_partials
+from hybridspec.kernels.pdl import wait_then_release
+
+
+@triton.jit
+def _router_rows_kernel(x_ptr, r_ptr, part_ptr, counter_ptr, logits_ptr, ids_ptr, w_ptr, stride_xn, stride_re,
+                        E, N: tl.constexpr, H: tl.constexpr, HP: tl.constexpr, K: tl.constexpr,
+                        RENORMALIZE: tl.constexpr, BE: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+                        TAIL_M: tl.constexpr, PACKED: tl.constexpr, USE_GDC: tl.constexpr):
+    o_e = tl.program_id(0) * BE + tl.arange(0, BE)
+    o_c = tl.arange(0, HP)
+    e_ok, c_ok = o_e < E, o_c < H
+    if USE_GDC:
+        wait_then_release()
+    b_r = tl.load(r_ptr + o_e[:, None] * stride_re + o_c[None, :], mask=e_ok[:, None] & c_ok[None, :],
+                  other=0.0)  # [BE, HP]
+    for m in tl.static_range(N):
+        b_x = tl.load(x_ptr + m * stride_xn + o_c, mask=c_ok, other=0.0).to(tl.float32)  # [HP]
+        tl.store(part_ptr + m * E + o_e, tl.sum(b_r.to(tl.float32) * b_x[None, :], 1), mask=e_ok)
+    tl.debug_barrier()  # every thread's logits stored before the release below
+    arrived = tl.atomic_add(counter_ptr, 1, sem="acq_rel")
+    if arrived == tl.num_programs(0) - 1:  # the last program: softmax and top-k of every token
+        route_partials(part_ptr, logits_ptr, ids_ptr, w_ptr, N, E, 1, K, RENORMALIZE, BLOCK_E, BLOCK_K, TAIL_M,
+                       PACKED)
+        tl.atomic_xchg(counter_ptr, 0)  # every program has arrived: ready for the next call
+
+
+def launch_router_rows(x, weight, part, counter, logits, ids, weights, top_k: int, renormalize: bool,
+                       block_e: int, warps: int, packed_rows: int) -> None:
+    """x [N, H], weight [E, H] (rows contiguous), part [N, E] fp32 scratch, counter (int32, zero; left
+    zero), logits [N, E] (x's dtype), ids [N, k] long, weights [N, k] (all written); the argmax rounds
+    on packed keys when N ≤ packed_rows (`tiles.softmax_top_k`)."""
+    n, h = x.shape
+    e = weight.shape[0]
+    tail = triton.next_power_of_2(n)
+    _router_rows_kernel[(triton.cdiv(e, block_e),)](
+        x, weight, part, counter, logits, ids, weights, x.stride(0), weight.stride(0), e, N=n, H=h,
+        HP=triton.next_power_of_2(h), K=top_k, RENORMALIZE=renormalize, BE=block_e,
+        BLOCK_E=triton.next_power_of_2(e), BLOCK_K=triton.next_power_of_2(top_k), TAIL_M=tail,
+        PACKED=tail <= packed_rows, num_warps=warps, **pdl.options(x))
