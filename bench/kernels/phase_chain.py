@@ -138,6 +138,8 @@ def _rows_kernel(w_ptr, x_ptr, y_ptr, stride_w, K: tl.constexpr, BN: tl.constexp
 def rows_launch(w, x, y, bn: int, early: bool, warps: int, pdl: bool = True):
     """y = w @ x[:w.shape[1]] by `_rows_kernel`, w.shape[0] / bn programs; returns the compiled kernel
     (its n_regs and n_spills say whether the slice stayed in registers)."""
+    if w.shape[0] % bn or w.shape[1] & (w.shape[1] - 1):  # the kernel has no masks
+        raise ValueError(f"rows_launch: {tuple(w.shape)} needs rows a multiple of {bn} and K a power of two")
     options = dict(USE_GDC=True, launch_pdl=True) if pdl else dict(USE_GDC=False)
     return _rows_kernel[(w.shape[0] // bn,)](w, x, y, w.stride(0), K=w.shape[1], BN=bn, EARLY=early,
                                              num_warps=warps, **options)

@@ -5,15 +5,15 @@ same run).
 
 Shapes: the GDN input projections fused (12,352 × 2,048), the attention's q/k/v fused (9,216 ×
 2,048), an output projection (2,048 × 4,096: GDN and attention alike), the router (256 × 2,048).
-Each product runs on its own copies of the weight (at least 200 MB in all, past the L2), one CUDA
-graph of all copies in stream order (the Triton launches with programmatic dependent launch, as in
-the round), median µs per call.
+Each product runs on its own copies of the weight (about 200 MB in all, at most 96 copies: past
+the L2 but for the router's 96 MB), one CUDA graph of all copies in stream order (the Triton
+launches with programmatic dependent launch, as in the round), median µs per call.
 
     python3 bench/kernels/rows_product.py --out OUT [--tokens 1,2,4]
 
 Checks every form against the fp32 product first. Prints a table and writes OUT/rows_product.json
 (`{"device", "date", "versions", "copy_bandwidth_GBps", "rows": [{"shape", "T", "impl", "bn",
-"warps", "us", "floor_us", "ratio"}], "registers": [...]}`).
+"warps", "us", "floor_us", "ratio"}]}`).
 """
 
 from __future__ import annotations
@@ -47,7 +47,6 @@ def main(argv=None) -> int:
 
     bandwidth = copy_bandwidth(samples=10)
     result = run_header("rows_product.py", argv, bandwidth)
-    result["registers"] = []
     g = torch.Generator(device="cuda").manual_seed(0)
     print("| shape | T | impl | µs | floor µs | × floor |\n|---|---|---|---|---|---|")
     for shape, (r, k) in SHAPES.items():

@@ -27,7 +27,7 @@ def _cuda(args: dict) -> dict:
     return {k: moved(v) for k, v in args.items()}
 
 
-@pytest.mark.parametrize("n", [1, 4, 16, 24, 40, 70])
+@pytest.mark.parametrize("n", [1, 2, 4, 16, 24, 40, 70])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_equal_to_the_oracle_on_the_gpu(shape, n):
     """Within the precision of the inputs, on NaN-poisoned memory."""
@@ -40,7 +40,7 @@ def test_equal_to_the_oracle_on_the_gpu(shape, n):
     assert_close(f"{shape} N={n}", moe_oracle(**args), got, 1e-2 if dtype == torch.bfloat16 else 1e-5)
 
 
-@pytest.mark.parametrize("n", [1, 16, 70])
+@pytest.mark.parametrize("n", [1, 2, 16, 70])
 def test_expert_parallel_parts_sum_to_the_oracle_on_the_gpu(n):
     """Four processes' parts of the 35B call compiled (a quarter of the experts each, the shared
     expert on process 0): each part's rows of experts held elsewhere add nothing and the parts sum

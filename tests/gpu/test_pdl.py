@@ -1,13 +1,14 @@
 """Programmatic dependent launch changes no result: a chain of the round's Triton kernels (norm,
-router, experts, norm, q/k norms with RoPE and cache writes, attention,
-gated norm), each reading its predecessor's output, gives bitwise the same outputs launched with
-and without it, eagerly and replayed in a CUDA graph."""
+router, experts, norm, q/k norms with RoPE and cache writes, attention, gated norm, projection),
+each reading its predecessor's output, gives bitwise the same outputs launched with and without
+it, eagerly and replayed in a CUDA graph."""
 
 import pytest
 import torch
 
 from hybridspec.kernels import pdl
 from hybridspec.kernels.attention import triton as attention_triton
+from hybridspec.kernels.linear import triton as linear_triton
 from hybridspec.kernels.moe import router as moe_router
 from hybridspec.kernels.moe import triton as moe_triton
 from hybridspec.kernels.norm import triton as norm_triton
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.gpu
 H, D = 2048, 256  # hidden; 8 query heads of 256 read the hidden row
 
 
-def chain(x, residual, norm_w, router_w, moe, prep):
+def chain(x, residual, norm_w, router_w, moe, prep, proj_w):
     """The kernels in round order, each on its predecessor's output; every output, and the cache."""
     n = x.shape[0]
     h, s = norm_triton.offset_rms_norm(x, norm_w, 1e-6, residual)
@@ -31,7 +32,8 @@ def chain(x, residual, norm_w, router_w, moe, prep):
     q = attention_triton.norm_rope_store(q_src, k, v, q_weight, k_weight, eps, cos, sin, key, value, position)
     out = attention_triton.gated_attention(q, q_src, key, value, position)
     gated = norm_triton.gated_rms_norm(out.view(1, n, H // D, D), q_src, q_weight.to(q.dtype), 1e-6)
-    return [s, ids, weights, y, s2, q, out, gated, key.clone(), value.clone()]
+    projected = linear_triton.linear(gated.reshape(n, H), proj_w)  # the register-slice kernel at n <= 2
+    return [s, ids, weights, y, s2, q, out, gated, projected, key.clone(), value.clone()]
 
 
 def inputs(n, device):
@@ -45,10 +47,11 @@ def inputs(n, device):
             for a in _prepare_case(1, n, H // D, 2, D, 64, 1100, 500, torch.bfloat16, seed=n)[1:]]
     prep[7].zero_()  # the key and value caches: zero, not the NaN the kernel tests fill them with
     prep[8].zero_()
-    return x, residual, norm_w, router_w, moe, prep
+    proj_w = (torch.randn(H, H, generator=gen) / H**0.5).to(torch.bfloat16).to(device)
+    return x, residual, norm_w, router_w, moe, prep, proj_w
 
 
-@pytest.mark.parametrize("n", [1, 4, 16])
+@pytest.mark.parametrize("n", [1, 2, 4, 16])
 def test_same_outputs_with_and_without_pdl(n, monkeypatch):
     args = inputs(n, "cuda")
     monkeypatch.setattr(pdl, "ENABLED", False)

@@ -23,6 +23,7 @@ RATIO = {torch.float32: 1e-6, torch.bfloat16: 8e-3}
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("t, r, k, block_n, warps", [
     (1, 64, 256, None, 4), (2, 33, 100, None, 4), (3, 5, 2048, 2, 2), (4, 40, 72, 8, 1), (1, 3, 48, 16, 4),
+    (2, 7, 2048, None, 4), (1, 5, 3000, 1, 4),
 ])
 def test_rows_linear_matches_the_reference(dtype, t, r, k, block_n, warps):
     g = torch.Generator().manual_seed(t * 1000 + r + k)
@@ -45,13 +46,24 @@ def test_linear_takes_the_kernel_for_few_tokens_and_the_library_beyond(shape, mo
     x, w = torch.randn(*shape, generator=g), torch.randn(24, 96, generator=g)
     calls = []
     monkeypatch.setattr(linear_triton, "rows_linear", lambda *a: calls.append(a) or reference.rows_linear(*a))
-    y = linear_triton.linear(x, w)
-    assert y.shape == (*shape[:-1], 24)
-    torch.testing.assert_close(y, F.linear(x, w), rtol=1e-5, atol=1e-5)
-    assert len(calls) == (x.numel() // 96 <= linear_triton.SMALL_TOKENS)
-    calls.clear()
-    linear_triton.linear(x, w.T.contiguous().T)  # a strided weight: the library product
-    assert not calls
+    with torch.no_grad():  # as the runtime calls it
+        y = linear_triton.linear(x, w)
+        assert y.shape == (*shape[:-1], 24)
+        torch.testing.assert_close(y, F.linear(x, w), rtol=1e-5, atol=1e-5)
+        assert len(calls) == (x.numel() // 96 <= linear_triton.SMALL_TOKENS)
+        calls.clear()
+        linear_triton.linear(x, w.T.contiguous().T)  # a strided weight: the library product
+        assert not calls
+
+
+def test_linear_leaves_what_the_kernel_does_not_take_to_the_library(monkeypatch):
+    """K = 0, float64, autograd, and more tokens than SMALL_TOKENS: F.linear's result, no kernel."""
+    monkeypatch.setattr(linear_triton, "rows_linear", lambda *a: pytest.fail("took the kernel"))
+    assert linear_triton.linear(torch.randn(1, 0), torch.randn(4, 0)).eq(0).all()
+    x, w = torch.randn(1, 16, dtype=torch.float64), torch.randn(4, 16, dtype=torch.float64)
+    torch.testing.assert_close(linear_triton.linear(x, w), F.linear(x, w))
+    w32 = torch.randn(4, 16, requires_grad=True)
+    assert linear_triton.linear(torch.randn(1, 16), w32).grad_fn is not None
 
 
 def test_bad_arguments_are_named():

@@ -94,8 +94,8 @@ def test_packed_and_two_step_argmax_choose_the_same_experts_and_weights(tokens, 
 
 @pytest.mark.parametrize("tiles", TILES, ids=lambda t: f"be{t.BE}-s{t.SPLIT}-w{t.warps}-{t.tail_rows}-p{t.packed_rows}")
 def test_one_launch_router_is_batch_invariant_and_leaves_its_counter_at_zero(tiles):
-    """A token routes the same alone or among 15 others (the exactness of multi-token passes needs
-    it), and every call leaves the arrival counter at zero for the next one; at every launch shape
+    """In the tile form a token routes the same alone or among 15 others, and every call leaves the
+    arrival counter at zero for the next one; at every launch shape
     the sweep offers, with the top-k tile of a fixed 16 rows or of the call's rows, and the same
     experts and weights as the shipped shape."""
     g = torch.Generator().manual_seed(3)

@@ -40,6 +40,14 @@ def test_every_token_count_of_the_rows_form(n, dtype):
     _check(f"N={n}", moe_inputs(n, 2, 16, 48, 24, 40, dtype=dtype, seed=n))
 
 
+@pytest.mark.parametrize("n", [1, 2])
+def test_the_shipped_table_takes_the_rows_form_for_one_and_two_tokens(n):
+    """The shipped slices (one gate and up row, one or two output columns a program) at the 35B
+    expert count, top-8, with the shared expert."""
+    assert moe_triton.MOE_TUNING[n].rows
+    _check(f"shipped N={n}", moe_inputs(n, 8, 256, 64, 32, 32, dtype=torch.bfloat16, seed=n), moe_triton.MOE_TUNING)
+
+
 @pytest.mark.parametrize("name, shape, route, dtype, tiles", [
     ("k8-E256-bf16", (2, 8, 256, 64, 32, 32), {}, torch.bfloat16, {}),
     ("k10-E512", (1, 10, 512, 48, 16, 16), {}, torch.float32, {}),

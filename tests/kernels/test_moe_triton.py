@@ -40,6 +40,14 @@ def test_every_verification_length(n):
     _check(f"N={n}", moe_inputs(n, 2, 16, 48, 24, 40, seed=n))
 
 
+@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_tile_kernels_at_one_and_two_tokens(n, dtype):
+    """The shipped table sends one and two tokens to the register-slice kernels; the tile kernels
+    still serve them under a table without `rows` (the bench's `moe-tiles`)."""
+    _check(f"tiles N={n}", moe_inputs(n, 8, 64, 48, 24, 40, dtype=dtype, seed=n), tuning={64: MoETuning()})
+
+
 @pytest.mark.parametrize("name, shape, route, dtype", [
     ("k8-E256-bf16", (16, 8, 256, 64, 32, 32), {}, torch.bfloat16),
     ("k10-E512", (12, 10, 512, 48, 16, 16), {}, torch.float32),

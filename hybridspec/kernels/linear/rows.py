@@ -1,8 +1,7 @@
 """A product of a few tokens by a dense weight, each program holding a [BN, K] slice of the weight
 in registers: one load of the whole slice, no shared-memory pipeline and no tensor cores, so every
 program's bytes are in flight at once and the launch streams its weights from its first
-instruction. For one or two tokens this beats a K-stepped tile pipeline, whose fill and drain each
-program pays (`bench/results/linear_notes.md`).
+instruction (`bench/results/linear_notes.md`).
 
     x [T, K] (rows contiguous)   weight [R, K] (contiguous)   y [T, R]
     grid: ceil(R / BN) programs; y[t, r] = sum_c x[t, c] · W[r, c] in fp32, rounded to y's dtype
@@ -33,8 +32,13 @@ def _rows_linear_kernel(x_ptr, w_ptr, y_ptr, R, stride_x, stride_y, T: tl.conste
 
 
 def launch_rows_linear(x, weight, y, block_n: int, warps: int, options: dict) -> None:
-    """x [T, K], weight [R, K], y [T, R] (written); block_n rows of the weight per program."""
+    """x [T, K], weight [R, K], y [T, R] (written), each contiguous in its last dimension and the
+    weight's rows K apart; block_n rows of the weight per program."""
     t, k = x.shape
+    if weight.shape[1] != k or weight.stride() != (k, 1) or x.stride(-1) != 1 or y.stride(-1) != 1:
+        raise ValueError(f"launch_rows_linear: x {tuple(x.shape)} strides {x.stride()}, weight "
+                         f"{tuple(weight.shape)} strides {weight.stride()}, y strides {y.stride()}: rows must be "
+                         "contiguous and the weight's K apart")
     _rows_linear_kernel[(triton.cdiv(weight.shape[0], block_n),)](
         x, weight, y, weight.shape[0], x.stride(0), y.stride(0), T=t, K=k, KP=triton.next_power_of_2(k),
         BN=block_n, num_warps=warps, **options)

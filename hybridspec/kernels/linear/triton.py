@@ -14,7 +14,7 @@ from hybridspec.kernels.linear.rows import launch_rows_linear
 
 MAX_TOKENS = 4  # the kernel computes every token's sums from the same registers: a few tokens only
 SMALL_TOKENS = 2  # `linear` takes the kernel for calls of at most this many tokens
-MAX_K = 16384  # one row of the weight per program still fits the registers
+MAX_K = 8192  # the widest row measured to stay in registers with room (bf16 4,096; fp32 8,192 is 64 values a thread)
 SLICE_BYTES = 4096  # weight bytes per program, at least MIN_ROWS rows (`bench/results/linear_notes.md`)
 MIN_ROWS = 1
 
@@ -38,6 +38,8 @@ def rows_linear(x: Tensor, weight: Tensor, block_n: int | None = None, warps: in
     if x.device != weight.device or not (x.is_cuda or interpreted()):
         raise ValueError(f"rows_linear: x on {x.device} and weight on {weight.device}: both must be on one CUDA "
                          "device (or the interpreter)")
+    if not 0 < k <= MAX_K or x.dtype not in DTYPES:
+        raise ValueError(f"rows_linear: K = {k} and dtype {x.dtype}: 0 < K <= {MAX_K}, one of {DTYPES}")
     rows = x.reshape(-1, k)
     if rows.shape[0] > MAX_TOKENS:
         raise ValueError(f"rows_linear: {rows.shape[0]} tokens, at most {MAX_TOKENS}")
@@ -50,12 +52,15 @@ def rows_linear(x: Tensor, weight: Tensor, block_n: int | None = None, warps: in
     return y.view(*x.shape[:-1], weight.shape[0])
 
 
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
 def linear(x: Tensor, weight: Tensor) -> Tensor:
-    """F.linear(x, weight) (no bias): calls of at most SMALL_TOKENS tokens with a contiguous weight
-    of x's dtype and K ≤ MAX_K take `rows_linear`, the rest the library product. Chosen from the
-    shapes alone (no host read)."""
+    """F.linear(x, weight) (no bias): calls of one to SMALL_TOKENS tokens with a contiguous weight of
+    x's dtype (bf16, fp16 or fp32), 0 < K ≤ MAX_K, and no autograd take `rows_linear`, the rest the
+    library product. Chosen from the shapes alone (no host read)."""
     k = x.shape[-1]
-    if (x.numel() <= SMALL_TOKENS * k and weight.is_contiguous() and weight.dtype == x.dtype and k <= MAX_K
-            and (x.is_cuda or interpreted())):
+    if (0 < k <= MAX_K and 0 < x.numel() <= SMALL_TOKENS * k and x.dtype in DTYPES and weight.dtype == x.dtype
+            and weight.is_contiguous() and not torch.is_grad_enabled() and (x.is_cuda or interpreted())):
         return rows_linear(x, weight)
     return F.linear(x, weight)

@@ -89,6 +89,9 @@ def launch_gate_up_rows(x, ids, weights, gate_up, shared, act, block_n: int, war
     h = x.shape[1]
     block_m = max(2, triton.next_power_of_2(n))
     grid = (n * k + (shared is not None), triton.cdiv(max(i, i_s), block_n))
+    if grid[1] > 65535:
+        raise ValueError(f"launch_gate_up_rows: {grid[1]} column slices of {block_n} exceed the grid's 65,535; "
+                         "take wider slices (MoETuning.rows_bn)")
     _moe_gate_up_rows_kernel[grid](
         x, weights, gate_up, sg, su, sgw, ids, act, first_expert,
         x.stride(0), gate_up.stride(0), gate_up.stride(1), sg.stride(0), su.stride(0), act.stride(0), act.stride(1),

@@ -9,10 +9,12 @@ partial logits, and the program that arrives last sums the spans in a fixed orde
 logits to x's dtype (what the model's linear layer returns) and runs softmax and top-k for every
 token of the call. Other calls take the library's product and `router_topk`: prefill chunks, and
 routers of more than 256 experts, where on the H200 the last program's top-k over the wider row
-costs more than the launch it saves (`bench/results/router_notes.md`). Calls of one or two tokens
+costs more than the launch it saves (`bench/results/router_notes.md`). One-token calls
 (`RouterTiles.rows_tokens`) take the register-slice form of the same launch (`router_rows.py`),
 whose programs each hold whole rows of the weight. Within each form a token routes the same
-whatever the other tokens of the call; between the forms its logits may differ in the last bit.
+whatever the other tokens of the call; between the forms its logits are summed in another order
+and may differ in the last bit (as the rest of a pass does between the register-slice kernels of
+one or two tokens and the tile kernels and library products of more).
 
 `router_topk` (`router_topk.py`, re-exported here): softmax, top-k and renormalization of given
 logits, one program per token.
@@ -66,7 +68,7 @@ class RouterTiles(NamedTuple):
 
 
 # `bench/results/router_notes.md`
-ROUTER_TILES = RouterTiles(BE=32, SPLIT=8, tail_rows="call", packed_rows=2, rows_tokens=2)
+ROUTER_TILES = RouterTiles(BE=32, SPLIT=8, tail_rows="call", packed_rows=2, rows_tokens=1)
 
 
 @triton.jit
@@ -138,6 +140,9 @@ def router(x: Tensor, weight: Tensor, top_k: int, renormalize: bool, dtype: torc
     weights = torch.empty(n, top_k, dtype=dtype, device=x.device)
     if logits is None:
         logits = torch.empty(n, e, dtype=x.dtype, device=x.device)
+    elif tuple(logits.shape) != (n, e) or not logits.is_contiguous() or logits.dtype != x.dtype:
+        raise ValueError(f"router: logits must be a contiguous [N, E] = {(n, e)} tensor of {x.dtype}, got "
+                         f"{tuple(logits.shape)} {logits.dtype} with strides {logits.stride()}")
     if n and n <= tiles.rows_tokens:
         part = torch.empty(n, e, dtype=torch.float32, device=x.device)
         launch_router_rows(x, weight, part, _counter(x.device), logits, ids, weights, top_k, bool(renormalize),

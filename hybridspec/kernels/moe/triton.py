@@ -6,7 +6,8 @@ program row takes its expert from the ids, `tiles.assignment_expert`) and zeroes
 arrival counters, `down` sums every token's weighted expert outputs and the shared expert's. Longer
 calls (prefill) run in 64-token pieces. Calls whose tuning row says `rows` (a few tokens) take the
 register-slice forms of both launches instead (`gate_up_rows.py`, `down_rows.py`).
-Accumulation is fp32; bf16 weights use bf16 tensor-core products, fp32 weights IEEE fp32 ones.
+Accumulation is fp32; in the tile kernels bf16 weights use bf16 tensor-core products, fp32 weights
+IEEE fp32 ones; the register-slice kernels multiply and add in fp32 without tensor cores.
 """
 
 from __future__ import annotations
