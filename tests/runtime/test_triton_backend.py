@@ -89,3 +89,31 @@ def test_ablation_backend_runs_the_gdn_reference_in_the_resident_round(alternati
     D = ablation.drafter.draft_len
     result = engine.generate(prompt, policy=make_policy("hybridspec", D, policy_parameters(D)), max_new_tokens=4)
     assert result.token_ids == want
+
+
+def test_one_token_passes_on_the_register_slice_kernels_emit_the_torch_ar_tokens(triton_target, torch_ar_tokens,
+                                                                                 monkeypatch):
+    """`ar` (every pass one token): the mixers' projections, the router and the experts take their
+    register-slice forms (`kernels/linear`, `router_rows.py`, `gate_up_rows.py` / `down_rows.py`),
+    and the tokens are the PyTorch backend's."""
+    from hybridspec.kernels.linear import triton as linear_triton
+    from hybridspec.kernels.moe import gate_up_rows, router_rows
+
+    taken = {"linear": 0, "router": 0, "experts": 0}
+
+    def counted(name, fn):
+        def call(*args, **kwargs):
+            taken[name] += 1
+            return fn(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(linear_triton, "rows_linear", counted("linear", linear_triton.rows_linear))
+    monkeypatch.setattr("hybridspec.kernels.moe.router.launch_router_rows",
+                        counted("router", router_rows.launch_router_rows))
+    monkeypatch.setattr("hybridspec.kernels.moe.triton.launch_gate_up_rows",
+                        counted("experts", gate_up_rows.launch_gate_up_rows))
+    prompt, want = torch_ar_tokens[0]
+    result = Engine(triton_target, max_context=128).generate(prompt, policy=make_policy("ar", 15),
+                                                             max_new_tokens=NEW_TOKENS)
+    assert result.token_ids == want
+    assert all(taken.values()), taken
