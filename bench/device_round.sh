@@ -103,8 +103,9 @@ if [ "$NCU_CAP" -gt 0 ]; then
   fi
 fi
 if [ "$TESTS_CAP" -gt 0 ]; then
-  timeout "$TESTS_CAP" python3 -m pytest -m gpu tests/gpu/test_moe.py tests/gpu/test_norm.py tests/gpu/test_router.py \
-    tests/gpu/test_pdl.py tests/gpu/test_graph_exactness.py tests/gpu/test_sampling.py -q -p no:cacheprovider \
+  timeout "$TESTS_CAP" python3 -m pytest -m gpu tests/gpu/test_linear.py tests/gpu/test_moe.py tests/gpu/test_norm.py \
+    tests/gpu/test_router.py tests/gpu/test_pdl.py tests/gpu/test_graph_exactness.py tests/gpu/test_sampling.py -q \
+    -p no:cacheprovider \
     > "$OUT/gpu_tests.log" 2>&1
   echo "gpu tests rc $?"
   tail -12 "$OUT/gpu_tests.log"
