@@ -5,9 +5,9 @@ call, and the floor (the router weight's bytes over the copy bandwidth of the sa
 
     python3 bench/kernels/router_bench.py --out OUT [--tokens 1,2,4,8,16] [--sweep]
 
-`--sweep` also times the one-launch router at the launch shapes of `SWEEP` (`RouterTiles`: experts
-per program, hidden spans, step width, warps, rows of the last program's top-k tile), each
-checked like the shipped one first.
+`--sweep` also times the one-launch router at the launch shapes of `SWEEP` (`RouterTiles`: the
+register-slice form's experts per program and warps, and that form at two tokens), each checked
+like the shipped one first.
 
 1. correctness first: for every shape and T, the one-launch router's logits within bf16 rounding of
    F.linear's and its experts a top-k of the reference softmax of those logits (ties by lower id);
@@ -52,13 +52,12 @@ IMPLS = {
 }
 
 
-SWEEP = {
-    "tail-call": triton_router.RouterTiles(tail_rows="call"),
-    "w2-call": triton_router.RouterTiles(warps=2, tail_rows="call"),
-    "w1-call": triton_router.RouterTiles(warps=1, tail_rows="call"),
-    "s8-w2-call": triton_router.RouterTiles(SPLIT=8, warps=2, tail_rows="call"),
-    "s16-w1-call": triton_router.RouterTiles(SPLIT=16, warps=1, tail_rows="call"),
-    "be32-s8-call": triton_router.RouterTiles(BE=32, SPLIT=8, tail_rows="call"),
+SWEEP = {  # the register-slice form's launch shapes beside the shipped one (the tail's reductions in fewer warps)
+    name: triton_router.ROUTER_TILES._replace(**fields)
+    for name, fields in (("rows-w1", {"rows_warps": 1}), ("rows-w2", {"rows_warps": 2}),
+                         ("rows-be2-w1", {"rows_be": 2, "rows_warps": 1}),
+                         ("rows-be4-w2", {"rows_be": 4, "rows_warps": 2}),
+                         ("rows-to-2-w1", {"rows_tokens": 2, "rows_warps": 1}))
 }
 
 
