@@ -4,10 +4,12 @@ benchmarks (GPU only)."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import platform
 import statistics
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import triton
@@ -26,6 +28,20 @@ def capture(rounds: list[Callable[[], None]]) -> torch.cuda.CUDAGraph:
         for fn in rounds:
             fn()
     return graph
+
+
+def graph_us(calls: list[Callable[[], None]], samples: int, replays: int) -> float:
+    """Median µs per call of one CUDA graph holding `calls` in order (warm-up on a side stream); the
+    graph is freed before returning."""
+    graph = capture(calls)
+    result = median_us(graph, len(calls), samples, replays)
+    del graph
+    return result
+
+
+def max_relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """max |got − want| / max |want|, in fp32: a benchmark's check before it times a form."""
+    return float((got.float() - want.float()).abs().max() / want.float().abs().max())
 
 
 def median_us(graph: torch.cuda.CUDAGraph, rounds: int, samples: int, replays: int) -> float:
@@ -71,3 +87,19 @@ def run_header(script: str, argv: list[str] | None, bandwidth: float, **extra) -
                 copy_bandwidth_GBps=bandwidth / 1e9, **extra, rows=[])
     print(f"{head['device']} {extra or ''} {head['versions']} copy {bandwidth / 1e9:.0f} GB/s", flush=True)
     return head
+
+
+def gpu_run(script: str, argv: list[str] | None, **extra) -> tuple[float, dict] | None:
+    """A benchmark's start: None (with a message on stderr) where there is no CUDA GPU; else the copy
+    bandwidth (bytes/s, 10 samples) and the result file's head (`run_header`)."""
+    if not torch.cuda.is_available():
+        print(f"{script} needs a CUDA GPU", file=sys.stderr)
+        return None
+    bandwidth = copy_bandwidth(samples=10)
+    return bandwidth, run_header(script, argv, bandwidth, **extra)
+
+
+def write_result(out: Path, name: str, result: dict) -> None:
+    """The result as out/name (JSON), out made if missing."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / name).write_text(json.dumps(result, indent=1))

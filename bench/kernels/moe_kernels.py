@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from cuda_timing import capture, copy_bandwidth, median_us
+from cuda_timing import copy_bandwidth, graph_us
 from moe_report import write_report
 
 from hybridspec.collectors.moe import routing_with_distinct
@@ -47,6 +47,7 @@ from hybridspec.kernels.moe import reference as moe_reference
 from hybridspec.kernels.moe import triton as moe_triton
 from hybridspec.kernels.moe.down import column_tiles
 from hybridspec.kernels.moe.gate_up import launch_gate_up
+from hybridspec.kernels.moe.gate_up_rows import launch_gate_up_rows
 from hybridspec.kernels.moe.tuning import MOE_TUNING, MoETuning, tuning_for
 from hybridspec.runtime.policies import make_policy
 from hybridspec.runtime.session import open_session
@@ -59,14 +60,10 @@ MODELS = {  # name: (E, k, hidden, moe_intermediate, shared_intermediate)
 LENGTHS = (1, 2, 4, 8, 12, 16)
 DISTINCT = (8, 16, 32, 48, 64, 80, 96, 112, 128)
 # tuning tables timed beside the shipped one (name: {largest T of a row: MoETuning}): the tile kernels
-# at every T, and the register-slice kernels at other slice widths or up to four tokens
+# at every T, and the register-slice kernels with two gate and up rows a program at one token (a tie)
 SWEEP: dict[str, dict] = {
     "tiles": {64: MoETuning()},
-    **{name: {1: MoETuning(rows=True, **one), 2: MoETuning(rows=True, **two), 64: MoETuning()}
-       for name, one, two in (("rows bn2 bh2", {}, {}), ("rows bh2 at 1", {"rows_bn": 1}, {"rows_bn": 1}),
-                              ("rows bn2 at 1", {"rows_bh": 1}, {"rows_bn": 1}))},
-    "rows to 4": {1: MoETuning(rows=True, rows_bn=1, rows_bh=1), 4: MoETuning(rows=True, rows_bn=1),
-                  64: MoETuning()},
+    "rows bn2 at 1": {1: MoETuning(rows=True, rows_bh=1), 2: MoETuning(rows=True, rows_bn=1), 64: MoETuning()},
 }
 
 
@@ -134,8 +131,9 @@ def ours(tuning=MOE_TUNING, shared: bool = True):
 
 
 def ours_gate_up(shared: bool = True):
-    """The first of ours's two launches alone (gate_up, which also zeroes the down kernel's
-    counters), to take a call apart: down + sum = whole - gate_up."""
+    """The first of ours's two launches alone (gate_up, which in the tile form also zeroes the down
+    kernel's counters; the register-slice form where the shipped table takes it), to take a call
+    apart: down = whole - gate_up."""
     def make(layer: Layer, inp: Inputs):
         n, k = inp.ids.shape
         i = layer.gate_up.shape[1] // 2
@@ -145,8 +143,13 @@ def ours_gate_up(shared: bool = True):
         block_m = max(16, 1 << (n - 1).bit_length())
 
         def call():
-            launch_gate_up(inp.x, inp.ids, inp.weights, layer.gate_up, layer.shared if shared else None, arrivals,
-                           act, block_m, tuning, False)
+            experts = layer.shared if shared else None
+            if tuning.rows:
+                launch_gate_up_rows(inp.x, inp.ids, inp.weights, layer.gate_up, experts, act, tuning.rows_bn,
+                                    tuning.rows_warps)
+            else:
+                launch_gate_up(inp.x, inp.ids, inp.weights, layer.gate_up, experts, arrivals, act, block_m, tuning,
+                               False)
         return call
     return make
 
@@ -177,14 +180,6 @@ class SGLang:
 # ---------------------------------------------------------------------------------------------
 # Timing
 # ---------------------------------------------------------------------------------------------
-
-
-def graph_us(calls, samples: int, replays: int) -> float:
-    """Median µs per call of one CUDA graph holding `calls` in order (warm-up on a side stream)."""
-    graph = capture(calls)
-    result = median_us(graph, len(calls), samples, replays)
-    del graph
-    return result
 
 
 def eager_us(calls, samples: int) -> float:

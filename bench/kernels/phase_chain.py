@@ -20,13 +20,13 @@ Every launch reads its own copy of the weights (four copies rotated, past the L2
     python3 bench/kernels/phase_chain.py --out OUT
 
 Prints a table and writes OUT/phase_chain.json (`{"device", "date", "versions",
-"copy_bandwidth_GBps", "rows": [{"form", "us", "floor_us", "ratio"}]}`).
+"copy_bandwidth_GBps", "rows": [{"form", "us", "floor_us", "ratio"}], "registers": [{"bn", "k", "warps",
+"regs", "spills"}]}`: the register kernel's registers and spills at each slice shape).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -179,13 +179,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("phase_chain.py needs a CUDA GPU", file=sys.stderr)
-        return 2
-    from cuda_timing import capture, copy_bandwidth, median_us, run_header
+    from cuda_timing import gpu_run, graph_us, max_relative_error, write_result
 
-    bandwidth = copy_bandwidth(samples=10)
-    result = run_header("phase_chain.py", argv, bandwidth)
+    if (run := gpu_run("phase_chain.py", argv)) is None:
+        return 2
+    bandwidth, result = run
     g = torch.Generator(device="cuda").manual_seed(0)
     sets = []
     for _ in range(4):
@@ -222,24 +220,20 @@ def main(argv=None) -> int:
     for name, form in forms.items():
         sets[0][3].zero_()
         form(sets[0])
-        err = float((sets[0][3].float() - want).abs().max() / want.abs().max())
-        if err > 2e-2:
+        if (err := max_relative_error(sets[0][3], want)) > 2e-2:
             print(f"{name}: relative error {err:.2e}")
             return 1
-        graph = capture([lambda s=s: form(s) for s in sets])
-        us = median_us(graph, len(sets), samples=15, replays=10)
+        us = graph_us([lambda s=s: form(s) for s in sets], samples=15, replays=10)
         result["rows"].append(dict(form=name, us=round(us, 2), floor_us=round(floor, 2), ratio=round(us / floor, 3)))
         print(f"| {name} | {us:.2f} | {floor:.2f} | {us / floor:.2f} |", flush=True)
-        del graph
     for bn, k, warps in ((4, DEPTH_B, 4), (8, DEPTH_B, 8), (16, DEPTH_B, 8), (8, HIDDEN, 4), (16, HIDDEN, 8),
                          (32, HIDDEN, 8)):
-        w = sets[0][1][:, :k] if k == DEPTH_B else sets[0][0]
-        kernel = rows_launch(w.contiguous(), sets[0][2], torch.empty(w.shape[0], device="cuda"), bn, True, warps)
+        w = sets[0][1] if k == DEPTH_B else sets[0][0]
+        kernel = rows_launch(w, sets[0][2], torch.empty(w.shape[0], device="cuda"), bn, True, warps)
         result.setdefault("registers", []).append(dict(bn=bn, k=k, warps=warps, regs=kernel.n_regs,
                                                        spills=kernel.n_spills))
         print(f"rows kernel {bn} × {k}, {warps} warps: {kernel.n_regs} registers, {kernel.n_spills} spilled")
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "phase_chain.json").write_text(json.dumps(result, indent=1))
+    write_result(args.out, "phase_chain.json", result)
     return 0
 
 

@@ -19,7 +19,6 @@ Checks every form against the fp32 product first. Prints a table and writes OUT/
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -40,13 +39,11 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--tokens", default="1,2,4")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("rows_product.py needs a CUDA GPU", file=sys.stderr)
-        return 2
-    from cuda_timing import capture, copy_bandwidth, median_us, run_header
+    from cuda_timing import gpu_run, graph_us, max_relative_error, write_result
 
-    bandwidth = copy_bandwidth(samples=10)
-    result = run_header("rows_product.py", argv, bandwidth)
+    if (run := gpu_run("rows_product.py", argv)) is None:
+        return 2
+    bandwidth, result = run
     g = torch.Generator(device="cuda").manual_seed(0)
     print("| shape | T | impl | µs | floor µs | × floor |\n|---|---|---|---|---|---|")
     for shape, (r, k) in SHAPES.items():
@@ -61,20 +58,16 @@ def main(argv=None) -> int:
                 if bn * k * 2 <= 65536:
                     impls[("rows", bn, warps)] = lambda w, bn=bn, warps=warps: rows_linear(x, w, bn, warps)
             for (impl, bn, warps), fn in impls.items():
-                err = float((fn(ws[0]).float() - want).abs().max() / want.abs().max())
-                if err > 1e-2:
+                if (err := max_relative_error(fn(ws[0]), want)) > 1e-2:
                     print(f"{shape} T={t} {impl} {bn}/{warps}: relative error {err:.2e}")
                     return 1
-                graph = capture([lambda w=w: fn(w) for w in ws])
-                us = median_us(graph, len(ws), samples=15, replays=5)
-                del graph
+                us = graph_us([lambda w=w: fn(w) for w in ws], samples=15, replays=5)
                 result["rows"].append(dict(shape=shape, T=t, impl=impl, bn=bn, warps=warps, us=round(us, 2),
                                            floor_us=round(floor, 2), ratio=round(us / floor, 3)))
                 name = impl if impl == "cublas" else f"rows {bn} × {k}, {warps} warps"
                 print(f"| {shape} | {t} | {name} | {us:.2f} | {floor:.2f} | {us / floor:.2f} |", flush=True)
         del ws
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "rows_product.json").write_text(json.dumps(result, indent=1))
+    write_result(args.out, "rows_product.json", result)
     return 0
 
 

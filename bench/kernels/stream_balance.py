@@ -19,7 +19,6 @@ Prints a table and writes OUT/stream_balance.json (`{"device", "date", "versions
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -71,14 +70,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("stream_balance.py needs a CUDA GPU", file=sys.stderr)
-        return 2
-    from cuda_timing import capture, copy_bandwidth, median_us, run_header
+    from cuda_timing import gpu_run, graph_us, max_relative_error, write_result
 
-    bandwidth = copy_bandwidth(samples=10)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    result = run_header("stream_balance.py", argv, bandwidth, sms=sms)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 0
+    if (run := gpu_run("stream_balance.py", argv, sms=sms)) is None:
+        return 2
+    bandwidth, result = run
     g = torch.Generator(device="cuda").manual_seed(0)
     weights = [torch.randn(ROWS, HIDDEN, device="cuda", generator=g).to(torch.bfloat16) for _ in range(4)]
     x = torch.randn(HIDDEN, device="cuda", generator=g).to(torch.bfloat16)
@@ -89,19 +86,16 @@ def main(argv=None) -> int:
     for grid, bn in SPLITS:
         ys[0].zero_()
         product(weights[0], x, ys[0], grid, bn)
-        err = float((ys[0] - want).abs().max() / want.abs().max())
-        if err > 1e-2:
+        if (err := max_relative_error(ys[0], want)) > 1e-2:
             print(f"grid {grid}, BN {bn}: relative error {err:.2e}")
             return 1
-        graph = capture([lambda w=w, y=y: product(w, x, y, grid, bn) for w, y in zip(weights, ys)])
-        us = median_us(graph, len(weights), samples=15, replays=10)
+        us = graph_us([lambda w=w, y=y: product(w, x, y, grid, bn) for w, y in zip(weights, ys)], samples=15,
+                      replays=10)
         row = dict(grid=grid, bn=bn, rows_per_program=round(ROWS / grid, 1), us=round(us, 2),
                    floor_us=round(floor, 2), ratio=round(us / floor, 3))
         result["rows"].append(row)
         print(f"| {grid} | {bn} | {ROWS / grid:.1f} | {us:.2f} | {floor:.2f} | {us / floor:.2f} |", flush=True)
-        del graph
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "stream_balance.json").write_text(json.dumps(result, indent=1))
+    write_result(args.out, "stream_balance.json", result)
     return 0
 
 

@@ -14,7 +14,7 @@ from hybridspec.kernels.linear.rows import launch_rows_linear
 
 MAX_TOKENS = 4  # the kernel computes every token's sums from the same registers: a few tokens only
 SMALL_TOKENS = 2  # `linear` takes the kernel for calls of at most this many tokens
-MAX_K = 8192  # the widest row measured to stay in registers with room (bf16 4,096; fp32 8,192 is 64 values a thread)
+MAX_K = 8192  # the widest row a program holds: 64 fp32 values a thread at 8,192 (bf16 measured to 4,096)
 SLICE_BYTES = 4096  # weight bytes per program, at least MIN_ROWS rows (`bench/results/linear_notes.md`)
 MIN_ROWS = 1
 

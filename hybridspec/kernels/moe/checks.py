@@ -59,3 +59,28 @@ def check_moe_args(fn: str, x: Tensor, ids: Tensor, weights: Tensor, gate_up: Te
     if len(set(devices.values())) > 1:
         raise ValueError(f"{fn}: tensors on different devices: {devices}")
     return n, k, e, i
+
+
+def gate_up_operands(fn: str, ids: Tensor, weights: Tensor, gate_up: Tensor, shared: SharedExpert | None):
+    """A gate_up launcher's shared checks and operands: (N, k, I, Is, (shared gate, up, gate
+    weight)), gate_up standing in for the shared tensors when there is no shared expert (Is = 0).
+    ValueError unless ids and weights are contiguous [N, k]."""
+    n, k = weights.shape
+    if tuple(ids.shape) != (n, k) or not ids.is_contiguous() or not weights.is_contiguous():
+        raise ValueError(f"{fn}: ids and weights must be contiguous [N, k] = {(n, k)}, got {tuple(ids.shape)} "
+                         f"with strides {ids.stride()} / {tuple(weights.shape)} with strides {weights.stride()}")
+    i_s = shared.gate.shape[0] if shared is not None else 0
+    parts = (shared.gate, shared.up, shared.gate_weight) if shared is not None else (gate_up,) * 3
+    return n, k, gate_up.shape[1] // 2, i_s, parts
+
+
+def down_operands(fn: str, act: Tensor, down: Tensor, shared: SharedExpert | None, ids: Tensor):
+    """A down launcher's shared checks and operands: (N, k, E, H, I, Is, shared down), down[0]
+    standing in for the shared down weight when there is no shared expert (Is = 0). ValueError
+    unless ids is contiguous [N, k] with act [N, k + 1, ·]."""
+    n, k = act.shape[0], act.shape[1] - 1
+    if tuple(ids.shape) != (n, k) or not ids.is_contiguous():
+        raise ValueError(f"{fn}: ids must be contiguous [N, k] = {(n, k)}, got {tuple(ids.shape)} "
+                         f"with strides {ids.stride()}")
+    i_s = shared.down.shape[1] if shared is not None else 0
+    return (n, k, *down.shape, i_s, shared.down if shared is not None else down[0])

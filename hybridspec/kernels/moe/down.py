@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from hybridspec.kernels import pdl
+from hybridspec.kernels.moe.checks import down_operands
 from hybridspec.kernels.moe.tiles import assignment_expert
 from hybridspec.kernels.moe.tuning import step_width
 from hybridspec.kernels.pdl import wait_then_release
@@ -100,20 +101,14 @@ def launch_down(act, down, shared, ids, arrivals, out, block_m: int, tuning, wid
     first_expert + E − 1 of the ids), shared (or None), ids [N, k] (contiguous), arrivals (int32,
     one per column tile, zeroed by the gate_up launch), out [N, H] (written); widen: under the
     interpreter."""
-    n, k1 = act.shape[:2]
-    e, h, i = down.shape
-    if tuple(ids.shape) != (n, k1 - 1) or not ids.is_contiguous():
-        raise ValueError(f"launch_down: ids must be contiguous [N, k] = {(n, k1 - 1)}, got {tuple(ids.shape)} "
-                         f"with strides {ids.stride()}")
-    i_s = shared.down.shape[1] if shared is not None else 0
-    sd = shared.down if shared is not None else down[0]
+    n, k, e, h, i, i_s, sd = down_operands("launch_down", act, down, shared, ids)
     bh, tiles = column_tiles(h, tuning)
     bk = step_width(tuning.down_bk, max(i, i_s), block_m + bh, act.element_size(), tuning.down_stages)
-    y = torch.empty((n, k1, h), dtype=torch.float32, device=act.device)  # [N, k + 1, H]
-    _moe_down_kernel[(n * (k1 - 1) + (shared is not None), tiles)](
+    y = torch.empty((n, k + 1, h), dtype=torch.float32, device=act.device)  # [N, k + 1, H]
+    _moe_down_kernel[(n * k + (shared is not None), tiles)](
         act, down, sd, ids, arrivals, y, out, first_expert,
         act.stride(0), act.stride(1), down.stride(0), down.stride(1), sd.stride(0), y.stride(0), y.stride(1),
-        out.stride(0), N=n, K=k1 - 1, E=e, H=h, I=i, IS=i_s, BM=block_m, BH=bh, BK=bk,
-        NKP=triton.next_power_of_2(block_m * (k1 - 1)), KP=triton.next_power_of_2(k1 - 1),
+        out.stride(0), N=n, K=k, E=e, H=h, I=i, IS=i_s, BM=block_m, BH=bh, BK=bk,
+        NKP=triton.next_power_of_2(block_m * k), KP=triton.next_power_of_2(k),
         PRECISION="ieee" if act.dtype == torch.float32 else "tf32", WIDEN=widen,
         num_warps=tuning.down_warps, num_stages=tuning.down_stages, **pdl.options(act))

@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from hybridspec.kernels import pdl
+from hybridspec.kernels.moe.checks import down_operands
 from hybridspec.kernels.pdl import wait_then_release
 
 
@@ -57,14 +58,8 @@ def launch_down_rows(act, down, shared, ids, out, block_h: int, warps: int, firs
     """act [N, k + 1, max(I, Is)] from a gate_up launch, down [E, H, I] (experts first_expert…
     first_expert + E − 1 of the ids), shared (or None), ids [N, k] (contiguous), out [N, H] (written,
     rows contiguous); block_h output columns per program."""
-    n, k1 = act.shape[:2]
-    e, h, i = down.shape
-    if tuple(ids.shape) != (n, k1 - 1) or not ids.is_contiguous():
-        raise ValueError(f"launch_down_rows: ids must be contiguous [N, k] = {(n, k1 - 1)}, got {tuple(ids.shape)} "
-                         f"with strides {ids.stride()}")
-    i_s = shared.down.shape[1] if shared is not None else 0
-    sd = shared.down if shared is not None else down[0]
+    n, k, e, h, i, i_s, sd = down_operands("launch_down_rows", act, down, shared, ids)
     _moe_down_rows_kernel[(triton.cdiv(h, block_h),)](
         act, down, sd, ids, out, first_expert, act.stride(0), act.stride(1), down.stride(0), down.stride(1),
-        sd.stride(0), out.stride(0), N=n, K=k1 - 1, E=e, H=h, I=i, IP=triton.next_power_of_2(i), IS=i_s,
+        sd.stride(0), out.stride(0), N=n, K=k, E=e, H=h, I=i, IP=triton.next_power_of_2(i), IS=i_s,
         ISP=triton.next_power_of_2(max(i_s, 1)), BH=block_h, num_warps=warps, **pdl.options(act))

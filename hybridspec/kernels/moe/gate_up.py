@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from hybridspec.kernels import pdl
+from hybridspec.kernels.moe.checks import gate_up_operands
 from hybridspec.kernels.moe.tiles import assignment_expert
 from hybridspec.kernels.moe.tuning import step_width
 from hybridspec.kernels.pdl import wait_then_release
@@ -111,17 +112,11 @@ def _moe_gate_up_kernel(x_ptr, rw_ptr, gu_ptr, sg_ptr, su_ptr, sgw_ptr, ids_ptr,
 
 def launch_gate_up(x, ids, weights, gate_up, shared, arrivals, act, block_m: int, tuning, widen: bool,
                    first_expert: int = 0) -> None:
-    """x [N, H], ids / weights [N, k] (ids contiguous; experts first_expert… first_expert + E − 1 of
+    """x [N, H], ids / weights [N, k] (both contiguous; experts first_expert… first_expert + E − 1 of
     them held in gate_up [E, 2I, H]), shared (SharedExpert or None), arrivals (int32, one per column
     tile of the down kernel; this launch zeroes them), act [N, k + 1, max(I, Is)] (written); widen:
     under the interpreter."""
-    n, k = weights.shape
-    if tuple(ids.shape) != (n, k) or not ids.is_contiguous():
-        raise ValueError(f"launch_gate_up: ids must be contiguous [N, k] = {(n, k)}, got {tuple(ids.shape)} "
-                         f"with strides {ids.stride()}")
-    i = gate_up.shape[1] // 2
-    i_s = shared.gate.shape[0] if shared is not None else 0
-    sg, su, sgw = (shared.gate, shared.up, shared.gate_weight) if shared is not None else (gate_up,) * 3
+    n, k, i, i_s, (sg, su, sgw) = gate_up_operands("launch_gate_up", ids, weights, gate_up, shared)
     bn = min(tuning.gate_up_bn, max(16, triton.next_power_of_2(max(i, i_s))))
     bk = step_width(tuning.gate_up_bk, x.shape[1], block_m + 2 * bn, x.element_size(), tuning.gate_up_stages)
     grid = (n * k + (shared is not None), triton.cdiv(max(i, i_s), bn))

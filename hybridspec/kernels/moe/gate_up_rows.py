@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from hybridspec.kernels import pdl
+from hybridspec.kernels.moe.checks import gate_up_operands
 from hybridspec.kernels.moe.tiles import assignment_expert
 from hybridspec.kernels.pdl import wait_then_release
 
@@ -79,13 +80,7 @@ def launch_gate_up_rows(x, ids, weights, gate_up, shared, act, block_n: int, war
     """x [N, H] (rows contiguous), ids / weights [N, k] (ids contiguous; experts first_expert…
     first_expert + E − 1 of them held in gate_up [E, 2I, H]), shared (SharedExpert or None),
     act [N, k + 1, max(I, Is)] (written); block_n intermediate columns per program."""
-    n, k = weights.shape
-    if tuple(ids.shape) != (n, k) or not ids.is_contiguous() or not weights.is_contiguous():
-        raise ValueError(f"launch_gate_up_rows: ids and weights must be contiguous [N, k] = {(n, k)}, got "
-                         f"{tuple(ids.shape)} / {tuple(weights.shape)}")
-    i = gate_up.shape[1] // 2
-    i_s = shared.gate.shape[0] if shared is not None else 0
-    sg, su, sgw = (shared.gate, shared.up, shared.gate_weight) if shared is not None else (gate_up,) * 3
+    n, k, i, i_s, (sg, su, sgw) = gate_up_operands("launch_gate_up_rows", ids, weights, gate_up, shared)
     h = x.shape[1]
     block_m = max(2, triton.next_power_of_2(n))
     grid = (n * k + (shared is not None), triton.cdiv(max(i, i_s), block_n))
