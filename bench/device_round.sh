@@ -71,7 +71,7 @@ if [ "$BARE_CAP" -gt 0 ]; then  # torch reads both sizes (KiB) when it first mak
     shipped,shipped --policies ar --no-verification --no-exactness
 fi
 if [ "$MOE_TESTS_CAP" -gt 0 ]; then
-  timeout "$MOE_TESTS_CAP" python3 -m pytest -m gpu tests/gpu/test_moe.py -q -p no:cacheprovider \
+  timeout "$MOE_TESTS_CAP" python3 -m pytest -m gpu tests/gpu/test_moe.py -p no:cacheprovider \
     > "$OUT/gpu_tests_moe.log" 2>&1
   echo "gpu tests (MoE) rc $?"
   tail -6 "$OUT/gpu_tests_moe.log"
@@ -104,7 +104,8 @@ if [ "$NCU_CAP" -gt 0 ]; then
 fi
 if [ "$TESTS_CAP" -gt 0 ]; then
   timeout "$TESTS_CAP" python3 -m pytest -m gpu tests/gpu/test_linear.py tests/gpu/test_moe.py tests/gpu/test_norm.py \
-    tests/gpu/test_router.py tests/gpu/test_pdl.py tests/gpu/test_graph_exactness.py tests/gpu/test_sampling.py -q \
+    tests/gpu/test_router.py tests/gpu/test_pdl.py tests/gpu/test_graph_exactness.py tests/gpu/test_exactness.py \
+    tests/gpu/test_sampling.py \
     -p no:cacheprovider \
     > "$OUT/gpu_tests.log" 2>&1
   echo "gpu tests rc $?"
