@@ -25,43 +25,12 @@ from hybridspec.runtime.session import open_session  # noqa: E402
 from hybridspec.workbench.prompts import load_prompts  # noqa: E402
 
 DEVICE = sys.argv[1] if len(sys.argv) > 1 else "cuda"
-LINEAR_OPS, ROUTER_OPS = hybrid.linear_ops, hybrid.router_ops
-
-
-def reference_norms(backend: str):
-    """The backend's products with the norms inside replaced by each norm's reference, then the
-    backend's product."""
-    linear, _, _ = LINEAR_OPS(backend)
-
-    def norm_linear(x, norm_weight, eps, residual, weight):
-        h, s = norm_reference.offset_rms_norm(x, norm_weight, eps, residual)
-        return linear(h, weight), s
-
-    def gated_linear(o, z, norm_weight, eps, weight):
-        h = norm_reference.gated_rms_norm(o, z, norm_weight, eps)
-        return linear(h.reshape(*h.shape[:-2], -1), weight)
-
-    return linear, norm_linear, gated_linear
-
-
-def reference_norm_router(backend: str):
-    """The backend's router after the norm's reference."""
-    router, _ = ROUTER_OPS(backend)
-
-    def norm_router(x, norm_weight, eps, residual, weight, top_k, renormalize, dtype):
-        h, s = norm_reference.offset_rms_norm(x, norm_weight, eps, residual)
-        return (*router(h, weight, top_k, renormalize, dtype), h, s)
-
-    return router, norm_router
-
-
 SWAPS = {
     "shipped": {},
-    "norms": {"norm_ops": lambda backend: (norm_reference.offset_rms_norm, norm_reference.gated_rms_norm),
-              "linear_ops": reference_norms, "router_ops": reference_norm_router},
+    "norms": {"norm_ops": lambda backend: (norm_reference.offset_rms_norm, norm_reference.gated_rms_norm)},
     "attention": {"attention_ops": lambda backend: (attention_reference.gated_attention,
                                                     attention_reference.norm_rope_store)},
-    "router": {"router_ops": lambda backend: (moe_reference.router, moe_reference.norm_router)},
+    "router": {"router_op": lambda backend: moe_reference.router},
     "experts": {"moe_experts_op": lambda backend: moe_reference.moe_experts},
     "conv": {"gdn_conv_op": lambda backend: gdn_reference.causal_conv_silu},
     "gdn": {"gdn_ops": lambda backend: (gdn_reference.gdn_verify_gated, gdn_reference.gdn_commit)},

@@ -24,7 +24,7 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 `--variants a,b` runs steps 1–4 for each variant on the same loaded model (rows and checks tagged
 `variant`): `shipped`, an op family put back on its PyTorch reference or its previous form, a
 switch turned off, or a form on trial (`VARIANTS`: `two-step-topk`, `prepare-ref`, `no-pdl`,
-`torch-sampling`, `library-linear`, `moe-tiles`, `router-tiles`, `separate-norms`; `a+b` both at once), to measure a
+`torch-sampling`, `library-linear`, `moe-tiles`, `router-tiles`; `a+b` both at once), to measure a
 kernel or a launch mode against what it replaced side by side in one process.
 `--tp N --layouts columns,experts` loads each model once per MoE layout (every expert's columns
 split across the ranks, or expert parallelism) and runs everything on each (rows and checks tagged
@@ -59,16 +59,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.kernels.cuda_timing import copy_bandwidth, median_us  # noqa: E402
 from hybridspec.kernels import pdl  # noqa: E402
 from hybridspec.kernels.attention import reference as attention_reference  # noqa: E402
-from hybridspec.kernels.linear import triton as linear_triton  # noqa: E402
 from hybridspec.kernels.moe import router as moe_router  # noqa: E402
 from hybridspec.kernels.moe import triton as moe_triton  # noqa: E402
 from hybridspec.kernels.moe.tuning import MoETuning  # noqa: E402
-from hybridspec.kernels.norm import triton as norm_triton  # noqa: E402
 from hybridspec.runtime import resident  # noqa: E402
 from hybridspec.runtime.engine import Engine  # noqa: E402
 from hybridspec.runtime.layers.attention import GatedAttention  # noqa: E402
 from hybridspec.runtime.layers.gdn import GatedDeltaNet  # noqa: E402
-from hybridspec.runtime.layers.moe import SparseMoE  # noqa: E402
 from hybridspec.runtime.policies import make_policy  # noqa: E402
 from hybridspec.runtime.sampling import SamplingParams  # noqa: E402
 from hybridspec.runtime.session import open_session  # noqa: E402
@@ -77,28 +74,6 @@ from tests.runtime.helpers import policy_parameters, prefilled_cache  # noqa: E4
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
 LAUNCH_CALLS = ("cudaGraphLaunch", "cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC",
                 "cudaMemcpyAsync", "cudaMemsetAsync")
-
-
-def norm_then(product):
-    """A `norm_linear` whose norm is its own launch (the offset norm kernel), then `product`."""
-    def norm_linear(x, norm_weight, eps, residual, weight):
-        h, s = norm_triton.offset_rms_norm(x, norm_weight, eps, residual)
-        return product(h, weight), s
-    return norm_linear
-
-
-def gated_norm_then(product):
-    """A `gated_linear` whose norm is its own launch (the gated norm kernel), then `product`."""
-    def gated_linear(o, z, norm_weight, eps, weight):
-        h = norm_triton.gated_rms_norm(o, z, norm_weight, eps)
-        return product(h.reshape(*h.shape[:-2], -1), weight)
-    return gated_linear
-
-
-def norm_then_route(x, norm_weight, eps, residual, weight, top_k, renormalize, dtype):
-    """A `norm_router` whose norm is its own launch, then the router."""
-    h, s = norm_triton.offset_rms_norm(x, norm_weight, eps, residual)
-    return (*moe_router.router(h, weight, top_k, renormalize, dtype), h, s)
 
 
 # variant → {module class: {attribute: op}} set on every such module of the target, or
@@ -111,16 +86,8 @@ VARIANTS = {
     "prepare-ref": {GatedAttention: {"prepare_op": attention_reference.norm_rope_store}},
     "no-pdl": {pdl: {"ENABLED": False}},  # the kernels of `kernels/pdl.py` launched without PDL
     "torch-sampling": {resident: {"FUSED_SAMPLING": False}},  # the point-mass rule's torch form
-    # the mixers' projections of one or two tokens by the library product, not `kernels/linear`'s, the
-    # norms each in its own launch
-    "library-linear": {GatedDeltaNet: {"norm_linear_op": norm_then(F.linear),
-                                       "gated_linear_op": gated_norm_then(F.linear)},
-                       GatedAttention: {"linear_op": F.linear, "norm_linear_op": norm_then(F.linear)}},
-    # the register-slice products and router without the norms inside: each norm its own launch
-    "separate-norms": {GatedDeltaNet: {"norm_linear_op": norm_then(linear_triton.linear),
-                                       "gated_linear_op": gated_norm_then(linear_triton.linear)},
-                       GatedAttention: {"norm_linear_op": norm_then(linear_triton.linear)},
-                       SparseMoE: {"norm_route_op": norm_then_route}},
+    # the mixers' projections of one or two tokens by the library product, not `kernels/linear`'s
+    "library-linear": {GatedDeltaNet: {"linear_op": F.linear}, GatedAttention: {"linear_op": F.linear}},
     # the experts of one or two tokens by the tile kernels, not the register-slice ones
     "moe-tiles": {moe_triton: {"MOE_TUNING": MappingProxyType({64: MoETuning()})}},
 }

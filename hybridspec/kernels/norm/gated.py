@@ -10,8 +10,20 @@ from torch import Tensor
 
 from hybridspec.kernels import pdl
 from hybridspec.kernels.norm.checks import check_norm_args, heads_of
-from hybridspec.kernels.norm.math import gated_rms
 from hybridspec.kernels.pdl import wait_then_release
+
+
+@triton.jit
+def _gated_rms(x, g, w, N, eps, DTYPE: tl.constexpr):
+    """weight · normalize(x) · silu(g) over one row x and its gate g (N values each; masked entries 0),
+    rounded where `reference.gated_rms_norm` rounds for a weight w in DTYPE (as the loaders store
+    it): x to DTYPE first, the normalized value and its product with w to DTYPE, the result to
+    DTYPE."""
+    xf = x.to(DTYPE).to(tl.float32)
+    inv = tl.rsqrt(tl.sum(xf * xf, axis=0) / N + eps)
+    y = (w.to(tl.float32) * (xf * inv).to(DTYPE).to(tl.float32)).to(DTYPE).to(tl.float32)
+    gf = g.to(tl.float32)
+    return (y * (gf / (1.0 + tl.exp(-gf)))).to(DTYPE)
 
 
 @triton.jit
@@ -26,7 +38,7 @@ def _gated_rms_norm_kernel(x_ptr, g_ptr, w_ptr, y_ptr, stride_xt, stride_xh, str
     x = tl.load(x_ptr + t * stride_xt + h * stride_xh + cols, mask=ok, other=0.0)
     w = tl.load(w_ptr + cols, mask=ok, other=0.0)
     g = tl.load(g_ptr + t * stride_gt + h * stride_gh + cols, mask=ok, other=0.0)
-    tl.store(y_ptr + row * N + cols, gated_rms(x, g, w, N, eps, y_ptr.dtype.element_ty), mask=ok)
+    tl.store(y_ptr + row * N + cols, _gated_rms(x, g, w, N, eps, y_ptr.dtype.element_ty), mask=ok)
 
 
 def gated_rms_norm(x: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tensor:

@@ -9,7 +9,6 @@ import torch
 from torch import Tensor, nn
 
 from ...kernels.attention import reference as attention_reference
-from ...kernels.linear import reference as linear_reference
 from ..cache import TargetCache
 from ..config import TargetConfig
 from .fusion import fuse_linears
@@ -19,9 +18,8 @@ from .norms import OffsetRMSNorm
 class GatedAttention(nn.Module):
     """`op` computes the gated attention over the cache and `prepare_op` the q/k norms, RoPE and the
     cache writes before it (`kernels/attention`: the references, or the Triton kernels that read the
-    position on the device); `norm_linear_op` the input projections' product with the decoder
-    layer's input norm applied inside it, `linear_op` the out-projection's; the model sets all four
-    per backend."""
+    position on the device); `linear_op` the projections' product; the model sets all three per
+    backend."""
 
     def __init__(self, cfg: TargetConfig, op: Callable = attention_reference.gated_attention,
                  prepare_op: Callable = attention_reference.norm_rope_store):
@@ -36,36 +34,29 @@ class GatedAttention(nn.Module):
         self.q_norm = OffsetRMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
         self.k_norm = OffsetRMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
         self._qkv: Tensor | None = None  # q (with its gate), k and v projections as one weight
-        self.norm_linear_op: Callable = linear_reference.norm_linear
         self.linear_op: Callable[[Tensor, Tensor], Tensor] = torch.nn.functional.linear
 
     def fuse_projections(self) -> None:
         """The q (2× wide), k and v projections as one GEMM (`fuse_linears`)."""
         self._qkv = fuse_linears(self.q_proj, self.k_proj, self.v_proj)
 
-    def _project(self, x: Tensor, residual: Tensor | None, norm: OffsetRMSNorm
-                 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """(q with gate, k, v, s): the projections of norm(s), s = x (+ residual); separately where
-        autograd is on (the fused tensor is not a parameter, the three views are)."""
+    def _project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(q with gate, k, v) projections of x (separately where autograd is on: the fused tensor is
+        not a parameter, the three views are)."""
         if self._qkv is None or torch.is_grad_enabled():
-            h, s = norm.add_norm(x, residual) if residual is not None else (norm(x), x)
-            return self.q_proj(h), self.k_proj(h), self.v_proj(h), s
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
         kv = self.n_kv * self.head_dim
-        y, s = self.norm_linear_op(x, norm.weight, norm.eps, residual, self._qkv)
-        return (*y.split((2 * self.n_heads * self.head_dim, kv, kv), dim=-1), s)
+        return self.linear_op(x, self._qkv).split((2 * self.n_heads * self.head_dim, kv, kv), dim=-1)
 
-    def forward(self, x: Tensor, residual: Tensor | None, norm: OffsetRMSNorm, cache: TargetCache, slot: int,
-                rope: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
-        """x, residual [B, T, hidden] at positions p … p+T−1 (p = cache.position, on the device) →
-        (attention output [B, T, hidden], s = x + residual): attention over norm(s), `norm` being the
-        decoder layer's input norm, applied inside the input projections' launch; writes the tokens'
+    def forward(self, x: Tensor, cache: TargetCache, slot: int, rope: tuple[Tensor, Tensor]) -> Tensor:
+        """x [B, T, hidden] at positions p … p+T−1 (p = cache.position, on the device); writes their
         K/V into the cache. `op` reads keys up to `cache.key_span` (static) or, when the host knows
         the length, up to length + T; the Triton kernels read the length on the device instead."""
         B, T, _ = x.shape
-        q_gate, k, v, s = self._project(x, residual, norm)
+        q_gate, k, v = self._project(x)
         q, gate = q_gate.view(B, T, self.n_heads, 2 * self.head_dim).chunk(2, dim=-1)
         kv_shape = (B, T, self.n_kv, self.head_dim)
         q = self.prepare_op(q, k.view(kv_shape), v.view(kv_shape), self.q_norm.weight, self.k_norm.weight,
                             self.q_norm.eps, *rope, cache.key[slot], cache.value[slot], cache.position)
         out = self.op(q, gate, cache.key[slot], cache.value[slot], cache.position, cache.key_span or cache.length + T)
-        return self.linear_op(out, self.o_proj.weight), s
+        return self.linear_op(out, self.o_proj.weight)

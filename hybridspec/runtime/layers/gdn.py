@@ -10,14 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...kernels.gdn import reference as gdn_reference
-from ...kernels.linear import reference as linear_reference
 from ..cache import TargetCache
 from ..config import TargetConfig
 from .fusion import fuse_linears
-from .norms import GatedRMSNorm, OffsetRMSNorm
+from .norms import GatedRMSNorm
 
 
 class GatedDeltaNet(nn.Module):
@@ -39,35 +39,25 @@ class GatedDeltaNet(nn.Module):
         self.out_proj = nn.Linear(value_dim, cfg.hidden_size, bias=False)
         self._verify = verify
         self.conv_op = gdn_reference.causal_conv_silu  # the model sets the backend's (`kernels/gdn`)
-        # the products (the model sets its backend's, `kernels/linear`): the input projections with the
-        # decoder layer's input norm applied inside, and the out-projection with this layer's output norm
-        self.norm_linear_op: Callable = linear_reference.norm_linear
-        self.gated_linear_op: Callable = linear_reference.gated_linear
+        self.linear_op: Callable[[Tensor, Tensor], Tensor] = F.linear  # the projections' product (the model's)
         self._in_proj: Tensor | None = None  # the four input projections as one weight (`fuse_projections`)
 
     def fuse_projections(self) -> None:
         """The qkv, z, b and a projections as one GEMM (`fuse_linears`): one launch, one pass over x."""
         self._in_proj = fuse_linears(self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a)
 
-    def _project(self, x: Tensor, residual: Tensor | None, norm: OffsetRMSNorm
-                 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-        """(qkv, z, b, a, s): the projections of norm(s), s = x (+ residual); separately where
-        autograd is on (the fused tensor is not a parameter, the four views are)."""
+    def _project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """(qkv, z, b, a) projections of x (separately where autograd is on: the fused tensor is not a
+        parameter, the four views are)."""
         if self._in_proj is None or torch.is_grad_enabled():
-            h, s = norm.add_norm(x, residual) if residual is not None else (norm(x), x)
-            return self.in_proj_qkv(h), self.in_proj_z(h), self.in_proj_b(h), self.in_proj_a(h), s
+            return self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_b(x), self.in_proj_a(x)
         sizes = (self.conv_dim, self.hv * self.dv, self.hv, self.hv)
-        y, s = self.norm_linear_op(x, norm.weight, norm.eps, residual, self._in_proj)
-        return (*y.split(sizes, dim=-1), s)
+        return self.linear_op(x, self._in_proj).split(sizes, dim=-1)
 
-    def forward(self, x: Tensor, residual: Tensor | None, norm: OffsetRMSNorm, cache: TargetCache, slot: int
-                ) -> tuple[Tensor, Tensor]:
-        """x, residual [B, T, hidden] (residual None where x is the embeddings) → (the mixer's output
-        [B, T, hidden], s = x + residual): the mixer runs on norm(s), `norm` being the decoder layer's
-        input norm, applied inside the input projections' launch. Fills the round buffers of `slot`
-        for these T tokens."""
+    def forward(self, x: Tensor, cache: TargetCache, slot: int) -> Tensor:
+        """x [B, T, hidden] → [B, T, hidden]; fills the round buffers of `slot` for these T tokens."""
         B, T, _ = x.shape
-        mixed, z, b, a, s = self._project(x, residual, norm)  # mixed: [B, T, conv_dim]
+        mixed, z, b, a = self._project(x)  # mixed: [B, T, conv_dim]
         # the conv inputs also go to the round buffer, from which the commit advances the window
         mixed = self.conv_op(mixed, cache.conv[slot], self.conv1d.weight, x_out=cache.conv_in[slot, :, :T])
         key_dim = self.hk * self.dk
@@ -85,8 +75,5 @@ class GatedDeltaNet(nn.Module):
                                pending=cache.pending_commit(slot), raw_keys=True)
         cache.mark_committed(slot)  # the launch above folded the pending commit into this layer's state
         gate = z.reshape(B, T, self.hv, self.dv)
-        if torch.is_grad_enabled():
-            return self.out_proj(self.norm(o, gate).reshape(B, T, -1)), s
-        # the output norm (o rounded to x's dtype, then normalised per head and gated) inside the
-        # out-projection's launch
-        return self.gated_linear_op(o, gate, self.norm.weight, self.norm.eps, self.out_proj.weight), s
+        o = self.norm(o, gate)  # [B, T, HV, dv] in x's dtype (o rounded to it first)
+        return self.linear_op(o.reshape(B, T, -1), self.out_proj.weight)

@@ -20,7 +20,6 @@ from torch import Tensor, nn
 
 from ...kernels.attention import reference as attention_reference
 from ...kernels.gdn import reference as gdn_reference
-from ...kernels.linear import reference as linear_reference
 from ...kernels.moe import reference as moe_reference
 from ...kernels.norm import reference as norm_reference
 from ..cache import TargetCache
@@ -98,14 +97,11 @@ def gdn_conv_op(backend: str) -> Callable:
     return gdn_reference.causal_conv_silu if gdn_triton is None else gdn_triton.causal_conv_silu
 
 
-def router_ops(backend: str) -> tuple[Callable, Callable]:
-    """(router, norm_router) of a backend: the router (logits, softmax, top-k), and the same with the
-    MoE's input norm applied inside; the references, or the Triton router (one launch per call of up
-    to 16 tokens; the norm inside that launch for the calls its register-slice form takes)."""
+def router_op(backend: str) -> Callable:
+    """The router (logits, softmax, top-k) of a backend: the reference, or the Triton router (one
+    launch per call of up to 16 tokens)."""
     router = triton_kernels(backend, "moe.router")
-    if router is None:
-        return moe_reference.router, moe_reference.norm_router
-    return router.router, router.norm_router
+    return moe_reference.router if router is None else router.router
 
 
 def moe_experts_op(backend: str) -> Callable:
@@ -124,16 +120,11 @@ def attention_ops(backend: str) -> tuple[Callable, Callable]:
     return attention.gated_attention, attention.norm_rope_store
 
 
-def linear_ops(backend: str) -> tuple[Callable, Callable, Callable]:
-    """(linear, norm_linear, gated_linear) of a backend (`kernels/linear`): the mixers' products,
-    plain, with the decoder layer's input norm applied inside, and the GDN out-projection with the
-    layer's output norm applied inside. The references (F.linear, each norm then F.linear), or the
-    Triton dispatchers, which take calls of one or two tokens on the register-slice kernels (one
-    launch, the norm formed by every program) and the rest on the norm kernels and F.linear."""
+def linear_op(backend: str) -> Callable:
+    """The mixers' projection product of a backend: F.linear, or (triton) `kernels/linear`'s, which
+    takes calls of one or two tokens on its register-slice kernel and the rest on F.linear."""
     dense = triton_kernels(backend, "linear.triton")
-    if dense is None:
-        return torch.nn.functional.linear, linear_reference.norm_linear, linear_reference.gated_linear
-    return dense.linear, dense.norm_linear, dense.gated_linear
+    return torch.nn.functional.linear if dense is None else dense.linear
 
 
 def norm_ops(backend: str) -> tuple[Callable, Callable]:
@@ -169,27 +160,12 @@ class DecoderLayer(nn.Module):
     def is_moe(self) -> bool:
         return isinstance(self.mlp, SparseMoE)
 
-    def mix(self, x: Tensor, residual: Tensor | None, cache: TargetCache, slot: int,
+    def mix(self, h: Tensor, x: Tensor, cache: TargetCache, slot: int,
             rope: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor]:
-        """The token mixer on input_layernorm(s), s = x + residual (x alone for the embeddings), the
-        norm applied inside the mixer's first product: returns (the mixer's output, completed by
-        `reduce`, and s)."""
-        norm = self.input_layernorm
-        if self.is_gdn:
-            out, s = self.linear_attn(x, residual, norm, cache, slot)
-        else:
-            out, s = self.self_attn(x, residual, norm, cache, slot, rope)
-        return self.reduce(out), s
-
-    def mlp_block(self, x: Tensor, residual: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
-        """The MLP block on post_attention_layernorm(s), s = x + residual (the mixer's output and its
-        input stream): returns (the block's output, completed by `reduce`, s, the expert ids or None
-        for a dense MLP). A MoE block applies the norm inside its router's launch."""
-        if self.is_moe:
-            ids, weights, h, s = self.mlp.norm_route(x, residual, self.post_attention_layernorm)
-            return self.reduce(self.mlp.run_experts(h, ids, weights)), s, ids
-        h, s = self.post_attention_layernorm.add_norm(x, residual)
-        return self.reduce(self.mlp(h)), s, None
+        """The token mixer on h = input_layernorm(x), its residual add fused into the post-attention
+        norm: returns (post_attention_layernorm(x'), x') with x' = x + mixer(h)."""
+        h = self.linear_attn(h, cache, slot) if self.is_gdn else self.self_attn(h, cache, slot, rope)
+        return self.post_attention_layernorm.add_norm(self.reduce(h), x)
 
 
 def device_resident(backend: str) -> bool:
@@ -217,20 +193,17 @@ class HybridTarget(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(cfg.rotary_dim, cfg.rope_theta), persistent=False)
         self.feature_layers = tuple(feature_layers)  # layers whose output the drafter reads (its target_layer_ids)
         offset_norm, gated_norm = norm_ops(backend)
-        route, norm_route = router_ops(backend)
+        route = router_op(backend)
         attend, prepare = attention_ops(backend)
         conv = gdn_conv_op(backend)
-        project, norm_project, gated_project = linear_ops(backend)
+        project = linear_op(backend)
         for module in self.modules():
             if isinstance(module, Router):
                 module.op = route
-            elif isinstance(module, SparseMoE):
-                module.norm_route_op = norm_route
             elif isinstance(module, GatedAttention):
-                module.op, module.prepare_op = attend, prepare
-                module.linear_op, module.norm_linear_op = project, norm_project
+                module.op, module.prepare_op, module.linear_op = attend, prepare, project
             elif isinstance(module, GatedDeltaNet):
-                module.conv_op, module.norm_linear_op, module.gated_linear_op = conv, norm_project, gated_project
+                module.conv_op, module.linear_op = conv, project
             elif isinstance(module, OffsetRMSNorm):
                 module.op = offset_norm
             elif isinstance(module, GatedRMSNorm):
@@ -268,8 +241,9 @@ class HybridTarget(nn.Module):
         u = tokens.shape[1]
         self._check_room(cache, u)
         layer = self.layers[0]
-        out, x = layer.mix(self.embed_tokens(tokens), None, cache, 0, rope=None)  # [B, u, hidden]
-        ids, weights, moe_input, residual = layer.mlp.norm_route(out, x, layer.post_attention_layernorm)
+        x = self.embed_tokens(tokens)
+        moe_input, residual = layer.mix(layer.input_layernorm(x), x, cache, 0, rope=None)  # [B, u, hidden]
+        ids, weights = layer.mlp.route(moe_input)
         return Stage0(u, residual, moe_input, ids, weights)
 
     @torch.no_grad()
@@ -280,7 +254,7 @@ class HybridTarget(nn.Module):
         rope = self._rope(cache, w)
         layer0 = self.layers[0]
         ids, weights = s0.expert_ids[:, :w], s0.expert_weights[:, :w]
-        # each layer's output is x + delta; the add happens inside the next layer's first launch, with its norm
+        # each layer's output is x + delta; the add is fused into the next norm, which also returns it
         delta = layer0.reduce(layer0.mlp.run_experts(s0.moe_input[:, :w], ids, weights))
         x = s0.residual[:, :w]
         routing = [ids] if record_routing else None
@@ -288,12 +262,17 @@ class HybridTarget(nn.Module):
         outputs = {}
         for index in range(1, len(self.layers)):
             layer = self.layers[index]
-            out, x = layer.mix(delta, x, cache, self._slot[index], rope)  # x: the output of layer index − 1
+            h, x = layer.input_layernorm.add_norm(delta, x)  # x: the output of layer index − 1
             if index - 1 in taps:
                 outputs[index - 1] = x
-            delta, x, ids = layer.mlp_block(out, x)
-            if routing is not None and ids is not None:
-                routing.append(ids)
+            h, x = layer.mix(h, x, cache, self._slot[index], rope)
+            if layer.is_moe:
+                delta, ids = layer.mlp(h)
+                delta = layer.reduce(delta)
+                if routing is not None:
+                    routing.append(ids)
+            else:
+                delta = layer.reduce(layer.mlp(h))
         normed, x = self.norm.add_norm(delta, x)
         if len(self.layers) - 1 in taps:
             outputs[len(self.layers) - 1] = x
