@@ -64,10 +64,6 @@ DISTINCT = (8, 16, 32, 48, 64, 80, 96, 112, 128)
 SWEEP: dict[str, dict] = {
     "tiles": {64: MoETuning()},
     "rows bn2 at 1": {1: MoETuning(rows=True, rows_bh=1), 2: MoETuning(rows=True, rows_bn=1), 64: MoETuning()},
-    "down bh2 at 1": {1: MoETuning(rows=True, rows_bn=1, rows_bh=2), 2: MoETuning(rows=True, rows_bn=1),
-                      64: MoETuning()},
-    "down bh4 at 1, 2": {1: MoETuning(rows=True, rows_bn=1, rows_bh=4), 2: MoETuning(rows=True, rows_bn=1, rows_bh=4),
-                         64: MoETuning()},
 }
 
 
