@@ -24,8 +24,8 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 `--variants a,b` runs steps 1–4 for each variant on the same loaded model (rows and checks tagged
 `variant`): `shipped`, an op family put back on its PyTorch reference or its previous form, a
 switch turned off, or a form on trial (`VARIANTS`: `two-step-topk`, `prepare-ref`, `no-pdl`,
-`torch-sampling`, `library-linear`, `moe-tiles`, `router-tiles`, `router-w1`, `router-w2`; `a+b` both
-at once), to measure a kernel or a launch mode against what it replaced side by side in one process.
+`torch-sampling`, `library-linear`, `moe-tiles`, `router-tiles`; `a+b` both at once), to measure a
+kernel or a launch mode against what it replaced side by side in one process.
 `--tp N --layouts columns,experts` loads each model once per MoE layout (every expert's columns
 split across the ranks, or expert parallelism) and runs everything on each (rows and checks tagged
 `layout`).
@@ -83,9 +83,6 @@ VARIANTS = {
     "two-step-topk": {moe_router: {"ROUTER_TILES": moe_router.ROUTER_TILES._replace(packed_rows=0)}},
     # the router of one or two tokens by the tile form, not the register-slice one
     "router-tiles": {moe_router: {"ROUTER_TILES": moe_router.ROUTER_TILES._replace(rows_tokens=0)}},
-    # the one-token router's programs with one or two warps (its last program's reductions in fewer warps)
-    "router-w1": {moe_router: {"ROUTER_TILES": moe_router.ROUTER_TILES._replace(rows_warps=1)}},
-    "router-w2": {moe_router: {"ROUTER_TILES": moe_router.ROUTER_TILES._replace(rows_warps=2)}},
     "prepare-ref": {GatedAttention: {"prepare_op": attention_reference.norm_rope_store}},
     "no-pdl": {pdl: {"ENABLED": False}},  # the kernels of `kernels/pdl.py` launched without PDL
     "torch-sampling": {resident: {"FUSED_SAMPLING": False}},  # the point-mass rule's torch form
