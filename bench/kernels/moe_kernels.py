@@ -17,7 +17,8 @@ Phases, each printed as it runs and written to OUT/moe_kernels.json and .md:
    timed eagerly; the floor is the bytes of the distinct experts' weights plus the shared expert
    over the device-to-device copy bandwidth measured in the same run; ours on the routed experts
    only (`hybridspec[routed only]`, SGLang's kernel's work) beside `floor_routed`, the routed
-   experts' bytes alone; with --sweep also the tables of SWEEP and the gate_up launch alone
+   experts' bytes alone; with --sweep also the tables of SWEEP, the down launches of DOWN_SWEEP and
+   the gate_up launch alone
    (`hybridspec[gate_up]`; the down launch takes the rest of the whole call);
 3. runtime: the `qwen3.6-35b-a3b` preset (random weights, bf16, Triton GDN, random drafter),
    `ar`, `static:4` and `full` on a 128-token prompt, ms per round and per token, with the
@@ -39,6 +40,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from cuda_timing import copy_bandwidth, graph_us
+import moe_down_previous
 from moe_report import write_report
 
 from hybridspec.collectors.moe import routing_with_distinct
@@ -64,6 +66,14 @@ DISTINCT = (8, 16, 32, 48, 64, 80, 96, 112, 128)
 SWEEP: dict[str, dict] = {
     "tiles": {64: MoETuning()},
     "rows bn2 at 1": {1: MoETuning(rows=True, rows_bh=1), 2: MoETuning(rows=True, rows_bn=1), 64: MoETuning()},
+}
+# the register-slice down launch alone replaced: name → (launcher or None for the shipped one, BH, warps;
+# None keeps the table's); `moe_down_previous.py` is the form that loads each expert's id after the wait
+DOWN_SWEEP: dict[str, tuple] = {
+    "down previous": (moe_down_previous.launch_down_rows, None, None),
+    "down bh1 w8": (None, 1, 8),
+    "down bh1 at 2": (None, 1, None),
+    "down previous bh1 at 2": (moe_down_previous.launch_down_rows, 1, None),
 }
 
 
@@ -127,6 +137,24 @@ def ours(tuning=MOE_TUNING, shared: bool = True):
     def make(layer: Layer, inp: Inputs):
         return lambda: moe_triton.moe_experts(inp.x, inp.ids, inp.weights, layer.gate_up, layer.down,
                                               layer.shared if shared else None, tuning=tuning)
+    return make
+
+
+def ours_down(launcher, block_h, warps):
+    """Ours with the register-slice down launch replaced (`DOWN_SWEEP`), while the call is made (and
+    captured)."""
+    def make(layer: Layer, inp: Inputs):
+        def call():
+            shipped = moe_triton.launch_down_rows
+
+            def down(act, down_w, shared, ids, out, bh, w, first):
+                (launcher or shipped)(act, down_w, shared, ids, out, block_h or bh, warps or w, first)
+            moe_triton.launch_down_rows = down
+            try:
+                return moe_triton.moe_experts(inp.x, inp.ids, inp.weights, layer.gate_up, layer.down, layer.shared)
+            finally:
+                moe_triton.launch_down_rows = shipped
+        return call
     return make
 
 
@@ -346,6 +374,7 @@ def main(argv=None) -> int:
             print(f"--sweep-rows: no SWEEP row named {unknown} (rows: {list(SWEEP)})", file=sys.stderr)
             return 2
         impls.update({f"hybridspec[{name}]": ours(SWEEP[name]) for name in rows})
+        impls.update({f"hybridspec[{name}]": ours_down(*DOWN_SWEEP[name]) for name in DOWN_SWEEP})
         impls.update({"hybridspec[gate_up]": ours_gate_up(),
                       "hybridspec[gate_up, routed only]": ours_gate_up(shared=False)})
     bandwidth = copy_bandwidth(samples=10)
@@ -357,7 +386,8 @@ def main(argv=None) -> int:
     for model in result["models"]:
         layers = [Layer(model, seed=r) for r in range(ROTATIONS)]
         checked = {k: v for k, v in impls.items()
-                   if "[" not in k or k == "hybridspec[routed only]" or k[len("hybridspec["):-1] in SWEEP}
+                   if "[" not in k or k == "hybridspec[routed only]" or k[len("hybridspec["):-1] in SWEEP
+                   or k[len("hybridspec["):-1] in DOWN_SWEEP}
         result["checks"] += check(model, layers[0], checked, log)
         result["rows"] += time_all(model, layers, impls, samples, replays, bandwidth, lengths, distincts, log)
         result["eta"] += [e for e in (fit_eta(result["rows"], i, model) for i in impls) if e]
