@@ -66,6 +66,7 @@ DISTINCT = (8, 16, 32, 48, 64, 80, 96, 112, 128)
 SWEEP: dict[str, dict] = {
     "tiles": {64: MoETuning()},
     "rows bn2 at 1": {1: MoETuning(rows=True, rows_bh=1), 2: MoETuning(rows=True, rows_bn=1), 64: MoETuning()},
+    "down ids early": {**MOE_TUNING, 64: MoETuning(down_ids_early=True)},
 }
 # the register-slice down launch alone replaced: name → (launcher or None for the shipped one, BH, warps;
 # None keeps the table's); `moe_down_previous.py` is the form that loads each expert's id after the wait

@@ -50,17 +50,21 @@ def _moe_down_kernel(act_ptr, d_ptr, sd_ptr, ids_ptr, arrivals_ptr, y_ptr, out_p
                      stride_de, stride_dh, stride_sdh, stride_yn, stride_yk, stride_on,
                      N, K: tl.constexpr, E: tl.constexpr, H: tl.constexpr, I: tl.constexpr, IS: tl.constexpr,
                      BM: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr, NKP: tl.constexpr, KP: tl.constexpr,
-                     PRECISION: tl.constexpr, WIDEN: tl.constexpr, USE_GDC: tl.constexpr):
+                     PRECISION: tl.constexpr, WIDEN: tl.constexpr, IDS_EARLY: tl.constexpr,
+                     USE_GDC: tl.constexpr):
+    i_s, i_t = tl.program_id(0), tl.program_id(1)
+    if IDS_EARLY:  # the ids were written two launches back: complete when this kernel starts (`kernels/pdl.py`)
+        e, b_kpos, active = assignment_expert(ids_ptr, tl.minimum(i_s, N * K - 1), N, FIRST, E, K, BM, NKP, KP)
     if USE_GDC:
         wait_then_release()
-    i_s, i_t = tl.program_id(0), tl.program_id(1)
     o_m = tl.arange(0, BM)
     o_h = i_t * BH + tl.arange(0, BH)
     o_c = tl.arange(0, BK)
     h_ok = o_h < H
     m_ok = o_m < N
     if i_s < N * K:
-        e, b_kpos, active = assignment_expert(ids_ptr, i_s, N, FIRST, E, K, BM, NKP, KP)
+        if not IDS_EARLY:
+            e, b_kpos, active = assignment_expert(ids_ptr, i_s, N, FIRST, E, K, BM, NKP, KP)
         if active:
             hit = b_kpos >= 0
             p_a = act_ptr + o_m[:, None] * stride_an + b_kpos[:, None] * stride_ak + o_c[None, :]
@@ -111,4 +115,4 @@ def launch_down(act, down, shared, ids, arrivals, out, block_m: int, tuning, wid
         out.stride(0), N=n, K=k, E=e, H=h, I=i, IS=i_s, BM=block_m, BH=bh, BK=bk,
         NKP=triton.next_power_of_2(block_m * k), KP=triton.next_power_of_2(k),
         PRECISION="ieee" if act.dtype == torch.float32 else "tf32", WIDEN=widen,
-        num_warps=tuning.down_warps, num_stages=tuning.down_stages, **pdl.options(act))
+        IDS_EARLY=tuning.down_ids_early, num_warps=tuning.down_warps, num_stages=tuning.down_stages, **pdl.options(act))
