@@ -40,12 +40,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from cuda_timing import copy_bandwidth, graph_us
-import moe_down_previous
 from moe_report import write_report
 
 from hybridspec.collectors.moe import routing_with_distinct
 from hybridspec.kernels.moe import SharedExpert
 from hybridspec.kernels.moe import reference as moe_reference
+from hybridspec.kernels.moe import down_rows
 from hybridspec.kernels.moe import triton as moe_triton
 from hybridspec.kernels.moe.down import column_tiles
 from hybridspec.kernels.moe.gate_up import launch_gate_up
@@ -68,13 +68,13 @@ SWEEP: dict[str, dict] = {
     "rows bn2 at 1": {1: MoETuning(rows=True, rows_bh=1), 2: MoETuning(rows=True, rows_bn=1), 64: MoETuning()},
     "down ids early": {**MOE_TUNING, 64: MoETuning(down_ids_early=True)},
 }
-# the register-slice down launch alone replaced: name → (launcher or None for the shipped one, BH, warps;
-# None keeps the table's); `moe_down_previous.py` is the form that loads each expert's id after the wait
+# the register-slice down launch alone changed: name → (down_rows.ONE_LOAD_ELEMENTS, BH, warps; None keeps
+# the shipped value); ONE_LOAD_ELEMENTS 0: every call reads one assignment's id and slice at a time after the wait
 DOWN_SWEEP: dict[str, tuple] = {
-    "down previous": (moe_down_previous.launch_down_rows, None, None),
+    "down one at a time": (0, None, None),
     "down bh1 w8": (None, 1, 8),
     "down bh1 at 2": (None, 1, None),
-    "down previous bh1 at 2": (moe_down_previous.launch_down_rows, 1, None),
+    "down one at a time, bh1 at 2": (0, 1, None),
 }
 
 
@@ -141,20 +141,21 @@ def ours(tuning=MOE_TUNING, shared: bool = True):
     return make
 
 
-def ours_down(launcher, block_h, warps):
-    """Ours with the register-slice down launch replaced (`DOWN_SWEEP`), while the call is made (and
+def ours_down(elements, block_h, warps):
+    """Ours with the register-slice down launch changed (`DOWN_SWEEP`) while the call is made (and
     captured)."""
     def make(layer: Layer, inp: Inputs):
         def call():
-            shipped = moe_triton.launch_down_rows
+            shipped, shipped_elements = moe_triton.launch_down_rows, down_rows.ONE_LOAD_ELEMENTS
 
             def down(act, down_w, shared, ids, out, bh, w, first):
-                (launcher or shipped)(act, down_w, shared, ids, out, block_h or bh, warps or w, first)
+                shipped(act, down_w, shared, ids, out, block_h or bh, warps or w, first)
             moe_triton.launch_down_rows = down
+            down_rows.ONE_LOAD_ELEMENTS = shipped_elements if elements is None else elements
             try:
                 return moe_triton.moe_experts(inp.x, inp.ids, inp.weights, layer.gate_up, layer.down, layer.shared)
             finally:
-                moe_triton.launch_down_rows = shipped
+                moe_triton.launch_down_rows, down_rows.ONE_LOAD_ELEMENTS = shipped, shipped_elements
         return call
     return make
 
@@ -343,7 +344,8 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default="35b,122b")
     ap.add_argument("--quick", action="store_true", help="T in {1, 16}, 3 distinct counts, 5 samples")
     ap.add_argument("--sweep", action="store_true", help="also time the tuning variants of SWEEP")
-    ap.add_argument("--sweep-rows", default=None, help="with --sweep: comma list of SWEEP names to time (default all)")
+    ap.add_argument("--sweep-rows", default=None,
+                    help="with --sweep: comma list of SWEEP / DOWN_SWEEP names to time (default all)")
     ap.add_argument("--no-runtime", action="store_true")
     ap.add_argument("--no-sglang", action="store_true")
     ap.add_argument("--baselines", type=Path, default=Path(".baselines/site"))
@@ -369,13 +371,14 @@ def main(argv=None) -> int:
     impls["hybridspec[routed only]"] = ours(shared=False)  # SGLang's kernel's work: the routed experts
     impls["torch_loop"] = torch_loop
     if args.sweep:
-        rows = [r for r in args.sweep_rows.split(",") if r] if args.sweep_rows else list(SWEEP)
-        unknown = [r for r in rows if r not in SWEEP]
+        rows = [r for r in args.sweep_rows.split(",") if r] if args.sweep_rows else [*SWEEP, *DOWN_SWEEP]
+        unknown = [r for r in rows if r not in SWEEP and r not in DOWN_SWEEP]
         if unknown:
-            print(f"--sweep-rows: no SWEEP row named {unknown} (rows: {list(SWEEP)})", file=sys.stderr)
+            print(f"--sweep-rows: no SWEEP or DOWN_SWEEP row named {unknown} (rows: {[*SWEEP, *DOWN_SWEEP]})",
+                  file=sys.stderr)
             return 2
-        impls.update({f"hybridspec[{name}]": ours(SWEEP[name]) for name in rows})
-        impls.update({f"hybridspec[{name}]": ours_down(*DOWN_SWEEP[name]) for name in DOWN_SWEEP})
+        impls.update({f"hybridspec[{name}]": ours(SWEEP[name]) if name in SWEEP else ours_down(*DOWN_SWEEP[name])
+                      for name in rows})
         impls.update({"hybridspec[gate_up]": ours_gate_up(),
                       "hybridspec[gate_up, routed only]": ours_gate_up(shared=False)})
     bandwidth = copy_bandwidth(samples=10)

@@ -2,7 +2,8 @@
 CPU tensors) against the float64 oracle: one to four tokens, k in {1, 2, 8, 10}, awkward widths
 (non-powers of two, slices wider than a width), two tokens on one expert, the shared expert alone,
 expert-parallel parts, bf16 and fp32; every output written (memory poisoned with NaN); no host
-read; and the tuning table's guard on the token count."""
+read; and the tuning table's guard on the token count. Every test runs both forms of the down
+launch: the call's slices in one load (ids read before the wait), and one assignment at a time."""
 
 from __future__ import annotations
 
@@ -17,11 +18,29 @@ from tests.tolerance import assert_close
 
 pytest.importorskip("triton")
 
+from hybridspec.kernels.moe import down_rows  # noqa: E402
 from hybridspec.kernels.moe import triton as moe_triton  # noqa: E402
 from hybridspec.kernels.moe.tuning import ROWS_MAX_TOKENS, MoETuning, tuning_for  # noqa: E402
 
 RATIO = {torch.float32: 2e-6, torch.bfloat16: 1e-2}
 ROWS = MappingProxyType({ROWS_MAX_TOKENS: MoETuning(rows=True), 64: MoETuning()})
+
+
+@pytest.fixture(autouse=True, params=["one load", "one at a time"])
+def down_form(request, monkeypatch):
+    """The down launch's form: the shipped bound (every call here fits one load), or none."""
+    if request.param == "one at a time":
+        monkeypatch.setattr(down_rows, "ONE_LOAD_ELEMENTS", 0)
+    return request.param
+
+
+def test_one_load_takes_the_35b_calls_of_one_and_two_tokens_and_not_the_122b_two_token_call(down_form):
+    if down_form == "one load":
+        assert down_rows.one_load(1, 8, 1, 512) and down_rows.one_load(2, 8, 2, 512)  # 35B, shipped BH
+        assert down_rows.one_load(1, 8, 1, 1024) and not down_rows.one_load(2, 8, 2, 1024)  # 122B
+        assert not down_rows.one_load(2, 10, 2, 512)  # 80B's k = 10: 32 assignments' rows
+    else:
+        assert not down_rows.one_load(1, 1, 1, 16)
 
 
 def _check(name, args, tuning=ROWS):

@@ -51,9 +51,9 @@ def test_the_tile_kernels_at_one_and_two_tokens(n, dtype):
 @pytest.mark.parametrize("shape, first", [((4, 8, 64, 48, 24, 40), 0), ((16, 2, 16, 32, 16, 0), 0),
                                           ((6, 4, 32, 32, 40, 24), 8)])
 def test_the_down_kernel_finding_its_experts_before_the_wait_gives_the_same_bits(shape, first):
-    """`MoETuning.down_ids_early`: the same experts, rows and sums as finding them after the wait (with
-    and without the shared expert, and under expert parallelism: the experts [first, first + 16)
-    held here)."""
+    """`MoETuning.down_ids_early` (its lookup before the wait; the interpreter has no wait to order):
+    the same experts, rows and sums as the lookup after it, with and without the shared expert, and
+    with the experts [8, 24) held here (expert parallelism)."""
     args = moe_inputs(*shape, dtype=torch.bfloat16, seed=shape[0])
     if first:
         args["gate_up"], args["down"] = args["gate_up"][first : first + 16], args["down"][first : first + 16]

@@ -104,7 +104,8 @@ def launch_down(act, down, shared, ids, arrivals, out, block_m: int, tuning, wid
     """act [N, k + 1, max(I, Is)] from the gate_up kernel, down [E, H, I] (experts first_expert…
     first_expert + E − 1 of the ids), shared (or None), ids [N, k] (contiguous), arrivals (int32,
     one per column tile, zeroed by the gate_up launch), out [N, H] (written); widen: under the
-    interpreter."""
+    interpreter. With tuning.down_ids_early the ids are read before the PDL wait: written at least
+    two launches back."""
     n, k, e, h, i, i_s, sd = down_operands("launch_down", act, down, shared, ids)
     bh, tiles = column_tiles(h, tuning)
     bk = step_width(tuning.down_bk, max(i, i_s), block_m + bh, act.element_size(), tuning.down_stages)

@@ -62,6 +62,8 @@ def moe_experts(x: Tensor, ids: Tensor, weights: Tensor, gate_up: Tensor, down: 
 
 
 def _moe_piece(x, ids, weights, gate_up, down, shared, out, tuning, first_expert: int) -> None:
+    # no launch between gate_up and down: the down launches may read the ids before their PDL wait
+    # (written before gate_up, so two launches back; `kernels/pdl.py`)
     n, k = ids.shape
     if tuning.rows:
         i, i_s = gate_up.shape[1] // 2, shared.gate.shape[0] if shared is not None else 0
