@@ -103,6 +103,12 @@ VARIANTS = {
 def apply_variant(target, name: str) -> list[tuple]:
     """Set a variant's ops on the target's modules (`a+b`: both variants); returns what to put back,
     in the order to put it back."""
+    set_by = {}
+    for part in name.split("+"):
+        for key, attrs in VARIANTS[part].items():
+            for attr in attrs:
+                if set_by.setdefault((key, attr), part) != part:  # the later part would silently win
+                    raise ValueError(f"variant {name!r}: {set_by[key, attr]!r} and {part!r} both set {attr}")
     undo = []
     for key, attrs in (item for part in name.split("+") for item in VARIANTS[part].items()):
         owners = [key] if not isinstance(key, type) else [m for m in target.modules() if isinstance(m, key)]

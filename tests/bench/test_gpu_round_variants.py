@@ -1,7 +1,8 @@
 """The device benchmarks' variant tables, checked on the CPU before any device time is spent on
 them: every `bench/gpu_round.py` variant sets only attributes that its modules already have (a
 misspelt one would time the shipped code under the variant's name) and puts every one back, and
-every MoE sweep row of `bench/kernels/moe_kernels.py` is a valid tuning table."""
+a combination whose parts set one attribute is refused; every MoE sweep row of
+`bench/kernels/moe_kernels.py` is a valid tuning table, and every down-launch row names a form."""
 
 from __future__ import annotations
 
@@ -42,6 +43,13 @@ def test_each_variant_sets_existing_attributes_and_puts_them_back(target, name):
     assert all(getattr(owner, attr) is before for owner, attr, before in undo)
 
 
+def test_two_parts_setting_one_attribute_are_refused_before_anything_is_set(target):
+    before = gpu_round.moe_triton.MOE_TUNING
+    with pytest.raises(ValueError, match="both set MOE_TUNING"):
+        gpu_round.apply_variant(target, "moe-tiles+moe-down-ids-early")
+    assert gpu_round.moe_triton.MOE_TUNING is before
+
+
 def test_the_moe_sweep_rows_are_tuning_tables():
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "kernels"))
     moe_kernels = pytest.importorskip("moe_kernels")
@@ -50,3 +58,13 @@ def test_the_moe_sweep_rows_are_tuning_tables():
     for name, table in moe_kernels.SWEEP.items():
         assert table and all(isinstance(k, int) and isinstance(v, MoETuning) for k, v in table.items()), name
         assert max(table) >= 64, f"{name}: calls of up to 64 tokens need a row"
+
+
+def test_the_down_sweep_rows_change_the_down_launch():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "kernels"))
+    moe_kernels = pytest.importorskip("moe_kernels")
+    for name, (elements, block_h, warps) in moe_kernels.DOWN_SWEEP.items():
+        assert (elements, block_h, warps) != (None, None, None), f"{name} times the shipped launch"
+        assert elements is None or elements >= 0
+        assert block_h is None or block_h & (block_h - 1) == 0
+        assert warps in (None, 1, 2, 4, 8)
