@@ -17,17 +17,14 @@
 # bare: what one dependent launch costs in a graph (bench/kernels/launch_chain.py), greedy `ar`
 #   shipped, then again in a process whose cuBLAS has no workspace (no split-K with its separate
 #   reduce launch), then the MoE GPU tests; CAP 590.
-# downs: the two down-launch changes against their previous forms: one MoE layer at both presets
-#   (moe_kernels.py, DOWN_SWEEP's "down one at a time" and SWEEP's "down ids early"), then whole rounds
-#   (variants shipped, moe-down-one-at-a-time, moe-down-ids-early); CAP 590.
 # rest: moe, tests and tp1 in one call, in that order (round and sampled are calls of their own). The logs print
 # every row as it is measured, and gpu_round.py rewrites its JSON after each variant.
 set -u
-OUT=$(realpath -m "${1:?usage: bash bench/device_round.sh OUT [round|ncu|bare|rest|sampled|moe|tests|tp1|downs] [CAP]}")
+OUT=$(realpath -m "${1:?usage: bash bench/device_round.sh OUT [round|ncu|bare|rest|sampled|moe|tests|tp1] [CAP]}")
 STEP=${2:-round}
 CAP=${3:-590}
 MOE_LENGTHS=1,2,4,16 LAUNCH_CAP=0 BARE_CAP=0 MOE_TESTS_CAP=0 ROUND_CAP=0 NCU_CAP=0 SAMPLED_CAP=0
-MOE_CAP=0 TESTS_CAP=0 TP1_CAP=0 DOWNS_CAP=0
+MOE_CAP=0 TESTS_CAP=0 TP1_CAP=0
 case "$STEP" in
   round) ROUND_CAP="$CAP" ;;
   ncu) NCU_CAP="$CAP" ;;
@@ -37,8 +34,7 @@ case "$STEP" in
   sampled) SAMPLED_CAP="$CAP" ;;
   moe) MOE_CAP="$CAP" ;;
   tests) TESTS_CAP="$CAP" ;;
-  downs) DOWNS_CAP="$CAP" ;;
-  *) echo "device_round.sh: step must be round, ncu, bare, rest, sampled, moe, tests, tp1 or downs, not '$STEP'" >&2
+  *) echo "device_round.sh: step must be round, ncu, bare, rest, sampled, moe, tests or tp1, not '$STEP'" >&2
     exit 2 ;;
 esac
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -60,15 +56,6 @@ if [ "$MOE_CAP" -gt 0 ]; then
     --no-sglang --quick --lengths "$MOE_LENGTHS" > "$OUT/moe.log" 2>&1)
   echo "moe_kernels rc $?"
   [ -f "$OUT/moe/moe_kernels.md" ] && sed -n '/random routing/,/^## η/p' "$OUT/moe/moe_kernels.md"
-fi
-if [ "$DOWNS_CAP" -gt 0 ]; then
-  mkdir -p "$OUT/downs_moe"
-  (cd bench/kernels && timeout $((DOWNS_CAP / 5)) python3 moe_kernels.py --out "$OUT/downs_moe" --models 35b,122b \
-    --sweep --sweep-rows "down one at a time,down ids early" --no-runtime --no-sglang --quick --lengths 1,2,4,8,16 \
-    > "$OUT/downs_moe.log" 2>&1)
-  echo "moe_kernels (downs) rc $?"
-  [ -f "$OUT/downs_moe/moe_kernels.md" ] && grep -A9 "random routing" "$OUT/downs_moe/moe_kernels.md" | cut -c1-260
-  round downs $((DOWNS_CAP * 4 / 5 - 10)) --variants shipped,moe-down-one-at-a-time,moe-down-ids-early
 fi
 if [ "$ROUND_CAP" -gt 0 ]; then
   round round "$ROUND_CAP" --variants "${VARIANTS:-shipped}"

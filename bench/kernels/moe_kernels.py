@@ -66,7 +66,6 @@ DISTINCT = (8, 16, 32, 48, 64, 80, 96, 112, 128)
 SWEEP: dict[str, dict] = {
     "tiles": {64: MoETuning()},
     "rows bn2 at 1": {1: MoETuning(rows=True, rows_bh=1), 2: MoETuning(rows=True, rows_bn=1), 64: MoETuning()},
-    "down ids early": {**MOE_TUNING, 64: MoETuning(down_ids_early=True)},
 }
 # the register-slice down launch alone changed: name → (down_rows.ONE_LOAD_ELEMENTS, BH, warps; None keeps
 # the shipped value); ONE_LOAD_ELEMENTS 0: every call reads one assignment's id and slice at a time after the wait

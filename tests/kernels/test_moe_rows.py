@@ -34,10 +34,11 @@ def down_form(request, monkeypatch):
     return request.param
 
 
-def test_one_load_takes_the_35b_calls_of_one_and_two_tokens_and_not_the_122b_two_token_call(down_form):
+def test_one_load_takes_the_35b_calls_of_one_and_two_tokens_and_no_122b_call(down_form):
     if down_form == "one load":
         assert down_rows.one_load(1, 8, 1, 512) and down_rows.one_load(2, 8, 2, 512)  # 35B, shipped BH
-        assert down_rows.one_load(1, 8, 1, 1024) and not down_rows.one_load(2, 8, 2, 1024)  # 122B
+        assert not down_rows.one_load(1, 8, 1, 1024) and not down_rows.one_load(2, 8, 2, 1024)  # 122B: I = 1024
+        assert down_rows.one_load(1, 8, 1, 300)  # I rounds up to 512
         assert not down_rows.one_load(2, 10, 2, 512)  # 80B's k = 10: 32 assignments' rows
     else:
         assert not down_rows.one_load(1, 1, 1, 16)

@@ -48,20 +48,6 @@ def test_the_tile_kernels_at_one_and_two_tokens(n, dtype):
     _check(f"tiles N={n}", moe_inputs(n, 8, 64, 48, 24, 40, dtype=dtype, seed=n), tuning={64: MoETuning()})
 
 
-@pytest.mark.parametrize("shape, first", [((4, 8, 64, 48, 24, 40), 0), ((16, 2, 16, 32, 16, 0), 0),
-                                          ((6, 4, 32, 32, 40, 24), 8)])
-def test_the_down_kernel_finding_its_experts_before_the_wait_gives_the_same_bits(shape, first):
-    """`MoETuning.down_ids_early` (its lookup before the wait; the interpreter has no wait to order):
-    the same experts, rows and sums as the lookup after it, with and without the shared expert, and
-    with the experts [8, 24) held here (expert parallelism)."""
-    args = moe_inputs(*shape, dtype=torch.bfloat16, seed=shape[0])
-    if first:
-        args["gate_up"], args["down"] = args["gate_up"][first : first + 16], args["down"][first : first + 16]
-    late = moe_triton.moe_experts(**args, first_expert=first, tuning={64: MoETuning()})
-    early = moe_triton.moe_experts(**args, first_expert=first, tuning={64: MoETuning(down_ids_early=True)})
-    assert torch.equal(early, late)
-
-
 @pytest.mark.parametrize("name, shape, route, dtype", [
     ("k8-E256-bf16", (16, 8, 256, 64, 32, 32), {}, torch.bfloat16),
     ("k10-E512", (12, 10, 512, 48, 16, 16), {}, torch.float32),

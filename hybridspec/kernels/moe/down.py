@@ -50,11 +50,11 @@ def _moe_down_kernel(act_ptr, d_ptr, sd_ptr, ids_ptr, arrivals_ptr, y_ptr, out_p
                      stride_de, stride_dh, stride_sdh, stride_yn, stride_yk, stride_on,
                      N, K: tl.constexpr, E: tl.constexpr, H: tl.constexpr, I: tl.constexpr, IS: tl.constexpr,
                      BM: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr, NKP: tl.constexpr, KP: tl.constexpr,
-                     PRECISION: tl.constexpr, WIDEN: tl.constexpr, IDS_EARLY: tl.constexpr,
-                     USE_GDC: tl.constexpr):
+                     PRECISION: tl.constexpr, WIDEN: tl.constexpr, USE_GDC: tl.constexpr):
     i_s, i_t = tl.program_id(0), tl.program_id(1)
-    if IDS_EARLY:  # the ids were written two launches back: complete when this kernel starts (`kernels/pdl.py`)
-        e, b_kpos, active = assignment_expert(ids_ptr, tl.minimum(i_s, N * K - 1), N, FIRST, E, K, BM, NKP, KP)
+    # the ids were written two launches back (before the gate_up launch's wait): complete when this kernel
+    # starts (`kernels/pdl.py`), so the expert lookup runs before this kernel's own wait
+    e, b_kpos, active = assignment_expert(ids_ptr, tl.minimum(i_s, N * K - 1), N, FIRST, E, K, BM, NKP, KP)
     if USE_GDC:
         wait_then_release()
     o_m = tl.arange(0, BM)
@@ -63,8 +63,6 @@ def _moe_down_kernel(act_ptr, d_ptr, sd_ptr, ids_ptr, arrivals_ptr, y_ptr, out_p
     h_ok = o_h < H
     m_ok = o_m < N
     if i_s < N * K:
-        if not IDS_EARLY:
-            e, b_kpos, active = assignment_expert(ids_ptr, i_s, N, FIRST, E, K, BM, NKP, KP)
         if active:
             hit = b_kpos >= 0
             p_a = act_ptr + o_m[:, None] * stride_an + b_kpos[:, None] * stride_ak + o_c[None, :]
@@ -104,8 +102,8 @@ def launch_down(act, down, shared, ids, arrivals, out, block_m: int, tuning, wid
     """act [N, k + 1, max(I, Is)] from the gate_up kernel, down [E, H, I] (experts first_expert…
     first_expert + E − 1 of the ids), shared (or None), ids [N, k] (contiguous), arrivals (int32,
     one per column tile, zeroed by the gate_up launch), out [N, H] (written); widen: under the
-    interpreter. With tuning.down_ids_early the ids are read before the PDL wait: written at least
-    two launches back."""
+    interpreter. The ids are read before the PDL wait: they must be written at least two launches
+    back (the gate_up launch reads them too)."""
     n, k, e, h, i, i_s, sd = down_operands("launch_down", act, down, shared, ids)
     bh, tiles = column_tiles(h, tuning)
     bk = step_width(tuning.down_bk, max(i, i_s), block_m + bh, act.element_size(), tuning.down_stages)
@@ -116,4 +114,4 @@ def launch_down(act, down, shared, ids, arrivals, out, block_m: int, tuning, wid
         out.stride(0), N=n, K=k, E=e, H=h, I=i, IS=i_s, BM=block_m, BH=bh, BK=bk,
         NKP=triton.next_power_of_2(block_m * k), KP=triton.next_power_of_2(k),
         PRECISION="ieee" if act.dtype == torch.float32 else "tf32", WIDEN=widen,
-        IDS_EARLY=tuning.down_ids_early, num_warps=tuning.down_warps, num_stages=tuning.down_stages, **pdl.options(act))
+        num_warps=tuning.down_warps, num_stages=tuning.down_stages, **pdl.options(act))

@@ -79,13 +79,17 @@ def _moe_down_rows_kernel(act_ptr, d_ptr, sd_ptr, ids_ptr, out_ptr, FIRST, strid
 
 
 ONE_LOAD_ELEMENTS = 16384  # the largest [N·k, BH, I] (each a power of two) read in one load
+ONE_LOAD_INTERMEDIATE = 512  # the widest expert (I, a power of two) read in one load
 
 
 def one_load(n: int, k: int, block_h: int, intermediate: int) -> bool:
     """Whether a call's [N·k, BH, I] slices (each rounded up to a power of two) are read in one load:
-    at most ONE_LOAD_ELEMENTS, as at the 35B shapes at one and two tokens (8·1·512, 16·2·512); the
-    122B shapes at two tokens (16·2·1024) spill registers in that form (offline sm_90 build)."""
-    return triton.next_power_of_2(n * k) * block_h * triton.next_power_of_2(intermediate) <= ONE_LOAD_ELEMENTS
+    at most ONE_LOAD_ELEMENTS values of experts at most ONE_LOAD_INTERMEDIATE wide, as at the 35B
+    shapes at one and two tokens (8·1·512, 16·2·512). The 122B shapes (I = 1024) read one slice at a
+    time: at one token the one load is slower there, at two it spills registers."""
+    width = triton.next_power_of_2(intermediate)
+    return (width <= ONE_LOAD_INTERMEDIATE
+            and triton.next_power_of_2(n * k) * block_h * width <= ONE_LOAD_ELEMENTS)
 
 
 def launch_down_rows(act, down, shared, ids, out, block_h: int, warps: int, first_expert: int = 0) -> None:

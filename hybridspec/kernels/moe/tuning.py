@@ -9,8 +9,7 @@ from types import MappingProxyType
 @dataclass(frozen=True)
 class MoETuning:
     """gate_up_*: tile of BN intermediate columns (gate and up rows) over BK hidden columns per step;
-    down_*: tile of BH hidden outputs over BK intermediate columns per step; down_ids_early: the down
-    tile kernel finds its expert from the ids before its PDL wait instead of after it. rows: the register-slice
+    down_*: tile of BH hidden outputs over BK intermediate columns per step. rows: the register-slice
     kernels instead (`gate_up_rows.py`, `down_rows.py`; calls of at most ROWS_MAX_TOKENS tokens), each
     program rows_bn intermediate columns of gate_up or rows_bh hidden outputs of down, rows_warps warps."""
 
@@ -22,7 +21,6 @@ class MoETuning:
     down_bk: int = 128
     down_warps: int = 4
     down_stages: int = 3
-    down_ids_early: bool = False
     rows: bool = False
     rows_bn: int = 2
     rows_bh: int = 2
