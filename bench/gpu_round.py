@@ -24,8 +24,7 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 `--variants a,b` runs steps 1–4 for each variant on the same loaded model (rows and checks tagged
 `variant`): `shipped`, an op family put back on its PyTorch reference or its previous form, a
 switch turned off, or a form on trial (`VARIANTS`: `two-step-topk`, `prepare-ref`, `no-pdl`,
-`torch-sampling`, `library-linear`, `moe-tiles`, `router-tiles`, `linear-weights-after-wait`,
-`router-weights-after-wait`; `a+b` both at once), to measure a kernel or a launch mode against what it
+`torch-sampling`, `library-linear`, `moe-tiles`, `router-tiles`; `a+b` both at once), to measure a kernel or a launch mode against what it
 replaced side by side in one process.
 `--tp N --layouts columns,experts` loads each model once per MoE layout (every expert's columns
 split across the ranks, or expert parallelism) and runs everything on each (rows and checks tagged
@@ -60,9 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.kernels.cuda_timing import copy_bandwidth, median_us  # noqa: E402
 from hybridspec.kernels import pdl  # noqa: E402
 from hybridspec.kernels.attention import reference as attention_reference  # noqa: E402
-from hybridspec.kernels.linear import rows as linear_rows  # noqa: E402
 from hybridspec.kernels.moe import router as moe_router  # noqa: E402
-from hybridspec.kernels.moe import router_rows  # noqa: E402
 from hybridspec.kernels.moe import triton as moe_triton  # noqa: E402
 from hybridspec.kernels.moe.tuning import MoETuning  # noqa: E402
 from hybridspec.runtime import resident  # noqa: E402
@@ -93,9 +90,6 @@ VARIANTS = {
     "library-linear": {GatedDeltaNet: {"linear_op": F.linear}, GatedAttention: {"linear_op": F.linear}},
     # the experts of one or two tokens by the tile kernels, not the register-slice ones
     "moe-tiles": {moe_triton: {"MOE_TUNING": MappingProxyType({64: MoETuning()})}},
-    # the register-slice products and the one-token router loading their weights after the PDL wait
-    "linear-weights-after-wait": {linear_rows: {"WEIGHTS_FIRST": False}},
-    "router-weights-after-wait": {router_rows: {"WEIGHTS_FIRST": False}},
 }
 
 

@@ -1,10 +1,7 @@
 """A product of a few tokens by a dense weight, each program holding a [BN, K] slice of the weight
 in registers: one load of the whole slice, no shared-memory pipeline and no tensor cores, so every
 program's bytes are in flight at once and the launch streams its weights from its first
-instruction (`bench/results/linear_notes.md`). Under programmatic dependent launch the slice is
-loaded before the wait (no kernel writes weights, `kernels/pdl.py`): the programs resident while
-the previous kernel runs (a norm, a few µs of latency and almost no bytes) stream their slices
-meanwhile.
+instruction (`bench/results/linear_notes.md`).
 
     x [T, K] (rows contiguous)   weight [R, K] (contiguous)   y [T, R]
     grid: ceil(R / BN) programs; y[t, r] = sum_c x[t, c] · W[r, c] in fp32, rounded to y's dtype
@@ -18,21 +15,16 @@ import triton.language as tl
 from hybridspec.kernels.pdl import wait_then_release
 
 
-WEIGHTS_FIRST = True  # the slice's load before the PDL wait (False: after it, the bench's `rows-weights-after-wait`)
-
-
 @triton.jit
 def _rows_linear_kernel(x_ptr, w_ptr, y_ptr, R, stride_x, stride_y, T: tl.constexpr, K: tl.constexpr,
-                        KP: tl.constexpr, BN: tl.constexpr, WEIGHTS_FIRST: tl.constexpr, USE_GDC: tl.constexpr):
+                        KP: tl.constexpr, BN: tl.constexpr, USE_GDC: tl.constexpr):
     o_n = tl.program_id(0) * BN + tl.arange(0, BN)
     o_c = tl.arange(0, KP)
     n_ok, c_ok = o_n < R, o_c < K
-    if USE_GDC and not WEIGHTS_FIRST:
+    if USE_GDC:
         wait_then_release()
     b_w = tl.load(w_ptr + o_n[:, None].to(tl.int64) * K + o_c[None, :], mask=n_ok[:, None] & c_ok[None, :],
                   other=0.0)  # [BN, KP]
-    if USE_GDC and WEIGHTS_FIRST:
-        wait_then_release()
     for t in tl.static_range(T):
         b_x = tl.load(x_ptr + t * stride_x + o_c, mask=c_ok, other=0.0).to(tl.float32)  # [KP]
         b_y = tl.sum(b_w.to(tl.float32) * b_x[None, :], 1)  # [BN]
@@ -49,4 +41,4 @@ def launch_rows_linear(x, weight, y, block_n: int, warps: int, options: dict) ->
                          "contiguous and the weight's K apart")
     _rows_linear_kernel[(triton.cdiv(weight.shape[0], block_n),)](
         x, weight, y, weight.shape[0], x.stride(0), y.stride(0), T=t, K=k, KP=triton.next_power_of_2(k),
-        BN=block_n, WEIGHTS_FIRST=WEIGHTS_FIRST, num_warps=warps, **options)
+        BN=block_n, num_warps=warps, **options)

@@ -22,23 +22,17 @@ from hybridspec.kernels.moe.tiles import route_partials
 from hybridspec.kernels.pdl import wait_then_release
 
 
-WEIGHTS_FIRST = True  # the rows' load before the PDL wait (False: after it, the bench's `router-weights-after-wait`)
-
-
 @triton.jit
 def _router_rows_kernel(x_ptr, r_ptr, part_ptr, counter_ptr, logits_ptr, ids_ptr, w_ptr, stride_xn, stride_re,
                         E, N: tl.constexpr, H: tl.constexpr, HP: tl.constexpr, K: tl.constexpr,
                         RENORMALIZE: tl.constexpr, BE: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
-                        TAIL_M: tl.constexpr, PACKED: tl.constexpr, WEIGHTS_FIRST: tl.constexpr,
-                        USE_GDC: tl.constexpr):
+                        TAIL_M: tl.constexpr, PACKED: tl.constexpr, USE_GDC: tl.constexpr):
     o_e = tl.program_id(0) * BE + tl.arange(0, BE)
     o_c = tl.arange(0, HP)
     e_ok, c_ok = o_e < E, o_c < H
-    if USE_GDC and not WEIGHTS_FIRST:
-        wait_then_release()
     b_r = tl.load(r_ptr + o_e[:, None] * stride_re + o_c[None, :], mask=e_ok[:, None] & c_ok[None, :],
-                  other=0.0)  # [BE, HP]
-    if USE_GDC and WEIGHTS_FIRST:
+                  other=0.0)  # [BE, HP], before the wait
+    if USE_GDC:
         wait_then_release()
     for m in tl.static_range(N):
         b_x = tl.load(x_ptr + m * stride_xn + o_c, mask=c_ok, other=0.0).to(tl.float32)  # [HP]
@@ -63,4 +57,4 @@ def launch_router_rows(x, weight, part, counter, logits, ids, weights, top_k: in
         x, weight, part, counter, logits, ids, weights, x.stride(0), weight.stride(0), e, N=n, H=h,
         HP=triton.next_power_of_2(h), K=top_k, RENORMALIZE=renormalize, BE=block_e,
         BLOCK_E=triton.next_power_of_2(e), BLOCK_K=triton.next_power_of_2(top_k), TAIL_M=tail,
-        PACKED=tail <= packed_rows, WEIGHTS_FIRST=WEIGHTS_FIRST, num_warps=warps, **pdl.options(x))
+        PACKED=tail <= packed_rows, num_warps=warps, **pdl.options(x))
