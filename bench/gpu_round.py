@@ -24,8 +24,8 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 `--variants a,b` runs steps 1–4 for each variant on the same loaded model (rows and checks tagged
 `variant`): `shipped`, an op family put back on its PyTorch reference or its previous form, a
 switch turned off, or a form on trial (`VARIANTS`: `two-step-topk`, `prepare-ref`, `no-pdl`,
-`torch-sampling`, `library-linear`, `moe-tiles`, `router-tiles`, `separate-conv`; `a+b` both at
-once), to measure a kernel or a launch mode against what it replaced side by side in one process.
+`torch-sampling`, `library-linear`, `moe-tiles`, `router-tiles`; `a+b` both at once), to measure a kernel or a launch mode against what it
+replaced side by side in one process.
 `--tp N --layouts columns,experts` loads each model once per MoE layout (every expert's columns
 split across the ranks, or expert parallelism) and runs everything on each (rows and checks tagged
 `layout`).
@@ -90,8 +90,6 @@ VARIANTS = {
     "library-linear": {GatedDeltaNet: {"linear_op": F.linear}, GatedAttention: {"linear_op": F.linear}},
     # the experts of one or two tokens by the tile kernels, not the register-slice ones
     "moe-tiles": {moe_triton: {"MOE_TUNING": MappingProxyType({64: MoETuning()})}},
-    # the GDN input projection of one or two tokens, then the conv's own launch (not in the projection's)
-    "separate-conv": {GatedDeltaNet: {"project_conv_op": None}},
 }
 
 

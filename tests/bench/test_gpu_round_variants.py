@@ -44,10 +44,10 @@ def test_each_variant_sets_existing_attributes_and_puts_them_back(target, name):
 
 
 def test_two_parts_setting_one_attribute_are_refused_before_anything_is_set(target):
-    before = gpu_round.moe_triton.MOE_TUNING
-    with pytest.raises(ValueError, match="both set MOE_TUNING"):
-        gpu_round.apply_variant(target, "moe-tiles+moe-down-ids-early")
-    assert gpu_round.moe_triton.MOE_TUNING is before
+    before = gpu_round.moe_router.ROUTER_TILES
+    with pytest.raises(ValueError, match="both set ROUTER_TILES"):
+        gpu_round.apply_variant(target, "two-step-topk+router-tiles")
+    assert gpu_round.moe_router.ROUTER_TILES is before
 
 
 def test_the_moe_sweep_rows_are_tuning_tables():

@@ -2,8 +2,7 @@
 its reference and the float64 product: one to four tokens, awkward widths (K and R not powers of
 two, slices wider than the weight), bf16 and fp32, leading batch dimensions; the dispatcher
 `linear` takes the kernel for one or two tokens and the library product beyond, with the same
-result shape; the GDN input projection with its conv in the same launch equals the product and
-the conv's own launch bit for bit; bad arguments are named."""
+result shape; bad arguments are named."""
 
 from __future__ import annotations
 
@@ -16,7 +15,6 @@ from tests.tolerance import assert_close
 
 pytest.importorskip("triton")
 
-from hybridspec.kernels.gdn import reference as gdn_reference  # noqa: E402
 from hybridspec.kernels.linear import triton as linear_triton  # noqa: E402
 
 RATIO = {torch.float32: 1e-6, torch.bfloat16: 8e-3}
@@ -78,60 +76,3 @@ def test_bad_arguments_are_named():
         linear_triton.rows_linear(x.double(), w)
     with pytest.raises(ValueError, match="at most"):
         linear_triton.rows_linear(torch.randn(linear_triton.MAX_TOKENS + 1, 32), w)
-
-
-def _conv_inputs(b, t, k, r, c, dtype, seed):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(b, t, k, generator=g).to(dtype)
-    w = (torch.randn(r, k, generator=g) / k ** 0.5).to(dtype)
-    state = torch.randn(b, c, 3, generator=g).to(dtype)
-    conv_weight = (torch.randn(c, 1, 4, generator=g) * 0.5).to(dtype)
-    return x, w, state, conv_weight
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("b, t, k, r, c", [(1, 1, 96, 50, 36), (1, 2, 100, 37, 37), (1, 2, 2048, 40, 17),
-                                           (1, 1, 48, 130, 64), (1, 3, 96, 50, 36), (2, 2, 96, 50, 36)])
-def test_linear_conv_silu_gives_the_product_then_the_conv_bit_for_bit(dtype, b, t, k, r, c):
-    """The conv epilogue (one sequence of one or two tokens) against `linear` then the conv's own
-    launch: the same bits in every output and in x_out; three tokens or two sequences take that
-    path itself. Both against the reference within the product's rounding."""
-    x, w, state, conv_weight = _conv_inputs(b, t, k, r, c, dtype, seed=t * 100 + r + c)
-    with torch.no_grad():  # as the runtime calls it
-        x_out = torch.full((b, t, c), float("nan"), dtype=dtype)
-        mixed, rest = linear_triton.linear_conv_silu(x, w, state, conv_weight, x_out=x_out)
-        y = linear_triton.linear(x, w)
-        want_out = torch.empty_like(x_out)
-        want = linear_triton.causal_conv_silu(y[..., :c], state, conv_weight, x_out=want_out)
-    assert mixed.shape == (b, t, c) and rest.shape == (b, t, r - c) and mixed.dtype == dtype
-    assert torch.equal(mixed, want) and torch.equal(rest, y[..., c:]) and torch.equal(x_out, want_out)
-    ref_out = torch.empty_like(x_out)
-    ref_mixed, ref_rest = reference.linear_conv_silu(x, w, state, conv_weight, x_out=ref_out)
-    ratio = 2e-6 if dtype == torch.float32 else 3e-2  # the conv's and the SiLU's roundings on top of the product's
-    assert_close(f"conv {b}x{t}x{r}", ref_mixed.double(), mixed, ratio)
-    if r > c:
-        assert_close(f"rest {b}x{t}x{r}", ref_rest.double(), rest, RATIO[dtype])
-    assert_close(f"x_out {b}x{t}x{r}", ref_out.double(), x_out, RATIO[dtype])
-
-
-def test_linear_conv_silu_takes_one_launch_for_one_sequence_of_few_tokens(monkeypatch):
-    calls = []
-    monkeypatch.setattr(linear_triton, "causal_conv_silu", lambda *a, **kw: calls.append("conv") or
-                        gdn_reference.causal_conv_silu(*a, **kw))
-    for shape, separate in (((1, 2, 96), False), ((1, 3, 96), True), ((2, 1, 96), True)):
-        x, w, state, conv_weight = _conv_inputs(shape[0], shape[1], 96, 50, 36, torch.float32, seed=1)
-        with torch.no_grad():
-            linear_triton.linear_conv_silu(x, w, state, conv_weight, x_out=torch.empty(shape[0], shape[1], 36))
-        assert calls == (["conv"] if separate else []), shape
-        calls.clear()
-
-
-def test_bad_conv_arguments_are_named():
-    x, w, state, conv_weight = _conv_inputs(1, 1, 32, 8, 4, torch.float32, seed=2)
-    y = torch.empty(1, 8)
-    with pytest.raises(ValueError, match="conv state"):
-        linear_triton.launch_rows_linear(x[0], w, y, 1, 4, {"USE_GDC": False},
-                                         conv=(state[0, :, :2], conv_weight, torch.empty(1, 4)))
-    with pytest.raises(ValueError, match="conv state"):
-        linear_triton.launch_rows_linear(x[0], w, y, 1, 4, {"USE_GDC": False},
-                                         conv=(state[0], conv_weight, torch.empty(2, 4)))

@@ -72,11 +72,10 @@ def test_ablation_backend_runs_the_gdn_reference_in_the_resident_round(alternati
     backend's `ar` tokens."""
     from hybridspec.kernels.gdn import reference as gdn_reference
     from hybridspec.kernels.moe import triton as moe_triton
-    from hybridspec.runtime.models.hybrid import gdn_conv_op, gdn_ops, moe_experts_op, project_conv_op, triton_kernels
+    from hybridspec.runtime.models.hybrid import gdn_conv_op, gdn_ops, moe_experts_op, triton_kernels
 
     assert gdn_ops("triton-torch-gdn") == (gdn_reference.gdn_verify_gated, gdn_reference.gdn_commit)
     assert gdn_conv_op("triton-torch-gdn") is gdn_reference.causal_conv_silu
-    assert project_conv_op("triton-torch-gdn") is None  # the conv stays the reference's
     assert moe_experts_op("triton-torch-gdn") is moe_triton.moe_experts
     assert triton_kernels("triton-torch-gdn", "norm.triton") is not None
     from hybridspec.runtime.session import open_session
@@ -96,12 +95,11 @@ def test_one_token_passes_on_the_register_slice_kernels_emit_the_torch_ar_tokens
                                                                                  monkeypatch):
     """`ar` (every pass one token): the mixers' projections, the router and the experts take their
     register-slice forms (`kernels/linear`, `router_rows.py`, `gate_up_rows.py` / `down_rows.py`),
-    the GDN layers' input projection carries their conv in the same launch, and the tokens are the
-    PyTorch backend's."""
+    and the tokens are the PyTorch backend's."""
     from hybridspec.kernels.linear import triton as linear_triton
     from hybridspec.kernels.moe import gate_up_rows, router_rows
 
-    taken = {"linear": 0, "router": 0, "experts": 0, "projection with its conv": 0}
+    taken = {"linear": 0, "router": 0, "experts": 0}
 
     def counted(name, fn):
         def call(*args, **kwargs):
@@ -110,17 +108,6 @@ def test_one_token_passes_on_the_register_slice_kernels_emit_the_torch_ar_tokens
         return call
 
     monkeypatch.setattr(linear_triton, "rows_linear", counted("linear", linear_triton.rows_linear))
-    launch = linear_triton.launch_rows_linear
-    monkeypatch.setattr(linear_triton, "launch_rows_linear", lambda *a, conv=None: (
-        conv is not None and taken.__setitem__("projection with its conv", taken["projection with its conv"] + 1),
-        launch(*a, conv=conv)))
-    separate = linear_triton.causal_conv_silu
-
-    def separate_conv(x, *args, **kwargs):  # prefill chunks only: every decoding pass has one token
-        assert x.shape[1] > linear_triton.SMALL_TOKENS, f"a separate conv launch for {x.shape[1]} tokens"
-        return separate(x, *args, **kwargs)
-
-    monkeypatch.setattr(linear_triton, "causal_conv_silu", separate_conv)
     monkeypatch.setattr("hybridspec.kernels.moe.router.launch_router_rows",
                         counted("router", router_rows.launch_router_rows))
     monkeypatch.setattr("hybridspec.kernels.moe.triton.launch_gate_up_rows",

@@ -125,20 +125,6 @@ def conv_silu_tile(p_x, p_cs, p_cw, o_t, o_c, m_t, m_c, stride_x_t, stride_cs_c,
 
 
 @triton.jit
-def conv_silu_taps(b_v0, b_v1, b_v2, b_v3, b_w0, b_w1, b_w2, b_w3):
-    """One token's causal conv + SiLU from its four tap inputs (oldest first, in the activation dtype)
-    and the four fp32 weights: the arithmetic of `conv_silu_tile` (products summed in tap order in
-    fp32 from zero, rounded, the SiLU, rounded again), so both give the same bits."""
-    acc = tl.zeros(b_v0.shape, dtype=tl.float32)
-    acc += b_v0.to(tl.float32) * b_w0
-    acc += b_v1.to(tl.float32) * b_w1
-    acc += b_v2.to(tl.float32) * b_w2
-    acc += b_v3.to(tl.float32) * b_w3
-    b_a = acc.to(b_v0.dtype).to(tl.float32)
-    return (b_a / (1.0 + tl.exp(-b_a))).to(b_v0.dtype)
-
-
-@triton.jit
 def dot_bt(b_a, b_b, WIDEN: tl.constexpr):
     """A B^T of two bf16 tiles, fp32 sums of exact products: a bf16 tensor-core product, or (WIDEN,
     under the interpreter, whose tl.dot multiplies bf16 tiles as raw 16-bit integers in triton 3.9)

@@ -40,9 +40,6 @@ class GatedDeltaNet(nn.Module):
         self._verify = verify
         self.conv_op = gdn_reference.causal_conv_silu  # the model sets the backend's (`kernels/gdn`)
         self.linear_op: Callable[[Tensor, Tensor], Tensor] = F.linear  # the projections' product (the model's)
-        # the fused input projection and the conv in one op (`kernels/linear`'s `linear_conv_silu`), or
-        # None: the product, then `conv_op` (the model sets the backend's)
-        self.project_conv_op: Callable | None = None
         self._in_proj: Tensor | None = None  # the four input projections as one weight (`fuse_projections`)
 
     def fuse_projections(self) -> None:
@@ -60,14 +57,9 @@ class GatedDeltaNet(nn.Module):
     def forward(self, x: Tensor, cache: TargetCache, slot: int) -> Tensor:
         """x [B, T, hidden] → [B, T, hidden]; fills the round buffers of `slot` for these T tokens."""
         B, T, _ = x.shape
+        mixed, z, b, a = self._project(x)  # mixed: [B, T, conv_dim]
         # the conv inputs also go to the round buffer, from which the commit advances the window
-        conv_in = cache.conv_in[slot, :, :T]
-        if self.project_conv_op is None or self._in_proj is None or torch.is_grad_enabled():
-            mixed, z, b, a = self._project(x)  # mixed: [B, T, conv_dim]
-            mixed = self.conv_op(mixed, cache.conv[slot], self.conv1d.weight, x_out=conv_in)
-        else:
-            mixed, rest = self.project_conv_op(x, self._in_proj, cache.conv[slot], self.conv1d.weight, x_out=conv_in)
-            z, b, a = rest.split((self.hv * self.dv, self.hv, self.hv), dim=-1)
+        mixed = self.conv_op(mixed, cache.conv[slot], self.conv1d.weight, x_out=cache.conv_in[slot, :, :T])
         key_dim = self.hk * self.dk
         q, k, v = mixed.split((key_dim, key_dim, self.hv * self.dv), dim=-1)
         q, k = q.reshape(B, T, self.hk, self.dk), k.reshape(B, T, self.hk, self.dk)

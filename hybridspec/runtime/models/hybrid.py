@@ -127,14 +127,6 @@ def linear_op(backend: str) -> Callable:
     return torch.nn.functional.linear if dense is None else dense.linear
 
 
-def project_conv_op(backend: str) -> Callable | None:
-    """The GDN input projection and conv + SiLU in one op of a backend: None where the conv is the
-    reference (torch, triton-torch-gdn: the product, then the conv), or (triton) `kernels/linear`'s
-    `linear_conv_silu` (one launch for one or two tokens)."""
-    dense, gdn = triton_kernels(backend, "linear.triton"), triton_kernels(backend, "gdn.triton")
-    return None if dense is None or gdn is None else dense.linear_conv_silu
-
-
 def norm_ops(backend: str) -> tuple[Callable, Callable]:
     """(offset_rms_norm, gated_rms_norm) of a backend (`kernels/norm`): the reference, or one Triton
     launch per norm with the residual add fused in."""
@@ -205,14 +197,13 @@ class HybridTarget(nn.Module):
         attend, prepare = attention_ops(backend)
         conv = gdn_conv_op(backend)
         project = linear_op(backend)
-        project_conv = project_conv_op(backend)
         for module in self.modules():
             if isinstance(module, Router):
                 module.op = route
             elif isinstance(module, GatedAttention):
                 module.op, module.prepare_op, module.linear_op = attend, prepare, project
             elif isinstance(module, GatedDeltaNet):
-                module.conv_op, module.linear_op, module.project_conv_op = conv, project, project_conv
+                module.conv_op, module.linear_op = conv, project
             elif isinstance(module, OffsetRMSNorm):
                 module.op = offset_norm
             elif isinstance(module, GatedRMSNorm):
