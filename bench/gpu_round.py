@@ -24,8 +24,10 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 `--variants a,b` runs steps 1–4 for each variant on the same loaded model (rows and checks tagged
 `variant`): `shipped`, an op family put back on its PyTorch reference or its previous form, a
 switch turned off, or a form on trial (`VARIANTS`: `two-step-topk`, `prepare-ref`, `no-pdl`,
-`torch-sampling`, `library-linear`, `moe-tiles`, `router-tiles`; `a+b` both at once), to measure a kernel or a launch mode against what it
-replaced side by side in one process.
+`torch-sampling`, `library-linear`, `moe-tiles`, `router-tiles`; `a+b` both at once), or a step
+taken out of the captured passes to bound what removing it could save (`free-norms`,
+`free-gated-norm`, `free-conv`, `free-router`; only their verification rows mean anything), to
+measure a kernel or a launch mode against what it replaced side by side in one process.
 `--tp N --layouts columns,experts` loads each model once per MoE layout (every expert's columns
 split across the ranks, or expert parallelism) and runs everything on each (rows and checks tagged
 `layout`).
@@ -66,6 +68,8 @@ from hybridspec.runtime import resident  # noqa: E402
 from hybridspec.runtime.engine import Engine  # noqa: E402
 from hybridspec.runtime.layers.attention import GatedAttention  # noqa: E402
 from hybridspec.runtime.layers.gdn import GatedDeltaNet  # noqa: E402
+from hybridspec.runtime.layers.moe import Router  # noqa: E402
+from hybridspec.runtime.layers.norms import GatedRMSNorm, OffsetRMSNorm  # noqa: E402
 from hybridspec.runtime.policies import make_policy  # noqa: E402
 from hybridspec.runtime.sampling import SamplingParams  # noqa: E402
 from hybridspec.runtime.session import open_session  # noqa: E402
@@ -76,8 +80,28 @@ LAUNCH_CALLS = ("cudaGraphLaunch", "cudaLaunchKernel", "cuLaunchKernel", "cuLaun
                 "cudaMemcpyAsync", "cudaMemsetAsync")
 
 
-# variant → {module class: {attribute: op}} set on every such module of the target, or
-# {python module: {attribute: value}} set on that module
+REPLAY = object()  # a variant's value: each module's own op wrapped by `replayed`
+
+
+def replayed(op):
+    """`op` as before outside CUDA-graph capture; while a graph is captured, what the same module's op
+    returned last for the same input shape, with no launch. A pass timed with every module of a kind
+    so wrapped lacks that step's work and launches: the most that fusing the step away could save.
+    (Its values are the eager warm-up's, so only timings mean anything.)"""
+    outputs = {}
+
+    def call(x, *args, **kwargs):
+        key = (tuple(x.shape), len(args), tuple(sorted(k for k, v in kwargs.items() if v is not None)))
+        if torch.cuda.is_current_stream_capturing():
+            return outputs[key]
+        outputs[key] = out = op(x, *args, **kwargs)
+        return out
+
+    return call
+
+
+# variant → {module class: {attribute: op}} set on every such module of the target (REPLAY: its own op
+# wrapped by `replayed`), or {python module: {attribute: value}} set on that module
 VARIANTS = {
     "shipped": {},
     "two-step-topk": {moe_router: {"ROUTER_TILES": moe_router.ROUTER_TILES._replace(packed_rows=0)}},
@@ -90,6 +114,11 @@ VARIANTS = {
     "library-linear": {GatedDeltaNet: {"linear_op": F.linear}, GatedAttention: {"linear_op": F.linear}},
     # the experts of one or two tokens by the tile kernels, not the register-slice ones
     "moe-tiles": {moe_triton: {"MOE_TUNING": MappingProxyType({64: MoETuning()})}},
+    # bounds: one step of every layer taken out of the captured passes (`replayed`), its launches and work gone
+    "free-norms": {OffsetRMSNorm: {"op": REPLAY}},  # the input, post-attention and final RMS norms
+    "free-gated-norm": {GatedRMSNorm: {"op": REPLAY}},  # the GDN output's gated norm
+    "free-conv": {GatedDeltaNet: {"conv_op": REPLAY}},  # the GDN conv + SiLU
+    "free-router": {Router: {"op": REPLAY}},  # the router (logits, softmax, top-k)
 }
 
 
@@ -108,7 +137,7 @@ def apply_variant(target, name: str) -> list[tuple]:
         for owner in owners:
             for attr, value in attrs.items():
                 undo.append((owner, attr, getattr(owner, attr)))
-                setattr(owner, attr, value)
+                setattr(owner, attr, replayed(getattr(owner, attr)) if value is REPLAY else value)
     return undo[::-1]
 
 
