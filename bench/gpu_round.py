@@ -26,7 +26,8 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 switch turned off, or a form on trial (`VARIANTS`: `two-step-topk`, `prepare-ref`, `no-pdl`,
 `torch-sampling`, `library-linear`, `moe-tiles`, `router-tiles`; `a+b` both at once), or a step
 taken out of the captured passes to bound what removing it could save (`free-norms`,
-`free-gated-norm`, `free-conv`, `free-router`; only their verification rows mean anything), to
+`free-gated-norm`, `free-conv`, `free-router`, `free-experts`, `free-projections`, `free-attention`;
+only their verification rows mean anything), to
 measure a kernel or a launch mode against what it replaced side by side in one process.
 `--tp N --layouts columns,experts` loads each model once per MoE layout (every expert's columns
 split across the ranks, or expert parallelism) and runs everything on each (rows and checks tagged
@@ -68,7 +69,7 @@ from hybridspec.runtime import resident  # noqa: E402
 from hybridspec.runtime.engine import Engine  # noqa: E402
 from hybridspec.runtime.layers.attention import GatedAttention  # noqa: E402
 from hybridspec.runtime.layers.gdn import GatedDeltaNet  # noqa: E402
-from hybridspec.runtime.layers.moe import Router  # noqa: E402
+from hybridspec.runtime.layers.moe import Router, SparseMoE  # noqa: E402
 from hybridspec.runtime.layers.norms import GatedRMSNorm, OffsetRMSNorm  # noqa: E402
 from hybridspec.runtime.policies import make_policy  # noqa: E402
 from hybridspec.runtime.sampling import SamplingParams  # noqa: E402
@@ -119,6 +120,9 @@ VARIANTS = {
     "free-gated-norm": {GatedRMSNorm: {"op": REPLAY}},  # the GDN output's gated norm
     "free-conv": {GatedDeltaNet: {"conv_op": REPLAY}},  # the GDN conv + SiLU
     "free-router": {Router: {"op": REPLAY}},  # the router (logits, softmax, top-k)
+    "free-experts": {SparseMoE: {"experts_op": REPLAY}},  # the routed and shared experts' launches
+    "free-projections": {GatedDeltaNet: {"linear_op": REPLAY}, GatedAttention: {"linear_op": REPLAY}},
+    "free-attention": {GatedAttention: {"op": REPLAY, "prepare_op": REPLAY}},  # q/k norms, RoPE, cache, attention
 }
 
 
