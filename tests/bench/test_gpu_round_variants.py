@@ -1,8 +1,9 @@
 """The device benchmarks' variant tables, checked on the CPU before any device time is spent on
 them: every `bench/gpu_round.py` variant sets only attributes that its modules already have (a
 misspelt one would time the shipped code under the variant's name) and puts every one back, and
-a combination whose parts set one attribute is refused; every MoE sweep row of
-`bench/kernels/moe_kernels.py` is a valid tuning table, and every down-launch row names a form."""
+a combination whose parts set one attribute is refused; a `free-*` variant's replayed op runs
+nothing while a graph is captured; every MoE sweep row of `bench/kernels/moe_kernels.py` is a
+valid tuning table, and every down-launch row names a form."""
 
 from __future__ import annotations
 
@@ -68,3 +69,26 @@ def test_the_down_sweep_rows_change_the_down_launch():
         assert elements is None or elements >= 0
         assert block_h is None or block_h & (block_h - 1) == 0
         assert warps in (None, 1, 2, 4, 8)
+
+
+def test_a_replayed_op_runs_outside_capture_and_returns_its_last_output_during_capture(monkeypatch):
+    """`free-*` variants: eager calls run the op (and remember its output per input shape and
+    argument form); calls while a graph is captured run nothing and return that output."""
+    calls = []
+
+    def op(x, weight, eps, residual=None):
+        calls.append(x.shape)
+        return x * 2, x if residual is None else x + residual
+
+    replayed = gpu_round.replayed(op)
+    capturing = False
+    monkeypatch.setattr(gpu_round.torch.cuda, "is_current_stream_capturing", lambda: capturing)
+    x, r = gpu_round.torch.ones(2, 3), gpu_round.torch.full((2, 3), 5.0)
+    plain, added = replayed(x, None, 1e-6), replayed(x, None, 1e-6, r)
+    assert len(calls) == 2 and plain[1] is x and gpu_round.torch.equal(added[1], x + r)
+    capturing = True
+    assert replayed(gpu_round.torch.zeros(2, 3), None, 1e-6) is plain
+    assert replayed(gpu_round.torch.zeros(2, 3), None, 1e-6, r) is added
+    assert len(calls) == 2
+    with pytest.raises(KeyError):  # a shape never run eagerly: nothing to return
+        replayed(gpu_round.torch.zeros(4, 3), None, 1e-6)
