@@ -26,9 +26,9 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 switch turned off, or a form on trial (`VARIANTS`: `two-step-topk`, `prepare-ref`, `no-pdl`,
 `torch-sampling`, `library-linear`, `moe-tiles`, `router-tiles`; `a+b` both at once), or a step
 taken out of the captured passes to bound what removing it could save (`free-norms`,
-`free-gated-norm`, `free-conv`, `free-router`, `free-experts`, `free-projections`, `free-attention`;
-only their verification rows mean anything), to
-measure a kernel or a launch mode against what it replaced side by side in one process.
+`free-post-norms`, `free-gated-norm`, `free-conv`, `free-router`, `free-experts`,
+`free-projections`, `free-attention`; only their verification rows mean anything), to measure a
+kernel or a launch mode against what it replaced side by side in one process.
 `--tp N --layouts columns,experts` loads each model once per MoE layout (every expert's columns
 split across the ranks, or expert parallelism) and runs everything on each (rows and checks tagged
 `layout`).
@@ -101,8 +101,8 @@ def replayed(op):
     return call
 
 
-# variant → {module class: {attribute: op}} set on every such module of the target (REPLAY: its own op
-# wrapped by `replayed`), or {python module: {attribute: value}} set on that module
+# variant → {module class or name: {attribute: op}} set on every such module of the target (`owners_of`;
+# REPLAY: its own op wrapped by `replayed`), or {python module: {attribute: value}} set on that module
 VARIANTS = {
     "shipped": {},
     "two-step-topk": {moe_router: {"ROUTER_TILES": moe_router.ROUTER_TILES._replace(packed_rows=0)}},
@@ -117,6 +117,7 @@ VARIANTS = {
     "moe-tiles": {moe_triton: {"MOE_TUNING": MappingProxyType({64: MoETuning()})}},
     # bounds: one step of every layer taken out of the captured passes (`replayed`), its launches and work gone
     "free-norms": {OffsetRMSNorm: {"op": REPLAY}},  # the input, post-attention and final RMS norms
+    "free-post-norms": {"post_attention_layernorm": {"op": REPLAY}},  # the norms before the MLP blocks alone
     "free-gated-norm": {GatedRMSNorm: {"op": REPLAY}},  # the GDN output's gated norm
     "free-conv": {GatedDeltaNet: {"conv_op": REPLAY}},  # the GDN conv + SiLU
     "free-router": {Router: {"op": REPLAY}},  # the router (logits, softmax, top-k)
@@ -124,6 +125,17 @@ VARIANTS = {
     "free-projections": {GatedDeltaNet: {"linear_op": REPLAY}, GatedAttention: {"linear_op": REPLAY}},
     "free-attention": {GatedAttention: {"op": REPLAY, "prepare_op": REPLAY}},  # q/k norms, RoPE, cache, attention
 }
+
+
+def owners_of(target, key) -> list:
+    """The objects a variant's key names: every module of the target of a class, every module a
+    string names (the last part of its qualified name, e.g. `post_attention_layernorm`), or the
+    python module itself."""
+    if isinstance(key, type):
+        return [m for m in target.modules() if isinstance(m, key)]
+    if isinstance(key, str):
+        return [m for name, m in target.named_modules() if name.rsplit(".", 1)[-1] == key]
+    return [key]
 
 
 def apply_variant(target, name: str) -> list[tuple]:
@@ -137,8 +149,7 @@ def apply_variant(target, name: str) -> list[tuple]:
                     raise ValueError(f"variant {name!r}: {set_by[key, attr]!r} and {part!r} both set {attr}")
     undo = []
     for key, attrs in (item for part in name.split("+") for item in VARIANTS[part].items()):
-        owners = [key] if not isinstance(key, type) else [m for m in target.modules() if isinstance(m, key)]
-        for owner in owners:
+        for owner in owners_of(target, key):
             for attr, value in attrs.items():
                 undo.append((owner, attr, getattr(owner, attr)))
                 setattr(owner, attr, replayed(getattr(owner, attr)) if value is REPLAY else value)
