@@ -27,8 +27,9 @@ switch turned off, or a form on trial (`VARIANTS`: `two-step-topk`, `prepare-ref
 `torch-sampling`, `library-linear`, `moe-tiles`, `router-tiles`; `a+b` both at once), or a step
 taken out of the captured passes to bound what removing it could save (`free-norms`,
 `free-post-norms`, `free-gated-norm`, `free-conv`, `free-router`, `free-experts`,
-`free-projections`, `free-attention`; only their verification rows mean anything), to measure a
-kernel or a launch mode against what it replaced side by side in one process.
+`free-projections`, `free-attention`, `free-gdn-verify`; only their verification rows mean
+anything), to measure a kernel or a launch mode against what it replaced side by side in one
+process.
 `--tp N --layouts columns,experts` loads each model once per MoE layout (every expert's columns
 split across the ranks, or expert parallelism) and runs everything on each (rows and checks tagged
 `layout`).
@@ -124,6 +125,7 @@ VARIANTS = {
     "free-experts": {SparseMoE: {"experts_op": REPLAY}},  # the routed and shared experts' launches
     "free-projections": {GatedDeltaNet: {"linear_op": REPLAY}, GatedAttention: {"linear_op": REPLAY}},
     "free-attention": {GatedAttention: {"op": REPLAY, "prepare_op": REPLAY}},  # q/k norms, RoPE, cache, attention
+    "free-gdn-verify": {GatedDeltaNet: {"_verify": REPLAY}},  # the GDN recurrent step (its fold included)
 }
 
 
