@@ -24,9 +24,9 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 `--variants a,b` runs steps 1–4 for each variant on the same loaded model (rows and checks tagged
 `variant`): `shipped`, an op family put back on its PyTorch reference or its previous form, a
 switch turned off, or a form on trial (`VARIANTS`: `two-step-topk`, `prepare-ref`, `no-pdl`,
-`torch-sampling`, `library-linear`, `moe-tiles`, `router-tiles`; `a+b` both at once), or a step
-taken out of the captured passes to bound what removing it could save (`free-norms`,
-`free-post-norms`, `free-gated-norm`, `free-conv`, `free-router`, `free-experts`,
+`torch-sampling`, `library-linear`, `moe-tiles`, `router-tiles`, `separate-post-norm`; `a+b` both
+at once), or a step taken out of the captured passes to bound what removing it could save
+(`free-norms`, `free-post-norms`, `free-gated-norm`, `free-conv`, `free-router`, `free-experts`,
 `free-projections`, `free-attention`; only their verification rows mean anything), to measure a
 kernel or a launch mode against what it replaced side by side in one process.
 `--tp N --layouts columns,experts` loads each model once per MoE layout (every expert's columns
@@ -65,6 +65,7 @@ from hybridspec.kernels.attention import reference as attention_reference  # noq
 from hybridspec.kernels.moe import router as moe_router  # noqa: E402
 from hybridspec.kernels.moe import triton as moe_triton  # noqa: E402
 from hybridspec.kernels.moe.tuning import MoETuning  # noqa: E402
+from hybridspec.kernels.norm import triton as norm_triton  # noqa: E402
 from hybridspec.runtime import resident  # noqa: E402
 from hybridspec.runtime.engine import Engine  # noqa: E402
 from hybridspec.runtime.layers.attention import GatedAttention  # noqa: E402
@@ -79,6 +80,12 @@ from tests.runtime.helpers import policy_parameters, prefilled_cache  # noqa: E4
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
 LAUNCH_CALLS = ("cudaGraphLaunch", "cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC",
                 "cudaMemcpyAsync", "cudaMemsetAsync")
+
+
+def separate_norm_route(x, norm_weight, eps, residual, weight, top_k, renormalize, dtype):
+    """`kernels/moe/router.norm_router`'s result from the norm's own launch, then the router's."""
+    h, s = norm_triton.offset_rms_norm(x, norm_weight, eps, residual)
+    return (*moe_router.router(h, weight, top_k, renormalize, dtype), h, s)
 
 
 REPLAY = object()  # a variant's value: each module's own op wrapped by `replayed`
@@ -115,6 +122,8 @@ VARIANTS = {
     "library-linear": {GatedDeltaNet: {"linear_op": F.linear}, GatedAttention: {"linear_op": F.linear}},
     # the experts of one or two tokens by the tile kernels, not the register-slice ones
     "moe-tiles": {moe_triton: {"MOE_TUNING": MappingProxyType({64: MoETuning()})}},
+    # the post-attention norm in its own launch before the one-token router (not inside the router's)
+    "separate-post-norm": {SparseMoE: {"norm_route_op": separate_norm_route}},
     # bounds: one step of every layer taken out of the captured passes (`replayed`), its launches and work gone
     "free-norms": {OffsetRMSNorm: {"op": REPLAY}},  # the input, post-attention and final RMS norms
     "free-post-norms": {"post_attention_layernorm": {"op": REPLAY}},  # the norms before the MLP blocks alone
