@@ -24,8 +24,8 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 `--variants a,b` runs steps 1–4 for each variant on the same loaded model (rows and checks tagged
 `variant`): `shipped`, an op family put back on its PyTorch reference or its previous form, a
 switch turned off, or a form on trial (`VARIANTS`: `two-step-topk`, `prepare-ref`, `no-pdl`,
-`torch-sampling`, `library-linear`, `moe-tiles`, `router-tiles`, `separate-post-norm`; `a+b` both
-at once), or a step taken out of the captured passes to bound what removing it could save
+`torch-sampling`, `library-linear`, `moe-tiles`, `router-tiles`, `separate-post-norm`,
+`combine-one-split`; `a+b` both at once), or a step taken out of the captured passes to bound what removing it could save
 (`free-norms`, `free-post-norms`, `free-gated-norm`, `free-conv`, `free-router`, `free-experts`,
 `free-projections`, `free-attention`; only their verification rows mean anything), to measure a
 kernel or a launch mode against what it replaced side by side in one process.
@@ -61,6 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.kernels.cuda_timing import copy_bandwidth, median_us  # noqa: E402
 from hybridspec.kernels import pdl  # noqa: E402
+from hybridspec.kernels.attention import combine as attention_combine  # noqa: E402
 from hybridspec.kernels.attention import reference as attention_reference  # noqa: E402
 from hybridspec.kernels.moe import router as moe_router  # noqa: E402
 from hybridspec.kernels.moe import triton as moe_triton  # noqa: E402
@@ -124,6 +125,8 @@ VARIANTS = {
     "moe-tiles": {moe_triton: {"MOE_TUNING": MappingProxyType({64: MoETuning()})}},
     # the post-attention norm in its own launch before the one-token router (not inside the router's)
     "separate-post-norm": {SparseMoE: {"norm_route_op": separate_norm_route}},
+    # the attention's combine reading one split per round of loads (the previous kernel's chain length)
+    "combine-one-split": {attention_combine: {"CHUNK": 1}},
     # bounds: one step of every layer taken out of the captured passes (`replayed`), its launches and work gone
     "free-norms": {OffsetRMSNorm: {"op": REPLAY}},  # the input, post-attention and final RMS norms
     "free-post-norms": {"post_attention_layernorm": {"op": REPLAY}},  # the norms before the MLP blocks alone
