@@ -25,7 +25,7 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 `variant`): `shipped`, an op family put back on its PyTorch reference or its previous form, a
 switch turned off, or a form on trial (`VARIANTS`: `two-step-topk`, `prepare-ref`, `no-pdl`,
 `torch-sampling`, `library-linear`, `moe-tiles`, `router-tiles`, `separate-post-norm`,
-`combine-one-split`; `a+b` both at once), or a step taken out of the captured passes to bound what removing it could save
+`combine-one-split`, `router-w1`, `router-w2`; `a+b` both at once), or a step taken out of the captured passes to bound what removing it could save
 (`free-norms`, `free-post-norms`, `free-gated-norm`, `free-conv`, `free-router`, `free-experts`,
 `free-projections`, `free-attention`; only their verification rows mean anything), to measure a
 kernel or a launch mode against what it replaced side by side in one process.
@@ -127,6 +127,9 @@ VARIANTS = {
     "separate-post-norm": {SparseMoE: {"norm_route_op": separate_norm_route}},
     # the attention's combine reading one split per round of loads (the previous kernel's chain length)
     "combine-one-split": {attention_combine: {"CHUNK": 1}},
+    # the one-token router (with the norm inside) in one or two warps: fewer cross-warp reductions in its tail
+    "router-w1": {moe_router: {"ROUTER_TILES": moe_router.ROUTER_TILES._replace(rows_warps=1)}},
+    "router-w2": {moe_router: {"ROUTER_TILES": moe_router.ROUTER_TILES._replace(rows_warps=2)}},
     # bounds: one step of every layer taken out of the captured passes (`replayed`), its launches and work gone
     "free-norms": {OffsetRMSNorm: {"op": REPLAY}},  # the input, post-attention and final RMS norms
     "free-post-norms": {"post_attention_layernorm": {"op": REPLAY}},  # the norms before the MLP blocks alone
