@@ -25,10 +25,11 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 `variant`): `shipped`, an op family put back on its PyTorch reference or its previous form, a
 switch turned off, or a form on trial (`VARIANTS`: `two-step-topk`, `prepare-ref`, `no-pdl`,
 `torch-sampling`, `library-linear`, `moe-tiles`, `router-tiles`, `separate-post-norm`,
-`combine-one-split`, `router-w1`, `router-w2`; `a+b` both at once), or a step taken out of the captured passes to bound what removing it could save
-(`free-norms`, `free-post-norms`, `free-gated-norm`, `free-conv`, `free-router`, `free-experts`,
-`free-projections`, `free-attention`; only their verification rows mean anything), to measure a
-kernel or a launch mode against what it replaced side by side in one process.
+`combine-one-split`, `router-w1`, `router-w2`; `a+b` both at once), or a step taken out of the
+captured passes to bound what removing it could save (`free-norms`, `free-post-norms`,
+`free-gated-norm`, `free-conv`, `free-router`, `free-experts`, `free-projections`,
+`free-attention`; only their verification rows mean anything), to measure a kernel or a launch
+mode against what it replaced side by side in one process.
 `--tp N --layouts columns,experts` loads each model once per MoE layout (every expert's columns
 split across the ranks, or expert parallelism) and runs everything on each (rows and checks tagged
 `layout`).
