@@ -7,7 +7,8 @@ dimension and stores every token's logits for them (fp32 sums) into part [N, E];
 at the counter, and the program that arrives last rounds the logits to x's dtype, stores them and
 runs softmax and top-k for every token (`tiles.route_partials`, one span), and resets the counter.
 Under programmatic dependent launch the rows are loaded before the wait (no kernel writes weights,
-`kernels/pdl.py`), while the previous kernel (the post-attention norm) runs.
+`kernels/pdl.py`), while the previous kernel runs (the post-attention norm; with NORM, the
+mixer's out-projection).
 
     x [N, H]   weight [E, H]   part [N, E] fp32   logits [N, E]   ids / weights [N, k]
 
