@@ -24,12 +24,12 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 `--variants a,b` runs steps 1–4 for each variant on the same loaded model (rows and checks tagged
 `variant`): `shipped`, an op family put back on its PyTorch reference or its previous form, a
 switch turned off, or a form on trial (`VARIANTS`: `two-step-topk`, `prepare-ref`, `no-pdl`,
-`torch-sampling`, `library-linear`, `moe-tiles`, `router-tiles`, `separate-post-norm`,
+`torch-sampling`, `library-linear`, `moe-tiles`, `router-tiles`, `head-rows`, `separate-post-norm`,
 `combine-one-split`, `router-w1`, `router-w2`; `a+b` both at once), or a step taken out of the
 captured passes to bound what removing it could save (`free-norms`, `free-post-norms`,
 `free-gated-norm`, `free-conv`, `free-router`, `free-experts`, `free-projections`,
-`free-attention`; only their verification rows mean anything), to measure a kernel or a launch
-mode against what it replaced side by side in one process.
+`free-attention`, `free-gdn-verify`, `free-head`; only their verification rows mean anything), to
+measure a kernel or a launch mode against what it replaced side by side in one process.
 `--tp N --layouts columns,experts` loads each model once per MoE layout (every expert's columns
 split across the ranks, or expert parallelism) and runs everything on each (rows and checks tagged
 `layout`).
@@ -52,6 +52,7 @@ import platform
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from types import MappingProxyType
 
@@ -64,6 +65,7 @@ from bench.kernels.cuda_timing import copy_bandwidth, median_us  # noqa: E402
 from hybridspec.kernels import pdl  # noqa: E402
 from hybridspec.kernels.attention import combine as attention_combine  # noqa: E402
 from hybridspec.kernels.attention import reference as attention_reference  # noqa: E402
+from hybridspec.kernels.linear.triton import linear  # noqa: E402
 from hybridspec.kernels.moe import router as moe_router  # noqa: E402
 from hybridspec.kernels.moe import triton as moe_triton  # noqa: E402
 from hybridspec.kernels.moe.tuning import MoETuning  # noqa: E402
@@ -91,6 +93,13 @@ def separate_norm_route(x, norm_weight, eps, residual, weight, top_k, renormaliz
 
 
 REPLAY = object()  # a variant's value: each module's own op wrapped by `replayed`
+
+
+class PerOwner:
+    """A variant's value built for each module it is set on: `make(module)`."""
+
+    def __init__(self, make):
+        self.make = make
 
 
 def replayed(op):
@@ -140,6 +149,10 @@ VARIANTS = {
     "free-experts": {SparseMoE: {"experts_op": REPLAY}},  # the routed and shared experts' launches
     "free-projections": {GatedDeltaNet: {"linear_op": REPLAY}, GatedAttention: {"linear_op": REPLAY}},
     "free-attention": {GatedAttention: {"op": REPLAY, "prepare_op": REPLAY}},  # q/k norms, RoPE, cache, attention
+    "free-gdn-verify": {GatedDeltaNet: {"_verify": REPLAY}},  # the GDN recurrent step (its fold included)
+    "free-head": {"lm_head": {"forward": REPLAY}},  # the LM head's product (its cast and the argmax stay)
+    # the LM head's product of one or two tokens by `kernels/linear` (the register-slice rows), not the library's
+    "head-rows": {"lm_head": {"forward": PerOwner(lambda head: partial(linear, weight=head.weight))}},
 }
 
 
@@ -168,7 +181,12 @@ def apply_variant(target, name: str) -> list[tuple]:
         for owner in owners_of(target, key):
             for attr, value in attrs.items():
                 undo.append((owner, attr, getattr(owner, attr)))
-                setattr(owner, attr, replayed(getattr(owner, attr)) if value is REPLAY else value)
+                op = value
+                if value is REPLAY:
+                    op = replayed(getattr(owner, attr))
+                elif isinstance(value, PerOwner):
+                    op = value.make(owner)
+                setattr(owner, attr, op)
     return undo[::-1]
 
 

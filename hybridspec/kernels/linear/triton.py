@@ -17,6 +17,7 @@ SMALL_TOKENS = 2  # `linear` takes the kernel for calls of at most this many tok
 MAX_K = 8192  # the widest row a program holds: 64 fp32 values a thread at 8,192 (bf16 measured to 4,096)
 SLICE_BYTES = 4096  # weight bytes per program, at least MIN_ROWS rows (`bench/results/linear_notes.md`)
 MIN_ROWS = 1
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def slice_rows(k: int, element_size: int) -> int:
@@ -50,9 +51,6 @@ def rows_linear(x: Tensor, weight: Tensor, block_n: int | None = None, warps: in
         launch_rows_linear(rows, weight, y, block_n or slice_rows(k, weight.element_size()), warps,
                            pdl.options(x))
     return y.view(*x.shape[:-1], weight.shape[0])
-
-
-DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def linear(x: Tensor, weight: Tensor) -> Tensor:

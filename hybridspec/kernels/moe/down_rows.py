@@ -12,8 +12,9 @@ Where the call's [N·k, BH, I] slices fit one load (`one_load`), the program rea
 its PDL wait, and when the wait returns, every assignment's slice is one load with its addresses
 known, reduced over I and over each token's assignments. The ids must then have been written at
 least two launches back (`kernels/pdl.py`): the router's, before the gate_up launch that
-`moe_experts` runs just before this one. Larger calls read one assignment's id and slice at a time
-after the wait, as the one-load form's registers would spill.
+`moe_experts` runs just before this one. Larger calls, and experts wider than 512, read one
+assignment's id and slice at a time after the wait: there the one load spills registers or is
+slower (`one_load`).
 
     act [N, k + 1, max(I, Is)]   down [E, H, I]   shared down [H, Is]   out [N, H]
 """

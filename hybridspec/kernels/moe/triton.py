@@ -65,15 +65,13 @@ def _moe_piece(x, ids, weights, gate_up, down, shared, out, tuning, first_expert
     # no launch between gate_up and down: the down launches may read the ids before their PDL wait
     # (written before gate_up, so two launches back; `kernels/pdl.py`)
     n, k = ids.shape
+    i, i_s = gate_up.shape[1] // 2, shared.gate.shape[0] if shared is not None else 0
+    act = torch.empty((n, k + 1, max(i, i_s)), dtype=x.dtype, device=x.device)  # [N, k + 1, max(I, Is)]
     if tuning.rows:
-        i, i_s = gate_up.shape[1] // 2, shared.gate.shape[0] if shared is not None else 0
-        act = torch.empty((n, k + 1, max(i, i_s)), dtype=x.dtype, device=x.device)  # [N, k + 1, max(I, Is)]
         launch_gate_up_rows(x, ids, weights, gate_up, shared, act, tuning.rows_bn, tuning.rows_warps, first_expert)
         launch_down_rows(act, down, shared, ids, out, tuning.rows_bh, tuning.rows_warps, first_expert)
         return
     block_m = max(16, triton.next_power_of_2(n))
-    i, i_s = gate_up.shape[1] // 2, shared.gate.shape[0] if shared is not None else 0
     arrivals = torch.empty(column_tiles(x.shape[1], tuning)[1], dtype=torch.int32, device=x.device)  # gate_up zeroes
-    act = torch.empty((n, k + 1, max(i, i_s)), dtype=x.dtype, device=x.device)  # [N, k + 1, max(I, Is)]
     launch_gate_up(x, ids, weights, gate_up, shared, arrivals, act, block_m, tuning, interpreted(), first_expert)
     launch_down(act, down, shared, ids, arrivals, out, block_m, tuning, interpreted(), first_expert)
