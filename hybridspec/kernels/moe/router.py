@@ -17,8 +17,8 @@ and may differ in the last bit (as the rest of a pass does between the register-
 one or two tokens and the tile kernels and library products of more).
 
 `norm_router` (`reference.norm_router`): the MoE's input norm and the router in one launch for the
-calls the register-slice form takes (its programs normalise the row themselves), the norm's launch
-and `router` otherwise.
+calls the register-slice form takes (its programs normalise the row themselves); None for the
+others, whose caller runs the norm's launch and `router`.
 
 `router_topk` (`router_topk.py`, re-exported here): softmax, top-k and renormalization of given
 logits, one program per token.
@@ -42,7 +42,6 @@ from hybridspec.kernels.interpreter import interpreted
 from hybridspec.kernels.moe.router_topk import check_top_k, router_topk
 from hybridspec.kernels.moe.router_rows import launch_router_rows
 from hybridspec.kernels.moe.tiles import route_partials
-from hybridspec.kernels.norm import triton as norm_triton
 from hybridspec.kernels.pdl import wait_then_release
 from hybridspec.kernels.tiles import dot_bt
 
@@ -124,16 +123,16 @@ def fused(tokens: int, experts: int) -> bool:
 
 def norm_router(x: Tensor, norm_weight: Tensor, eps: float, residual: Tensor | None, weight: Tensor, top_k: int,
                 renormalize: bool, dtype: torch.dtype, *, tiles: RouterTiles | None = None
-                ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                ) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
     """As `reference.norm_router`: x, residual [N, H] → (ids, weights, h, s), h = offset_rms_norm(s),
-    s = x (+ residual), routed from h. One launch where the register-slice form takes the call (its
-    programs normalise the rows; program 0 stores h and s), else the norm's launch and `router`."""
+    s = x (+ residual), routed from h, in one launch (its programs normalise the rows; program 0
+    stores h and s). None, launching nothing, for a call the register-slice form does not take: the
+    caller then runs the norm and `router`."""
     tiles = tiles or ROUTER_TILES
     n, e = x.shape[0], weight.shape[0]
     if not (x.dim() == 2 and 0 < n <= tiles.rows_tokens and fused(n, e) and x.is_contiguous()
             and (residual is None or residual.is_contiguous())):
-        h, s = norm_triton.offset_rms_norm(x, norm_weight, eps, residual)
-        return (*router(h, weight, top_k, renormalize, dtype, tiles=tiles), h, s)
+        return None
     if residual is not None and residual.shape != x.shape:
         raise ValueError(f"norm_router: residual {tuple(residual.shape)} does not match x {tuple(x.shape)}")
     h = torch.empty_like(x)

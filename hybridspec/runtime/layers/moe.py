@@ -62,7 +62,9 @@ class SparseMoE(nn.Module):
     def __init__(self, cfg: TargetConfig, experts_op: Callable = moe_reference.moe_experts):
         super().__init__()
         self.experts_op = experts_op
-        self.norm_route_op: Callable = moe_reference.norm_router  # the model sets its backend's (`kernels/moe`)
+        # the norm inside the router's launch (`kernels/moe`'s `norm_router`; None when None, or when
+        # it returns None: the norm's op, then the router's); the model sets its backend's
+        self.norm_route_op: Callable | None = None
         self.first_expert = 0
         self.gate = Router(cfg)
         self.experts = Experts(cfg)
@@ -90,8 +92,14 @@ class SparseMoE(nn.Module):
         h = norm(s), s = x + residual, `norm` being the decoder layer's post-attention norm, applied
         inside the router's launch where the backend can (h is the experts' input)."""
         flat = x.reshape(-1, x.shape[-1])
-        ids, weights, h, s = self.norm_route_op(flat, norm.weight, norm.eps, residual.reshape(flat.shape),
-                                                self.gate.weight, self.gate.top_k, self.gate.renormalize, x.dtype)
+        fused = None
+        if self.norm_route_op is not None:
+            fused = self.norm_route_op(flat, norm.weight, norm.eps, residual.reshape(flat.shape), self.gate.weight,
+                                       self.gate.top_k, self.gate.renormalize, x.dtype)
+        if fused is None:
+            h, s = norm.add_norm(x, residual)
+            return (*self.route(h), h, s)
+        ids, weights, h, s = fused
         lead = x.shape[:-1]
         return ids.view(*lead, -1), weights.view(*lead, -1), h.view_as(x), s.view_as(x)
 

@@ -97,13 +97,14 @@ def gdn_conv_op(backend: str) -> Callable:
     return gdn_reference.causal_conv_silu if gdn_triton is None else gdn_triton.causal_conv_silu
 
 
-def router_ops(backend: str) -> tuple[Callable, Callable]:
+def router_ops(backend: str) -> tuple[Callable, Callable | None]:
     """(router, norm_router) of a backend: the router (logits, softmax, top-k), and the same with the
-    MoE's input norm applied inside; the references, or the Triton router (one launch per call of up
-    to 16 tokens; the norm inside that launch for the calls its register-slice form takes)."""
+    MoE's input norm applied inside its launch, or None; the reference and None, or the Triton router
+    (one launch per call of up to 16 tokens; the norm inside that launch for the calls its
+    register-slice form takes)."""
     router = triton_kernels(backend, "moe.router")
     if router is None:
-        return moe_reference.router, moe_reference.norm_router
+        return moe_reference.router, None
     return router.router, router.norm_router
 
 
@@ -124,8 +125,9 @@ def attention_ops(backend: str) -> tuple[Callable, Callable]:
 
 
 def linear_op(backend: str) -> Callable:
-    """The mixers' projection product of a backend: F.linear, or (triton) `kernels/linear`'s, which
-    takes calls of one or two tokens on its register-slice kernel and the rest on F.linear."""
+    """The product of the mixers' projections and the LM head for a backend: F.linear, or (triton)
+    `kernels/linear`'s, which takes calls of one or two tokens on its register-slice kernel and the
+    rest on F.linear."""
     dense = triton_kernels(backend, "linear.triton")
     return torch.nn.functional.linear if dense is None else dense.linear
 
@@ -222,6 +224,7 @@ class HybridTarget(nn.Module):
                 module.op = offset_norm
             elif isinstance(module, GatedRMSNorm):
                 module.op = gated_norm
+        self.head_op = project  # the LM head's product
 
     def fuse_projections(self) -> None:
         """Each layer's input projections as one GEMM (`GatedDeltaNet.fuse_projections`: q, k, v, z, b,
@@ -285,7 +288,7 @@ class HybridTarget(nn.Module):
         normed, x = self.norm.add_norm(delta, x)
         if len(self.layers) - 1 in taps:
             outputs[len(self.layers) - 1] = x
-        logits = self.lm_head(normed).float()
+        logits = self.head_op(normed, self.lm_head.weight).float()
         # in the drafter's order, repeats allowed (DFlash concatenates per listed layer)
         feats = torch.cat([outputs[i] for i in self.feature_layers], dim=-1) if taps else None
         return PassOutput(w, logits, feats, routing)
