@@ -30,7 +30,7 @@ SWAPS = {
     "norms": {"norm_ops": lambda backend: (norm_reference.offset_rms_norm, norm_reference.gated_rms_norm)},
     "attention": {"attention_ops": lambda backend: (attention_reference.gated_attention,
                                                     attention_reference.norm_rope_store)},
-    "router": {"router_op": lambda backend: moe_reference.router},
+    "router": {"router_ops": lambda backend: (moe_reference.router, moe_reference.norm_router)},
     "experts": {"moe_experts_op": lambda backend: moe_reference.moe_experts},
     "conv": {"gdn_conv_op": lambda backend: gdn_reference.causal_conv_silu},
     "gdn": {"gdn_ops": lambda backend: (gdn_reference.gdn_verify_gated, gdn_reference.gdn_commit)},

@@ -24,12 +24,12 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 `--variants a,b` runs steps 1–4 for each variant on the same loaded model (rows and checks tagged
 `variant`): `shipped`, an op family put back on its PyTorch reference or its previous form, a
 switch turned off, or a form on trial (`VARIANTS`: `two-step-topk`, `prepare-ref`, `no-pdl`,
-`torch-sampling`, `library-linear`, `moe-tiles`, `router-tiles`, `head-rows`; `a+b` both at once), or a step
-taken out of the captured passes to bound what removing it could save (`free-norms`,
-`free-post-norms`, `free-gated-norm`, `free-conv`, `free-router`, `free-experts`,
-`free-projections`, `free-attention`, `free-gdn-verify`, `free-head`; only their verification rows mean
-anything), to measure a kernel or a launch mode against what it replaced side by side in one
-process.
+`torch-sampling`, `library-linear`, `moe-tiles`, `router-tiles`, `library-head`; `a+b` both at
+once), or a step taken out of the captured passes to bound what removing it could save
+(`free-norms`, `free-post-norms`, `free-gated-norm`, `free-conv`, `free-router`, `free-experts`,
+`free-projections`, `free-attention`, `free-gdn-verify`, `free-head`; only their verification
+rows mean anything), to measure a kernel or a launch mode against what it replaced side by side in
+one process.
 `--tp N --layouts columns,experts` loads each model once per MoE layout (every expert's columns
 split across the ranks, or expert parallelism) and runs everything on each (rows and checks tagged
 `layout`).
@@ -52,7 +52,6 @@ import platform
 import statistics
 import sys
 import time
-from functools import partial
 from pathlib import Path
 from types import MappingProxyType
 
@@ -64,7 +63,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.kernels.cuda_timing import copy_bandwidth, median_us  # noqa: E402
 from hybridspec.kernels import pdl  # noqa: E402
 from hybridspec.kernels.attention import reference as attention_reference  # noqa: E402
-from hybridspec.kernels.linear.triton import linear  # noqa: E402
 from hybridspec.kernels.moe import router as moe_router  # noqa: E402
 from hybridspec.kernels.moe import triton as moe_triton  # noqa: E402
 from hybridspec.kernels.moe.tuning import MoETuning  # noqa: E402
@@ -74,6 +72,7 @@ from hybridspec.runtime.layers.attention import GatedAttention  # noqa: E402
 from hybridspec.runtime.layers.gdn import GatedDeltaNet  # noqa: E402
 from hybridspec.runtime.layers.moe import Router, SparseMoE  # noqa: E402
 from hybridspec.runtime.layers.norms import GatedRMSNorm, OffsetRMSNorm  # noqa: E402
+from hybridspec.runtime.models.hybrid import HybridTarget  # noqa: E402
 from hybridspec.runtime.policies import make_policy  # noqa: E402
 from hybridspec.runtime.sampling import SamplingParams  # noqa: E402
 from hybridspec.runtime.session import open_session  # noqa: E402
@@ -85,13 +84,6 @@ LAUNCH_CALLS = ("cudaGraphLaunch", "cudaLaunchKernel", "cuLaunchKernel", "cuLaun
 
 
 REPLAY = object()  # a variant's value: each module's own op wrapped by `replayed`
-
-
-class PerOwner:
-    """A variant's value built for each module it is set on: `make(module)`."""
-
-    def __init__(self, make):
-        self.make = make
 
 
 def replayed(op):
@@ -126,18 +118,21 @@ VARIANTS = {
     # the experts of one or two tokens by the tile kernels, not the register-slice ones
     "moe-tiles": {moe_triton: {"MOE_TUNING": MappingProxyType({64: MoETuning()})}},
     # bounds: one step of every layer taken out of the captured passes (`replayed`), its launches and work gone
-    "free-norms": {OffsetRMSNorm: {"op": REPLAY}},  # the input, post-attention and final RMS norms
+    # the input, post-attention and final RMS norms (a MoE block's post-attention norm of one or two tokens
+    # runs inside its router's launch: `free-router`)
+    "free-norms": {OffsetRMSNorm: {"op": REPLAY}},
     "free-post-norms": {"post_attention_layernorm": {"op": REPLAY}},  # the norms before the MLP blocks alone
     "free-gated-norm": {GatedRMSNorm: {"op": REPLAY}},  # the GDN output's gated norm
     "free-conv": {GatedDeltaNet: {"conv_op": REPLAY}},  # the GDN conv + SiLU
-    "free-router": {Router: {"op": REPLAY}},  # the router (logits, softmax, top-k)
+    # the router (logits, softmax, top-k); at one or two tokens with the post-attention norm inside its launch
+    "free-router": {Router: {"op": REPLAY}, SparseMoE: {"norm_route_op": REPLAY}},
     "free-experts": {SparseMoE: {"experts_op": REPLAY}},  # the routed and shared experts' launches
     "free-projections": {GatedDeltaNet: {"linear_op": REPLAY}, GatedAttention: {"linear_op": REPLAY}},
     "free-attention": {GatedAttention: {"op": REPLAY, "prepare_op": REPLAY}},  # q/k norms, RoPE, cache, attention
     "free-gdn-verify": {GatedDeltaNet: {"_verify": REPLAY}},  # the GDN recurrent step (its fold included)
-    "free-head": {"lm_head": {"forward": REPLAY}},  # the LM head's product (its cast and the argmax stay)
-    # the LM head's product of one or two tokens by `kernels/linear` (the register-slice rows), not the library's
-    "head-rows": {"lm_head": {"forward": PerOwner(lambda head: partial(linear, weight=head.weight))}},
+    "free-head": {HybridTarget: {"head_op": REPLAY}},  # the LM head's product (its cast and the argmax stay)
+    # the LM head's product of one or two tokens by the library, not `kernels/linear`'s register-slice rows
+    "library-head": {HybridTarget: {"head_op": F.linear}},
 }
 
 
@@ -166,12 +161,7 @@ def apply_variant(target, name: str) -> list[tuple]:
         for owner in owners_of(target, key):
             for attr, value in attrs.items():
                 undo.append((owner, attr, getattr(owner, attr)))
-                op = value
-                if value is REPLAY:
-                    op = replayed(getattr(owner, attr))
-                elif isinstance(value, PerOwner):
-                    op = value.make(owner)
-                setattr(owner, attr, op)
+                setattr(owner, attr, replayed(getattr(owner, attr)) if value is REPLAY else value)
     return undo[::-1]
 
 

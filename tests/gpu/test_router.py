@@ -7,6 +7,7 @@ import torch
 
 from hybridspec.kernels.moe import reference
 from hybridspec.kernels.moe import router as moe_router
+from hybridspec.kernels.norm.offset import offset_rms_norm
 
 pytestmark = pytest.mark.gpu
 
@@ -64,3 +65,32 @@ def test_one_launch_router_on_the_gpu(tokens, experts, top_k, hidden):
     graph.replay()
     want = moe_router.router(x, weight, top_k, True, torch.bfloat16)
     assert torch.equal(g_ids, want[0]) and torch.equal(g_weights, want[1])
+
+
+@pytest.mark.parametrize("tokens", [1, 2])
+def test_norm_router_on_the_gpu(tokens):
+    """bf16 at the 35B shapes: s the norm kernel's bit for bit, h within one bf16 rounding of it, the
+    experts a top-k of the softmax of h's logits, no host read; a graph replay equals an eager call."""
+    hidden, experts, top_k = 2048, 256, 8
+    g = torch.Generator(device="cuda").manual_seed(tokens)
+    x, res = (torch.randn(tokens, hidden, device="cuda", generator=g).bfloat16() for _ in range(2))
+    nw = (0.1 * torch.randn(hidden, device="cuda", generator=g)).bfloat16()
+    weight = (torch.randn(experts, hidden, device="cuda", generator=g) / hidden ** 0.5).bfloat16()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        ids, weights, h, s = moe_router.norm_router(x, nw, 1e-6, res, weight, top_k, True, torch.bfloat16)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    h_ref, s_ref = offset_rms_norm(x, nw, 1e-6, res)
+    assert torch.equal(s, s_ref)
+    assert (h.float() - h_ref.float()).abs().le(h_ref.float().abs() * 2 ** -7 + 1e-6).all()
+    probs = torch.softmax(torch.nn.functional.linear(h.float(), weight.float()), -1)
+    chosen = probs.gather(1, ids)
+    assert bool((chosen.min(1).values >= probs.scatter(1, ids, -1.0).max(1).values - 1e-3).all())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed = moe_router.norm_router(x, nw, 1e-6, res, weight, top_k, True, torch.bfloat16)
+    x.copy_(torch.randn(tokens, hidden, device="cuda", generator=g).bfloat16())
+    graph.replay()
+    want = moe_router.norm_router(x, nw, 1e-6, res, weight, top_k, True, torch.bfloat16)
+    assert all(torch.equal(a, b) for a, b in zip(replayed, want))

@@ -63,6 +63,22 @@ def test_matches_the_oracle(case, dtype):
         assert err <= 2 * err_ref + 2 ** -8, (float(err), float(err_ref))
 
 
+@pytest.mark.parametrize("chunk", [1, 2, 4])
+def test_the_combine_reads_the_splits_in_chunks_of_any_size(chunk, monkeypatch):
+    """The combine's online rescaling across chunks (several chunks, the last one partly dead): the
+    oracle's result within fp32 rounding, as with every live split in one chunk."""
+    from hybridspec.kernels.attention import combine
+
+    q, gate, key, value, position = _case(1, 3, 8, 2, 64, 600, 450, torch.float32, seed=chunk)  # 15 live splits of 19
+    whole = attention_triton.gated_attention(q, gate, key, value, position)
+    assert attention_triton.layout(1, 3, 8, 2, 64, 600, 4, q.device)["splits"] > 4 * chunk
+    monkeypatch.setattr(combine, "CHUNK", chunk)
+    got = attention_triton.gated_attention(q, gate, key, value, position)
+    want = oracle(q, gate, key, value, 450)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=2e-6)
+    torch.testing.assert_close(got, whole, rtol=1e-5, atol=1e-6)
+
+
 def test_keys_past_the_context_are_never_read():
     q, gate, key, value, position = _case(1, 4, 4, 2, 48, 64, 20, torch.float32)
     before = attention_triton.gated_attention(q, gate, key, value, position)

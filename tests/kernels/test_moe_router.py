@@ -145,3 +145,33 @@ def test_register_slice_router_matches_the_reference_and_is_batch_invariant(bloc
         assert torch.equal(alone[0], together[0][n : n + 1]) and torch.equal(alone[1], together[1][n : n + 1])
     tile_ids = moe_router.router(x, weight, top_k, True, torch.float32, tiles=tiles._replace(rows_tokens=0))[0]
     assert torch.equal(tile_ids, ids)
+
+
+@pytest.mark.parametrize("tokens, residual", [(1, True), (2, True), (1, False), (3, True)])
+@pytest.mark.parametrize("experts, top_k, hidden", [(256, 8, 96), (40, 10, 100)])
+def test_norm_router_routes_from_the_norm_of_the_residual_sum(tokens, residual, experts, top_k, hidden):
+    """fp32: the reference's experts, weights, h and s for the calls the register-slice form takes
+    (here up to two tokens: its programs normalise the rows, program 0 stores h and s); None for
+    larger ones, which the caller routes by the norm's op and the router."""
+    tiles = moe_router.RouterTiles(rows_tokens=2, rows_be=4, rows_warps=2, packed_rows=2)
+    g = torch.Generator().manual_seed(tokens * 10 + experts + hidden)
+    x = torch.randn(tokens, hidden, generator=g)
+    res = torch.randn(tokens, hidden, generator=g) if residual else None
+    nw = 0.1 * torch.randn(hidden, generator=g)
+    weight = torch.randn(experts, hidden, generator=g) / 10
+    fused = moe_router.norm_router(x, nw, 1e-6, res, weight, top_k, True, torch.float32, tiles=tiles)
+    assert (fused is None) == (tokens > 2)
+    if fused is None:
+        return
+    ids, weights, h, s = fused
+    ids_ref, weights_ref, h_ref, s_ref = reference.norm_router(x, nw, 1e-6, res, weight, top_k, True, torch.float32)
+    assert torch.equal(ids, ids_ref) and torch.equal(s, s_ref)
+    torch.testing.assert_close(weights, weights_ref, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(h, h_ref, rtol=1e-5, atol=1e-6)
+    assert int(moe_router._counter(x.device)) == 0
+
+
+def test_a_norm_the_register_slice_form_does_not_take_is_refused():
+    x, weight = torch.randn(3, 64), torch.randn(16, 64)
+    with pytest.raises(ValueError, match="norm_router"):
+        moe_router.router(x, weight, 2, True, torch.float32, norm=(torch.zeros(64), 1e-6, None, x, x))

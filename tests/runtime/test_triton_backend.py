@@ -93,17 +93,22 @@ def test_ablation_backend_runs_the_gdn_reference_in_the_resident_round(alternati
 
 def test_one_token_passes_on_the_register_slice_kernels_emit_the_torch_ar_tokens(triton_target, torch_ar_tokens,
                                                                                  monkeypatch):
-    """`ar` (every pass one token): the mixers' projections, the router and the experts take their
-    register-slice forms (`kernels/linear`, `router_rows.py`, `gate_up_rows.py` / `down_rows.py`),
-    and the tokens are the PyTorch backend's."""
+    """`ar` (every pass one token): the mixers' projections, the LM head, the router and the experts
+    take their register-slice forms (`kernels/linear`, `router_rows.py`, `gate_up_rows.py` /
+    `down_rows.py`), the post-attention norm runs inside the router's launch, and the tokens are the
+    PyTorch backend's."""
     from hybridspec.kernels.linear import triton as linear_triton
     from hybridspec.kernels.moe import gate_up_rows, router_rows
 
-    taken = {"linear": 0, "router": 0, "experts": 0}
+    taken = {"linear": 0, "the LM head": 0, "router": 0, "router with the norm inside": 0, "experts": 0}
 
     def counted(name, fn):
         def call(*args, **kwargs):
             taken[name] += 1
+            if name == "router" and args[-1] is not None:  # launch_router_rows's norm
+                taken["router with the norm inside"] += 1
+            if name == "linear" and args[1] is triton_target.lm_head.weight:
+                taken["the LM head"] += 1
             return fn(*args, **kwargs)
         return call
 

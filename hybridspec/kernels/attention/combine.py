@@ -1,6 +1,10 @@
 """Combine step of the gated attention (`triton.py`): one program per (batch, token, head) sums the
-live splits in split order, divides, rounds to the activation dtype and multiplies by
-sigmoid(gate) (rounded as the reference rounds)."""
+live splits, divides, rounds to the activation dtype and multiplies by sigmoid(gate) (rounded as
+the reference rounds). The splits are read CHUNK at a time, each chunk's maxima, sums and rows in
+one round of loads, and folded into the running sum by the online softmax's rescaling: at the
+contexts where all live splits fit one chunk, a program waits on the L2 once, not once per split.
+The sum's order is fixed by the layout (chunk by chunk, a tree within each), so a row's result
+depends on nothing but its own splits."""
 
 from __future__ import annotations
 
@@ -11,11 +15,13 @@ from torch import Tensor
 from hybridspec.kernels import pdl
 from hybridspec.kernels.pdl import wait_then_release
 
+CHUNK = 32  # splits per round of loads (at most): [CHUNK, D] fp32 of partial rows in registers
+
 
 @triton.jit
 def _attn_combine_kernel(acc_ptr, ml_ptr, gate_ptr, pos_ptr, out_ptr, stride_gb, stride_gt, stride_gh,
                          T, S, CH, SPLITS, ROWS, H: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
-                         BD: tl.constexpr, USE_GDC: tl.constexpr):
+                         BD: tl.constexpr, SC: tl.constexpr, USE_GDC: tl.constexpr):
     if USE_GDC:
         wait_then_release()
     row = tl.program_id(0)  # (b, t, h)
@@ -27,15 +33,22 @@ def _attn_combine_kernel(acc_ptr, ml_ptr, gate_ptr, pos_ptr, out_ptr, stride_gb,
     d_ok = o_d < D
     base = ((b * (H // G) + kh) * SPLITS) * ROWS + r  # split 0's row of this (b, t, h)
     m = float("-inf")
-    for s in range(0, live):
-        m = tl.maximum(m, tl.load(ml_ptr + (base + s * ROWS) * 2))
     num = tl.zeros([BD], dtype=tl.float32)
     den = 0.0
-    for s in range(0, live):
-        m_s = tl.load(ml_ptr + (base + s * ROWS) * 2)
-        w = tl.where(m_s == float("-inf"), 0.0, tl.exp2(m_s - m))
-        num += w * tl.load(acc_ptr + (base + s * ROWS) * BD + o_d)
-        den += w * tl.load(ml_ptr + (base + s * ROWS) * 2 + 1)
+    for c in range(0, live, SC):
+        o_s = c + tl.arange(0, SC)
+        s_ok = o_s < live
+        p_ml = ml_ptr + (base + o_s * ROWS) * 2
+        b_m = tl.load(p_ml, mask=s_ok, other=float("-inf"))  # [SC] running maxima (log2 units)
+        b_l = tl.load(p_ml + 1, mask=s_ok, other=0.0)  # [SC] running sums
+        b_acc = tl.load(acc_ptr + (base + o_s[:, None] * ROWS) * BD + o_d[None, :], mask=s_ok[:, None],
+                        other=0.0)  # [SC, BD]
+        m_new = tl.maximum(m, tl.max(b_m, 0))  # finite from the first chunk on: split 0 holds key 0
+        w = tl.where(b_m == float("-inf"), 0.0, tl.exp2(b_m - m_new))  # [SC]
+        scale = tl.exp2(m - m_new)  # 0 for the first chunk (m = −inf)
+        num = num * scale + tl.sum(w[:, None] * b_acc, 0)
+        den = den * scale + tl.sum(w * b_l, 0)
+        m = m_new
     dtype = out_ptr.dtype.element_ty
     o = (num / den).to(dtype).to(tl.float32)
     g = tl.load(gate_ptr + b * stride_gb + t * stride_gt + h * stride_gh + o_d, mask=d_ok, other=0.0).to(tl.float32)
@@ -50,5 +63,6 @@ def launch_combine(acc: Tensor, ml: Tensor, gate: Tensor, position: Tensor, out:
     rows = lay["row_blocks"] * lay["BM"]
     _attn_combine_kernel[(B * T * H,)](
         acc, ml, gate, position, out, gate.stride(0), gate.stride(1), gate.stride(2),
-        T, S, lay["CH"], lay["splits"], rows, H=H, G=lay["G"], D=D, BD=lay["BD"], num_warps=4 if D > 128 else 2,
+        T, S, lay["CH"], lay["splits"], rows, H=H, G=lay["G"], D=D, BD=lay["BD"],
+        SC=min(CHUNK, triton.next_power_of_2(lay["splits"])), num_warps=4 if D > 128 else 2,
         **pdl.options(gate))

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from hybridspec.kernels.moe.checks import SharedExpert, check_moe_args
+from hybridspec.kernels.norm import reference as norm_reference
 
 
 def router_topk(logits: Tensor, top_k: int, renormalize: bool, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -40,6 +41,14 @@ def router(x: Tensor, weight: Tensor, top_k: int, renormalize: bool, dtype: torc
     """x [N, H], router weight [E, H] → `router_topk` of the logits x Wᵀ (in x's dtype, as the model's
     linear layer returns them)."""
     return router_topk(F.linear(x, weight), top_k, renormalize, dtype)
+
+
+def norm_router(x: Tensor, norm_weight: Tensor, eps: float, residual: Tensor | None, weight: Tensor, top_k: int,
+                renormalize: bool, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The MoE's input norm, then `router`: x, residual [N, H] (residual may be None), norm_weight [H]
+    (zero-centred) → (ids [N, k], weights [N, k], h = offset_rms_norm(s) [N, H], s = x + residual)."""
+    h, s = norm_reference.offset_rms_norm(x, norm_weight, eps, residual)
+    return (*router(h, weight, top_k, renormalize, dtype), h, s)
 
 
 def shared_expert(x: Tensor, shared: SharedExpert) -> Tensor:

@@ -16,6 +16,10 @@ whatever the other tokens of the call; between the forms its logits are summed i
 and may differ in the last bit (as the rest of a pass does between the register-slice kernels of
 one or two tokens and the tile kernels and library products of more).
 
+`norm_router` (`reference.norm_router`): the MoE's input norm and the router in one launch for the
+calls the register-slice form takes (its programs normalise the row themselves); None for the
+others, whose caller runs the norm's launch and `router`.
+
 `router_topk` (`router_topk.py`, re-exported here): softmax, top-k and renormalization of given
 logits, one program per token.
 
@@ -117,11 +121,33 @@ def fused(tokens: int, experts: int) -> bool:
     return tokens <= FUSED_TOKENS and experts <= FUSED_EXPERTS
 
 
+def norm_router(x: Tensor, norm_weight: Tensor, eps: float, residual: Tensor | None, weight: Tensor, top_k: int,
+                renormalize: bool, dtype: torch.dtype, *, tiles: RouterTiles | None = None
+                ) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
+    """As `reference.norm_router`: x, residual [N, H] → (ids, weights, h, s), h = offset_rms_norm(s),
+    s = x (+ residual), routed from h, in one launch (its programs normalise the rows; program 0
+    stores h and s). None, launching nothing, for a call the register-slice form does not take: the
+    caller then runs the norm and `router`."""
+    tiles = tiles or ROUTER_TILES
+    n, e = x.shape[0], weight.shape[0]
+    if not (x.dim() == 2 and 0 < n <= tiles.rows_tokens and fused(n, e) and x.is_contiguous()
+            and (residual is None or residual.is_contiguous())):
+        return None
+    if residual is not None and residual.shape != x.shape:
+        raise ValueError(f"norm_router: residual {tuple(residual.shape)} does not match x {tuple(x.shape)}")
+    h = torch.empty_like(x)
+    s = x if residual is None else torch.empty_like(x)
+    ids, weights = router(x, weight, top_k, renormalize, dtype, tiles=tiles, norm=(norm_weight, eps, residual, h, s))
+    return ids, weights, h, s
+
+
 def router(x: Tensor, weight: Tensor, top_k: int, renormalize: bool, dtype: torch.dtype,
-           *, logits: Tensor | None = None, tiles: RouterTiles | None = None) -> tuple[Tensor, Tensor]:
+           *, logits: Tensor | None = None, tiles: RouterTiles | None = None, norm: tuple | None = None
+           ) -> tuple[Tensor, Tensor]:
     """As `reference.router`: x [N, H], weight [E, H] → ids [N, k] (long), weights [N, k] in `dtype`.
     `logits` ([N, E] in x's dtype), when given, receives the logits the routing was taken from.
-    tiles: this module's `ROUTER_TILES` when None, looked up at each call."""
+    tiles: this module's `ROUTER_TILES` when None, looked up at each call. norm (`norm_router`'s, for
+    the calls the register-slice form takes): route from the offset norm of x (+ residual) instead."""
     tiles = tiles or ROUTER_TILES
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"router: x must be [N, H] and weight [E, H], got {tuple(x.shape)} and {tuple(weight.shape)}")
@@ -130,6 +156,9 @@ def router(x: Tensor, weight: Tensor, top_k: int, renormalize: bool, dtype: torc
                          f"{weight.stride()}) must share a dtype and be contiguous in H")
     n, h = x.shape
     e = weight.shape[0]
+    if norm is not None and not (0 < n <= tiles.rows_tokens and fused(n, e)):
+        raise ValueError(f"router: norm= for {n} tokens of {e} experts, which the register-slice form does not take "
+                         "(`norm_router` chooses)")
     if not fused(n, e):
         z = F.linear(x, weight)
         if logits is not None:
@@ -146,7 +175,7 @@ def router(x: Tensor, weight: Tensor, top_k: int, renormalize: bool, dtype: torc
     if n and n <= tiles.rows_tokens:
         part = torch.empty(n, e, dtype=torch.float32, device=x.device)
         launch_router_rows(x, weight, part, _counter(x.device), logits, ids, weights, top_k, bool(renormalize),
-                           tiles.rows_be, tiles.rows_warps, tiles.packed_rows)
+                           tiles.rows_be, tiles.rows_warps, tiles.packed_rows, norm)
     elif n:
         span = triton.cdiv(triton.cdiv(h, tiles.SPLIT), tiles.BK) * tiles.BK
         part = torch.empty(tiles.SPLIT, n, e, dtype=torch.float32, device=x.device)

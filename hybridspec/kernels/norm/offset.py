@@ -10,6 +10,7 @@ from torch import Tensor
 
 from hybridspec.kernels import pdl
 from hybridspec.kernels.norm.checks import check_norm_args, rows_of
+from hybridspec.kernels.norm.math import offset_rms, residual_sum
 from hybridspec.kernels.pdl import wait_then_release
 
 
@@ -24,12 +25,10 @@ def _offset_rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, stride_x, stride_
     x = tl.load(x_ptr + row * stride_x + cols, mask=ok, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(r_ptr + row * stride_r + cols, mask=ok, other=0.0)
-        x = (x.to(tl.float32) + r.to(tl.float32)).to(s_ptr.dtype.element_ty)  # torch's add: fp32, rounded
+        x = residual_sum(x, r, s_ptr.dtype.element_ty)
         tl.store(s_ptr + row * stride_s + cols, x, mask=ok)
-    xf = x.to(tl.float32)
-    inv = tl.rsqrt(tl.sum(xf * xf, axis=0) / N + eps)
-    w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
-    tl.store(y_ptr + row * stride_y + cols, (xf * inv * (1.0 + w)).to(y_ptr.dtype.element_ty), mask=ok)
+    w = tl.load(w_ptr + cols, mask=ok, other=0.0)
+    tl.store(y_ptr + row * stride_y + cols, offset_rms(x, w, N, eps, y_ptr.dtype.element_ty), mask=ok)
 
 
 def offset_rms_norm(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from ...kernels.moe import SharedExpert
 from ...kernels.moe import reference as moe_reference
 from ..config import TargetConfig
+from .norms import OffsetRMSNorm
 
 
 class DenseMLP(nn.Module):
@@ -61,6 +62,9 @@ class SparseMoE(nn.Module):
     def __init__(self, cfg: TargetConfig, experts_op: Callable = moe_reference.moe_experts):
         super().__init__()
         self.experts_op = experts_op
+        # the norm inside the router's launch (`kernels/moe`'s `norm_router`; None when None, or when
+        # it returns None: the norm's op, then the router's); the model sets its backend's
+        self.norm_route_op: Callable | None = None
         self.first_expert = 0
         self.gate = Router(cfg)
         self.experts = Experts(cfg)
@@ -82,6 +86,22 @@ class SparseMoE(nn.Module):
         """x [B, T, hidden] → ids, weights [B, T, k]."""
         ids, weights = self.gate(x.reshape(-1, x.shape[-1]))
         return ids.view(*x.shape[:-1], -1), weights.view(*x.shape[:-1], -1)
+
+    def norm_route(self, x: Tensor, residual: Tensor, norm: OffsetRMSNorm) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """x, residual [B, T, hidden] → (ids, weights [B, T, k], h, s [B, T, hidden]): the routing of
+        h = norm(s), s = x + residual, `norm` being the decoder layer's post-attention norm, applied
+        inside the router's launch where the backend can (h is the experts' input)."""
+        flat = x.reshape(-1, x.shape[-1])
+        fused = None
+        if self.norm_route_op is not None:
+            fused = self.norm_route_op(flat, norm.weight, norm.eps, residual.reshape(flat.shape), self.gate.weight,
+                                       self.gate.top_k, self.gate.renormalize, x.dtype)
+        if fused is None:
+            h, s = norm.add_norm(x, residual)
+            return (*self.route(h), h, s)
+        ids, weights, h, s = fused
+        lead = x.shape[:-1]
+        return ids.view(*lead, -1), weights.view(*lead, -1), h.view_as(x), s.view_as(x)
 
     def run_experts(self, x: Tensor, ids: Tensor, weights: Tensor) -> Tensor:
         """x [B, T, hidden] with its routing → MoE output [B, T, hidden] (routed + gated shared)."""

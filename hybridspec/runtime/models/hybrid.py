@@ -97,11 +97,15 @@ def gdn_conv_op(backend: str) -> Callable:
     return gdn_reference.causal_conv_silu if gdn_triton is None else gdn_triton.causal_conv_silu
 
 
-def router_op(backend: str) -> Callable:
-    """The router (logits, softmax, top-k) of a backend: the reference, or the Triton router (one
-    launch per call of up to 16 tokens)."""
+def router_ops(backend: str) -> tuple[Callable, Callable | None]:
+    """(router, norm_router) of a backend: the router (logits, softmax, top-k), and the same with the
+    MoE's input norm applied inside its launch, or None; the reference and None, or the Triton router
+    (one launch per call of up to 16 tokens; the norm inside that launch for the calls its
+    register-slice form takes)."""
     router = triton_kernels(backend, "moe.router")
-    return moe_reference.router if router is None else router.router
+    if router is None:
+        return moe_reference.router, None
+    return router.router, router.norm_router
 
 
 def moe_experts_op(backend: str) -> Callable:
@@ -121,8 +125,9 @@ def attention_ops(backend: str) -> tuple[Callable, Callable]:
 
 
 def linear_op(backend: str) -> Callable:
-    """The mixers' projection product of a backend: F.linear, or (triton) `kernels/linear`'s, which
-    takes calls of one or two tokens on its register-slice kernel and the rest on F.linear."""
+    """The product of the mixers' projections and the LM head for a backend: F.linear, or (triton)
+    `kernels/linear`'s, which takes calls of one or two tokens on its register-slice kernel and the
+    rest on F.linear."""
     dense = triton_kernels(backend, "linear.triton")
     return torch.nn.functional.linear if dense is None else dense.linear
 
@@ -160,12 +165,21 @@ class DecoderLayer(nn.Module):
     def is_moe(self) -> bool:
         return isinstance(self.mlp, SparseMoE)
 
-    def mix(self, h: Tensor, x: Tensor, cache: TargetCache, slot: int,
-            rope: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor]:
-        """The token mixer on h = input_layernorm(x), its residual add fused into the post-attention
-        norm: returns (post_attention_layernorm(x'), x') with x' = x + mixer(h)."""
+    def mix(self, h: Tensor, cache: TargetCache, slot: int, rope: tuple[Tensor, Tensor] | None) -> Tensor:
+        """The token mixer's output on h = input_layernorm(x), completed by `reduce` (not yet added to
+        x: the add is fused into the post-attention norm, `mlp_block`)."""
         h = self.linear_attn(h, cache, slot) if self.is_gdn else self.self_attn(h, cache, slot, rope)
-        return self.post_attention_layernorm.add_norm(self.reduce(h), x)
+        return self.reduce(h)
+
+    def mlp_block(self, delta: Tensor, x: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+        """The MLP block on post_attention_layernorm(x'), x' = x + delta (the mixer's output): returns
+        (the block's output, completed by `reduce`, x', the expert ids or None for a dense MLP). A MoE
+        block applies the norm inside its router's launch where the backend can (`norm_route`)."""
+        if self.is_moe:
+            ids, weights, h, x = self.mlp.norm_route(delta, x, self.post_attention_layernorm)
+            return self.reduce(self.mlp.run_experts(h, ids, weights)), x, ids
+        h, x = self.post_attention_layernorm.add_norm(delta, x)
+        return self.reduce(self.mlp(h)), x, None
 
 
 def device_resident(backend: str) -> bool:
@@ -193,13 +207,15 @@ class HybridTarget(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(cfg.rotary_dim, cfg.rope_theta), persistent=False)
         self.feature_layers = tuple(feature_layers)  # layers whose output the drafter reads (its target_layer_ids)
         offset_norm, gated_norm = norm_ops(backend)
-        route = router_op(backend)
+        route, norm_route = router_ops(backend)
         attend, prepare = attention_ops(backend)
         conv = gdn_conv_op(backend)
         project = linear_op(backend)
         for module in self.modules():
             if isinstance(module, Router):
                 module.op = route
+            elif isinstance(module, SparseMoE):
+                module.norm_route_op = norm_route
             elif isinstance(module, GatedAttention):
                 module.op, module.prepare_op, module.linear_op = attend, prepare, project
             elif isinstance(module, GatedDeltaNet):
@@ -208,6 +224,7 @@ class HybridTarget(nn.Module):
                 module.op = offset_norm
             elif isinstance(module, GatedRMSNorm):
                 module.op = gated_norm
+        self.head_op = project  # the LM head's product
 
     def fuse_projections(self) -> None:
         """Each layer's input projections as one GEMM (`GatedDeltaNet.fuse_projections`: q, k, v, z, b,
@@ -242,8 +259,8 @@ class HybridTarget(nn.Module):
         self._check_room(cache, u)
         layer = self.layers[0]
         x = self.embed_tokens(tokens)
-        moe_input, residual = layer.mix(layer.input_layernorm(x), x, cache, 0, rope=None)  # [B, u, hidden]
-        ids, weights = layer.mlp.route(moe_input)
+        delta = layer.mix(layer.input_layernorm(x), cache, 0, rope=None)  # [B, u, hidden]
+        ids, weights, moe_input, residual = layer.mlp.norm_route(delta, x, layer.post_attention_layernorm)
         return Stage0(u, residual, moe_input, ids, weights)
 
     @torch.no_grad()
@@ -265,18 +282,13 @@ class HybridTarget(nn.Module):
             h, x = layer.input_layernorm.add_norm(delta, x)  # x: the output of layer index − 1
             if index - 1 in taps:
                 outputs[index - 1] = x
-            h, x = layer.mix(h, x, cache, self._slot[index], rope)
-            if layer.is_moe:
-                delta, ids = layer.mlp(h)
-                delta = layer.reduce(delta)
-                if routing is not None:
-                    routing.append(ids)
-            else:
-                delta = layer.reduce(layer.mlp(h))
+            delta, x, ids = layer.mlp_block(layer.mix(h, cache, self._slot[index], rope), x)
+            if routing is not None and ids is not None:
+                routing.append(ids)
         normed, x = self.norm.add_norm(delta, x)
         if len(self.layers) - 1 in taps:
             outputs[len(self.layers) - 1] = x
-        logits = self.lm_head(normed).float()
+        logits = self.head_op(normed, self.lm_head.weight).float()
         # in the drafter's order, repeats allowed (DFlash concatenates per listed layer)
         feats = torch.cat([outputs[i] for i in self.feature_layers], dim=-1) if taps else None
         return PassOutput(w, logits, feats, routing)
