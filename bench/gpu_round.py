@@ -24,8 +24,9 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 `--variants a,b` runs steps 1–4 for each variant on the same loaded model (rows and checks tagged
 `variant`): `shipped`, an op family put back on its PyTorch reference or its previous form, a
 switch turned off, or a form on trial (`VARIANTS`: `two-step-topk`, `prepare-ref`, `no-pdl`,
-`torch-sampling`, `library-linear`, `moe-tiles`, `router-tiles`, `library-head`; `a+b` both at
-once), or a step taken out of the captured passes to bound what removing it could save
+`torch-sampling`, `library-linear`, `moe-tiles`, `router-tiles`, `library-head`, the GDN
+recurrent kernel's program shapes `gdn-v4w1`, `gdn-v16w1`, `gdn-v16w2`, `gdn-v32w4`; `a+b` both
+at once), or a step taken out of the captured passes to bound what removing it could save
 (`free-norms`, `free-post-norms`, `free-gated-norm`, `free-conv`, `free-router`, `free-experts`,
 `free-projections`, `free-attention`, `free-gdn-verify`, `free-head`; only their verification
 rows mean anything), to measure a kernel or a launch mode against what it replaced side by side in
@@ -63,6 +64,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.kernels.cuda_timing import copy_bandwidth, median_us  # noqa: E402
 from hybridspec.kernels import pdl  # noqa: E402
 from hybridspec.kernels.attention import reference as attention_reference  # noqa: E402
+from hybridspec.kernels.gdn import reference as gdn_reference  # noqa: E402
+from hybridspec.kernels.gdn import triton as gdn_triton  # noqa: E402
+from hybridspec.kernels.gdn.tuning import SHIPPED as GDN_SHIPPED  # noqa: E402
+from hybridspec.kernels.gdn.tuning import VerifyTuning  # noqa: E402
 from hybridspec.kernels.moe import router as moe_router  # noqa: E402
 from hybridspec.kernels.moe import triton as moe_triton  # noqa: E402
 from hybridspec.kernels.moe.tuning import MoETuning  # noqa: E402
@@ -103,6 +108,19 @@ def replayed(op):
     return call
 
 
+def gdn_verify_with(block_v: int, warps: int, lengths=(1, 2)):
+    """The model's GDN verification (`models/hybrid.gdn_ops`) with the recurrent kernel's programs of
+    block_v value rows and `warps` warps at the given lengths, the shipped table elsewhere."""
+    tuning = GDN_SHIPPED.replace(verify={t: VerifyTuning("recurrent", block_v, warps) for t in lengths})
+
+    def verify(q, k, v, a, b, A_log, dt_bias, state, scale, **kwargs):
+        if q.shape[1] <= gdn_triton.MAX_TOKENS:
+            return gdn_triton.gdn_verify_gated(q, k, v, a, b, A_log, dt_bias, state, scale, tuning=tuning, **kwargs)
+        return gdn_reference.gdn_verify_gated(q, k, v, a, b, A_log, dt_bias, state, scale, **kwargs)
+
+    return verify
+
+
 # variant → {module class or name: {attribute: op}} set on every such module of the target (`owners_of`;
 # REPLAY: its own op wrapped by `replayed`), or {python module: {attribute: value}} set on that module
 VARIANTS = {
@@ -117,6 +135,11 @@ VARIANTS = {
     "library-linear": {GatedDeltaNet: {"linear_op": F.linear}, GatedAttention: {"linear_op": F.linear}},
     # the experts of one or two tokens by the tile kernels, not the register-slice ones
     "moe-tiles": {moe_triton: {"MOE_TUNING": MappingProxyType({64: MoETuning()})}},
+    # the GDN recurrent verification of one or two tokens in other program shapes (shipped: 8 rows, one warp)
+    "gdn-v4w1": {GatedDeltaNet: {"_verify": gdn_verify_with(4, 1)}},
+    "gdn-v16w1": {GatedDeltaNet: {"_verify": gdn_verify_with(16, 1)}},
+    "gdn-v16w2": {GatedDeltaNet: {"_verify": gdn_verify_with(16, 2)}},
+    "gdn-v32w4": {GatedDeltaNet: {"_verify": gdn_verify_with(32, 4)}},
     # bounds: one step of every layer taken out of the captured passes (`replayed`), its launches and work gone
     # the input, post-attention and final RMS norms (a MoE block's post-attention norm of one or two tokens
     # runs inside its router's launch: `free-router`)
