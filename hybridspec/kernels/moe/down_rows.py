@@ -14,9 +14,8 @@ kernel writes weights), so they stream while the gate_up launch before it finish
 these launches fit one wave of programs); when the wait returns, it reads the activations and
 reduces over I and over each token's assignments. The ids must have been written at least two
 launches back (`kernels/pdl.py`): the router's, before the gate_up launch that `moe_experts` runs
-just before this one. Larger calls, and experts wider than 512, read one
-assignment's id and slice at a time after the wait: there the one load spills registers or is
-slower (`one_load`).
+just before this one. Larger calls, and experts wider than 512, read one assignment's id and slice
+at a time after the wait: there the one load spills registers or is slower (`one_load`).
 
     act [N, k + 1, max(I, Is)]   down [E, H, I]   shared down [H, Is]   out [N, H]
 """
