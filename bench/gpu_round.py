@@ -24,10 +24,8 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 `--variants a,b` runs steps 1–4 for each variant on the same loaded model (rows and checks tagged
 `variant`): `shipped`, an op family put back on its PyTorch reference or its previous form, a
 switch turned off, or a form on trial (`VARIANTS`: `two-step-topk`, `prepare-ref`, `no-pdl`,
-`torch-sampling`, `library-linear`, `moe-tiles`, `router-tiles`, `library-head`,
-`down-weights-after-wait`, the GDN
-recurrent kernel's program shapes `gdn-v4w1`, `gdn-v16w1`, `gdn-v16w2`, `gdn-v32w4`; `a+b` both
-at once), or a step taken out of the captured passes to bound what removing it could save
+`torch-sampling`, `library-linear`, `moe-tiles`, `router-tiles`, `library-head`, `gdn-v8w1`;
+`a+b` both at once), or a step taken out of the captured passes to bound what removing it could save
 (`free-norms`, `free-post-norms`, `free-gated-norm`, `free-conv`, `free-router`, `free-experts`,
 `free-projections`, `free-attention`, `free-gdn-verify`, `free-head`; only their verification
 rows mean anything), to measure a kernel or a launch mode against what it replaced side by side in
@@ -69,7 +67,6 @@ from hybridspec.kernels.gdn import reference as gdn_reference  # noqa: E402
 from hybridspec.kernels.gdn import triton as gdn_triton  # noqa: E402
 from hybridspec.kernels.gdn.tuning import SHIPPED as GDN_SHIPPED  # noqa: E402
 from hybridspec.kernels.gdn.tuning import VerifyTuning  # noqa: E402
-from hybridspec.kernels.moe import down_rows  # noqa: E402
 from hybridspec.kernels.moe import router as moe_router  # noqa: E402
 from hybridspec.kernels.moe import triton as moe_triton  # noqa: E402
 from hybridspec.kernels.moe.tuning import MoETuning  # noqa: E402
@@ -135,15 +132,10 @@ VARIANTS = {
     "torch-sampling": {resident: {"FUSED_SAMPLING": False}},  # the point-mass rule's torch form
     # the mixers' projections of one or two tokens by the library product, not `kernels/linear`'s
     "library-linear": {GatedDeltaNet: {"linear_op": F.linear}, GatedAttention: {"linear_op": F.linear}},
-    # the register-slice down launch reading its weights after its PDL wait (with the activations)
-    "down-weights-after-wait": {down_rows: {"WEIGHTS_FIRST": False}},
     # the experts of one or two tokens by the tile kernels, not the register-slice ones
     "moe-tiles": {moe_triton: {"MOE_TUNING": MappingProxyType({64: MoETuning()})}},
-    # the GDN recurrent verification of one or two tokens in other program shapes (shipped: 8 rows, one warp)
-    "gdn-v4w1": {GatedDeltaNet: {"_verify": gdn_verify_with(4, 1)}},
-    "gdn-v16w1": {GatedDeltaNet: {"_verify": gdn_verify_with(16, 1)}},
-    "gdn-v16w2": {GatedDeltaNet: {"_verify": gdn_verify_with(16, 2)}},
-    "gdn-v32w4": {GatedDeltaNet: {"_verify": gdn_verify_with(32, 4)}},
+    # the GDN recurrent verification of one or two tokens by programs of 8 value rows (shipped: 4), one warp
+    "gdn-v8w1": {GatedDeltaNet: {"_verify": gdn_verify_with(8, 1)}},
     # bounds: one step of every layer taken out of the captured passes (`replayed`), its launches and work gone
     # the input, post-attention and final RMS norms (a MoE block's post-attention norm of one or two tokens
     # runs inside its router's launch: `free-router`)

@@ -26,7 +26,7 @@ BF16_ROUNDING = 2**-7
 PIECES_RATIO = 2**-15
 
 # the shipped kernels with other program shapes: the interpreter's cost is per program, so the
-# 32-row blocks keep CI short; the shipped one-warp shapes (8 and 4 rows) at a few lengths
+# 32-row blocks keep CI short; the one-warp shapes (4 rows, shipped, and 8) at a few lengths
 RECURRENT = {"recurrent-32x4": VerifyTuning(method="recurrent", block_v=32, num_warps=4),
              "recurrent-8x1": VerifyTuning(method="recurrent", block_v=8, num_warps=1),
              "recurrent-4x1": VerifyTuning(method="recurrent", block_v=4, num_warps=1)}

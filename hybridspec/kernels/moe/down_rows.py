@@ -9,13 +9,12 @@ from memory; tokens that share an expert read it again, from the cache. Under ex
 (experts [first, first + E) held here) the experts held elsewhere add nothing.
 
 Where the call's [N·k, BH, I] slices fit one load (`one_load`), the program reads the ids before
-its PDL wait and then every assignment's slice and the shared expert's rows in one load each (no
-kernel writes weights), so they stream while the gate_up launch before it finishes (WEIGHTS_FIRST;
-these launches fit one wave of programs); when the wait returns, it reads the activations and
-reduces over I and over each token's assignments. The ids must have been written at least two
-launches back (`kernels/pdl.py`): the router's, before the gate_up launch that `moe_experts` runs
-just before this one. Larger calls, and experts wider than 512, read one assignment's id and slice
-at a time after the wait: there the one load spills registers or is slower (`one_load`).
+its PDL wait, and when the wait returns, every assignment's slice is one load with its addresses
+known, reduced over I and over each token's assignments. The ids must then have been written at
+least two launches back (`kernels/pdl.py`): the router's, before the gate_up launch that
+`moe_experts` runs just before this one. Larger calls, and experts wider than 512, read one
+assignment's id and slice at a time after the wait: there the one load spills registers or is
+slower (`one_load`).
 
     act [N, k + 1, max(I, Is)]   down [E, H, I]   shared down [H, Is]   out [N, H]
 """
@@ -45,8 +44,7 @@ def _row_product(p_d, stride_d, p_a, o_h, h_ok, width, DP: tl.constexpr):
 def _moe_down_rows_kernel(act_ptr, d_ptr, sd_ptr, ids_ptr, out_ptr, FIRST, stride_an, stride_ak, stride_de,
                           stride_dh, stride_sdh, stride_on, N: tl.constexpr, K: tl.constexpr, E: tl.constexpr,
                           H: tl.constexpr, I: tl.constexpr, IP: tl.constexpr, IS: tl.constexpr, ISP: tl.constexpr,
-                          BH: tl.constexpr, AP: tl.constexpr, ONE_LOAD: tl.constexpr, WEIGHTS_FIRST: tl.constexpr,
-                          USE_GDC: tl.constexpr):
+                          BH: tl.constexpr, AP: tl.constexpr, ONE_LOAD: tl.constexpr, USE_GDC: tl.constexpr):
     o_h = tl.program_id(0) * BH + tl.arange(0, BH)
     h_ok = o_h < H
     if ONE_LOAD:
@@ -54,23 +52,15 @@ def _moe_down_rows_kernel(act_ptr, d_ptr, sd_ptr, ids_ptr, out_ptr, FIRST, strid
         e = tl.load(ids_ptr + o_a, mask=o_a < N * K, other=0).to(tl.int64) - FIRST  # [AP], before the wait
         held = (o_a < N * K) & (e >= 0) & (e < E)
         e = tl.where(held, e, 0)
+    if USE_GDC:
+        wait_then_release()
+    if ONE_LOAD:
         o_c = tl.arange(0, IP)
         c_ok = o_c < I
         m_of, j_of = o_a // K, o_a % K
         p_d = d_ptr + e[:, None, None] * stride_de + o_h[None, :, None] * stride_dh + o_c[None, None, :]
-        m_d = held[:, None, None] & h_ok[None, :, None] & c_ok[None, None, :]
-        o_s = tl.arange(0, ISP)
-        m_s = h_ok[:, None] & (o_s < IS)[None, :]
-        p_s = sd_ptr + o_h[:, None] * stride_sdh + o_s[None, :]
-        if WEIGHTS_FIRST:
-            b_d = tl.load(p_d, mask=m_d, other=0.0)  # [AP, BH, IP]
-            b_s = tl.load(p_s, mask=m_s, other=0.0)  # [BH, ISP] the shared expert's rows
-    if USE_GDC:
-        wait_then_release()
-    if ONE_LOAD:
-        if not WEIGHTS_FIRST:
-            b_d = tl.load(p_d, mask=m_d, other=0.0)
-            b_s = tl.load(p_s, mask=m_s, other=0.0)
+        b_d = tl.load(p_d, mask=held[:, None, None] & h_ok[None, :, None] & c_ok[None, None, :],
+                      other=0.0)  # [AP, BH, IP]
         b_a = tl.load(act_ptr + m_of[:, None] * stride_an + j_of[:, None] * stride_ak + o_c[None, :],
                       mask=held[:, None] & c_ok[None, :], other=0.0).to(tl.float32)  # [AP, IP]
         part = tl.sum(b_d.to(tl.float32) * b_a[:, None, :], 2)  # [AP, BH]
@@ -85,16 +75,10 @@ def _moe_down_rows_kernel(act_ptr, d_ptr, sd_ptr, ids_ptr, out_ptr, FIRST, strid
                 total += _row_product(d_ptr + e_j * stride_de, stride_dh, act_ptr + m * stride_an + j * stride_ak,
                                       o_h, h_ok, width, IP)
         if IS > 0:
-            if ONE_LOAD:
-                b_sa = tl.load(act_ptr + m * stride_an + K * stride_ak + o_s, mask=o_s < IS, other=0.0).to(tl.float32)
-                total += tl.sum(b_s.to(tl.float32) * b_sa[None, :], 1)
-            else:
-                total += _row_product(sd_ptr, stride_sdh, act_ptr + m * stride_an + K * stride_ak, o_h, h_ok, IS,
-                                      ISP)
+            total += _row_product(sd_ptr, stride_sdh, act_ptr + m * stride_an + K * stride_ak, o_h, h_ok, IS, ISP)
         tl.store(out_ptr + m * stride_on + o_h, total.to(out_ptr.dtype.element_ty), mask=h_ok)
 
 
-WEIGHTS_FIRST = True  # the one-load form reads its weights before the PDL wait
 ONE_LOAD_ELEMENTS = 16384  # the largest [N·k, BH, I] (each a power of two) read in one load
 ONE_LOAD_INTERMEDIATE = 512  # the widest expert (I, a power of two) read in one load
 
@@ -112,11 +96,11 @@ def one_load(n: int, k: int, block_h: int, intermediate: int) -> bool:
 def launch_down_rows(act, down, shared, ids, out, block_h: int, warps: int, first_expert: int = 0) -> None:
     """act [N, k + 1, max(I, Is)] from a gate_up launch, down [E, H, I] (experts first_expert…
     first_expert + E − 1 of the ids), shared (or None), ids [N, k] (contiguous), out [N, H] (written,
-    rows contiguous); block_h output columns per program. Where `one_load`, the ids (written at
-    least two launches back) and the weights are read before the PDL wait."""
+    rows contiguous); block_h output columns per program. Where `one_load`, the ids are read before
+    the PDL wait: written at least two launches back."""
     n, k, e, h, i, i_s, sd = down_operands("launch_down_rows", act, down, shared, ids)
     _moe_down_rows_kernel[(triton.cdiv(h, block_h),)](
         act, down, sd, ids, out, first_expert, act.stride(0), act.stride(1), down.stride(0), down.stride(1),
         sd.stride(0), out.stride(0), N=n, K=k, E=e, H=h, I=i, IP=triton.next_power_of_2(i), IS=i_s,
         ISP=triton.next_power_of_2(max(i_s, 1)), BH=block_h, AP=triton.next_power_of_2(n * k),
-        ONE_LOAD=one_load(n, k, block_h, i), WEIGHTS_FIRST=WEIGHTS_FIRST, num_warps=warps, **pdl.options(act))
+        ONE_LOAD=one_load(n, k, block_h, i), num_warps=warps, **pdl.options(act))
