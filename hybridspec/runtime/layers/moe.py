@@ -62,8 +62,8 @@ class SparseMoE(nn.Module):
     def __init__(self, cfg: TargetConfig, experts_op: Callable = moe_reference.moe_experts):
         super().__init__()
         self.experts_op = experts_op
-        # the norm inside the router's launch (`kernels/moe`'s `norm_router`; None when None, or when
-        # it returns None: the norm's op, then the router's); the model sets its backend's
+        # the post-attention norm inside the router's launch (`kernels/moe`'s `norm_router`), set by the
+        # model for its backend; where it is None or returns None, `norm_route` runs the norm, then the router
         self.norm_route_op: Callable | None = None
         self.first_expert = 0
         self.gate = Router(cfg)
