@@ -24,12 +24,12 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 `--variants a,b` runs steps 1–4 for each variant on the same loaded model (rows and checks tagged
 `variant`): `shipped`, an op family put back on its PyTorch reference or its previous form, a
 switch turned off, or a form on trial (`VARIANTS`: `two-step-topk`, `prepare-ref`, `no-pdl`,
-`torch-sampling`, `library-linear`, `moe-tiles`, `router-tiles`, `library-head`, `gdn-v8w1`;
-`a+b` both at once), or a step taken out of the captured passes to bound what removing it could save
-(`free-norms`, `free-post-norms`, `free-gated-norm`, `free-conv`, `free-router`, `free-experts`,
-`free-projections`, `free-attention`, `free-gdn-verify`, `free-head`; only their verification
-rows mean anything), to measure a kernel or a launch mode against what it replaced side by side in
-one process.
+`torch-sampling`, `library-linear`, `moe-tiles`, `router-tiles`, `library-head`, `gdn-v8w1`,
+`gdn-v2w1`, `gdn-v1w1`; `a+b` both at once), or a step taken out of the captured passes to bound
+what removing it could save (`free-norms`, `free-post-norms`, `free-gated-norm`, `free-conv`,
+`free-router`, `free-experts`, `free-projections`, `free-attention`, `free-gdn-verify`,
+`free-head`; only their verification rows mean anything), to measure a kernel or a launch mode
+against what it replaced side by side in one process.
 `--tp N --layouts columns,experts` loads each model once per MoE layout (every expert's columns
 split across the ranks, or expert parallelism) and runs everything on each (rows and checks tagged
 `layout`).
@@ -134,8 +134,10 @@ VARIANTS = {
     "library-linear": {GatedDeltaNet: {"linear_op": F.linear}, GatedAttention: {"linear_op": F.linear}},
     # the experts of one or two tokens by the tile kernels, not the register-slice ones
     "moe-tiles": {moe_triton: {"MOE_TUNING": MappingProxyType({64: MoETuning()})}},
-    # the GDN recurrent verification of one or two tokens by programs of 8 value rows (shipped: 4), one warp
+    # the GDN recurrent verification of one or two tokens by programs of 8, 2 or 1 value rows (shipped: 4), one warp
     "gdn-v8w1": {GatedDeltaNet: {"_verify": gdn_verify_with(8, 1)}},
+    "gdn-v2w1": {GatedDeltaNet: {"_verify": gdn_verify_with(2, 1)}},
+    "gdn-v1w1": {GatedDeltaNet: {"_verify": gdn_verify_with(1, 1)}},
     # bounds: one step of every layer taken out of the captured passes (`replayed`), its launches and work gone
     # the input, post-attention and final RMS norms (a MoE block's post-attention norm of one or two tokens
     # runs inside its router's launch: `free-router`)
