@@ -63,8 +63,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.kernels.cuda_timing import copy_bandwidth, median_us  # noqa: E402
 from hybridspec.kernels import pdl  # noqa: E402
 from hybridspec.kernels.attention import reference as attention_reference  # noqa: E402
-from hybridspec.kernels.gdn import reference as gdn_reference  # noqa: E402
-from hybridspec.kernels.gdn import triton as gdn_triton  # noqa: E402
 from hybridspec.kernels.gdn.tuning import SHIPPED as GDN_SHIPPED  # noqa: E402
 from hybridspec.kernels.gdn.tuning import VerifyTuning  # noqa: E402
 from hybridspec.kernels.moe import router as moe_router  # noqa: E402
@@ -76,7 +74,7 @@ from hybridspec.runtime.layers.attention import GatedAttention  # noqa: E402
 from hybridspec.runtime.layers.gdn import GatedDeltaNet  # noqa: E402
 from hybridspec.runtime.layers.moe import Router, SparseMoE  # noqa: E402
 from hybridspec.runtime.layers.norms import GatedRMSNorm, OffsetRMSNorm  # noqa: E402
-from hybridspec.runtime.models.hybrid import HybridTarget  # noqa: E402
+from hybridspec.runtime.models.hybrid import HybridTarget, gdn_ops  # noqa: E402
 from hybridspec.runtime.policies import make_policy  # noqa: E402
 from hybridspec.runtime.sampling import SamplingParams  # noqa: E402
 from hybridspec.runtime.session import open_session  # noqa: E402
@@ -111,13 +109,7 @@ def gdn_verify_with(block_v: int, warps: int, lengths=(1, 2)):
     """The model's GDN verification (`models/hybrid.gdn_ops`) with the recurrent kernel's programs of
     block_v value rows and `warps` warps at the given lengths, the shipped table elsewhere."""
     tuning = GDN_SHIPPED.replace(verify={t: VerifyTuning("recurrent", block_v, warps) for t in lengths})
-
-    def verify(q, k, v, a, b, A_log, dt_bias, state, scale, **kwargs):
-        if q.shape[1] <= gdn_triton.MAX_TOKENS:
-            return gdn_triton.gdn_verify_gated(q, k, v, a, b, A_log, dt_bias, state, scale, tuning=tuning, **kwargs)
-        return gdn_reference.gdn_verify_gated(q, k, v, a, b, A_log, dt_bias, state, scale, **kwargs)
-
-    return verify
+    return gdn_ops("triton", tuning)[0]
 
 
 # variant → {module class or name: {attribute: op}} set on every such module of the target (`owners_of`;

@@ -122,3 +122,23 @@ def test_one_token_passes_on_the_register_slice_kernels_emit_the_torch_ar_tokens
                                                              max_new_tokens=NEW_TOKENS)
     assert result.token_ids == want
     assert all(taken.values()), taken
+
+
+def test_gdn_ops_launches_the_given_tuning_and_the_reference_past_sixteen_tokens(monkeypatch):
+    """`gdn_ops(backend, tuning)`: calls of up to 16 tokens reach the Triton kernel with that table
+    (the shipped one when None), longer ones the reference."""
+    from hybridspec.kernels.gdn import reference as gdn_reference
+    from hybridspec.kernels.gdn import triton as gdn_triton
+    from hybridspec.kernels.gdn.tuning import SHIPPED, VerifyTuning
+    from hybridspec.runtime.models.hybrid import gdn_ops
+
+    seen = []
+    monkeypatch.setattr(gdn_triton, "gdn_verify_gated", lambda *a, **kw: seen.append(("triton", kw.get("tuning"))))
+    monkeypatch.setattr(gdn_reference, "gdn_verify_gated", lambda *a, **kw: seen.append(("reference", None)))
+    table = SHIPPED.replace(verify={1: VerifyTuning("recurrent", 2, 1)})
+    args = (None,) * 8 + (1.0,)
+    for tuning in (None, table):
+        verify = gdn_ops("triton", tuning)[0]
+        verify(torch.zeros(1, 1, 2, 4), *args[1:])
+        verify(torch.zeros(1, 17, 2, 4), *args[1:])
+    assert seen == [("triton", None), ("reference", None), ("triton", table), ("reference", None)]

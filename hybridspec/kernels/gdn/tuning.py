@@ -96,11 +96,9 @@ def _by_next_measured(measured: dict[int, object]) -> dict[int, object]:
     return {T: measured[min(t for t in measured if t >= T)] for T in range(1, MAX_TOKENS + 1)}
 
 
-# The recurrent kernel with one warp and 4 value rows up to T = 4 (on the H100 in whole passes of the
-# round, 4 rows at T <= 2 were 0.028 ms faster per one-token pass than the 8 the H200 had chosen in
-# an earlier form of the round, and tied at two tokens); split with 32 rows and 4 warps from T = 5,
-# k's copy after the outputs from T = 7 to 12 (the fastest passing launches of the fused round on
-# the H200).
+# The fastest launches measured in whole passes of the round (`bench/results/gpu_round_notes.md`,
+# `gdn_kernels_notes.md`): the recurrent kernel with one warp and 4 value rows up to T = 4; split
+# with 32 rows and 4 warps from T = 5, k's copy after the outputs from T = 7 to 12.
 RECURRENT = VerifyTuning(method="recurrent", block_v=4, num_warps=1)
 SPLIT = VerifyTuning(method="split", block_v=32, num_warps=4)
 SPLIT_LATE_KEYS = dataclasses.replace(SPLIT, late_keys=True)

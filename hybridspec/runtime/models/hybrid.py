@@ -68,20 +68,23 @@ def triton_kernels(backend: str, module: str):
         raise ConfigError(f"the triton backend needs triton ({exc})") from exc
 
 
-def gdn_ops(backend: str) -> tuple[Callable, Callable]:
+def gdn_ops(backend: str, tuning=None) -> tuple[Callable, Callable]:
     """(verify, commit) implementations of the GDN kernels for a backend: verify is
     `gdn_verify_gated` (raw q, k, a, b in; norms and gates inside the kernel). The Triton kernels
-    are specialised for verification lengths ≤ 16; longer prefill chunks use the reference."""
+    are specialised for verification lengths ≤ 16 (launched by `tuning`, the shipped table when
+    None); longer prefill chunks use the reference."""
     gdn_triton = triton_kernels(backend, "gdn.triton")
     if gdn_triton is None:
         return gdn_reference.gdn_verify_gated, gdn_reference.gdn_commit
+    launches = {} if tuning is None else {"tuning": tuning}
 
     def verify(q, k, v, a, b, A_log, dt_bias, state, scale, *, z_out=None, g_out=None, k_out=None, pending=None,
                raw_keys=False):
-        short = q.shape[1] <= gdn_triton.MAX_TOKENS
-        impl = gdn_triton.gdn_verify_gated if short else gdn_reference.gdn_verify_gated
-        return impl(q, k, v, a, b, A_log, dt_bias, state, scale, z_out=z_out, g_out=g_out, k_out=k_out,
-                    pending=pending, raw_keys=raw_keys)
+        if q.shape[1] > gdn_triton.MAX_TOKENS:
+            return gdn_reference.gdn_verify_gated(q, k, v, a, b, A_log, dt_bias, state, scale, z_out=z_out,
+                                                  g_out=g_out, k_out=k_out, pending=pending, raw_keys=raw_keys)
+        return gdn_triton.gdn_verify_gated(q, k, v, a, b, A_log, dt_bias, state, scale, z_out=z_out, g_out=g_out,
+                                           k_out=k_out, pending=pending, raw_keys=raw_keys, **launches)
 
     def commit(states, z, k, g_cum, accepted):
         impl = gdn_triton.gdn_commit if z.shape[2] <= gdn_triton.MAX_TOKENS else gdn_reference.gdn_commit
