@@ -25,8 +25,8 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 `variant`): `shipped`, an op family put back on its PyTorch reference or its previous form, a
 switch turned off, or a form on trial (`VARIANTS`: `two-step-topk`, `prepare-ref`, `no-pdl`,
 `torch-sampling`, `library-linear`, `moe-tiles`, `router-tiles`, `library-head`, `gdn-v8w1`,
-`gdn-v2w1`, `gdn-v1w1`; `a+b` both at once), or a step taken out of the captured passes to bound
-what removing it could save (`free-norms`, `free-post-norms`, `free-gated-norm`, `free-conv`,
+`gdn-v2w1`, `gdn-v1w1`, `gdn-early-state`; `a+b` both at once), or a step taken out of the captured
+passes to bound what removing it could save (`free-norms`, `free-post-norms`, `free-gated-norm`, `free-conv`,
 `free-router`, `free-experts`, `free-projections`, `free-attention`, `free-gdn-verify`,
 `free-head`; only their verification rows mean anything), to measure a kernel or a launch mode
 against what it replaced side by side in one process.
@@ -105,10 +105,12 @@ def replayed(op):
     return call
 
 
-def gdn_verify_with(block_v: int, warps: int, lengths=(1, 2)):
+def gdn_verify_with(block_v: int, warps: int, lengths=(1, 2), early_state=False):
     """The model's GDN verification (`models/hybrid.gdn_ops`) with the recurrent kernel's programs of
-    block_v value rows and `warps` warps at the given lengths, the shipped table elsewhere."""
-    tuning = GDN_SHIPPED.replace(verify={t: VerifyTuning("recurrent", block_v, warps) for t in lengths})
+    block_v value rows and `warps` warps at the given lengths (early_state: the state read before
+    the PDL wait), the shipped table elsewhere."""
+    tuning = GDN_SHIPPED.replace(verify={t: VerifyTuning("recurrent", block_v, warps, early_state=early_state)
+                                         for t in lengths})
     return gdn_ops("triton", tuning)[0]
 
 
@@ -130,6 +132,8 @@ VARIANTS = {
     "gdn-v8w1": {GatedDeltaNet: {"_verify": gdn_verify_with(8, 1)}},
     "gdn-v2w1": {GatedDeltaNet: {"_verify": gdn_verify_with(2, 1)}},
     "gdn-v1w1": {GatedDeltaNet: {"_verify": gdn_verify_with(1, 1)}},
+    # the GDN recurrent verification (lengths 1..4) with its state rows and pending factors read before its PDL wait
+    "gdn-early-state": {GatedDeltaNet: {"_verify": gdn_verify_with(4, 1, (1, 2, 3, 4), early_state=True)}},
     # bounds: one step of every layer taken out of the captured passes (`replayed`), its launches and work gone
     # the input, post-attention and final RMS norms (a MoE block's post-attention norm of one or two tokens
     # runs inside its router's launch: `free-router`)

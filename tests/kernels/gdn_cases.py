@@ -29,7 +29,8 @@ PIECES_RATIO = 2**-15
 # 32-row blocks keep CI short; the one-warp shapes (4 rows, shipped, and 8) at a few lengths
 RECURRENT = {"recurrent-32x4": VerifyTuning(method="recurrent", block_v=32, num_warps=4),
              "recurrent-8x1": VerifyTuning(method="recurrent", block_v=8, num_warps=1),
-             "recurrent-4x1": VerifyTuning(method="recurrent", block_v=4, num_warps=1)}
+             "recurrent-4x1": VerifyTuning(method="recurrent", block_v=4, num_warps=1),
+             "recurrent-32x4-early": VerifyTuning(method="recurrent", block_v=32, num_warps=4, early_state=True)}
 METHODS = {"split": SPLIT, "split-late-keys": dataclasses.replace(SPLIT, late_keys=True), **RECURRENT}
 
 

@@ -20,8 +20,8 @@ from tests.kernels.test_gdn_reference import raw_inputs  # noqa: E402
 from tests.tolerance import assert_close  # noqa: E402
 
 # both shapes with 32-row blocks (dv = 40: a full and a masked block) at every length the kernel
-# ships (1 … 4) and at longer token loops (odd, a power of two, the longest); the shipped one-warp
-# shapes (8 rows up to T = 2, 4 rows at T = 3, 4) at a few lengths
+# ships (1 … 4) and at longer token loops (odd, a power of two, the longest); the one-warp shapes
+# (4 rows, shipped, and 8) at a few lengths
 LENGTHS = (1, 2, 3, 4, 5, 8, 13, 16)
 RECURRENT_CASES = [("recurrent-32x4", shape, T) for shape in SHAPES for T in LENGTHS]
 RECURRENT_CASES += [("recurrent-8x1", "grouped", T) for T in (1, 3, 4, 7)]

@@ -39,6 +39,7 @@ def gdn_verify_recurrent_kernel(
     DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     GATED: tl.constexpr, WRITE_K: tl.constexpr, EPS: tl.constexpr,
     USE_GDC: tl.constexpr, FOLD: tl.constexpr, BJ: tl.constexpr, RAW_KEYS: tl.constexpr,
+    EARLY_STATE: tl.constexpr,
 ):
     """Per token i of BV rows of S (S_{i-1} in registers): z_i = beta_i (v_i - e^{gamma_i} S_{i-1} k_i),
     S_i = e^{gamma_i} S_{i-1} + z_i k_i^T, o_i = S_i q_i; the outputs are gathered into [BV, BT]
@@ -48,8 +49,11 @@ def gdn_verify_recurrent_kernel(
     A_log, dt_bias). WRITE_K: the normalised k goes to k_out (by the dv block 0 program of the first
     value head of each key head); RAW_KEYS: k as given goes there instead, as soon as it arrives,
     and z is stored as z_i / |k_i|. FOLD: the previous round's commit (Eq. 7) on these rows first
-    (`fold_rows`), stored in place and verified from. USE_GDC: programmatic dependent launch."""
-    if USE_GDC:
+    (`fold_rows`), stored in place and verified from. USE_GDC: programmatic dependent launch.
+    EARLY_STATE: the state rows, the pending factors and the gate weights are loaded before the PDL
+    wait (the previous launch never writes them: this layer's own launch of the previous pass did,
+    `kernels/pdl.py`), so their reads overlap the previous kernel's tail."""
+    if USE_GDC and not EARLY_STATE:
         wait_then_release()
     i_bh, i_v = tl.program_id(0), tl.program_id(1)
     i_b, i_h = (i_bh // HV).to(tl.int64), i_bh % HV
@@ -75,6 +79,8 @@ def gdn_verify_recurrent_kernel(
     r_K = tl.full([BT], 1.0, tl.float32)  # 1 / |k_i| (GATED)
     if GATED:
         a_log, dt = tl.load(A_log + i_h).to(tl.float32), tl.load(dt_bias + i_h).to(tl.float32)
+    if USE_GDC and EARLY_STATE:
+        wait_then_release()
     m_tk = m_t[:, None] & m_k[None, :]
     # every token's inputs at once: [BT, BK] rows of q, k; [BV, BT] of v; [BT] gates
     b_K = tl.load(p_k + o_t[:, None] * stride_k_t, mask=m_tk, other=0).to(tl.float32)
@@ -123,4 +129,5 @@ def launch_verify_recurrent(q, k, v, g, beta, state, scale, o, z, g_cum, tuning:
                                              gates=gates, k_out=k_out, pending=pending, raw_keys=raw_keys)
     gdn_verify_recurrent_kernel[grid](*args, **shape, BT=triton.next_power_of_2(q.shape[1]),
                                       BJ=triton.next_power_of_2(max(pt, 1)), num_warps=tuning.num_warps,
-                                      num_stages=1, **launch_options(tuning.pdl, state))
+                                      EARLY_STATE=tuning.early_state, num_stages=1,
+                                      **launch_options(tuning.pdl, state))
