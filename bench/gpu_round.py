@@ -44,6 +44,7 @@ Writes DIR/gpu_round.json ({"device", "date", "versions", "rows": [...]}) and pr
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import gc
 import hashlib
@@ -105,12 +106,17 @@ def replayed(op):
     return call
 
 
-def gdn_verify_with(block_v: int, warps: int, lengths=(1, 2), early_state=False):
+def gdn_verify_with(block_v: int, warps: int, lengths=(1, 2)):
     """The model's GDN verification (`models/hybrid.gdn_ops`) with the recurrent kernel's programs of
-    block_v value rows and `warps` warps at the given lengths (early_state: the state read before
-    the PDL wait), the shipped table elsewhere."""
-    tuning = GDN_SHIPPED.replace(verify={t: VerifyTuning("recurrent", block_v, warps, early_state=early_state)
-                                         for t in lengths})
+    block_v value rows and `warps` warps at the given lengths, the shipped table elsewhere."""
+    tuning = GDN_SHIPPED.replace(verify={t: VerifyTuning("recurrent", block_v, warps) for t in lengths})
+    return gdn_ops("triton", tuning)[0]
+
+
+def gdn_verify_early_state():
+    """The model's GDN verification with the shipped launches, each reading its state before its PDL wait."""
+    tuning = GDN_SHIPPED.replace(verify={t: dataclasses.replace(v, early_state=True)
+                                         for t, v in GDN_SHIPPED.verify.items()})
     return gdn_ops("triton", tuning)[0]
 
 
@@ -132,8 +138,8 @@ VARIANTS = {
     "gdn-v8w1": {GatedDeltaNet: {"_verify": gdn_verify_with(8, 1)}},
     "gdn-v2w1": {GatedDeltaNet: {"_verify": gdn_verify_with(2, 1)}},
     "gdn-v1w1": {GatedDeltaNet: {"_verify": gdn_verify_with(1, 1)}},
-    # the GDN recurrent verification (lengths 1..4) with its state rows and pending factors read before its PDL wait
-    "gdn-early-state": {GatedDeltaNet: {"_verify": gdn_verify_with(4, 1, (1, 2, 3, 4), early_state=True)}},
+    # the GDN verification with its state rows and pending factors read before its PDL wait
+    "gdn-early-state": {GatedDeltaNet: {"_verify": gdn_verify_early_state()}},
     # bounds: one step of every layer taken out of the captured passes (`replayed`), its launches and work gone
     # the input, post-attention and final RMS norms (a MoE block's post-attention norm of one or two tokens
     # runs inside its router's launch: `free-router`)

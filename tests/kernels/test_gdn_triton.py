@@ -258,8 +258,6 @@ def test_tunings_name_a_bad_field():
         VerifyTuning(method="chunked", block_v=16, num_warps=2)
     with pytest.raises(ValueError, match="VerifyTuning: late_keys with method 'recurrent', only the split kernel"):
         VerifyTuning(method="recurrent", block_v=8, num_warps=1, late_keys=True)
-    with pytest.raises(ValueError, match="VerifyTuning: early_state with method 'split', only the recurrent kernel"):
-        VerifyTuning(method="split", block_v=32, num_warps=4, early_state=True)
     with pytest.raises(ValueError, match="VerifyTuning: block_v=24 is not a power of two"):
         VerifyTuning(method="split", block_v=24, num_warps=4)
     with pytest.raises(ValueError, match="CommitTuning: method='fold', expected loop or dot"):

@@ -27,7 +27,7 @@ class VerifyTuning:
     inputs loaded first); "split": `verify_split` (Eqs. 3, 10 by 16 x 16 products, all loads in
     flight at once, S_0 in two bf16 pieces for bf16 q, k). pdl: programmatic dependent launch on
     SM90+ (`launch.launch_options`). late_keys (split, raw keys): k's copy to k_out after the
-    outputs instead of with the solve. early_state (recurrent): the state rows and pending factors
+    outputs instead of with the solve. early_state: the state rows and pending factors
     read before the PDL wait."""
 
     method: str
@@ -42,8 +42,6 @@ class VerifyTuning:
             raise ValueError(f"VerifyTuning: method={self.method!r}, expected recurrent or split")
         if self.late_keys and self.method != "split":
             raise ValueError(f"VerifyTuning: late_keys with method {self.method!r}, only the split kernel has it")
-        if self.early_state and self.method != "recurrent":
-            raise ValueError(f"VerifyTuning: early_state with method {self.method!r}, only the recurrent kernel has it")
         _check_power_of_two("VerifyTuning", "block_v", self.block_v)
         _check_power_of_two("VerifyTuning", "num_warps", self.num_warps)
 

@@ -168,6 +168,7 @@ def gdn_verify_split_kernel(
     GATED: tl.constexpr, WRITE_K: tl.constexpr, EPS: tl.constexpr, USE_GDC: tl.constexpr,
     PIECES: tl.constexpr, WIDEN: tl.constexpr, FENCE: tl.constexpr,
     FOLD: tl.constexpr, BJ: tl.constexpr, RAW_KEYS: tl.constexpr, LATE_KEYS: tl.constexpr,
+    EARLY_STATE: tl.constexpr,
 ):
     """Eqs. 3, 10 for BV value rows of one head: every input loaded at the top (FENCE: every tile's
     first use after the last load, `after`), the state-independent part first, then K S_0^T and
@@ -181,9 +182,10 @@ def gdn_verify_split_kernel(
     goes to k_out (by the dv block 0 program of the first value head of each key head); RAW_KEYS:
     k as loaded goes there instead, after the outputs if LATE_KEYS, and z is stored as z_i / |k_i|.
     FOLD: the previous round's commit (Eq. 7) on these rows first (`fold_tiles`), stored in place
-    and verified from. USE_GDC: launched with programmatic dependent launch. WIDEN: interpreted
-    (`dot_bt`)."""
-    if USE_GDC:
+    and verified from. USE_GDC: launched with programmatic dependent launch; EARLY_STATE: S_0, the
+    pending factors and the gate weights loaded before its wait (as `verify_recurrent`). WIDEN:
+    interpreted (`dot_bt`)."""
+    if USE_GDC and not EARLY_STATE:
         wait_then_release()
     i_bh, i_v = tl.program_id(0), tl.program_id(1)
     i_b, i_h = (i_bh // HV).to(tl.int64), i_bh % HV
@@ -202,6 +204,10 @@ def gdn_verify_split_kernel(
         b_pz, b_pk, b_pg, b_m = pending_tiles(pz, pk, pg, accepted, i_b, i_h, i_hk, o_v, o_k, m_v, m_k, PT,
                                               stride_pz_b, stride_pz_t, stride_pz_h, stride_pk_b, stride_pk_t,
                                               stride_pk_h, stride_pg_b, stride_pg_t, BJ)
+    if GATED:  # the gate weights (raw a, b -> g, beta below; padded tokens keep g = beta = 0)
+        a_log, dt = tl.load(A_log + i_h).to(tl.float32), tl.load(dt_bias + i_h).to(tl.float32)
+    if USE_GDC and EARLY_STATE:
+        wait_then_release()
     p_k = k + i_b * stride_k_b + o_t[:, None] * stride_k_t + i_hk * stride_k_h + o_k[None, :]
     p_q = q + i_b * stride_q_b + o_t[:, None] * stride_q_t + i_hk * stride_q_h + o_k[None, :]
     b_k = tl.load(p_k, mask=m_tk, other=0)  # [BT, BK], input dtype
@@ -212,8 +218,6 @@ def gdn_verify_split_kernel(
     b_v = tl.load(p_v, mask=m_tv, other=0)  # [BT, BV], input dtype
     b_g = tl.load(g + i_b * stride_g_b + o_t * stride_g_t + i_h, mask=m_t, other=0)
     b_beta = tl.load(beta + i_b * stride_beta_b + o_t * stride_beta_t + i_h, mask=m_t, other=0)
-    if GATED:  # raw a, b -> g, beta; padded tokens keep g = beta = 0
-        a_log, dt = tl.load(A_log + i_h).to(tl.float32), tl.load(dt_bias + i_h).to(tl.float32)
     if FENCE:  # every tile's first use after the last load, so that all loads are in flight at once
         dep = tl.load(beta + i_b * stride_beta_b + i_h).to(tl.float32)
         b_s = after(b_s, dep, False)
@@ -299,6 +303,7 @@ def launch_verify_split(q, k, v, g, beta, state, scale, o, z, g_cum, tuning: Ver
     grid, args, shape, pt = verify_arguments(q, k, v, g, beta, state, scale, o, z, g_cum, tuning, "split",
                                              gates=gates, k_out=k_out, pending=pending, raw_keys=raw_keys)
     gdn_verify_split_kernel[grid](*args, **shape, BT=BLOCK_T, BJ=max(BLOCK_T, triton.next_power_of_2(pt)),
-                                  LATE_KEYS=tuning.late_keys, PIECES=q.dtype == k.dtype == torch.bfloat16,
-                                  WIDEN=interpreted(), FENCE=not interpreted(), num_warps=tuning.num_warps,
-                                  num_stages=1, **launch_options(tuning.pdl, state))
+                                  LATE_KEYS=tuning.late_keys, EARLY_STATE=tuning.early_state,
+                                  PIECES=q.dtype == k.dtype == torch.bfloat16, WIDEN=interpreted(),
+                                  FENCE=not interpreted(), num_warps=tuning.num_warps, num_stages=1,
+                                  **launch_options(tuning.pdl, state))
