@@ -81,6 +81,7 @@ def _verify_source(fn, tuning, c: dict):
     constants = dict(T=T, HV=SHAPE["HV"], GROUP=SHAPE["HV"] // SHAPE["HK"], DK=SHAPE["DK"], DV=SHAPE["DV"],
                      BK=SHAPE["DK"], BV=tuning.block_v, GATED=True, WRITE_K=True, EPS=1e-6, RAW_KEYS=True,
                      USE_GDC=True, FOLD=fold, WIDEN=False, FENCE=True, LATE_KEYS=getattr(tuning, "late_keys", False),
+                     EARLY_STATE=getattr(tuning, "early_state", False),
                      BT=_pow2(T) if recurrent else 16, BJ=_pow2(max(pt, 1)) if recurrent else max(16, _pow2(pt)),
                      PREFETCH=True, SOLVE_DOT="ieee", SPLIT=2 if dt == "bf16" else 0, PIECES=dt == "bf16")
     return pointers, constants, dict(num_warps=tuning.num_warps, num_stages=1, launch_pdl=True)
