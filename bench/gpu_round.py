@@ -25,7 +25,7 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 `variant`): `shipped`, an op family put back on its PyTorch reference or its previous form, a
 switch turned off, or a form on trial (`VARIANTS`: `two-step-topk`, `prepare-ref`, `no-pdl`,
 `torch-sampling`, `library-linear`, `moe-tiles`, `router-tiles`, `library-head`, `gdn-v8w1`,
-`gdn-v2w1`, `gdn-v1w1`, `gdn-early-state`; `a+b` both at once), or a step taken out of the captured
+`gdn-state-after-wait`; `a+b` both at once), or a step taken out of the captured
 passes to bound what removing it could save (`free-norms`, `free-post-norms`, `free-gated-norm`, `free-conv`,
 `free-router`, `free-experts`, `free-projections`, `free-attention`, `free-gdn-verify`,
 `free-head`; only their verification rows mean anything), to measure a kernel or a launch mode
@@ -113,9 +113,9 @@ def gdn_verify_with(block_v: int, warps: int, lengths=(1, 2)):
     return gdn_ops("triton", tuning)[0]
 
 
-def gdn_verify_early_state():
-    """The model's GDN verification with the shipped launches, each reading its state before its PDL wait."""
-    tuning = GDN_SHIPPED.replace(verify={t: dataclasses.replace(v, early_state=True)
+def gdn_verify_state_after_wait():
+    """The model's GDN verification with the shipped launches, each reading its state after its PDL wait."""
+    tuning = GDN_SHIPPED.replace(verify={t: dataclasses.replace(v, early_state=False)
                                          for t, v in GDN_SHIPPED.verify.items()})
     return gdn_ops("triton", tuning)[0]
 
@@ -134,12 +134,10 @@ VARIANTS = {
     "library-linear": {GatedDeltaNet: {"linear_op": F.linear}, GatedAttention: {"linear_op": F.linear}},
     # the experts of one or two tokens by the tile kernels, not the register-slice ones
     "moe-tiles": {moe_triton: {"MOE_TUNING": MappingProxyType({64: MoETuning()})}},
-    # the GDN recurrent verification of one or two tokens by programs of 8, 2 or 1 value rows (shipped: 4), one warp
+    # the GDN recurrent verification of one or two tokens by programs of 8 value rows (shipped: 4), one warp
     "gdn-v8w1": {GatedDeltaNet: {"_verify": gdn_verify_with(8, 1)}},
-    "gdn-v2w1": {GatedDeltaNet: {"_verify": gdn_verify_with(2, 1)}},
-    "gdn-v1w1": {GatedDeltaNet: {"_verify": gdn_verify_with(1, 1)}},
-    # the GDN verification with its state rows and pending factors read before its PDL wait
-    "gdn-early-state": {GatedDeltaNet: {"_verify": gdn_verify_early_state()}},
+    # the GDN verification with its state rows and pending factors read after its PDL wait (shipped: before)
+    "gdn-state-after-wait": {GatedDeltaNet: {"_verify": gdn_verify_state_after_wait()}},
     # bounds: one step of every layer taken out of the captured passes (`replayed`), its launches and work gone
     # the input, post-attention and final RMS norms (a MoE block's post-attention norm of one or two tokens
     # runs inside its router's launch: `free-router`)

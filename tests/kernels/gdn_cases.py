@@ -32,7 +32,7 @@ RECURRENT = {"recurrent-32x4": VerifyTuning(method="recurrent", block_v=32, num_
              "recurrent-4x1": VerifyTuning(method="recurrent", block_v=4, num_warps=1),
              "recurrent-32x4-early": VerifyTuning(method="recurrent", block_v=32, num_warps=4, early_state=True)}
 METHODS = {"split": SPLIT, "split-late-keys": dataclasses.replace(SPLIT, late_keys=True),
-           "split-early": dataclasses.replace(SPLIT, early_state=True), **RECURRENT}
+           "split-state-after-wait": dataclasses.replace(SPLIT, early_state=False), **RECURRENT}
 
 
 def verify_table(variant: str = "split") -> Tuning:

@@ -100,9 +100,10 @@ def _by_next_measured(measured: dict[int, object]) -> dict[int, object]:
 
 # The fastest launches measured in whole passes of the round (`bench/results/gpu_round_notes.md`,
 # `gdn_kernels_notes.md`): the recurrent kernel with one warp and 4 value rows up to T = 4; split
-# with 32 rows and 4 warps from T = 5, k's copy after the outputs from T = 7 to 12.
-RECURRENT = VerifyTuning(method="recurrent", block_v=4, num_warps=1)
-SPLIT = VerifyTuning(method="split", block_v=32, num_warps=4)
+# with 32 rows and 4 warps from T = 5, k's copy after the outputs from T = 7 to 12; both reading
+# the state before the PDL wait.
+RECURRENT = VerifyTuning(method="recurrent", block_v=4, num_warps=1, early_state=True)
+SPLIT = VerifyTuning(method="split", block_v=32, num_warps=4, early_state=True)
 SPLIT_LATE_KEYS = dataclasses.replace(SPLIT, late_keys=True)
 # The commit of a whole window: the rank-1 loop up to T = 4, one tensor-core product above.
 COMMIT_LOOP = CommitTuning(method="loop", block_v=16, num_warps=1)
