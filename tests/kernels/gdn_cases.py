@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from hybridspec.kernels.gdn import reference
 from hybridspec.kernels.gdn.checks import MAX_TOKENS
+from hybridspec.kernels.gdn.tuning import RECURRENT as SHIPPED_RECURRENT
 from hybridspec.kernels.gdn.tuning import SHIPPED, SPLIT, Tuning, VerifyTuning
 from tests.kernels.test_gdn_reference import REGIMES, gated_oracle, gated_steps, make_inputs, raw_inputs
 from tests.tolerance import assert_close
@@ -26,11 +27,12 @@ BF16_ROUNDING = 2**-7
 PIECES_RATIO = 2**-15
 
 # the shipped kernels with other program shapes: the interpreter's cost is per program, so the
-# 32-row blocks keep CI short; the one-warp shapes (4 rows, shipped, and 8) at a few lengths
+# 32-row blocks keep CI short; the one-warp shapes (4 rows, shipped, and 8) at a few lengths. The
+# shipped launches read the state before their PDL wait (early_state); the others after it, so the
+# tests trace both orders (the interpreter runs no PDL: the results are the same)
 RECURRENT = {"recurrent-32x4": VerifyTuning(method="recurrent", block_v=32, num_warps=4),
              "recurrent-8x1": VerifyTuning(method="recurrent", block_v=8, num_warps=1),
-             "recurrent-4x1": VerifyTuning(method="recurrent", block_v=4, num_warps=1),
-             "recurrent-32x4-early": VerifyTuning(method="recurrent", block_v=32, num_warps=4, early_state=True)}
+             "recurrent-4x1": SHIPPED_RECURRENT}
 METHODS = {"split": SPLIT, "split-late-keys": dataclasses.replace(SPLIT, late_keys=True),
            "split-state-after-wait": dataclasses.replace(SPLIT, early_state=False), **RECURRENT}
 
