@@ -25,11 +25,13 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 `variant`): `shipped`, an op family put back on its PyTorch reference or its previous form, a
 switch turned off, or a form on trial (`VARIANTS`: `two-step-topk`, `prepare-ref`, `no-pdl`,
 `torch-sampling`, `library-linear`, `moe-tiles`, `router-tiles`, `library-head`, `gdn-v8w1`,
-`gdn-state-after-wait`; `a+b` both at once), or a step taken out of the captured passes to bound
-what removing it could save (`free-norms`, `free-post-norms`, `free-gated-norm`, `free-conv`,
-`free-router`, `free-experts`, `free-projections`, `free-attention`, `free-gdn-verify`,
-`free-head`; only their verification rows mean anything), to measure a kernel or a launch mode
-against what it replaced side by side in one process.
+`gdn-state-after-wait`, `attention-live`, `attention-bn16`, `attention-live-bn16`; `a+b` both at
+once), or a step taken out of the captured passes to bound what removing it could save
+(`free-norms`, `free-post-norms`, `free-gated-norm`, `free-conv`, `free-router`, `free-experts`,
+`free-projections`, `free-attention`, `free-gdn-verify`, `free-head`; only their verification rows
+mean anything), to measure a kernel or a launch mode against what it replaced side by side in one
+process. `--capacity N` sizes the engines' caches (and the verification rows' cache) for N tokens
+instead of the context and four times `--tokens`: a server's context limit far above the context.
 `--tp N --layouts columns,experts` loads each model once per MoE layout (every expert's columns
 split across the ranks, or expert parallelism) and runs everything on each (rows and checks tagged
 `layout`).
@@ -64,6 +66,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.kernels.cuda_timing import copy_bandwidth, median_us  # noqa: E402
 from hybridspec.kernels import pdl  # noqa: E402
 from hybridspec.kernels.attention import reference as attention_reference  # noqa: E402
+from hybridspec.kernels.attention import triton as attention_triton  # noqa: E402
 from hybridspec.kernels.gdn.tuning import SHIPPED as GDN_SHIPPED  # noqa: E402
 from hybridspec.kernels.gdn.tuning import VerifyTuning  # noqa: E402
 from hybridspec.kernels.moe import router as moe_router  # noqa: E402
@@ -138,6 +141,10 @@ VARIANTS = {
     "gdn-v8w1": {GatedDeltaNet: {"_verify": gdn_verify_with(8, 1)}},
     # the GDN verification with its state rows and pending factors read after its PDL wait (shipped: before)
     "gdn-state-after-wait": {GatedDeltaNet: {"_verify": gdn_verify_state_after_wait()}},
+    # the attention's splits over the live context instead of the cache, and key blocks of 16 (shipped: 64)
+    "attention-live": {attention_triton: {"SPLIT_TUNING": attention_triton.SplitTuning(live_splits=True)}},
+    "attention-bn16": {attention_triton: {"SPLIT_TUNING": attention_triton.SplitTuning(key_block=16)}},
+    "attention-live-bn16": {attention_triton: {"SPLIT_TUNING": attention_triton.SplitTuning(16, True)}},
     # bounds: one step of every layer taken out of the captured passes (`replayed`), its launches and work gone
     # the input, post-attention and final RMS norms (a MoE block's post-attention norm of one or two tokens
     # runs inside its router's launch: `free-router`)
@@ -384,11 +391,13 @@ def round_floor_rows(session, model: str, rows: list[dict], context: int, bandwi
                  passes=len(routings), floor_ms_random_block=round(verify["floor_ms"] + drafter_ms, 3))]
 
 
-def verification_rows(session, model: str, context_prompt, widths, bandwidth: float) -> list[dict]:
-    """One target pass of w tokens as a CUDA graph after a prefill of the context, vs its floor."""
+def verification_rows(session, model: str, context_prompt, widths, bandwidth: float,
+                      capacity: int | None = None) -> list[dict]:
+    """One target pass of w tokens as a CUDA graph after a prefill of the context (in a cache of
+    `capacity` positions, default the context and 2 W), vs its floor."""
     target = session.target
     W = max(widths)
-    cache = prefilled_cache(target, context_prompt, W)
+    cache = prefilled_cache(target, context_prompt, W, capacity)
     gen = torch.Generator().manual_seed(1)
     block = torch.randint(0, target.cfg.vocab_size, (1, W), generator=gen).cuda()
     rows = []
@@ -497,6 +506,9 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default="embedded,qwen3.6-35b-a3b")
     ap.add_argument("--context", type=int, default=1024, help="prompt tokens of the random-weight preset")
     ap.add_argument("--tokens", type=int, default=64, help="new tokens per request on the graph path")
+    ap.add_argument("--capacity", type=int, default=None,
+                    help="the engines' context (prompt + generated tokens; default the context and 4 × tokens): "
+                         "the KV cache's positions, over which the attention's splits are laid")
     ap.add_argument("--eager-tokens", type=int, default=12, help="new tokens per request on the host path (slow)")
     ap.add_argument("--policies", default="ar,static:4,full,nominal,hybridspec")
     ap.add_argument("--no-exactness", action="store_true")
@@ -544,6 +556,11 @@ def main(argv=None) -> int:
     return 0
 
 
+def engine_context(args) -> int:
+    """The engines' context: `--capacity`, or the prompt and four times the new tokens."""
+    return args.capacity or args.context + 4 * args.tokens
+
+
 def open_model(args, model: str, layout: str, tensor_parallel: bool):
     """(session, prompts) of one model and MoE layout: the embedded pair in fp32, a preset's random
     weights in bf16, on the Triton backend."""
@@ -551,7 +568,7 @@ def open_model(args, model: str, layout: str, tensor_parallel: bool):
     t0 = time.perf_counter()
     session = open_session(None if embedded else model, None if embedded else "random", device="cuda",
                            dtype="float32" if embedded else "bfloat16", backend="triton",
-                           max_context=args.context + 4 * args.tokens, tensor_parallel=tensor_parallel,
+                           max_context=engine_context(args), tensor_parallel=tensor_parallel,
                            expert_parallel=layout == "experts")
     log(f"{model} ({layout}): loaded in {time.perf_counter() - t0:.1f} s")
     return session, prompts_for(session, model, args.context, 6 if embedded else 2)
@@ -590,7 +607,7 @@ def run(args, variants: list[str], command: str) -> None:
         embedded = model == "embedded"
         for variant in variants:
             undo = apply_variant(session.target, variant)
-            runs = engines(session, args.context + 4 * args.tokens)
+            runs = engines(session, engine_context(args))
             log(f"{model} ({layout}) variant {variant}: timed")
             rows = []
             if not args.no_exactness:  # every variant: a variant's graphs must give its eager tokens too
@@ -602,11 +619,12 @@ def run(args, variants: list[str], command: str) -> None:
                     rows += decode_rows(session, model, runs, prompts[0], policies, args.tokens, args.eager_tokens,
                                         sampling)
             if not embedded and not args.no_verification:
-                rows += verification_rows(session, model, prompts[0], (1, 2, 4, 8, 12, 16), bandwidth)
+                rows += verification_rows(session, model, prompts[0], (1, 2, 4, 8, 12, 16), bandwidth,
+                                          args.capacity)
                 W = session.drafter.draft_len + 1
                 routings = round_routing(runs["eager"], prompts[0], W)  # the host path records routing
                 rows += round_floor_rows(session, model, rows, args.context, bandwidth, routings,
-                                         session.target.new_cache(max_len=args.context + 4 * args.tokens,
+                                         session.target.new_cache(max_len=engine_context(args),
                                                                   tokens_per_pass=W))
             result["rows"] += [dict(row, variant=variant, layout=layout) for row in rows]
             for module, attr, op in undo:
@@ -627,7 +645,7 @@ def run(args, variants: list[str], command: str) -> None:
         session, prompts = open_model(args, model, layout, tensor_parallel)
         for variant in dict.fromkeys(variants):
             undo = apply_variant(session.target, variant)
-            runs = engines(session, args.context + 4 * args.tokens)
+            runs = engines(session, engine_context(args))
             log(f"{model} ({layout}) variant {variant}: counted")
             for sampling in samplings if not args.no_decode else ():
                 counts = count_rows(session, runs, prompts[0], policies, sampling)

@@ -79,6 +79,31 @@ def test_the_combine_reads_the_splits_in_chunks_of_any_size(chunk, monkeypatch):
     torch.testing.assert_close(got, whole, rtol=1e-5, atol=1e-6)
 
 
+TUNINGS = {"key-block-16": attention_triton.SplitTuning(key_block=16),
+           "live": attention_triton.SplitTuning(live_splits=True),
+           "live-key-block-16": attention_triton.SplitTuning(key_block=16, live_splits=True)}
+TUNED_CASES = [  # B, T, H, H_kv, D, S, p: contexts far below the cache, at its end, and a prefill chunk
+    (1, 1, 16, 2, 256, 1100, 30), (1, 4, 8, 2, 64, 600, 596), (2, 3, 4, 1, 32, 300, 120), (1, 40, 4, 2, 48, 130, 60)]
+
+
+@pytest.mark.parametrize("tuning", TUNINGS)
+@pytest.mark.parametrize("case", TUNED_CASES, ids=lambda c: "B{}-T{}-H{}-kv{}-D{}-S{}-p{}".format(*c))
+def test_other_splits_of_the_keys_match_the_oracle(tuning, case, monkeypatch):
+    """Smaller key blocks, and splits dividing the live context instead of the cache: the oracle's
+    result within fp32 rounding, keys past the context never read (NaN there changes nothing)."""
+    *shape, p = case
+    q, gate, key, value, position = _case(*shape, p, torch.float32, seed=sum(case))
+    T, S = shape[1], shape[5]
+    key[:, p + T:], value[:, p + T:] = float("nan"), float("nan")
+    monkeypatch.setattr(attention_triton, "SPLIT_TUNING", TUNINGS[tuning])
+    got = attention_triton.gated_attention(q, gate, key, value, position)
+    torch.testing.assert_close(got.double(), oracle(q, gate, key, value, p), rtol=1e-5, atol=2e-6)
+    lay = attention_triton.layout(*shape[:5], S, 4, q.device)
+    if TUNINGS[tuning].live_splits:  # the live context's splits: at least the static layout's, at most the grid's
+        ch = math.ceil(math.ceil((p + T) / lay["splits"]) / lay["BN"]) * lay["BN"]
+        assert math.ceil((p + T) / lay["CH"]) <= math.ceil((p + T) / ch) <= lay["splits"]
+
+
 def test_keys_past_the_context_are_never_read():
     q, gate, key, value, position = _case(1, 4, 4, 2, 48, 64, 20, torch.float32)
     before = attention_triton.gated_attention(q, gate, key, value, position)

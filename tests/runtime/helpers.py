@@ -60,12 +60,13 @@ def policy_parameters(draft_len: int = 15, rho: float = 400.0) -> PolicyParamete
                             acceptance=acceptance)
 
 
-def prefilled_cache(target, prompt: list[int], W: int):
+def prefilled_cache(target, prompt: list[int], W: int, capacity: int | None = None):
     """The cache of a host-driven engine after a prefill of `prompt` and a null commit over W round
     tokens (a commit of nothing): every pass of up to W tokens from it starts from the same state,
-    each layer's pending commit re-armed first (`cache.pending`)."""
+    each layer's pending commit re-armed first (`cache.pending`). capacity: the engine's context
+    (prompt and generated tokens; default len(prompt) + 2 W)."""
     device = next(target.parameters()).device
-    cache = Engine(target, None, max_context=len(prompt) + 2 * W, resident=False).cache
+    cache = Engine(target, None, max_context=capacity or len(prompt) + 2 * W, resident=False).cache
     cache.reset()
     target.prefill(torch.tensor([prompt], device=device), cache)
     target.flush(cache)

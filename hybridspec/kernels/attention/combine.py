@@ -4,7 +4,8 @@ the reference rounds). The splits are read CHUNK at a time, each chunk's maxima,
 one round of loads, and folded into the running sum by the online softmax's rescaling: at the
 contexts where all live splits fit one chunk, a program waits on the L2 once, not once per split.
 The sum's order is fixed by the layout (chunk by chunk, a tree within each), so a row's result
-depends on nothing but its own splits."""
+depends on nothing but its own splits. LIVE: the splits' length as the split step computes it from
+the live context."""
 
 from __future__ import annotations
 
@@ -21,14 +22,18 @@ CHUNK = 32  # splits per round of loads (at most): [CHUNK, D] fp32 of partial ro
 @triton.jit
 def _attn_combine_kernel(acc_ptr, ml_ptr, gate_ptr, pos_ptr, out_ptr, stride_gb, stride_gt, stride_gh,
                          T, S, CH, SPLITS, ROWS, H: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
-                         BD: tl.constexpr, SC: tl.constexpr, USE_GDC: tl.constexpr):
+                         BD: tl.constexpr, SC: tl.constexpr, BN: tl.constexpr, LIVE: tl.constexpr,
+                         USE_GDC: tl.constexpr):
     if USE_GDC:
         wait_then_release()
     row = tl.program_id(0)  # (b, t, h)
     b, t, h = row // (T * H), (row // H) % T, row % H
     kh, r = h // G, t * G + h % G
     p = tl.load(pos_ptr)
-    live = tl.cdiv(tl.minimum(p + T, S), CH)
+    hi = tl.minimum(p + T, S)
+    if LIVE:
+        CH = tl.cdiv(tl.cdiv(hi, SPLITS), BN) * BN
+    live = tl.cdiv(hi, CH)
     o_d = tl.arange(0, BD)
     d_ok = o_d < D
     base = ((b * (H // G) + kh) * SPLITS) * ROWS + r  # split 0's row of this (b, t, h)
@@ -64,5 +69,6 @@ def launch_combine(acc: Tensor, ml: Tensor, gate: Tensor, position: Tensor, out:
     _attn_combine_kernel[(B * T * H,)](
         acc, ml, gate, position, out, gate.stride(0), gate.stride(1), gate.stride(2),
         T, S, lay["CH"], lay["splits"], rows, H=H, G=lay["G"], D=D, BD=lay["BD"],
-        SC=min(CHUNK, triton.next_power_of_2(lay["splits"])), num_warps=4 if D > 128 else 2,
+        SC=min(CHUNK, triton.next_power_of_2(lay["splits"])), BN=lay["BN"], LIVE=lay["LIVE"],
+        num_warps=4 if D > 128 else 2,
         **pdl.options(gate))

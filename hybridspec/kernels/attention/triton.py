@@ -12,11 +12,18 @@ dtype where the reference rounds), the keys and values stored into the cache at 
 The grid depends only on (B, T, S) and the device, never on the context length, so the call can be
 captured in a CUDA graph and replayed at every length; the sum's order is fixed, so the result is
 bitwise repeatable (no atomics), and equal whether the host knows the length or not.
+
+`SPLIT_TUNING` (read by `layout` at each call) chooses how the splits divide the keys: over the
+cache's S positions (the default: a split's keys are the same whatever the context, so a token's
+sum runs in the same order in passes of any length), or over the live context p + T, each split's
+length computed on the device (every split busy at contexts far below S, the order then depending
+on p + T); and the key block BN.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 import triton
@@ -29,6 +36,19 @@ from hybridspec.kernels.attention.split import launch_split
 from hybridspec.kernels.interpreter import interpreted
 
 __all__ = ["gated_attention", "layout", "norm_rope_store"]
+
+
+class SplitTuning(NamedTuple):
+    """key_block: BN, the keys of one online-softmax step (None: 64 for 16-bit entries up to D = 256,
+    else 32; at least 16, tl.dot's smallest tile). live_splits: the splits divide the live context
+    [0, p + T) (each split cdiv(cdiv(p + T, splits), BN)·BN keys, read on the device) instead of the
+    cache's S positions."""
+
+    key_block: int | None = None
+    live_splits: bool = False
+
+
+SPLIT_TUNING = SplitTuning()
 
 
 @functools.cache
@@ -45,12 +65,12 @@ def layout(B: int, T: int, H: int, H_kv: int, D: int, S: int, element_size: int,
     G = H // H_kv
     bm = min(64, max(16, triton.next_power_of_2(T * G)))
     bd = max(16, triton.next_power_of_2(D))
-    bn = 64 if element_size <= 2 and bd <= 256 else 32
+    bn = SPLIT_TUNING.key_block or (64 if element_size <= 2 and bd <= 256 else 32)
     row_blocks = triton.cdiv(T * G, bm)
     splits = max(1, min(triton.cdiv(S, bn), triton.cdiv(_programs_wanted(device), B * H_kv * row_blocks)))
     ch = triton.cdiv(triton.cdiv(S, splits), bn) * bn
     return dict(G=G, BM=bm, BD=bd, BN=bn, row_blocks=row_blocks, splits=triton.cdiv(S, ch), CH=ch,
-                warps=8 if bm * bd >= 64 * 256 else 4)
+                LIVE=SPLIT_TUNING.live_splits, warps=8 if bm * bd >= 64 * 256 else 4)
 
 
 def gated_attention(q: Tensor, gate: Tensor, key: Tensor, value: Tensor, position: Tensor,
