@@ -1,7 +1,8 @@
 """The Triton gated attention compiled on the GPU at the 35B shapes (16 query heads, 2 KV heads,
 head dim 256) over a 1,100-key cache: within bf16 (fp32) rounding of a float64 oracle, no worse
 than the PyTorch reference; bitwise repeatable; no host read; one captured CUDA graph right at
-every context length it is replayed at (the length read on the device)."""
+every context length it is replayed at (the length read on the device); the same for the other
+splits of the keys (`SplitTuning`: 16-key blocks, splits over the live context)."""
 
 import pytest
 import torch
@@ -13,6 +14,9 @@ from tests.kernels.test_attention_triton import _prepare_case, _prepare_oracle, 
 pytestmark = pytest.mark.gpu
 
 S, H, H_KV, D = 1100, 16, 2, 256
+TUNINGS = {"shipped": attention_triton.SPLIT_TUNING, "key-block-16": attention_triton.SplitTuning(key_block=16),
+           "live": attention_triton.SplitTuning(live_splits=True),
+           "live-key-block-16": attention_triton.SplitTuning(key_block=16, live_splits=True)}
 
 
 def _inputs(T, dtype, seed=0):
@@ -22,9 +26,13 @@ def _inputs(T, dtype, seed=0):
     return q, gate, key, value
 
 
-@pytest.mark.parametrize("T", [1, 2, 8, 16, 64])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_matches_the_oracle_on_the_gpu(T, dtype):
+CASES = [(T, dtype, "shipped") for T in (1, 2, 8, 16, 64) for dtype in (torch.bfloat16, torch.float32)]
+CASES += [(T, torch.bfloat16, tuning) for T in (1, 16) for tuning in list(TUNINGS)[1:]]
+
+
+@pytest.mark.parametrize(("T", "dtype", "tuning"), CASES)
+def test_matches_the_oracle_on_the_gpu(T, dtype, tuning, monkeypatch):
+    monkeypatch.setattr(attention_triton, "SPLIT_TUNING", TUNINGS[tuning])
     q, gate, key, value = _inputs(T, dtype, seed=T)
     for p in (0, 517, S - T):
         position = torch.tensor([p], device="cuda")
@@ -36,7 +44,9 @@ def test_matches_the_oracle_on_the_gpu(T, dtype):
         assert err <= bound, (p, float(err), float(err_ref))
 
 
-def test_repeatable_without_host_reads_and_replayable_at_every_length():
+@pytest.mark.parametrize("tuning", TUNINGS)
+def test_repeatable_without_host_reads_and_replayable_at_every_length(tuning, monkeypatch):
+    monkeypatch.setattr(attention_triton, "SPLIT_TUNING", TUNINGS[tuning])
     q, gate, key, value = _inputs(16, torch.bfloat16)
     position = torch.tensor([300], device="cuda")
     torch.cuda.set_sync_debug_mode("error")
