@@ -144,7 +144,8 @@ VARIANTS = {
     # the attention's splits over the live context instead of the cache, and key blocks of 16 (shipped: 64)
     "attention-live": {attention_triton: {"SPLIT_TUNING": attention_triton.SplitTuning(live_splits=True)}},
     "attention-bn16": {attention_triton: {"SPLIT_TUNING": attention_triton.SplitTuning(key_block=16)}},
-    "attention-live-bn16": {attention_triton: {"SPLIT_TUNING": attention_triton.SplitTuning(16, True)}},
+    "attention-live-bn16": {attention_triton: {"SPLIT_TUNING": attention_triton.SplitTuning(key_block=16,
+                                                                                            live_splits=True)}},
     # bounds: one step of every layer taken out of the captured passes (`replayed`), its launches and work gone
     # the input, post-attention and final RMS norms (a MoE block's post-attention norm of one or two tokens
     # runs inside its router's launch: `free-router`)
