@@ -25,9 +25,8 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 `variant`): `shipped`, an op family put back on its PyTorch reference or its previous form, a
 switch turned off, or a form on trial (`VARIANTS`: `two-step-topk`, `prepare-ref`, `no-pdl`,
 `torch-sampling`, `library-linear`, `moe-tiles`, `router-tiles`, `library-head`, `gdn-v8w1`,
-`gdn-state-after-wait`, `attention-live`, `attention-bn16`, `attention-live-bn16`; `a+b` both at
-once), or a step taken out of the captured passes to bound what removing it could save
-(`free-norms`, `free-post-norms`, `free-gated-norm`, `free-conv`, `free-router`, `free-experts`,
+`gdn-state-after-wait`; `a+b` both at once), or a step taken out of the captured passes to bound
+what removing it could save (`free-norms`, `free-post-norms`, `free-gated-norm`, `free-conv`, `free-router`, `free-experts`,
 `free-projections`, `free-attention`, `free-gdn-verify`, `free-head`; only their verification rows
 mean anything), to measure a kernel or a launch mode against what it replaced side by side in one
 process. `--capacity N` sizes the engines' caches (and the verification rows' cache) for N tokens
@@ -66,7 +65,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.kernels.cuda_timing import copy_bandwidth, median_us  # noqa: E402
 from hybridspec.kernels import pdl  # noqa: E402
 from hybridspec.kernels.attention import reference as attention_reference  # noqa: E402
-from hybridspec.kernels.attention import triton as attention_triton  # noqa: E402
 from hybridspec.kernels.gdn.tuning import SHIPPED as GDN_SHIPPED  # noqa: E402
 from hybridspec.kernels.gdn.tuning import VerifyTuning  # noqa: E402
 from hybridspec.kernels.moe import router as moe_router  # noqa: E402
@@ -141,11 +139,6 @@ VARIANTS = {
     "gdn-v8w1": {GatedDeltaNet: {"_verify": gdn_verify_with(8, 1)}},
     # the GDN verification with its state rows and pending factors read after its PDL wait (shipped: before)
     "gdn-state-after-wait": {GatedDeltaNet: {"_verify": gdn_verify_state_after_wait()}},
-    # the attention's splits over the live context instead of the cache, and key blocks of 16 (shipped: 64)
-    "attention-live": {attention_triton: {"SPLIT_TUNING": attention_triton.SplitTuning(live_splits=True)}},
-    "attention-bn16": {attention_triton: {"SPLIT_TUNING": attention_triton.SplitTuning(key_block=16)}},
-    "attention-live-bn16": {attention_triton: {"SPLIT_TUNING": attention_triton.SplitTuning(key_block=16,
-                                                                                            live_splits=True)}},
     # bounds: one step of every layer taken out of the captured passes (`replayed`), its launches and work gone
     # the input, post-attention and final RMS norms (a MoE block's post-attention norm of one or two tokens
     # runs inside its router's launch: `free-router`)

@@ -1,8 +1,8 @@
 """The Triton gated attention compiled on the GPU at the 35B shapes (16 query heads, 2 KV heads,
 head dim 256) over a 1,100-key cache: within bf16 (fp32) rounding of a float64 oracle, no worse
 than the PyTorch reference; bitwise repeatable; no host read; one captured CUDA graph right at
-every context length it is replayed at (the length read on the device); the same for the other
-splits of the keys (`SplitTuning`: 16-key blocks, splits over the live context)."""
+every context length it is replayed at (the length read on the device), in a cache of 1,100
+positions and in one of 32,768 (a server's context limit, far past the context)."""
 
 import pytest
 import torch
@@ -14,26 +14,23 @@ from tests.kernels.test_attention_triton import _prepare_case, _prepare_oracle, 
 pytestmark = pytest.mark.gpu
 
 S, H, H_KV, D = 1100, 16, 2, 256
-TUNINGS = {"shipped": attention_triton.SPLIT_TUNING, "key-block-16": attention_triton.SplitTuning(key_block=16),
-           "live": attention_triton.SplitTuning(live_splits=True),
-           "live-key-block-16": attention_triton.SplitTuning(key_block=16, live_splits=True)}
+LONG = 32768  # a cache sized for a server's context limit
 
 
-def _inputs(T, dtype, seed=0):
+def _inputs(T, dtype, seed=0, positions=S):
     g = torch.Generator(device="cuda").manual_seed(seed)
     q, gate = (torch.randn(1, T, H, D, generator=g, device="cuda").to(dtype) for _ in range(2))
-    key, value = (torch.randn(1, S, H_KV, D, generator=g, device="cuda").to(dtype) for _ in range(2))
+    key, value = (torch.randn(1, positions, H_KV, D, generator=g, device="cuda").to(dtype) for _ in range(2))
     return q, gate, key, value
 
 
-CASES = [(T, dtype, "shipped") for T in (1, 2, 8, 16, 64) for dtype in (torch.bfloat16, torch.float32)]
-CASES += [(T, torch.bfloat16, tuning) for T in (1, 16) for tuning in list(TUNINGS)[1:]]
+CASES = [(T, dtype, S) for T in (1, 2, 8, 16, 64) for dtype in (torch.bfloat16, torch.float32)]
+CASES += [(T, torch.bfloat16, LONG) for T in (1, 16)]
 
 
-@pytest.mark.parametrize(("T", "dtype", "tuning"), CASES)
-def test_matches_the_oracle_on_the_gpu(T, dtype, tuning, monkeypatch):
-    monkeypatch.setattr(attention_triton, "SPLIT_TUNING", TUNINGS[tuning])
-    q, gate, key, value = _inputs(T, dtype, seed=T)
+@pytest.mark.parametrize(("T", "dtype", "positions"), CASES)
+def test_matches_the_oracle_on_the_gpu(T, dtype, positions):
+    q, gate, key, value = _inputs(T, dtype, seed=T, positions=positions)
     for p in (0, 517, S - T):
         position = torch.tensor([p], device="cuda")
         got = attention_triton.gated_attention(q, gate, key, value, position)
@@ -44,10 +41,9 @@ def test_matches_the_oracle_on_the_gpu(T, dtype, tuning, monkeypatch):
         assert err <= bound, (p, float(err), float(err_ref))
 
 
-@pytest.mark.parametrize("tuning", TUNINGS)
-def test_repeatable_without_host_reads_and_replayable_at_every_length(tuning, monkeypatch):
-    monkeypatch.setattr(attention_triton, "SPLIT_TUNING", TUNINGS[tuning])
-    q, gate, key, value = _inputs(16, torch.bfloat16)
+@pytest.mark.parametrize("positions", [S, LONG])
+def test_repeatable_without_host_reads_and_replayable_at_every_length(positions):
+    q, gate, key, value = _inputs(16, torch.bfloat16, positions=positions)
     position = torch.tensor([300], device="cuda")
     torch.cuda.set_sync_debug_mode("error")
     try:

@@ -79,29 +79,27 @@ def test_the_combine_reads_the_splits_in_chunks_of_any_size(chunk, monkeypatch):
     torch.testing.assert_close(got, whole, rtol=1e-5, atol=1e-6)
 
 
-TUNINGS = {"key-block-16": attention_triton.SplitTuning(key_block=16),
-           "live": attention_triton.SplitTuning(live_splits=True),
-           "live-key-block-16": attention_triton.SplitTuning(key_block=16, live_splits=True)}
-TUNED_CASES = [  # B, T, H, H_kv, D, S, p: contexts far below the cache, at its end, and a prefill chunk
-    (1, 1, 16, 2, 256, 1100, 30), (1, 4, 8, 2, 64, 600, 596), (2, 3, 4, 1, 32, 300, 120), (1, 40, 4, 2, 48, 130, 60)]
+SPLIT_CASES = [  # B, T, H, H_kv, D, S, p: contexts far below the cache, at its end, and a prefill chunk
+    (1, 1, 16, 2, 256, 1100, 30), (1, 4, 8, 2, 64, 600, 596), (2, 3, 4, 1, 32, 300, 120), (1, 40, 4, 2, 48, 130, 60),
+    (1, 2, 8, 2, 64, 4000, 1500)]
 
 
-@pytest.mark.parametrize("tuning", TUNINGS)
-@pytest.mark.parametrize("case", TUNED_CASES, ids=lambda c: "B{}-T{}-H{}-kv{}-D{}-S{}-p{}".format(*c))
-def test_other_splits_of_the_keys_match_the_oracle(tuning, case, monkeypatch):
-    """Smaller key blocks, and splits dividing the live context instead of the cache: the oracle's
-    result within fp32 rounding, keys past the context never read (NaN there changes nothing)."""
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=lambda c: "B{}-T{}-H{}-kv{}-D{}-S{}-p{}".format(*c))
+def test_splits_divide_the_live_context(case):
+    """The splits divide [0, p + T), not the cache's S positions: the oracle's result within fp32
+    rounding, keys past the context never read (NaN there changes nothing), and the splits with keys
+    all of the grid's up to one key block each, at least half of it beyond."""
     *shape, p = case
     q, gate, key, value, position = _case(*shape, p, torch.float32, seed=sum(case))
     T, S = shape[1], shape[5]
     key[:, p + T:], value[:, p + T:] = float("nan"), float("nan")
-    monkeypatch.setattr(attention_triton, "SPLIT_TUNING", TUNINGS[tuning])
     got = attention_triton.gated_attention(q, gate, key, value, position)
     torch.testing.assert_close(got.double(), oracle(q, gate, key, value, p), rtol=1e-5, atol=2e-6)
     lay = attention_triton.layout(*shape[:5], S, 4, q.device)
-    if TUNINGS[tuning].live_splits:  # the live context's splits: at least the static layout's, at most the grid's
-        ch = math.ceil(math.ceil((p + T) / lay["splits"]) / lay["BN"]) * lay["BN"]
-        assert math.ceil((p + T) / lay["CH"]) <= math.ceil((p + T) / ch) <= lay["splits"]
+    splits, n = lay["splits"], p + T
+    live = math.ceil(n / (math.ceil(math.ceil(n / splits) / lay["BN"]) * lay["BN"]))
+    wanted = min(splits, math.ceil(n / lay["BN"]))
+    assert live <= splits and (live == wanted if n <= splits * lay["BN"] else 2 * live >= splits)
 
 
 def test_keys_past_the_context_are_never_read():
@@ -132,11 +130,10 @@ def test_strided_q_and_gate_from_one_projection():
 
 
 def test_layout_depends_on_shapes_only():
-    """The grid is fixed by (B, T, S): the splits cover the cache and the rows, whatever the length."""
+    """The grid is fixed by (B, T, S): no more splits than the cache has key blocks, rows covered."""
     for T in (1, 2, 16, 64):
         lay = attention_triton.layout(1, T, 16, 2, 256, 1100, 2, torch.device("cpu"))
-        assert lay["splits"] * lay["CH"] >= 1100 > (lay["splits"] - 1) * lay["CH"]
-        assert lay["CH"] % lay["BN"] == 0 and lay["row_blocks"] * lay["BM"] >= T * 8
+        assert 1 <= lay["splits"] <= math.ceil(1100 / lay["BN"]) and lay["row_blocks"] * lay["BM"] >= T * 8
 
 
 @pytest.mark.parametrize("bad, message", [

@@ -3,9 +3,9 @@ live splits, divides, rounds to the activation dtype and multiplies by sigmoid(g
 the reference rounds). The splits are read CHUNK at a time, each chunk's maxima, sums and rows in
 one round of loads, and folded into the running sum by the online softmax's rescaling: at the
 contexts where all live splits fit one chunk, a program waits on the L2 once, not once per split.
-The sum's order is fixed by the layout (chunk by chunk, a tree within each), so a row's result
-depends on nothing but its own splits. LIVE: the splits' length as the split step computes it from
-the live context."""
+The sum's order is fixed by the layout and p + T (chunk by chunk, a tree within each), so a row's
+result depends on nothing but its own splits. The splits' length is the split step's, computed
+from the live context."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ CHUNK = 32  # splits per round of loads (at most): [CHUNK, D] fp32 of partial ro
 
 @triton.jit
 def _attn_combine_kernel(acc_ptr, ml_ptr, gate_ptr, pos_ptr, out_ptr, stride_gb, stride_gt, stride_gh,
-                         T, S, CH, SPLITS, ROWS, H: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
-                         BD: tl.constexpr, SC: tl.constexpr, BN: tl.constexpr, LIVE: tl.constexpr,
+                         T, S, SPLITS, ROWS, H: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
+                         BD: tl.constexpr, SC: tl.constexpr, BN: tl.constexpr,
                          USE_GDC: tl.constexpr):
     if USE_GDC:
         wait_then_release()
@@ -31,8 +31,7 @@ def _attn_combine_kernel(acc_ptr, ml_ptr, gate_ptr, pos_ptr, out_ptr, stride_gb,
     kh, r = h // G, t * G + h % G
     p = tl.load(pos_ptr)
     hi = tl.minimum(p + T, S)
-    if LIVE:
-        CH = tl.cdiv(tl.cdiv(hi, SPLITS), BN) * BN
+    CH = tl.cdiv(tl.cdiv(hi, SPLITS), BN) * BN  # keys per split, as the split step
     live = tl.cdiv(hi, CH)
     o_d = tl.arange(0, BD)
     d_ok = o_d < D
@@ -68,7 +67,7 @@ def launch_combine(acc: Tensor, ml: Tensor, gate: Tensor, position: Tensor, out:
     rows = lay["row_blocks"] * lay["BM"]
     _attn_combine_kernel[(B * T * H,)](
         acc, ml, gate, position, out, gate.stride(0), gate.stride(1), gate.stride(2),
-        T, S, lay["CH"], lay["splits"], rows, H=H, G=lay["G"], D=D, BD=lay["BD"],
-        SC=min(CHUNK, triton.next_power_of_2(lay["splits"])), BN=lay["BN"], LIVE=lay["LIVE"],
+        T, S, lay["splits"], rows, H=H, G=lay["G"], D=D, BD=lay["BD"],
+        SC=min(CHUNK, triton.next_power_of_2(lay["splits"])), BN=lay["BN"],
         num_warps=4 if D > 128 else 2,
         **pdl.options(gate))

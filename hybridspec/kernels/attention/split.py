@@ -1,8 +1,8 @@
 """Split step of the gated attention (`triton.py`): grid (B·H_kv, row blocks, splits). The rows
 of a KV head are its G = H / H_kv query heads times the T tokens (row r: token r // G, head
 kv·G + r % G), so a pass of T tokens reads each key and value once per row block. Split s covers
-the keys [s·CH, (s + 1)·CH) up to the context p + T, p read from `position` on the device (LIVE:
-CH = cdiv(cdiv(p + T, SPLITS), BN)·BN, the live context divided among the splits); it keeps an
+the keys [s·CH, (s + 1)·CH) of the context [0, p + T), p read from `position` on the device and
+CH = cdiv(cdiv(p + T, SPLITS), BN)·BN (the live context divided among the splits); it keeps an
 online softmax over blocks of BN keys and stores its unnormalised output, running maximum and sum
 (fp32). Splits past the context return at once."""
 
@@ -24,9 +24,9 @@ LOG2E = 1.4426950408889634
 @triton.jit
 def _attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, acc_ptr, ml_ptr,
                        stride_qb, stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
-                       stride_vh, T, S, CH, SPLITS, ROWS, qk_scale,
+                       stride_vh, T, S, SPLITS, ROWS, qk_scale,
                        G: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr,
-                       BN: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr, LIVE: tl.constexpr,
+                       BN: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr,
                        USE_GDC: tl.constexpr):
     if USE_GDC:
         wait_then_release()
@@ -34,8 +34,7 @@ def _attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, acc_ptr, ml_ptr,
     b, kh = i_bh // HKV, i_bh % HKV
     p = tl.load(pos_ptr)
     hi = tl.minimum(p + T, S)  # keys [0, hi) are the context of the last token
-    if LIVE:
-        CH = tl.cdiv(tl.cdiv(hi, SPLITS), BN) * BN
+    CH = tl.cdiv(tl.cdiv(hi, SPLITS), BN) * BN  # keys per split
     start = i_s * CH
     if start < hi:
         o_r = i_r * BM + tl.arange(0, BM)
@@ -88,7 +87,7 @@ def launch_split(q: Tensor, key: Tensor, value: Tensor, position: Tensor, acc: T
     _attn_split_kernel[(B * H_kv, lay["row_blocks"], lay["splits"])](
         q, key, value, position, acc, ml,
         q.stride(0), q.stride(1), q.stride(2), key.stride(0), key.stride(1), key.stride(2),
-        value.stride(0), value.stride(1), value.stride(2), T, S, lay["CH"], lay["splits"], rows,
+        value.stride(0), value.stride(1), value.stride(2), T, S, lay["splits"], rows,
         LOG2E / math.sqrt(D), G=lay["G"], HKV=H_kv, D=D, BD=lay["BD"], BM=lay["BM"], BN=lay["BN"],
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", WIDEN=widen, LIVE=lay["LIVE"],
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", WIDEN=widen,
         num_warps=lay["warps"], num_stages=2, **pdl.options(q))

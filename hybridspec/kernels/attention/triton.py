@@ -1,7 +1,8 @@
 """Gated attention over the static KV cache in two launches, with `reference.py`'s signature.
 
-1. Split (`split.py`): grid (B·H_kv, row blocks, splits), each split an online softmax over its
-   keys up to the context p + T, p read from `position` on the device.
+1. Split (`split.py`): grid (B·H_kv, row blocks, splits), the live context [0, p + T) divided
+   among the splits (p read from `position` on the device), each split an online softmax over its
+   keys.
 2. Combine (`combine.py`): one program per (batch, token, head) sums the live splits in split
    order, divides, and multiplies by sigmoid(gate).
 
@@ -10,21 +11,18 @@ program the query's or key's offset RMS norm and partial RoPE (each step rounded
 dtype where the reference rounds), the keys and values stored into the cache at position p + t.
 
 The grid depends only on (B, T, S) and the device, never on the context length, so the call can be
-captured in a CUDA graph and replayed at every length; the sum's order is fixed, so the result is
-bitwise repeatable (no atomics), and equal whether the host knows the length or not.
-
-`SPLIT_TUNING` (read by `layout` at each call) chooses how the splits divide the keys: over the
-cache's S positions (the default: a split's keys are the same whatever the context, so a token's
-sum runs in the same order in passes of any length), or over the live context p + T, each split's
-length computed on the device (every split busy at contexts far below S, the order then depending
-on p + T); and the key block BN.
+captured in a CUDA graph and replayed at every length. Each split's length is computed on the device
+from p + T in whole key blocks, so the splits that have keys follow the context (all of them up to
+one key block each, at least half beyond), however far the cache's S positions exceed it (a
+server's context limit). The sum's order is fixed by
+p + T (no atomics): the result is bitwise repeatable, and equal whether the host knows the length
+or not; a token's sum runs in another order in a pass of w tokens than in a pass of one, as the
+products' and the MoE's kernels already do.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
-
 import torch
 import triton
 from torch import Tensor
@@ -38,19 +36,6 @@ from hybridspec.kernels.interpreter import interpreted
 __all__ = ["gated_attention", "layout", "norm_rope_store"]
 
 
-class SplitTuning(NamedTuple):
-    """key_block: BN, the keys of one online-softmax step (None: 64 for 16-bit entries up to D = 256,
-    else 32; at least 16, tl.dot's smallest tile). live_splits: the splits divide the live context
-    [0, p + T) (each split cdiv(cdiv(p + T, splits), BN)·BN keys, read on the device) instead of the
-    cache's S positions."""
-
-    key_block: int | None = None
-    live_splits: bool = False
-
-
-SPLIT_TUNING = SplitTuning()
-
-
 @functools.cache
 def _programs_wanted(device: torch.device) -> int:
     """Split programs to aim for: two per SM (a fixed 64 under the interpreter)."""
@@ -60,17 +45,17 @@ def _programs_wanted(device: torch.device) -> int:
 
 
 def layout(B: int, T: int, H: int, H_kv: int, D: int, S: int, element_size: int, device: torch.device) -> dict:
-    """Tile sizes and the split of the S keys for a call (a function of the shapes and the device
-    only: every context length of a cache runs the same grid)."""
+    """Tile sizes and the number of splits for a call (a function of the shapes and the device only:
+    every context length of a cache runs the same grid). BN, the keys of one online-softmax step: 64
+    for 16-bit entries up to D = 256, else 32."""
     G = H // H_kv
     bm = min(64, max(16, triton.next_power_of_2(T * G)))
     bd = max(16, triton.next_power_of_2(D))
-    bn = SPLIT_TUNING.key_block or (64 if element_size <= 2 and bd <= 256 else 32)
+    bn = 64 if element_size <= 2 and bd <= 256 else 32
     row_blocks = triton.cdiv(T * G, bm)
     splits = max(1, min(triton.cdiv(S, bn), triton.cdiv(_programs_wanted(device), B * H_kv * row_blocks)))
-    ch = triton.cdiv(triton.cdiv(S, splits), bn) * bn
-    return dict(G=G, BM=bm, BD=bd, BN=bn, row_blocks=row_blocks, splits=triton.cdiv(S, ch), CH=ch,
-                LIVE=SPLIT_TUNING.live_splits, warps=8 if bm * bd >= 64 * 256 else 4)
+    return dict(G=G, BM=bm, BD=bd, BN=bn, row_blocks=row_blocks, splits=splits,
+                warps=8 if bm * bd >= 64 * 256 else 4)
 
 
 def gated_attention(q: Tensor, gate: Tensor, key: Tensor, value: Tensor, position: Tensor,
