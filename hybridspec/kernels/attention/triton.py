@@ -14,15 +14,15 @@ The grid depends only on (B, T, S) and the device, never on the context length, 
 captured in a CUDA graph and replayed at every length. Each split's length is computed on the device
 from p + T in whole key blocks, so the splits that have keys follow the context (all of them up to
 one key block each, at least half beyond), however far the cache's S positions exceed it (a
-server's context limit). The sum's order is fixed by
-p + T (no atomics): the result is bitwise repeatable, and equal whether the host knows the length
-or not; a token's sum runs in another order in a pass of w tokens than in a pass of one, as the
-products' and the MoE's kernels already do.
+server's context limit). The sum's order is fixed by p + T (no atomics): the result is bitwise
+repeatable, and equal whether the host knows the length or not; a token's sum runs in another order
+in a pass of w tokens than in a pass of one, as the products' and the MoE's kernels already do.
 """
 
 from __future__ import annotations
 
 import functools
+
 import torch
 import triton
 from torch import Tensor
