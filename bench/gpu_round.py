@@ -24,8 +24,8 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 `--variants a,b` runs steps 1–4 for each variant on the same loaded model (rows and checks tagged
 `variant`): `shipped`, an op family put back on its PyTorch reference or its previous form, a
 switch turned off, or a form on trial (`VARIANTS`: `two-step-topk`, `prepare-ref`, `no-pdl`,
-`torch-sampling`, `library-linear`, `moe-tiles`, `router-tiles`, `router-rows-2`, `library-head`,
-`gdn-v8w1`, `gdn-state-after-wait`; `a+b` both at once), or a step taken out of the captured passes
+`torch-sampling`, `library-linear`, `moe-tiles`, `router-tiles`, `library-head`,
+`gdn-v8w1`, `gdn-state-after-wait`, `drafter-sdpa`; `a+b` both at once), or a step taken out of the captured passes
 to bound what removing it could save (`free-norms`, `free-post-norms`, `free-gated-norm`,
 `free-conv`, `free-router`, `free-experts`, `free-projections`, `free-attention`, `free-gdn-verify`,
 `free-head`; only their verification rows mean anything), to measure a kernel or a launch mode
@@ -72,6 +72,7 @@ from hybridspec.kernels.moe import router as moe_router  # noqa: E402
 from hybridspec.kernels.moe import triton as moe_triton  # noqa: E402
 from hybridspec.kernels.moe.tuning import MoETuning  # noqa: E402
 from hybridspec.runtime import resident  # noqa: E402
+from hybridspec.runtime import engine as engine_module  # noqa: E402
 from hybridspec.runtime.engine import Engine  # noqa: E402
 from hybridspec.runtime.layers.attention import GatedAttention  # noqa: E402
 from hybridspec.runtime.layers.gdn import GatedDeltaNet  # noqa: E402
@@ -129,8 +130,9 @@ VARIANTS = {
     "two-step-topk": {moe_router: {"ROUTER_TILES": moe_router.ROUTER_TILES._replace(packed_rows=0)}},
     # the router of one or two tokens by the tile form, not the register-slice one
     "router-tiles": {moe_router: {"ROUTER_TILES": moe_router.ROUTER_TILES._replace(rows_tokens=0)}},
-    # the router of two tokens by the register-slice form too, the post-attention norm inside its launch
-    "router-rows-2": {moe_router: {"ROUTER_TILES": moe_router.ROUTER_TILES._replace(rows_tokens=2)}},
+    # the drafter's attention by SDPA over the whole cache, masked past the block, in the engines made after it is
+    # set (shipped: the split-KV kernel over the live context)
+    "drafter-sdpa": {engine_module: {"drafter_attention_op": lambda backend: None}},
     "prepare-ref": {GatedAttention: {"prepare_op": attention_reference.norm_rope_store}},
     "no-pdl": {pdl: {"ENABLED": False}},  # the kernels of `kernels/pdl.py` launched without PDL
     "torch-sampling": {resident: {"FUSED_SAMPLING": False}},  # the point-mass rule's torch form

@@ -10,11 +10,14 @@ The context length lives on the device (`position`; `length` is the host's copy)
 does (`cache.py`): a proposal writes the block's K/V right after the context and attends to the
 cache up to a host-known bound, or over a static span masked on the device (`key_span`, the
 GPU-resident round); `extend` writes the features of all w verified tokens and advances by m.
+With `block_op` set (`set_block_attention`; the Triton backend's `block_attention`) a proposal
+reads only the live context [0, p + block_size), p read on the device, whatever the cache's size.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +46,10 @@ class DraftAttention(nn.Module):
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
+        # (q [B, T, H, hd], the whole context cache's K, V [B, S, n_kv, hd], position [1]) → [B, T, H·hd],
+        # every query over [0, position + T) (`kernels/attention`'s block_attention); None: SDPA over the
+        # keys given, masked by `visible`
+        self.block_op: Callable | None = None
 
     def key_value(self, x: Tensor, rope: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
         """x [B, T, hidden] → K, V [B, T, n_kv, head_dim] (K normed and rotated)."""
@@ -51,11 +58,14 @@ class DraftAttention(nn.Module):
         return k, self.v_proj(x).view(B, T, self.n_kv, self.head_dim)
 
     def forward(self, x: Tensor, keys: Tensor, values: Tensor, rope: tuple[Tensor, Tensor],
-                visible: Tensor | None) -> Tensor:
+                visible: Tensor | None, position: Tensor | None = None) -> Tensor:
         """x [B, T, hidden]; keys, values [B, S, n_kv, hd] (context then this block, its K/V already
-        written); visible [T, S] bool or None (all)."""
+        written); visible [T, S] bool or None (all); position [1] long, the block's first position
+        (read by `block_op`, which takes the whole cache as keys and ignores `visible`)."""
         B, T, _ = x.shape
         q = apply_rope(self.q_norm(self.q_proj(x).view(B, T, self.n_heads, self.head_dim)), *rope)
+        if self.block_op is not None:
+            return self.o_proj(self.block_op(q.contiguous(), keys, values, position))
         out = F.scaled_dot_product_attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
                                              attn_mask=visible, enable_gqa=True)  # non-causal within the block
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
@@ -113,6 +123,11 @@ class DFlashDrafter(nn.Module):
         positions = self.position[0] + torch.arange(count, device=self.inv_freq.device)
         return rope_cos_sin(positions, self.inv_freq, self.fc.weight.dtype)
 
+    def set_block_attention(self, op: Callable | None) -> None:
+        """Every layer's attention by `op` (`DraftAttention.block_op`), or by SDPA (None)."""
+        for layer in self.layers:
+            layer.self_attn.block_op = op
+
     @torch.no_grad()
     def extend(self, features: Tensor, accepted: Tensor | None = None) -> None:
         """Append committed tokens' target features [1, w, n_taps·hidden] to the context: all w, or
@@ -148,16 +163,18 @@ class DFlashDrafter(nn.Module):
         x = embed(block).to(self.fc.weight.dtype)  # [1, bs, hidden]
         rope = self._rope(bs)
         positions = self.position[0] + torch.arange(bs, device=device)  # [bs]
-        span = self.key_span or self.length + bs
+        whole = self.layers[0].self_attn.block_op is not None  # the kernel reads [0, p + bs) on the device
+        span = self.ctx_k.shape[2] if whole else self.key_span or self.length + bs
         # the context (positions < p) and the whole block; beyond p + bs only stale keys
-        visible = None if self.key_span is None else torch.arange(span, device=device)[None, :] <= positions[-1]
+        visible = (None if whole or self.key_span is None
+                   else torch.arange(span, device=device)[None, :] <= positions[-1])
         for i, layer in enumerate(self.layers):
             h = layer.input_layernorm(x)
             k, v = layer.self_attn.key_value(h, rope)
             self.ctx_k[i].index_copy_(1, positions, k)
             self.ctx_v[i].index_copy_(1, positions, v)
             keys, values = self.ctx_k[i, :, :span], self.ctx_v[i, :, :span]
-            x = x + layer.self_attn(h, keys, values, rope, visible)
+            x = x + layer.self_attn(h, keys, values, rope, visible, self.position)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         logits = lm_head(self.norm(x[0, 1:])).float()  # [D, V]
         logp = torch.log_softmax(logits, dim=-1)

@@ -65,6 +65,30 @@ def test_repeatable_without_host_reads_and_replayable_at_every_length(positions)
         assert torch.equal(out, attention_triton.gated_attention(q, gate, key, value, position)), p
 
 
+@pytest.mark.parametrize("positions", [S, LONG])
+def test_block_attention_on_the_gpu(positions):
+    """The drafter's attention (16 queries, 32 heads on 4 KV heads of 128, bf16, every query over
+    [0, p + 16)): no further from the float64 oracle than the reference, graph replays right at
+    every context length."""
+    g = torch.Generator(device="cuda").manual_seed(positions)
+    q = torch.randn(1, 16, 32, 128, generator=g, device="cuda").to(torch.bfloat16)
+    key, value = (torch.randn(1, positions, 4, 128, generator=g, device="cuda").to(torch.bfloat16) for _ in range(2))
+    position = torch.tensor([0], device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    attention_triton.block_attention(q, key, value, position)  # compiled before the capture
+    with torch.cuda.graph(graph):
+        out = attention_triton.block_attention(q, key, value, position)
+    for p in (0, 517, S - 16):
+        position.fill_(p)
+        graph.replay()
+        got = attention_triton.block_attention(q, key, value, position)
+        assert torch.equal(out, got), p
+        ref = reference.block_attention(q, key, value, position, p + 16)
+        want = oracle(q.cpu(), None, key[:, :p + 16].cpu(), value[:, :p + 16].cpu(), p, causal=False)
+        err, err_ref = (got.double().cpu() - want).abs().max(), (ref.double().cpu() - want).abs().max()
+        assert err <= 2 * err_ref + 2 ** -8, (p, float(err), float(err_ref))
+
+
 @pytest.mark.parametrize("T", [1, 16])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_norm_rope_store_on_the_gpu(T, dtype):

@@ -15,18 +15,19 @@ from hybridspec.kernels.attention import triton as attention_triton
 from hybridspec.kernels.interpreter import interpreted
 
 
-def oracle(q, gate, key, value, p: int) -> torch.Tensor:
-    """softmax(q k^T / sqrt(D)) v over keys 0 … p + t for token t, times sigmoid(gate), in float64."""
+def oracle(q, gate, key, value, p: int, causal: bool = True) -> torch.Tensor:
+    """softmax(q k^T / sqrt(D)) v over keys 0 … p + t for token t (causal; else 0 … p + T − 1 for
+    every token), times sigmoid(gate) (None: no gate), in float64."""
     B, T, H, D = q.shape
     G = H // key.shape[2]
-    q, gate, key, value = (t.double() for t in (q, gate, key, value))
+    q, key, value = (t.double() for t in (q, key, value))
     out = torch.empty(B, T, H, D, dtype=torch.float64)
     for t in range(T):
-        n = p + t + 1
+        n = p + t + 1 if causal else p + T
         for h in range(H):
             s = torch.einsum("bd,bnd->bn", q[:, t, h], key[:, :n, h // G]) / math.sqrt(D)
             out[:, t, h] = torch.einsum("bn,bnd->bd", torch.softmax(s, -1), value[:, :n, h // G])
-    return (out * torch.sigmoid(gate)).reshape(B, T, H * D)
+    return (out if gate is None else out * torch.sigmoid(gate.double())).reshape(B, T, H * D)
 
 
 def _case(B, T, H, H_kv, D, S, p, dtype, seed=0):
@@ -100,6 +101,32 @@ def test_splits_divide_the_live_context(case):
     live = math.ceil(n / (math.ceil(math.ceil(n / splits) / lay["BN"]) * lay["BN"]))
     wanted = min(splits, math.ceil(n / lay["BN"]))
     assert live <= splits and (live == wanted if n <= splits * lay["BN"] else 2 * live >= splits)
+
+
+BLOCK_CASES = [  # B, T, H, H_kv, D, S, p: the drafter's block (16 queries, 32 heads on 4 KV heads) over a
+    # context far below the cache, at its end, and on a small one
+    (1, 16, 32, 4, 128, 700, 100), (1, 16, 8, 2, 64, 300, 284), (2, 4, 4, 1, 32, 50, 0)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", BLOCK_CASES, ids=lambda c: "B{}-T{}-H{}-kv{}-D{}-S{}-p{}".format(*c))
+def test_block_attention_sees_the_whole_context(case, dtype):
+    """The drafter's attention: every query attends to [0, p + T), no gate; the float64 oracle's
+    result (bf16: no further from it than the reference), keys past p + T never read."""
+    *shape, p = case
+    q, _, key, value, position = _case(*shape, p, dtype, seed=sum(case))
+    T = shape[1]
+    key[:, p + T:], value[:, p + T:] = float("nan"), float("nan")
+    got = attention_triton.block_attention(q, key, value, position)
+    want = oracle(q, None, key, value, p, causal=False)
+    ref = reference.block_attention(q, key, value, position, p + T)
+    assert got.shape == ref.shape == want.shape and got.dtype == ref.dtype == dtype
+    if dtype == torch.float32:
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=2e-6)
+        torch.testing.assert_close(ref.double(), want, rtol=1e-5, atol=2e-6)
+    else:
+        err, err_ref = (got.double() - want).abs().max(), (ref.double() - want).abs().max()
+        assert err <= 2 * err_ref + 2 ** -8, (float(err), float(err_ref))
 
 
 def test_keys_past_the_context_are_never_read():

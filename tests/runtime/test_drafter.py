@@ -81,6 +81,34 @@ def test_cached_context_equals_recomputation(pair):
     assert out.tokens.shape == (drafter.cfg.block_size - 1,)
 
 
+@pytest.mark.parametrize("key_span", [None, 64 + 16])
+def test_the_triton_block_attention_reads_only_the_live_context(pair, key_span):
+    """The drafter's attention by the Triton kernel (the triton backend's, under the interpreter on
+    CPU): the reference recomputation's draft, with NaN in every cached position past the block
+    (the whole cache is handed to the kernel, which reads [0, p + block_size) on the device), whether
+    the resident round set a static span or not."""
+    from hybridspec.kernels.attention import triton as attention_triton
+
+    target, drafter = pair
+    features = torch.randn(1, 11, len(drafter.cfg.target_layer_ids) * target.cfg.hidden_size)
+    drafter.reset(64)
+    drafter.extend(features)
+    drafter.key_span = key_span
+    drafter.ctx_k[:, :, 11 + drafter.cfg.block_size:] = float("nan")
+    drafter.ctx_v[:, :, 11 + drafter.cfg.block_size:] = float("nan")
+    drafter.set_block_attention(attention_triton.block_attention)
+    try:
+        out = drafter.propose(anchor=3)
+    finally:
+        drafter.set_block_attention(None)
+        drafter.key_span = None
+    probs = _reference_draft(drafter, target, features, 3)
+    top, tokens = probs.max(-1)
+    assert out.tokens.tolist() == tokens.tolist()
+    assert_close("confidence", top, out.confidence, 1e-5)
+    assert_close("entropy", -(probs * probs.clamp_min(1e-30).log()).sum(-1), out.entropy, 1e-5)
+
+
 @pytest.mark.parametrize("nested", [False, True])
 def test_checkpoint_round_trip(pair, tmp_path, nested):
     target, drafter = pair

@@ -5,7 +5,7 @@ one round of loads, and folded into the running sum by the online softmax's resc
 contexts where all live splits fit one chunk, a program waits on the L2 once, not once per split.
 The sum's order is fixed by the layout and p + T (chunk by chunk, a tree within each), so a row's
 result depends on nothing but its own splits. The splits' length is the split step's, computed
-from the live context."""
+from the live context. Without GATED (the drafter's attention) the quotient is the output."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ CHUNK = 32  # splits per round of loads (at most): [CHUNK, D] fp32 of partial ro
 def _attn_combine_kernel(acc_ptr, ml_ptr, gate_ptr, pos_ptr, out_ptr, stride_gb, stride_gt, stride_gh,
                          T, S, SPLITS, ROWS, H: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
                          BD: tl.constexpr, SC: tl.constexpr, BN: tl.constexpr,
-                         USE_GDC: tl.constexpr):
+                         GATED: tl.constexpr, USE_GDC: tl.constexpr):
     if USE_GDC:
         wait_then_release()
     row = tl.program_id(0)  # (b, t, h)
@@ -54,20 +54,27 @@ def _attn_combine_kernel(acc_ptr, ml_ptr, gate_ptr, pos_ptr, out_ptr, stride_gb,
         den = den * scale + tl.sum(w * b_l, 0)
         m = m_new
     dtype = out_ptr.dtype.element_ty
-    o = (num / den).to(dtype).to(tl.float32)
-    g = tl.load(gate_ptr + b * stride_gb + t * stride_gt + h * stride_gh + o_d, mask=d_ok, other=0.0).to(tl.float32)
-    sig = (1.0 / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
-    tl.store(out_ptr + row * D + o_d, (o * sig).to(dtype), mask=d_ok)
+    o = (num / den).to(dtype)
+    if GATED:
+        g = tl.load(gate_ptr + b * stride_gb + t * stride_gt + h * stride_gh + o_d, mask=d_ok, other=0.0)
+        sig = (1.0 / (1.0 + tl.exp(-g.to(tl.float32)))).to(dtype).to(tl.float32)
+        o = (o.to(tl.float32) * sig).to(dtype)
+    tl.store(out_ptr + row * D + o_d, o, mask=d_ok)
 
 
-def launch_combine(acc: Tensor, ml: Tensor, gate: Tensor, position: Tensor, out: Tensor, S: int, lay: dict) -> None:
-    """The split step's acc and ml for a cache of S positions, gate [B, T, H, D] (rows contiguous),
-    position [≥ 1] long (on the device) → out [B, T, H·D] (written); lay: `triton.layout`."""
-    B, T, H, D = gate.shape
+def launch_combine(acc: Tensor, ml: Tensor, gate: Tensor | None, position: Tensor, out: Tensor, S: int,
+                   lay: dict) -> None:
+    """The split step's acc and ml for a cache of S positions, gate [B, T, H, D] (rows contiguous) or
+    None (no gate), position [≥ 1] long (on the device) → out [B, T, H·D] (written); lay: `triton.layout`."""
+    B, T = out.shape[:2]
+    H = lay["G"] * acc.shape[0] // B  # acc: [B·H_kv, ...]
+    D = out.shape[2] // H
+    gated = gate is not None
+    gate = gate if gated else out.view(B, T, H, D)  # an unread stand-in for the pointer
     rows = lay["row_blocks"] * lay["BM"]
     _attn_combine_kernel[(B * T * H,)](
         acc, ml, gate, position, out, gate.stride(0), gate.stride(1), gate.stride(2),
         T, S, lay["splits"], rows, H=H, G=lay["G"], D=D, BD=lay["BD"],
         SC=min(CHUNK, triton.next_power_of_2(lay["splits"])), BN=lay["BN"],
-        num_warps=4 if D > 128 else 2,
+        GATED=gated, num_warps=4 if D > 128 else 2,
         **pdl.options(gate))

@@ -7,7 +7,10 @@ dtype as the checkpoints' implementation does.
 
 `norm_rope_store` prepares a pass's queries and keys before the attention: q and k RMS-normed per
 head (the offset norm), partial RoPE on both, the keys and values written into the cache at the
-pass's positions."""
+pass's positions.
+
+`block_attention` is the drafter's: no gate, and every query of the block sees the keys
+0 … p + T − 1 (the context and the whole block, not causal within it)."""
 
 from __future__ import annotations
 
@@ -43,6 +46,19 @@ def gated_attention(q: Tensor, gate: Tensor, key: Tensor, value: Tensor, positio
     out = F.scaled_dot_product_attention(q.transpose(1, 2), key[:, :S].transpose(1, 2), value[:, :S].transpose(1, 2),
                                          attn_mask=visible, enable_gqa=True)  # [B, H, T, D]
     return out.transpose(1, 2).reshape(B, T, H * D) * torch.sigmoid(gate.reshape(B, T, H * D))
+
+
+def block_attention(q: Tensor, key: Tensor, value: Tensor, position: Tensor, span: int | None = None) -> Tensor:
+    """q [B, T, H, D]; key, value [B, S, H_kv, D]; position [≥ 1] long → [B, T, H·D] in q's dtype, every
+    query attending to the keys [0, position[0] + T). span: how many keys to read (None: all S, the
+    positions from p + T on masked)."""
+    check_attention_args(q, q, key, value, position)
+    B, T, H, D = q.shape
+    S = span or key.shape[1]
+    visible = torch.arange(S, device=q.device) < position[0] + T  # [S]
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), key[:, :S].transpose(1, 2), value[:, :S].transpose(1, 2),
+                                         attn_mask=visible[None, :].expand(T, S), enable_gqa=True)  # [B, H, T, D]
+    return out.transpose(1, 2).reshape(B, T, H * D)
 
 
 def rotate_half(x: Tensor) -> Tensor:

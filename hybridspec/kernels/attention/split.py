@@ -4,7 +4,8 @@ kv·G + r % G), so a pass of T tokens reads each key and value once per row bloc
 the keys [s·CH, (s + 1)·CH) of the context [0, p + T), p read from `position` on the device and
 CH = cdiv(cdiv(p + T, SPLITS), BN)·BN (the live context divided among the splits); it keeps an
 online softmax over blocks of BN keys and stores its unnormalised output, running maximum and sum
-(fp32). Splits past the context return at once."""
+(fp32). Splits past the context return at once. CAUSAL: token t sees the keys up to p + t; else
+every token sees the whole context [0, p + T) (the drafter's block)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def _attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, acc_ptr, ml_ptr,
                        stride_vh, T, S, SPLITS, ROWS, qk_scale,
                        G: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr,
                        BN: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr,
-                       USE_GDC: tl.constexpr):
+                       CAUSAL: tl.constexpr, USE_GDC: tl.constexpr):
     if USE_GDC:
         wait_then_release()
     i_bh, i_r, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -47,7 +48,10 @@ def _attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, acc_ptr, ml_ptr,
                       mask=r_ok[:, None] & d_ok[None, :], other=0.0)  # [BM, BD]
         if WIDEN:
             b_q = b_q.to(tl.float32)
-        last = p + t  # [BM] the last key each row sees
+        if CAUSAL:
+            last = p + t  # [BM] the last key each row sees
+        else:
+            last = tl.zeros_like(t) + hi - 1
         m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BM], dtype=tl.float32)
         acc = tl.zeros([BM, BD], dtype=tl.float32)
@@ -78,7 +82,7 @@ def _attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, acc_ptr, ml_ptr,
 
 
 def launch_split(q: Tensor, key: Tensor, value: Tensor, position: Tensor, acc: Tensor, ml: Tensor, lay: dict,
-                 widen: bool) -> None:
+                 widen: bool, causal: bool) -> None:
     """q [B, T, H, D], the cache's key / value [B, S, H_kv, D], position [≥ 1] long (on the device) →
     acc [B·H_kv, splits, rows, BD] and ml [B·H_kv, splits, rows, 2] (fp32, written); lay: `triton.layout`."""
     B, T, H, D = q.shape
@@ -90,4 +94,4 @@ def launch_split(q: Tensor, key: Tensor, value: Tensor, position: Tensor, acc: T
         value.stride(0), value.stride(1), value.stride(2), T, S, lay["splits"], rows,
         LOG2E / math.sqrt(D), G=lay["G"], HKV=H_kv, D=D, BD=lay["BD"], BM=lay["BM"], BN=lay["BN"],
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", WIDEN=widen,
-        num_warps=lay["warps"], num_stages=2, **pdl.options(q))
+        CAUSAL=causal, num_warps=lay["warps"], num_stages=2, **pdl.options(q))

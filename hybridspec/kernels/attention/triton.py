@@ -6,6 +6,9 @@
 2. Combine (`combine.py`): one program per (batch, token, head) sums the live splits in split
    order, divides, and multiplies by sigmoid(gate).
 
+`block_attention` runs the same two launches for the drafter's block: no gate, every query seeing
+the whole context [0, p + T) (not causal within the block).
+
 `norm_rope_store` (`prepare.py`) prepares the pass before them in one launch: per (token, head)
 program the query's or key's offset RMS norm and partial RoPE (each step rounded to the activation
 dtype where the reference rounds), the keys and values stored into the cache at position p + t.
@@ -33,7 +36,7 @@ from hybridspec.kernels.attention.reference import check_attention_args
 from hybridspec.kernels.attention.split import launch_split
 from hybridspec.kernels.interpreter import interpreted
 
-__all__ = ["gated_attention", "layout", "norm_rope_store"]
+__all__ = ["block_attention", "gated_attention", "layout", "norm_rope_store"]
 
 
 @functools.cache
@@ -63,8 +66,19 @@ def gated_attention(q: Tensor, gate: Tensor, key: Tensor, value: Tensor, positio
     """`reference.gated_attention`; `span` is accepted for the same signature and not needed: the
     keys past position[0] + T are masked on the device."""
     check_attention_args(q, gate, key, value, position)
+    return _attention(q, gate, key, value, position, causal=True)
+
+
+def block_attention(q: Tensor, key: Tensor, value: Tensor, position: Tensor, span: int | None = None) -> Tensor:
+    """`reference.block_attention` (the drafter's: every query sees [0, p + T), no gate); `span` as in
+    `gated_attention`."""
+    check_attention_args(q, q, key, value, position)
+    return _attention(q, None, key, value, position, causal=False)
+
+
+def _attention(q: Tensor, gate: Tensor | None, key: Tensor, value: Tensor, position: Tensor, causal: bool) -> Tensor:
     for name, t in (("q", q), ("gate", gate), ("key", key), ("value", value)):
-        if t.stride(-1) != 1:
+        if t is not None and t.stride(-1) != 1:
             raise ValueError(f"attention: {name} must be contiguous in its last dimension (stride {t.stride()})")
     B, T, H, D = q.shape
     S, H_kv = key.shape[1], key.shape[2]
@@ -74,6 +88,6 @@ def gated_attention(q: Tensor, gate: Tensor, key: Tensor, value: Tensor, positio
     ml = torch.empty((B * H_kv, lay["splits"], rows, 2), dtype=torch.float32, device=q.device)
     out = torch.empty((B, T, H * D), dtype=q.dtype, device=q.device)
     widen = interpreted() and q.element_size() < 4
-    launch_split(q, key, value, position, acc, ml, lay, widen)
+    launch_split(q, key, value, position, acc, ml, lay, widen, causal)
     launch_combine(acc, ml, gate, position, out, S, lay)
     return out

@@ -127,6 +127,14 @@ def attention_ops(backend: str) -> tuple[Callable, Callable]:
     return attention.gated_attention, attention.norm_rope_store
 
 
+def drafter_attention_op(backend: str) -> Callable | None:
+    """The drafter's block attention for a backend (`DFlashDrafter.set_block_attention`): None (SDPA
+    over the keys up to a host-known bound or a masked static span) or the Triton split-KV kernel,
+    which reads the context length on the device and only the live context."""
+    attention = triton_kernels(backend, "attention.triton")
+    return None if attention is None else attention.block_attention
+
+
 def linear_op(backend: str) -> Callable:
     """The product of the mixers' projections and the LM head for a backend: F.linear, or (triton)
     `kernels/linear`'s, which takes calls of one or two tokens on its register-slice kernel and the
