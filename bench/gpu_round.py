@@ -24,9 +24,9 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 `--variants a,b` runs steps 1–4 for each variant on the same loaded model (rows and checks tagged
 `variant`): `shipped`, an op family put back on its PyTorch reference or its previous form, a
 switch turned off, or a form on trial (`VARIANTS`: `two-step-topk`, `prepare-ref`, `no-pdl`,
-`torch-sampling`, `library-linear`, `moe-tiles`, `router-tiles`, `library-head`,
-`gdn-v8w1`, `gdn-state-after-wait`, `drafter-sdpa`; `a+b` both at once), or a step taken out of the captured passes
-to bound what removing it could save (`free-norms`, `free-post-norms`, `free-gated-norm`,
+`torch-sampling`, `library-linear`, `moe-tiles`, `router-tiles`, `library-head`, `gdn-v8w1`,
+`gdn-state-after-wait`, `drafter-sdpa`; `a+b` both at once), or a step taken out of the captured
+passes to bound what removing it could save (`free-norms`, `free-post-norms`, `free-gated-norm`,
 `free-conv`, `free-router`, `free-experts`, `free-projections`, `free-attention`, `free-gdn-verify`,
 `free-head`; only their verification rows mean anything), to measure a kernel or a launch mode
 against what it replaced side by side in one process. `--capacity N` sizes the engines' caches (and
