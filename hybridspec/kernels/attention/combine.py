@@ -67,8 +67,7 @@ def launch_combine(acc: Tensor, ml: Tensor, gate: Tensor | None, position: Tenso
     """The split step's acc and ml for a cache of S positions, gate [B, T, H, D] (rows contiguous) or
     None (no gate), position [≥ 1] long (on the device) → out [B, T, H·D] (written); lay: `triton.layout`."""
     B, T = out.shape[:2]
-    H = lay["G"] * acc.shape[0] // B  # acc: [B·H_kv, ...]
-    D = out.shape[2] // H
+    H, D = lay["H"], lay["D"]
     gated = gate is not None
     gate = gate if gated else out.view(B, T, H, D)  # an unread stand-in for the pointer
     rows = lay["row_blocks"] * lay["BM"]

@@ -57,7 +57,7 @@ def layout(B: int, T: int, H: int, H_kv: int, D: int, S: int, element_size: int,
     bn = 64 if element_size <= 2 and bd <= 256 else 32
     row_blocks = triton.cdiv(T * G, bm)
     splits = max(1, min(triton.cdiv(S, bn), triton.cdiv(_programs_wanted(device), B * H_kv * row_blocks)))
-    return dict(G=G, BM=bm, BD=bd, BN=bn, row_blocks=row_blocks, splits=splits,
+    return dict(H=H, D=D, G=G, BM=bm, BD=bd, BN=bn, row_blocks=row_blocks, splits=splits,
                 warps=8 if bm * bd >= 64 * 256 else 4)
 
 
