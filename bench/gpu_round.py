@@ -7,8 +7,8 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 2. per policy and path (`graph`: resident rounds as CUDA graphs; `eager`: the host-driven rounds):
    ms per round and per emitted token over one request; then, in a second pass after every timed
    row (a profiler session may slow what is timed after it), host synchronisations and host
-   launches per round and the GPU work per round (operations, their time, by family) from a
-   profiler trace of a few rounds;
+   launches per round and the GPU work per round (operations, their time, by family, the longest
+   kernels named) from a profiler trace of a few rounds;
 3. one verification pass of w tokens (the target alone, as a graph, after a prefill of the
    context) against its floor: the bytes it must read (the weights of every layer except the
    experts no token routes to, the distinct experts' weights, the KV cache up to the context, the
@@ -255,15 +255,23 @@ def profile_round_counts(engine: Engine, prompt, policy, rounds: int,
     syncs = sum(counts.get(name, 0) for name in SYNC_CALLS) - 1  # the synchronize closing the window
     launches = sum(counts.get(name, 0) for name in LAUNCH_CALLS)
     split = {name: 0.0 for name, _ in FAMILIES} | {"other": 0.0}
+    by_kernel: dict[str, list[float]] = {}  # name → [µs, calls]
     operations = 0
     for event in prof.events():
         if event.device_type == DeviceType.CUDA:
-            split[family(event.name)] += getattr(event, "device_time", None) or getattr(event, "cuda_time", 0.0)
+            us = getattr(event, "device_time", None) or getattr(event, "cuda_time", 0.0)
+            split[family(event.name)] += us
+            entry = by_kernel.setdefault(event.name, [0.0, 0])
+            entry[0] += us
+            entry[1] += 1
             operations += 1
+    top = sorted(by_kernel.items(), key=lambda item: -item[1][0])[:TOP_KERNELS]
     return dict(host_syncs_per_round=round(syncs / done, 2), host_launches_per_round=round(launches / done, 2),
                 gpu_ops_per_round=round(operations / done, 1),
                 gpu_ms_per_round=round(sum(split.values()) / done / 1e3, 3),
-                gpu_ms_per_round_by_family={k: round(v / done / 1e3, 3) for k, v in split.items()})
+                gpu_ms_per_round_by_family={k: round(v / done / 1e3, 3) for k, v in split.items()},
+                gpu_top_kernels_per_round=[dict(us=round(us / done, 1), calls=round(calls / done, 1),
+                                                family=family(name), name=name[:90]) for name, (us, calls) in top])
 
 
 def decode_rows(session, model: str, runs: dict[str, Engine], prompt, policies, tokens: int, eager_tokens: int,
@@ -306,7 +314,11 @@ def count_rows(session, runs: dict[str, Engine], prompt, policies, sampling: Sam
             runs[path].prepare(policy, sampling)
             counts[name, path] = profile_round_counts(runs[path], prompt, policy, rounds=4 if path == "eager" else 16,
                                                       sampling=sampling)
-            log(f"  counts {name:10s} {path:6s} {counts[name, path]}")
+            summary = {k: v for k, v in counts[name, path].items() if k != "gpu_top_kernels_per_round"}
+            log(f"  counts {name:10s} {path:6s} {summary}")
+            if path == "graph":
+                for item in counts[name, path]["gpu_top_kernels_per_round"]:
+                    log(f"      {item['us']:9.1f} us  x{item['calls']:<6} {item['family']:9s} {item['name']}")
     return counts
 
 
@@ -426,6 +438,9 @@ def verification_rows(session, model: str, context_prompt, widths, bandwidth: fl
 FAMILIES = (("gdn", ("gdn_", "conv1d", "conv_")), ("moe", ("_moe_", "_router_", "topk", "sort", "scatter")),
             ("attention", ("flash", "fmha", "attention", "sdpa", "softmax", "_attn_")),
             ("gemm", ("gemm", "nvjet", "cutlass", "xmma", "matmul", "splitk", "split_k")))
+
+
+TOP_KERNELS = 16  # the kernels of largest GPU time per round that `profile_round_counts` lists
 
 
 def family(kernel: str) -> str:
