@@ -10,19 +10,23 @@ The context length lives on the device (`position`; `length` is the host's copy)
 does (`cache.py`): a proposal writes the block's K/V right after the context and attends to the
 cache up to a host-known bound, or over a static span masked on the device (`key_span`, the
 GPU-resident round); `extend` writes the features of all w verified tokens and advances by m.
-With `block_op` set (`set_block_attention`; the Triton backend's `block_attention`) a proposal
-reads only the live context [0, p + block_size), p read on the device, whatever the cache's size.
+`set_ops` gives the drafter its backend's kernels (`models.hybrid.drafter_ops`): the RMS norms
+(the residual adds fused in), the q/k norms with RoPE and the cache writes in one launch per layer,
+and the block attention, which reads only the live context [0, p + block_size), p read on the
+device, whatever the cache's size. Without them every op is plain PyTorch (SDPA for the attention).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..kernels.attention import reference as attention_reference
 from .config import DrafterConfig
 from .layers.moe import DenseMLP
 from .layers.norms import RMSNorm
@@ -46,9 +50,13 @@ class DraftAttention(nn.Module):
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
+        # (q, k, v, q_weight, k_weight, eps, cos, sin, key cache, value cache, position) → q normed and
+        # roped, k normed and roped and v written into the caches (`kernels/attention`'s norm_rope_store
+        # with the plain norm)
+        self.prepare_op: Callable = partial(attention_reference.norm_rope_store, offset=False)
         # (q [B, T, H, hd], the whole context cache's K, V [B, S, n_kv, hd], position [1]) → [B, T, H·hd],
         # every query over [0, position + T) (`kernels/attention`'s block_attention); None: SDPA over the
-        # keys given, masked by `visible`
+        # keys up to `span`, masked by `visible`
         self.block_op: Callable | None = None
 
     def key_value(self, x: Tensor, rope: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
@@ -57,17 +65,32 @@ class DraftAttention(nn.Module):
         k = apply_rope(self.k_norm(self.k_proj(x).view(B, T, self.n_kv, self.head_dim)), *rope)
         return k, self.v_proj(x).view(B, T, self.n_kv, self.head_dim)
 
-    def forward(self, x: Tensor, keys: Tensor, values: Tensor, rope: tuple[Tensor, Tensor],
-                visible: Tensor | None, position: Tensor | None = None) -> Tensor:
-        """x [B, T, hidden]; keys, values [B, S, n_kv, hd] (context then this block, its K/V already
-        written); visible [T, S] bool or None (all); position [1] long, the block's first position
-        (read by `block_op`, which takes the whole cache as keys and ignores `visible`)."""
+    def write(self, x: Tensor, key: Tensor, value: Tensor, rope: tuple[Tensor, Tensor], position: Tensor) -> None:
+        """The context's K, V of x [B, T, hidden] into key, value [B, S, n_kv, hd] at position[0] + t."""
         B, T, _ = x.shape
-        q = apply_rope(self.q_norm(self.q_proj(x).view(B, T, self.n_heads, self.head_dim)), *rope)
+        k = self.k_proj(x).view(B, T, self.n_kv, self.head_dim)
+        v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim)
+        no_queries = k.new_empty(B, T, 0, self.head_dim)
+        self.prepare_op(no_queries, k, v, self.q_norm.weight, self.k_norm.weight, self.k_norm.eps, *rope, key,
+                        value, position)
+
+    def forward(self, x: Tensor, key: Tensor, value: Tensor, rope: tuple[Tensor, Tensor], position: Tensor,
+                span: int, visible: Tensor | None) -> Tensor:
+        """x [B, T, hidden], the block at positions position[0] + t: its K/V written into key, value
+        [B, S, n_kv, hd] (the context cache), then every query over the context and the whole block
+        (not causal within it) → [B, T, hidden]. SDPA reads the keys [0, span), masked by visible [T, span]
+        (None: all); `block_op` reads [0, position + T) of the whole cache."""
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(B, T, self.n_kv, self.head_dim)
+        v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim)
+        q = self.prepare_op(q, k, v, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, *rope, key, value,
+                            position)  # [B, T, H, hd]
         if self.block_op is not None:
-            return self.o_proj(self.block_op(q.contiguous(), keys, values, position))
+            return self.o_proj(self.block_op(q, key, value, position))
+        keys, values = key[:, :span], value[:, :span]
         out = F.scaled_dot_product_attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
-                                             attn_mask=visible, enable_gqa=True)  # non-causal within the block
+                                             attn_mask=visible, enable_gqa=True)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -123,10 +146,14 @@ class DFlashDrafter(nn.Module):
         positions = self.position[0] + torch.arange(count, device=self.inv_freq.device)
         return rope_cos_sin(positions, self.inv_freq, self.fc.weight.dtype)
 
-    def set_block_attention(self, op: Callable | None) -> None:
-        """Every layer's attention by `op` (`DraftAttention.block_op`), or by SDPA (None)."""
+    def set_ops(self, *, norm: Callable, prepare: Callable, block_attention: Callable | None) -> None:
+        """The backend's ops (`models.hybrid.drafter_ops`): every RMS norm's `op`, every layer's
+        `prepare_op` (its q/k norms, RoPE and cache writes) and `block_op` (None: SDPA)."""
+        for module in self.modules():
+            if isinstance(module, RMSNorm):
+                module.op = norm
         for layer in self.layers:
-            layer.self_attn.block_op = op
+            layer.self_attn.prepare_op, layer.self_attn.block_op = prepare, block_attention
 
     @torch.no_grad()
     def extend(self, features: Tensor, accepted: Tensor | None = None) -> None:
@@ -137,11 +164,8 @@ class DFlashDrafter(nn.Module):
             raise ValueError(f"drafter context of {self.length + w} positions exceeds its cache ({self.ctx_k.shape[2]})")
         ctx = self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
         rope = self._rope(w)
-        positions = self.position[0] + torch.arange(w, device=ctx.device)
         for i, layer in enumerate(self.layers):
-            k, v = layer.self_attn.key_value(ctx, rope)
-            self.ctx_k[i].index_copy_(1, positions, k)
-            self.ctx_v[i].index_copy_(1, positions, v)
+            layer.self_attn.write(ctx, self.ctx_k[i], self.ctx_v[i], rope, self.position)
         if accepted is None:
             self.position.add_(w)
             self.length += w
@@ -162,21 +186,19 @@ class DFlashDrafter(nn.Module):
             block[0, 0] = anchor
         x = embed(block).to(self.fc.weight.dtype)  # [1, bs, hidden]
         rope = self._rope(bs)
-        positions = self.position[0] + torch.arange(bs, device=device)  # [bs]
         whole = self.layers[0].self_attn.block_op is not None  # the kernel reads [0, p + bs) on the device
         span = self.ctx_k.shape[2] if whole else self.key_span or self.length + bs
-        # the context (positions < p) and the whole block; beyond p + bs only stale keys
-        visible = (None if whole or self.key_span is None
-                   else torch.arange(span, device=device)[None, :] <= positions[-1])
+        visible = None
+        if not whole and self.key_span is not None:  # the context and the whole block; beyond, only stale keys
+            visible = torch.arange(span, device=device)[None, :] <= self.position[0] + bs - 1  # [1, span]
+        delta = None  # the last layer's MLP output, added to x inside the next norm's launch
         for i, layer in enumerate(self.layers):
-            h = layer.input_layernorm(x)
-            k, v = layer.self_attn.key_value(h, rope)
-            self.ctx_k[i].index_copy_(1, positions, k)
-            self.ctx_v[i].index_copy_(1, positions, v)
-            keys, values = self.ctx_k[i, :, :span], self.ctx_v[i, :, :span]
-            x = x + layer.self_attn(h, keys, values, rope, visible, self.position)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-        logits = lm_head(self.norm(x[0, 1:])).float()  # [D, V]
+            h, x = (layer.input_layernorm(x), x) if delta is None else layer.input_layernorm.add_norm(delta, x)
+            attended = layer.self_attn(h, self.ctx_k[i], self.ctx_v[i], rope, self.position, span, visible)
+            h, x = layer.post_attention_layernorm.add_norm(attended, x)
+            delta = layer.mlp(h)
+        h = self.norm(x) if delta is None else self.norm.add_norm(delta, x)[0]
+        logits = lm_head(h[0, 1:]).float()  # [D, V]
         logp = torch.log_softmax(logits, dim=-1)
         top_logp, tokens = logp.max(dim=-1)
         entropy = -(logp.exp() * logp).sum(-1)

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from .drafter import DFlashDrafter, DraftOutput
-from .models.hybrid import HybridTarget, PassOutput, device_resident, drafter_attention_op
+from .models.hybrid import HybridTarget, PassOutput, device_resident, drafter_ops
 from .policies import Policy
 from .resident import Report, ResidentDecoder
 from .sampling import SamplingParams, choose, verify_greedy, verify_point_mass
@@ -95,8 +95,8 @@ class Engine:
             raise ValueError(f"the drafter reads target layers {tuple(drafter.feature_layers)}; the target was built "
                              f"to expose {target.feature_layers} (load_target(feature_layers=...))")
         self.cache = target.new_cache(max_len=max_context + width, tokens_per_pass=max(64, width))
-        if isinstance(drafter, DFlashDrafter):  # the drafter's attention by the target's backend
-            drafter.set_block_attention(drafter_attention_op(target.backend))
+        if isinstance(drafter, DFlashDrafter):  # the drafter's ops by the target's backend
+            drafter.set_ops(**drafter_ops(target.backend))
         cuda = self.device.type == "cuda"
         if resident is None:
             resident = cuda and device_resident(target.backend)

@@ -239,6 +239,36 @@ def test_norm_rope_store_matches_the_reference(case, dtype):
             assert ((out.double() - exact).abs() <= (6 if interpreted() else 3) * scale).all()
 
 
+@pytest.mark.parametrize("heads", [4, 0], ids=["queries", "keys-only"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_norm_rope_store_with_the_plain_norm_matches_the_reference(heads, dtype):
+    """The drafter's form (`offset=False`: weight · normalize(x), RoPE over the whole head) against the
+    reference and the float64 definition; with no query heads it writes keys and values only."""
+    B, T, H_kv, D, S, p = 1, 16, 2, 48, 40, 9
+    args = list(_prepare_case(B, T, 4, H_kv, D, D, S, p, dtype, seed=11))
+    args[0] = args[0][:, :, :heads]
+    args[3], args[4] = (1 + args[3]).to(dtype), (1 + args[4]).to(dtype)  # plain-norm weights: around one, in k's dtype
+    q, k, v, q_weight, k_weight, eps, cos, sin, key, value, position = args
+    ref_key, ref_value = key.clone(), value.clone()
+    got = attention_triton.norm_rope_store(*args, offset=False)
+    want = reference.norm_rope_store(q, k, v, q_weight, k_weight, eps, cos, sin, ref_key, ref_value, position,
+                                     offset=False)
+    assert got.shape == (B, T, heads, D) and torch.equal(value.nan_to_num(), ref_value.nan_to_num())
+    assert not key[:, p : p + T].isnan().any() and key[:, : p].isnan().all() and key[:, p + T :].isnan().all()
+    for out, x, w, ref_out in ((got, q, q_weight, want), (key[:, p : p + T], k, k_weight, ref_key[:, p : p + T])):
+        # the definition in float64: weight · x / rms(x), then RoPE
+        normed = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + eps) * w.double()
+        exact = reference.apply_rope(normed, cos.double(), sin.double())
+        if dtype == torch.float32:
+            torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(out.double(), exact, rtol=1e-5, atol=1e-5)
+        else:  # four roundings on each path (the norm, its product with the weight, the products, the sum)
+            partner = torch.cat((normed[..., D // 2 :], normed[..., : D // 2]), dim=-1)
+            scale = (normed.abs() + partner.abs()) * 2**-8
+            assert ((ref_out.double() - exact).abs() <= 4 * scale).all()
+            assert ((out.double() - exact).abs() <= (8 if interpreted() else 4) * scale).all()
+
+
 def test_norm_rope_store_drops_positions_past_the_cache():
     """A pass reaching past the cache writes the slots that exist and nothing else (the resident
     round checks its budget per request; a stray position must not write out of bounds)."""
@@ -258,6 +288,7 @@ def test_norm_rope_store_drops_positions_past_the_cache():
     (lambda a: (*a[:6], a[6][:, :5], a[7][:, :5], *a[8:]), "cos and sin"),
     (lambda a: (*a[:8], a[8][..., :8], a[9][..., :8], a[10]), "does not hold"),
     (lambda a: (*a[:10], a[10].int()), "position"),
+    (lambda a: (*a[:3], a[3].double(), *a[4:], False), "plain norm's weights"),
 ])
 def test_norm_rope_store_names_bad_arguments(bad, message):
     args = _prepare_case(1, 2, 4, 2, 48, 16, 16, 3, torch.float32)

@@ -1,8 +1,9 @@
-"""The Triton RMS norms against their PyTorch references (under TRITON_INTERPRET on CPU): fp32
-equal within fp32 rounding of the row sums; bf16 within one unit in the last place per rounding
-step (the interpreter rounds fp32 → bf16 towards zero where a GPU rounds to nearest, so the
-interpreter's bf16 results sit up to one ulp per cast from the reference's); the residual sum
-exact; a row's result independent of the other rows in the call (batch invariance)."""
+"""The Triton RMS norms (the target's offset and gated norms, the drafter's plain norm) against their
+PyTorch references (under TRITON_INTERPRET on CPU): fp32 equal within fp32 rounding of the row sums;
+bf16 within one unit in the last place per rounding step (the interpreter rounds fp32 → bf16
+towards zero where a GPU rounds to nearest, so the interpreter's bf16 results sit up to one ulp per
+cast from the reference's); the residual sum exact; a row's result independent of the other rows in
+the call (batch invariance)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,42 @@ def test_offset_rms_norm_matches_the_reference(dtype, shape, with_residual):
         torch.testing.assert_close(y, y_ref, rtol=2e-6, atol=1e-6)
     elif x.numel():  # one rounding (the result), two under the interpreter with a residual (its sum too)
         assert _ulps_bf16(y, y_ref).max() <= (2 if with_residual and interpreted() else 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(1, 1, 64), (2, 5, 48), (1, 16, 256), (3, 0, 32)])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_plain_rms_norm_matches_the_reference(dtype, shape, with_residual):
+    g = torch.Generator().manual_seed(7 + sum(shape) + with_residual)
+    x = (torch.randn(shape, generator=g) * 3).to(dtype)
+    residual = torch.randn(shape, generator=g).to(dtype) if with_residual else None
+    weight = (1 + torch.randn(shape[-1], generator=g) * 0.2).to(dtype)
+    y, s = norm_triton.rms_norm(x, weight, 1e-6, residual)
+    y_ref, s_ref = reference.rms_norm(x, weight, 1e-6, residual)
+    assert y.dtype == s.dtype == dtype and y.shape == s.shape == x.shape
+    if dtype == torch.float32 or not interpreted():
+        assert torch.equal(s, s_ref)
+    elif x.numel():
+        assert _ulps_bf16(s, s_ref).max() <= 1
+    if dtype == torch.float32:
+        torch.testing.assert_close(y, y_ref, rtol=2e-6, atol=1e-6)
+    elif x.numel():  # two roundings (the normalized value, its product with the weight, which carries the
+        # first's error on), one more under the interpreter, one more again with its residual sum
+        assert _ulps_bf16(y, y_ref).max() <= 2 + interpreted() + (with_residual and interpreted())
+
+
+def test_plain_rms_norm_is_the_drafters_module():
+    from hybridspec.runtime.layers.norms import RMSNorm
+
+    g = torch.Generator().manual_seed(8)
+    module = RMSNorm(40, eps=1e-6).to(torch.bfloat16)
+    with torch.no_grad():
+        module.weight.copy_(1 + 0.3 * torch.randn(40, generator=g))
+    x = torch.randn(3, 40, generator=g).to(torch.bfloat16)
+    assert torch.equal(module(x), reference.rms_norm(x, module.weight, 1e-6)[0])
+    module.op = norm_triton.rms_norm
+    y = module(x)
+    assert _ulps_bf16(y, reference.rms_norm(x, module.weight, 1e-6)[0]).max() <= 2 + interpreted()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -89,5 +126,7 @@ def test_bad_shapes_are_named():
         norm_triton.offset_rms_norm(x, w, 1e-6, torch.randn(2, 9))
     with pytest.raises(ValueError, match="contiguous"):
         norm_triton.offset_rms_norm(torch.randn(8, 2).t(), w, 1e-6)
+    with pytest.raises(ValueError, match="dtype"):
+        norm_triton.rms_norm(x, w.double(), 1e-6)
     with pytest.raises(ValueError, match="gate"):
         norm_triton.gated_rms_norm(x, torch.randn(3, 8), w, 1e-6)

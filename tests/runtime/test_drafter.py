@@ -83,11 +83,12 @@ def test_cached_context_equals_recomputation(pair):
 
 @pytest.mark.parametrize("key_span", [None, 64 + 16])
 def test_the_triton_block_attention_reads_only_the_live_context(pair, key_span):
-    """The drafter's attention by the Triton kernel (the triton backend's, under the interpreter on
-    CPU): the reference recomputation's draft, with NaN in every cached position past the block
-    (the whole cache is handed to the kernel, which reads [0, p + block_size) on the device), whether
-    the resident round set a static span or not."""
-    from hybridspec.kernels.attention import triton as attention_triton
+    """The drafter on the triton backend's kernels (under the interpreter on CPU: its norms, its q/k
+    norms with RoPE and cache writes, its block attention): the reference recomputation's draft,
+    with NaN in every cached position past the block (the whole cache is handed to the attention
+    kernel, which reads [0, p + block_size) on the device), whether the resident round set a static
+    span or not."""
+    from hybridspec.runtime.models.hybrid import drafter_ops
 
     target, drafter = pair
     features = torch.randn(1, 11, len(drafter.cfg.target_layer_ids) * target.cfg.hidden_size)
@@ -96,11 +97,11 @@ def test_the_triton_block_attention_reads_only_the_live_context(pair, key_span):
     drafter.key_span = key_span
     drafter.ctx_k[:, :, 11 + drafter.cfg.block_size:] = float("nan")
     drafter.ctx_v[:, :, 11 + drafter.cfg.block_size:] = float("nan")
-    drafter.set_block_attention(attention_triton.block_attention)
+    drafter.set_ops(**drafter_ops("triton"))
     try:
         out = drafter.propose(anchor=3)
     finally:
-        drafter.set_block_attention(None)
+        drafter.set_ops(**drafter_ops("torch"))
         drafter.key_span = None
     probs = _reference_draft(drafter, target, features, 3)
     top, tokens = probs.max(-1)

@@ -6,8 +6,8 @@ h // (H / H_kv). The output is multiplied by sigmoid(gate), each step rounded to
 dtype as the checkpoints' implementation does.
 
 `norm_rope_store` prepares a pass's queries and keys before the attention: q and k RMS-normed per
-head (the offset norm), partial RoPE on both, the keys and values written into the cache at the
-pass's positions.
+head (the target's offset norm, or the drafter's plain one), partial RoPE on both, the keys and
+values written into the cache at the pass's positions.
 
 `block_attention` is the drafter's: no gate, and every query of the block sees the keys
 0 … p + T − 1 (the context and the whole block, not causal within it)."""
@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from hybridspec.kernels.norm.reference import offset_rms_norm
+from hybridspec.kernels.norm.reference import offset_rms_norm, rms_norm
 
 
 def check_attention_args(q: Tensor, gate: Tensor, key: Tensor, value: Tensor, position: Tensor) -> None:
@@ -76,9 +76,9 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 def check_prepare_args(q: Tensor, k: Tensor, v: Tensor, q_weight: Tensor, k_weight: Tensor, cos: Tensor,
-                       sin: Tensor, key: Tensor, value: Tensor, position: Tensor) -> None:
-    """Shapes: q [B, T, H, D]; k, v [B, T, H_kv, D]; weights [D]; cos, sin [T, R] (R even, ≤ D);
-    key, value [B, S, H_kv, D]; position [≥ 1] long."""
+                       sin: Tensor, key: Tensor, value: Tensor, position: Tensor, offset: bool = True) -> None:
+    """Shapes: q [B, T, H, D]; k, v [B, T, H_kv, D]; weights [D] (the plain norm's in k's dtype);
+    cos, sin [T, R] (R even, ≤ D); key, value [B, S, H_kv, D]; position [≥ 1] long."""
     if q.dim() != 4 or k.dim() != 4 or v.shape != k.shape or k.shape[:2] != q.shape[:2] or k.shape[3] != q.shape[3]:
         raise ValueError(f"norm_rope_store: q must be [B, T, H, D] and k, v [B, T, H_kv, D], got {tuple(q.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
@@ -89,6 +89,9 @@ def check_prepare_args(q: Tensor, k: Tensor, v: Tensor, q_weight: Tensor, k_weig
     if q_weight.shape != (D,) or k_weight.shape != (D,):
         raise ValueError(f"norm_rope_store: norm weights must be [{D}], got {tuple(q_weight.shape)} and "
                          f"{tuple(k_weight.shape)}")
+    if not offset and not (q_weight.dtype == k_weight.dtype == k.dtype):
+        raise ValueError(f"norm_rope_store: the plain norm's weights must have k's dtype {k.dtype}, got "
+                         f"{q_weight.dtype} and {k_weight.dtype}")
     if cos.dim() != 2 or sin.shape != cos.shape or cos.shape[0] != T or cos.shape[1] % 2 or cos.shape[1] > D:
         raise ValueError(f"norm_rope_store: cos and sin must be [{T}, R] with R even and ≤ {D}, got "
                          f"{tuple(cos.shape)} and {tuple(sin.shape)}")
@@ -97,12 +100,16 @@ def check_prepare_args(q: Tensor, k: Tensor, v: Tensor, q_weight: Tensor, k_weig
 
 
 def norm_rope_store(q: Tensor, k: Tensor, v: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float,
-                    cos: Tensor, sin: Tensor, key: Tensor, value: Tensor, position: Tensor) -> Tensor:
-    """q [B, T, H, D] → its per-head offset RMS norm (`q_weight`) with RoPE, in q's dtype; k, v
+                    cos: Tensor, sin: Tensor, key: Tensor, value: Tensor, position: Tensor, offset: bool = True
+                    ) -> Tensor:
+    """q [B, T, H, D] → its per-head RMS norm (`q_weight`) with RoPE, in q's dtype; k, v
     [B, T, H_kv, D]: k normed (`k_weight`) and roped, both written into key / value [B, S, H_kv, D]
-    at positions position[0] … position[0] + T − 1 (read on the device)."""
-    check_prepare_args(q, k, v, q_weight, k_weight, cos, sin, key, value, position)
+    at positions position[0] … position[0] + T − 1 (read on the device). offset: the offset norm
+    (`norm.reference.offset_rms_norm`, the target's), else the plain norm (`rms_norm`, the drafter's).
+    q may have no heads (H = 0: keys and values only)."""
+    check_prepare_args(q, k, v, q_weight, k_weight, cos, sin, key, value, position, offset)
+    norm = offset_rms_norm if offset else rms_norm
     positions = position[0] + torch.arange(q.shape[1], device=q.device)  # [T]
-    key.index_copy_(1, positions, apply_rope(offset_rms_norm(k, k_weight, eps)[0], cos, sin))
+    key.index_copy_(1, positions, apply_rope(norm(k, k_weight, eps)[0], cos, sin))
     value.index_copy_(1, positions, v)
-    return apply_rope(offset_rms_norm(q, q_weight, eps)[0], cos, sin)
+    return apply_rope(norm(q, q_weight, eps)[0], cos, sin)

@@ -21,3 +21,12 @@ def offset_rms(s, w, N, eps, DTYPE: tl.constexpr):
     sf = s.to(tl.float32)
     inv = tl.rsqrt(tl.sum(sf * sf, axis=0) / N + eps)
     return (sf * inv * (1.0 + w.to(tl.float32))).to(DTYPE)
+
+
+@triton.jit
+def plain_rms(s, w, N, eps, DTYPE: tl.constexpr):
+    """w · normalize(s) of one row s [NP] (N values): fp32 statistics, the normalized value rounded to
+    DTYPE, then its product with w rounded to DTYPE (`reference.rms_norm`)."""
+    sf = s.to(tl.float32)
+    inv = tl.rsqrt(tl.sum(sf * sf, axis=0) / N + eps)
+    return (w.to(tl.float32) * (sf * inv).to(DTYPE).to(tl.float32)).to(DTYPE)

@@ -1,5 +1,6 @@
-"""Triton offset RMS norm (Qwen3.5 / Qwen3-Next): `reference.offset_rms_norm`'s signature and
-roundings, the residual add fused in, one launch, one program per row."""
+"""Triton RMS norms of one row per program, the residual add fused in, one launch: the offset norm
+(Qwen3.5 / Qwen3-Next, `reference.offset_rms_norm`) and the plain norm (Qwen3, the DFlash drafter,
+`reference.rms_norm`), each with its reference's signature and roundings."""
 
 from __future__ import annotations
 
@@ -10,13 +11,13 @@ from torch import Tensor
 
 from hybridspec.kernels import pdl
 from hybridspec.kernels.norm.checks import check_norm_args, rows_of
-from hybridspec.kernels.norm.math import offset_rms, residual_sum
+from hybridspec.kernels.norm.math import offset_rms, plain_rms, residual_sum
 from hybridspec.kernels.pdl import wait_then_release
 
 
 @triton.jit
-def _offset_rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, stride_x, stride_r, stride_y, stride_s,
-                            N, eps, HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, USE_GDC: tl.constexpr):
+def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, stride_x, stride_r, stride_y, stride_s, N, eps,
+                     OFFSET: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, USE_GDC: tl.constexpr):
     if USE_GDC:
         wait_then_release()
     row = tl.program_id(0).to(tl.int64)
@@ -28,12 +29,27 @@ def _offset_rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, stride_x, stride_
         x = residual_sum(x, r, s_ptr.dtype.element_ty)
         tl.store(s_ptr + row * stride_s + cols, x, mask=ok)
     w = tl.load(w_ptr + cols, mask=ok, other=0.0)
-    tl.store(y_ptr + row * stride_y + cols, offset_rms(x, w, N, eps, y_ptr.dtype.element_ty), mask=ok)
+    if OFFSET:
+        y = offset_rms(x, w, N, eps, y_ptr.dtype.element_ty)
+    else:
+        y = plain_rms(x, w, N, eps, y_ptr.dtype.element_ty)
+    tl.store(y_ptr + row * stride_y + cols, y, mask=ok)
 
 
 def offset_rms_norm(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None
                     ) -> tuple[Tensor, Tensor]:
     """As `reference.offset_rms_norm`: (normalize(s) · (1 + weight), s), s = x (+ residual)."""
+    return _launch(x, weight, eps, residual, offset=True)
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """As `reference.rms_norm`: (weight · normalize(s), s), s = x (+ residual); weight in x's dtype."""
+    if weight.dtype != x.dtype:
+        raise ValueError(f"rms norm: weight {weight.dtype} must have x's dtype {x.dtype}")
+    return _launch(x, weight, eps, residual, offset=False)
+
+
+def _launch(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None, offset: bool) -> tuple[Tensor, Tensor]:
     n = check_norm_args(x, weight)
     rows = rows_of("x", x, n)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -46,7 +62,7 @@ def offset_rms_norm(x: Tensor, weight: Tensor, eps: float, residual: Tensor | No
         s = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         s_rows = s.view(-1, n)
     if rows.shape[0]:
-        _offset_rms_norm_kernel[(rows.shape[0],)](
+        _rms_norm_kernel[(rows.shape[0],)](
             rows, r_rows, weight, y, s_rows, rows.stride(0), r_rows.stride(0), n, s_rows.stride(0), n, eps,
-            HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(n), **pdl.options(x))
+            OFFSET=offset, HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(n), **pdl.options(x))
     return y, s

@@ -1,6 +1,7 @@
 """The target's RMS norms in plain PyTorch (statistics in fp32, result in the activation dtype).
 
     offset_rms_norm   Qwen3.5 / Qwen3-Next: normalize(s) · (1 + weight), s = x (+ residual)
+    rms_norm          Qwen3 (the DFlash drafter): weight · normalize(s), s = x (+ residual)
     gated_rms_norm    GDN output norm: weight · normalize(x) · silu(gate), norm before gate
 
 Each rounds where the checkpoints' reference implementation rounds, so the Triton kernels
@@ -25,6 +26,13 @@ def offset_rms_norm(x: Tensor, weight: Tensor, eps: float, residual: Tensor | No
     `weight` is stored zero-centred ([N] for x [..., N])."""
     s = x if residual is None else x + residual
     return (normalize(s, eps) * (1.0 + weight.float())).to(x.dtype), s
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """(weight · normalize(s), s) with s = x + residual (in x's dtype) or x: the normalized value
+    rounded to x's dtype, then its product with the weight (as torch multiplies two tensors)."""
+    s = x if residual is None else x + residual
+    return weight * normalize(s, eps).to(x.dtype), s
 
 
 def gated_rms_norm(x: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tensor:

@@ -1,8 +1,8 @@
 """RMS norms of the Qwen3 family (statistics in fp32, result in the input dtype).
 
-The target's norms run through `op` (`kernels/norm`: the PyTorch reference by default; the model
-sets the Triton kernels on its triton backend). The drafter's `RMSNorm` stays in PyTorch: training
-differentiates through it."""
+Every norm runs through `op` (`kernels/norm`: the PyTorch reference by default, which training
+differentiates through; the target on its triton backend, and the drafter beside it, set the Triton
+kernels)."""
 
 from __future__ import annotations
 
@@ -36,9 +36,14 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
+        self.op = norm_reference.rms_norm
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.weight * norm_reference.normalize(x, self.eps).to(x.dtype)
+        return self.op(x, self.weight, self.eps)[0]
+
+    def add_norm(self, x: Tensor, residual: Tensor) -> tuple[Tensor, Tensor]:
+        """(norm(x + residual), x + residual): the residual add fused into the norm's launch."""
+        return self.op(x, self.weight, self.eps, residual)
 
 
 class GatedRMSNorm(nn.Module):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import Tensor, nn
@@ -127,12 +128,15 @@ def attention_ops(backend: str) -> tuple[Callable, Callable]:
     return attention.gated_attention, attention.norm_rope_store
 
 
-def drafter_attention_op(backend: str) -> Callable | None:
-    """The drafter's block attention for a backend (`DFlashDrafter.set_block_attention`): None (SDPA
-    over the keys up to a host-known bound or a masked static span) or the Triton split-KV kernel,
+def drafter_ops(backend: str) -> dict[str, Callable | None]:
+    """The drafter's ops for a backend (`DFlashDrafter.set_ops`): the PyTorch references (SDPA over the
+    keys up to a host-known bound or a masked static span), or the Triton kernels: the plain RMS
+    norms, the q/k norms with RoPE and cache writes in one launch, and the split-KV block attention,
     which reads the context length on the device and only the live context."""
     attention = triton_kernels(backend, "attention.triton")
-    return None if attention is None else attention.block_attention
+    norms = triton_kernels(backend, "norm.triton") or norm_reference
+    return dict(norm=norms.rms_norm, prepare=partial((attention or attention_reference).norm_rope_store, offset=False),
+                block_attention=None if attention is None else attention.block_attention)
 
 
 def linear_op(backend: str) -> Callable:
