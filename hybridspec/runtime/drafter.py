@@ -12,8 +12,9 @@ cache up to a host-known bound, or over a static span masked on the device (`key
 GPU-resident round); `extend` writes the features of all w verified tokens and advances by m.
 `set_ops` gives the drafter its backend's kernels (`models.hybrid.drafter_ops`): the RMS norms
 (the residual adds fused in), the q/k norms with RoPE and the cache writes in one launch per layer,
-and the block attention, which reads only the live context [0, p + block_size), p read on the
-device, whatever the cache's size. Without them every op is plain PyTorch (SDPA for the attention).
+the block attention, which reads only the live context [0, p + block_size), p read on the device,
+whatever the cache's size, and the draft tokens' statistics from the logits in one launch. Without
+them every op is plain PyTorch (SDPA for the attention).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..kernels.attention import reference as attention_reference
+from ..kernels.sampling import reference as sampling_reference
 from .config import DrafterConfig
 from .layers.moe import DenseMLP
 from .layers.norms import RMSNorm
@@ -60,13 +62,15 @@ class DraftAttention(nn.Module):
         self.block_op: Callable | None = None
 
     def key_value(self, x: Tensor, rope: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
-        """x [B, T, hidden] → K, V [B, T, n_kv, head_dim] (K normed and rotated)."""
+        """x [B, T, hidden] → K, V [B, T, n_kv, head_dim] (K normed and rotated by rope's cos, sin [T, hd],
+        a row per token of x): the training's form."""
         B, T, _ = x.shape
         k = apply_rope(self.k_norm(self.k_proj(x).view(B, T, self.n_kv, self.head_dim)), *rope)
         return k, self.v_proj(x).view(B, T, self.n_kv, self.head_dim)
 
     def write(self, x: Tensor, key: Tensor, value: Tensor, rope: tuple[Tensor, Tensor], position: Tensor) -> None:
-        """The context's K, V of x [B, T, hidden] into key, value [B, S, n_kv, hd] at position[0] + t."""
+        """The context's K, V of x [B, T, hidden] into key, value [B, S, n_kv, hd] at position[0] + t; rope:
+        RoPE's tables cos, sin [S, hd] by position."""
         B, T, _ = x.shape
         k = self.k_proj(x).view(B, T, self.n_kv, self.head_dim)
         v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim)
@@ -78,8 +82,9 @@ class DraftAttention(nn.Module):
                 span: int, visible: Tensor | None) -> Tensor:
         """x [B, T, hidden], the block at positions position[0] + t: its K/V written into key, value
         [B, S, n_kv, hd] (the context cache), then every query over the context and the whole block
-        (not causal within it) → [B, T, hidden]. SDPA reads the keys [0, span), masked by visible [T, span]
-        (None: all); `block_op` reads [0, position + T) of the whole cache."""
+        (not causal within it) → [B, T, hidden]; rope: RoPE's tables cos, sin [S, hd] by position. SDPA
+        reads the keys [0, span), masked by visible [T, span] (None: all); `block_op` reads
+        [0, position + T) of the whole cache."""
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)
         k = self.k_proj(x).view(B, T, self.n_kv, self.head_dim)
@@ -115,9 +120,12 @@ class DFlashDrafter(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta), persistent=False)
         self._target = (embed, lm_head)  # not registered: not the drafter's weights
+        # logits [D, V] → tokens [D] long, top-1 probabilities and entropies [D] fp32
+        self.statistics_op: Callable = sampling_reference.draft_statistics
         self.ctx_k: Tensor | None = None  # [n_layers, B, max_len + block_size, n_kv, hd]
         self.ctx_v: Tensor | None = None
         self.position: Tensor | None = None  # [1] long, context length on the device
+        self.rope: tuple[Tensor, Tensor] | None = None  # cos, sin [ctx_k's positions, head_dim]
         self.length = 0  # the host's copy
         self.key_span: int | None = None  # static key span of the resident round (None: host-known)
 
@@ -139,16 +147,18 @@ class DFlashDrafter(nn.Module):
             self.ctx_k = torch.zeros(shape, dtype=p.dtype, device=p.device)
             self.ctx_v = torch.zeros(shape, dtype=p.dtype, device=p.device)
             self.position = torch.zeros(1, dtype=torch.long, device=p.device)
+            # RoPE's tables [size, head_dim], row i for position i (read on the device by position)
+            self.rope = rope_cos_sin(torch.arange(size, device=p.device), self.inv_freq, p.dtype)
         self.position.zero_()
         self.length, self.key_span = 0, None
 
-    def _rope(self, count: int) -> tuple[Tensor, Tensor]:
-        positions = self.position[0] + torch.arange(count, device=self.inv_freq.device)
-        return rope_cos_sin(positions, self.inv_freq, self.fc.weight.dtype)
 
-    def set_ops(self, *, norm: Callable, prepare: Callable, block_attention: Callable | None) -> None:
+    def set_ops(self, *, norm: Callable, prepare: Callable, block_attention: Callable | None,
+                statistics: Callable) -> None:
         """The backend's ops (`models.hybrid.drafter_ops`): every RMS norm's `op`, every layer's
-        `prepare_op` (its q/k norms, RoPE and cache writes) and `block_op` (None: SDPA)."""
+        `prepare_op` (its q/k norms, RoPE and cache writes) and `block_op` (None: SDPA), and the
+        block's tokens, confidences and entropies from its logits (`statistics_op`)."""
+        self.statistics_op = statistics
         for module in self.modules():
             if isinstance(module, RMSNorm):
                 module.op = norm
@@ -163,9 +173,8 @@ class DFlashDrafter(nn.Module):
         if self.length + w > self.ctx_k.shape[2]:
             raise ValueError(f"drafter context of {self.length + w} positions exceeds its cache ({self.ctx_k.shape[2]})")
         ctx = self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
-        rope = self._rope(w)
         for i, layer in enumerate(self.layers):
-            layer.self_attn.write(ctx, self.ctx_k[i], self.ctx_v[i], rope, self.position)
+            layer.self_attn.write(ctx, self.ctx_k[i], self.ctx_v[i], self.rope, self.position)
         if accepted is None:
             self.position.add_(w)
             self.length += w
@@ -185,7 +194,6 @@ class DFlashDrafter(nn.Module):
         else:
             block[0, 0] = anchor
         x = embed(block).to(self.fc.weight.dtype)  # [1, bs, hidden]
-        rope = self._rope(bs)
         whole = self.layers[0].self_attn.block_op is not None  # the kernel reads [0, p + bs) on the device
         span = self.ctx_k.shape[2] if whole else self.key_span or self.length + bs
         visible = None
@@ -194,12 +202,8 @@ class DFlashDrafter(nn.Module):
         delta = None  # the last layer's MLP output, added to x inside the next norm's launch
         for i, layer in enumerate(self.layers):
             h, x = (layer.input_layernorm(x), x) if delta is None else layer.input_layernorm.add_norm(delta, x)
-            attended = layer.self_attn(h, self.ctx_k[i], self.ctx_v[i], rope, self.position, span, visible)
+            attended = layer.self_attn(h, self.ctx_k[i], self.ctx_v[i], self.rope, self.position, span, visible)
             h, x = layer.post_attention_layernorm.add_norm(attended, x)
             delta = layer.mlp(h)
         h = self.norm(x) if delta is None else self.norm.add_norm(delta, x)[0]
-        logits = lm_head(h[0, 1:]).float()  # [D, V]
-        logp = torch.log_softmax(logits, dim=-1)
-        top_logp, tokens = logp.max(dim=-1)
-        entropy = -(logp.exp() * logp).sum(-1)
-        return DraftOutput(tokens, top_logp.exp(), entropy)
+        return DraftOutput(*self.statistics_op(lm_head(h[0, 1:])))  # from the logits [D, V]

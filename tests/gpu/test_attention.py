@@ -101,7 +101,7 @@ def test_norm_rope_store_on_the_gpu(T, dtype):
     p = S - T - 3
     assert torch.equal(value[:, p : p + T], v) and value[:, :p].isnan().all() and value[:, p + T :].isnan().all()
     for out, x, w in ((got, q, q_weight), (key[:, p : p + T], k, k_weight)):
-        x, w, c, s_ = x.cpu(), w.cpu(), cos.cpu(), sin.cpu()
+        x, w, c, s_ = x.cpu(), w.cpu(), cos[p : p + T].cpu(), sin[p : p + T].cpu()
         normed = _prepare_oracle(x, w, eps, torch.ones(T, 0), torch.zeros(T, 0))
         partner = torch.cat((normed[..., 32:64], normed[..., :32], normed[..., 64:] * 0), dim=-1)
         scale = (normed.abs() + partner.abs()) * (2**-8 if dtype == torch.bfloat16 else 2**-20)

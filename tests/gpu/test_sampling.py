@@ -81,3 +81,29 @@ def test_filtered_graph_replays_read_the_parameters_from_the_device():
         top_p.fill_(p)
         graph.replay()
         assert [int(t) for t in out] == [int(t) for t in reference.point_mass_filtered(*args)], (k, p, s)
+
+
+def test_draft_statistics_on_the_gpu_and_in_a_graph():
+    """The drafter's block statistics at the preset's vocabulary (15 rows of bf16 logits): the
+    reference's confidences and entropies and the lowest id holding each row's maximum (bf16 logits
+    tie), then the same from a graph replay on new logits."""
+    from hybridspec.kernels.sampling.statistics import draft_statistics
+
+    def check(out, logits):
+        tokens, confidence, entropy = out
+        _, want_confidence, want_entropy = reference.draft_statistics(logits)
+        ids = torch.arange(V, device=logits.device)
+        lowest = torch.where(logits == logits.max(-1, keepdim=True).values, ids, V).min(-1).values
+        assert torch.equal(tokens, lowest)
+        torch.testing.assert_close(confidence, want_confidence, rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(entropy, want_entropy, rtol=1e-5, atol=1e-5)
+
+    gen = torch.Generator().manual_seed(3)
+    logits = (torch.randn(15, V, generator=gen) * 4).to(torch.bfloat16).cuda()
+    check(draft_statistics(logits), logits)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = draft_statistics(logits)
+    logits.copy_((torch.randn(15, V, generator=gen) * 4).to(torch.bfloat16))
+    graph.replay()
+    check(out, logits)

@@ -179,13 +179,13 @@ def test_bad_arguments_are_named(bad, message):
 
 def _prepare_case(B, T, H, H_kv, D, R, S, p, dtype, seed=0):
     """q as the first half of each head of a q+gate projection and k, v as slices of one fused
-    projection (the strided views the model passes); cos, sin of random frequencies."""
+    projection (the strided views the model passes); cos, sin [S, R] tables of random frequencies."""
     g = torch.Generator().manual_seed(seed)
     q = (torch.randn(B, T, H, 2 * D, generator=g) * 3).to(dtype)[..., :D]
     kv = (torch.randn(B, T, 2 * H_kv * D, generator=g) * 3).to(dtype)
     k, v = kv[..., : H_kv * D].view(B, T, H_kv, D), kv[..., H_kv * D :].view(B, T, H_kv, D)
     q_weight, k_weight = (torch.randn(D, generator=g) * 0.2 for _ in range(2))
-    angle = (p + torch.arange(T))[:, None].float() * torch.rand(R // 2, generator=g)
+    angle = torch.arange(S)[:, None].float() * torch.rand(R // 2, generator=g)
     angle = torch.cat((angle, angle), dim=-1)
     cache = torch.full((B, S, H_kv, D), float("nan"), dtype=dtype)
     return (q, k, v, q_weight, k_weight, 1e-6, angle.cos().to(dtype), angle.sin().to(dtype), cache,
@@ -226,7 +226,8 @@ def test_norm_rope_store_matches_the_reference(case, dtype):
     if dtype == torch.float32:
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(got_key, want_key, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(got.double(), _prepare_oracle(q, q_weight, eps, cos, sin), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got.double(), _prepare_oracle(q, q_weight, eps, cos[p : p + T], sin[p : p + T]),
+                                   rtol=1e-5, atol=1e-5)
     else:  # three roundings on each path (the norm, the product, the sum), each within 2^-8 of the
         # value rounded on a GPU (to nearest) and 2^-7 under the interpreter (towards zero): within 3
         # (interpreted: 6) units of 2^-8 of the terms' size from the float64 definition
@@ -234,7 +235,7 @@ def test_norm_rope_store_matches_the_reference(case, dtype):
             normed = _prepare_oracle(x, w, eps, torch.ones(T, 0), torch.zeros(T, 0))
             partner = torch.cat((normed[..., R // 2 : R], normed[..., : R // 2], normed[..., R:] * 0), dim=-1)
             scale = (normed.abs() + partner.abs()) * 2**-8
-            exact = _prepare_oracle(x, w, eps, cos, sin)
+            exact = _prepare_oracle(x, w, eps, cos[p : p + T], sin[p : p + T])
             assert ((ref_out.double() - exact).abs() <= 3 * scale).all()
             assert ((out.double() - exact).abs() <= (6 if interpreted() else 3) * scale).all()
 
@@ -258,7 +259,7 @@ def test_norm_rope_store_with_the_plain_norm_matches_the_reference(heads, dtype)
     for out, x, w, ref_out in ((got, q, q_weight, want), (key[:, p : p + T], k, k_weight, ref_key[:, p : p + T])):
         # the definition in float64: weight · x / rms(x), then RoPE
         normed = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + eps) * w.double()
-        exact = reference.apply_rope(normed, cos.double(), sin.double())
+        exact = reference.apply_rope(normed, cos[p : p + T].double(), sin[p : p + T].double())
         if dtype == torch.float32:
             torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(out.double(), exact, rtol=1e-5, atol=1e-5)

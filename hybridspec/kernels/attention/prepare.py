@@ -1,7 +1,7 @@
 """Triton preparation of an attention pass (`reference.norm_rope_store`) in one launch: per
-(token, head) program the query's or key's RMS norm (offset or plain) and partial RoPE (each step
-rounded to the activation dtype where the reference rounds), the keys and values stored into the
-cache at position p + t, p read on the device."""
+(token, head) program the query's or key's RMS norm (offset or plain) and partial RoPE with the
+tables' row p + t (each step rounded to the activation dtype where the reference rounds), the keys
+and values stored into the cache at position p + t, p read on the device."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def _norm_rope(src, w_ptr, cos_ptr, sin_ptr, eps, D, ROT: tl.constexpr, BD: tl.c
 def _norm_rope_store_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, key_ptr, value_ptr, pos_ptr,
                             out_ptr, stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh,
                             stride_vb, stride_vt, stride_vh, stride_ct, stride_st, stride_cb, stride_cs,
-                            stride_ch, stride_xb, stride_xs, stride_xh, T, S, eps,
+                            stride_ch, stride_xb, stride_xs, stride_xh, T, S, P, eps,
                             H: tl.constexpr, D: tl.constexpr, ROT: tl.constexpr, BD: tl.constexpr,
                             OFFSET: tl.constexpr, USE_GDC: tl.constexpr):
     if USE_GDC:
@@ -64,14 +64,15 @@ def _norm_rope_store_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_pt
     dtype = out_ptr.dtype.element_ty
     o_d = tl.arange(0, BD)
     ok = o_d < D
-    cos_row, sin_row = cos_ptr + t * stride_ct, sin_ptr + t * stride_st
+    slot = tl.load(pos_ptr) + t  # the token's position: its row of the tables and its slot in the cache
+    row = tl.minimum(slot, P - 1)  # a position past the tables (and the cache) is never stored
+    cos_row, sin_row = cos_ptr + row * stride_ct, sin_ptr + row * stride_st
     if j < H:
         y = _norm_rope(q_ptr + b * stride_qb + t * stride_qt + j * stride_qh, qw_ptr, cos_row, sin_row, eps, D,
                        ROT, BD, OFFSET, dtype)
         tl.store(out_ptr + ((b * T + t) * H + j) * D + o_d, y, mask=ok)
     else:
         kh = j - H
-        slot = tl.load(pos_ptr) + t
         into = ok & (o_d * 0 + slot < S)  # a position past the cache is never written
         y = _norm_rope(k_ptr + b * stride_kb + t * stride_kt + kh * stride_kh, kw_ptr, cos_row, sin_row, eps, D,
                        ROT, BD, OFFSET, dtype)
@@ -100,6 +101,6 @@ def norm_rope_store(q: Tensor, k: Tensor, v: Tensor, q_weight: Tensor, k_weight:
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), cos.stride(0), sin.stride(0),
             key.stride(0), key.stride(1), key.stride(2), value.stride(0), value.stride(1), value.stride(2),
-            T, key.shape[1], eps, H=H, D=D, ROT=cos.shape[1], BD=triton.next_power_of_2(D), OFFSET=offset,
+            T, key.shape[1], cos.shape[0], eps, H=H, D=D, ROT=cos.shape[1], BD=triton.next_power_of_2(D), OFFSET=offset,
             num_warps=2 if D > 128 else 1, **pdl.options(q))
     return out

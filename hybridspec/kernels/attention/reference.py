@@ -78,7 +78,7 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 def check_prepare_args(q: Tensor, k: Tensor, v: Tensor, q_weight: Tensor, k_weight: Tensor, cos: Tensor,
                        sin: Tensor, key: Tensor, value: Tensor, position: Tensor, offset: bool = True) -> None:
     """Shapes: q [B, T, H, D]; k, v [B, T, H_kv, D]; weights [D] (the plain norm's in k's dtype);
-    cos, sin [T, R] (R even, ≤ D); key, value [B, S, H_kv, D]; position [≥ 1] long."""
+    cos, sin [P, R] tables by position (R even, ≤ D); key, value [B, S, H_kv, D]; position [≥ 1] long."""
     if q.dim() != 4 or k.dim() != 4 or v.shape != k.shape or k.shape[:2] != q.shape[:2] or k.shape[3] != q.shape[3]:
         raise ValueError(f"norm_rope_store: q must be [B, T, H, D] and k, v [B, T, H_kv, D], got {tuple(q.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
@@ -92,9 +92,9 @@ def check_prepare_args(q: Tensor, k: Tensor, v: Tensor, q_weight: Tensor, k_weig
     if not offset and not (q_weight.dtype == k_weight.dtype == k.dtype):
         raise ValueError(f"norm_rope_store: the plain norm's weights must have k's dtype {k.dtype}, got "
                          f"{q_weight.dtype} and {k_weight.dtype}")
-    if cos.dim() != 2 or sin.shape != cos.shape or cos.shape[0] != T or cos.shape[1] % 2 or cos.shape[1] > D:
-        raise ValueError(f"norm_rope_store: cos and sin must be [{T}, R] with R even and ≤ {D}, got "
-                         f"{tuple(cos.shape)} and {tuple(sin.shape)}")
+    if cos.dim() != 2 or sin.shape != cos.shape or not cos.shape[0] or cos.shape[1] % 2 or cos.shape[1] > D:
+        raise ValueError(f"norm_rope_store: cos and sin must be tables [P, R] by position with R even and ≤ {D}, "
+                         f"got {tuple(cos.shape)} and {tuple(sin.shape)}")
     if position.dtype != torch.long or position.numel() < 1:
         raise ValueError("norm_rope_store: position must be a long tensor holding the first token's position")
 
@@ -104,12 +104,14 @@ def norm_rope_store(q: Tensor, k: Tensor, v: Tensor, q_weight: Tensor, k_weight:
                     ) -> Tensor:
     """q [B, T, H, D] → its per-head RMS norm (`q_weight`) with RoPE, in q's dtype; k, v
     [B, T, H_kv, D]: k normed (`k_weight`) and roped, both written into key / value [B, S, H_kv, D]
-    at positions position[0] … position[0] + T − 1 (read on the device). offset: the offset norm
+    at positions position[0] … position[0] + T − 1 (read on the device). cos, sin [P, R]: RoPE's
+    tables, row i for position i (`runtime.layers.rope.rope_cos_sin`). offset: the offset norm
     (`norm.reference.offset_rms_norm`, the target's), else the plain norm (`rms_norm`, the drafter's).
     q may have no heads (H = 0: keys and values only)."""
     check_prepare_args(q, k, v, q_weight, k_weight, cos, sin, key, value, position, offset)
     norm = offset_rms_norm if offset else rms_norm
     positions = position[0] + torch.arange(q.shape[1], device=q.device)  # [T]
+    cos, sin = cos.index_select(0, positions), sin.index_select(0, positions)  # [T, R]
     key.index_copy_(1, positions, apply_rope(norm(k, k_weight, eps)[0], cos, sin))
     value.index_copy_(1, positions, v)
     return apply_rope(norm(q, q_weight, eps)[0], cos, sin)

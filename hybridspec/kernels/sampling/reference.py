@@ -101,3 +101,11 @@ def point_mass_filtered(draft: Tensor, logits: Tensor, inv_temperature: Tensor, 
     """`point_mass` over p^t = `sampling_probs`(logits, …, filtered): the top_k tokens of
     softmax(logits / temperature) renormalised and cut to top_p; top_k, top_p [1] → (A [1], x_new [1])."""
     return point_mass(draft, sampling_probs(logits, inv_temperature, top_k, top_p, True), seed, start)
+
+
+def draft_statistics(logits: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """logits [D, V] (the drafter's block) → tokens [D] long (the argmax), confidence [D] fp32 (its
+    softmax probability) and entropy [D] fp32 (nats) of softmax(logits) in fp32."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    top_logp, tokens = logp.max(dim=-1)
+    return tokens, top_logp.exp(), -(logp.exp() * logp).sum(-1)

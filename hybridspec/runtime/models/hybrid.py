@@ -23,6 +23,7 @@ from ...kernels.attention import reference as attention_reference
 from ...kernels.gdn import reference as gdn_reference
 from ...kernels.moe import reference as moe_reference
 from ...kernels.norm import reference as norm_reference
+from ...kernels.sampling import reference as sampling_reference
 from ..cache import TargetCache
 from ..config import ConfigError, TargetConfig
 from ..layers.attention import GatedAttention
@@ -131,12 +132,15 @@ def attention_ops(backend: str) -> tuple[Callable, Callable]:
 def drafter_ops(backend: str) -> dict[str, Callable | None]:
     """The drafter's ops for a backend (`DFlashDrafter.set_ops`): the PyTorch references (SDPA over the
     keys up to a host-known bound or a masked static span), or the Triton kernels: the plain RMS
-    norms, the q/k norms with RoPE and cache writes in one launch, and the split-KV block attention,
-    which reads the context length on the device and only the live context."""
+    norms, the q/k norms with RoPE and cache writes in one launch, the split-KV block attention,
+    which reads the context length on the device and only the live context, and the draft tokens'
+    statistics in one launch."""
     attention = triton_kernels(backend, "attention.triton")
     norms = triton_kernels(backend, "norm.triton") or norm_reference
+    statistics = triton_kernels(backend, "sampling.statistics")
     return dict(norm=norms.rms_norm, prepare=partial((attention or attention_reference).norm_rope_store, offset=False),
-                block_attention=None if attention is None else attention.block_attention)
+                block_attention=None if attention is None else attention.block_attention,
+                statistics=sampling_reference.draft_statistics if statistics is None else statistics.draft_statistics)
 
 
 def linear_op(backend: str) -> Callable:
@@ -220,6 +224,7 @@ class HybridTarget(nn.Module):
         self._slot = [cfg.gdn_layers.index(i) if t == "linear_attention" else cfg.attention_layers.index(i)
                       for i, t in enumerate(cfg.layer_types)]
         self.register_buffer("inv_freq", rope_inv_freq(cfg.rotary_dim, cfg.rope_theta), persistent=False)
+        self._rope_tables: tuple[Tensor, Tensor] | None = None  # `_rope`'s
         self.feature_layers = tuple(feature_layers)  # layers whose output the drafter reads (its target_layer_ids)
         offset_norm, gated_norm = norm_ops(backend)
         route, norm_route = router_ops(backend)
@@ -251,12 +256,20 @@ class HybridTarget(nn.Module):
     # ---------------------------------------------------------------- caches
     def new_cache(self, *, max_len: int, tokens_per_pass: int = 64, batch: int = 1) -> TargetCache:
         p = self.embed_tokens.weight
-        return TargetCache.allocate(self.cfg, max_len=max_len, tokens_per_pass=tokens_per_pass,
-                                    dtype=p.dtype, device=p.device, batch=batch)
+        cache = TargetCache.allocate(self.cfg, max_len=max_len, tokens_per_pass=tokens_per_pass,
+                                     dtype=p.dtype, device=p.device, batch=batch)
+        self._rope(cache)
+        return cache
 
-    def _rope(self, cache: TargetCache, tokens: int) -> tuple[Tensor, Tensor]:
-        positions = cache.position[0] + torch.arange(tokens, device=self.inv_freq.device)  # [T] on the device
-        return rope_cos_sin(positions, self.inv_freq, self.embed_tokens.weight.dtype)
+    def _rope(self, cache: TargetCache) -> tuple[Tensor, Tensor]:
+        """RoPE's tables cos, sin [max_len, R], row i for position i (a pass's attention reads the rows
+        of its positions on the device); made once for the largest cache, before any capture."""
+        table = self._rope_tables
+        dtype, device = self.embed_tokens.weight.dtype, self.inv_freq.device
+        if table is None or table[0].shape[0] < cache.max_len or table[0].dtype != dtype or table[0].device != device:
+            positions = torch.arange(cache.max_len, device=device)
+            self._rope_tables = table = rope_cos_sin(positions, self.inv_freq, dtype)
+        return table
 
     def _check_room(self, cache: TargetCache, tokens: int) -> None:
         """Host-side bounds from the host's copy of the length (the resident round checks its
@@ -283,7 +296,7 @@ class HybridTarget(nn.Module):
         """Resume at the Layer-0 experts for the first w ≤ u tokens; reads no retained value beyond w."""
         if not 1 <= w <= s0.tokens:
             raise ValueError(f"stage1 length w={w} must be in 1..{s0.tokens} (the Stage-0 length)")
-        rope = self._rope(cache, w)
+        rope = self._rope(cache)
         layer0 = self.layers[0]
         ids, weights = s0.expert_ids[:, :w], s0.expert_weights[:, :w]
         # each layer's output is x + delta; the add is fused into the next norm, which also returns it
