@@ -32,7 +32,9 @@ def test_rows_linear_matches_the_reference(dtype, t, r, k, block_n, warps):
     y = linear_triton.rows_linear(x, w, block_n, warps)
     assert y.dtype == dtype and y.shape == (t, r)
     assert_close(f"{t}x{r}x{k}", x.double() @ w.double().T, y, RATIO[dtype])
-    assert_close(f"{t}x{r}x{k} vs reference", reference.rows_linear(x, w).double(), y, RATIO[dtype])
+    # the reference carries its own rounding (its sum order is the CPU library's): each within RATIO of
+    # the float64 product, so within twice that of each other
+    assert_close(f"{t}x{r}x{k} vs reference", reference.rows_linear(x, w).double(), y, 2 * RATIO[dtype])
 
 
 def test_slice_rows_fills_the_slice_with_whole_rows():
