@@ -152,7 +152,6 @@ class DFlashDrafter(nn.Module):
         self.position.zero_()
         self.length, self.key_span = 0, None
 
-
     def set_ops(self, *, norm: Callable, prepare: Callable, block_attention: Callable | None,
                 statistics: Callable) -> None:
         """The backend's ops (`models.hybrid.drafter_ops`): every RMS norm's `op`, every layer's
