@@ -1,4 +1,5 @@
-"""The DFlash drafter: checkpoint format, cached context equals recomputation, committed-only context."""
+"""The DFlash drafter: checkpoint format, cached context equals recomputation, committed-only context,
+the triton backend's ops (equal drafts, no PyTorch form of the ops its kernels take)."""
 
 from __future__ import annotations
 
@@ -108,6 +109,39 @@ def test_the_triton_block_attention_reads_only_the_live_context(pair, key_span):
     assert out.tokens.tolist() == tokens.tolist()
     assert_close("confidence", top, out.confidence, 1e-5)
     assert_close("entropy", -(probs * probs.clamp_min(1e-30).log()).sum(-1), out.entropy, 1e-5)
+
+
+def test_on_the_triton_backend_no_norm_rope_or_softmax_runs_in_pytorch(pair):
+    """With the triton backend's ops a proposal and a context extension leave the norms, the RoPE
+    rotation, the cache writes and the softmax statistics to their kernels: none of the PyTorch
+    ops those would dispatch (counted by a dispatch mode) runs, and the products remain."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from hybridspec.runtime.models.hybrid import drafter_ops
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.add(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    target, drafter = pair
+    features = torch.randn(1, 9, len(drafter.cfg.target_layer_ids) * target.cfg.hidden_size)
+    drafter.reset(64)
+    drafter.set_ops(**drafter_ops("triton"))
+    try:
+        with Ops() as ops:
+            drafter.extend(features)
+            drafter.propose(anchor=3)
+    finally:
+        drafter.set_ops(**drafter_ops("torch"))
+    torch_forms = {"rsqrt", "pow", "mean", "neg", "cos", "sin", "index_copy_", "_log_softmax", "max",
+                   "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_attention_math"}
+    assert not ops.seen & torch_forms, sorted(ops.seen & torch_forms)
+    assert "mm" in ops.seen  # the projections are still the library's
 
 
 @pytest.mark.parametrize("nested", [False, True])
