@@ -60,6 +60,7 @@ class DraftAttention(nn.Module):
         # every query over [0, position + T) (`kernels/attention`'s block_attention); None: SDPA over the
         # keys up to `span`, masked by `visible`
         self.block_op: Callable | None = None
+        self.linear_op: Callable[[Tensor, Tensor], Tensor] = F.linear  # the projections' product
 
     def key_value(self, x: Tensor, rope: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
         """x [B, T, hidden] → K, V [B, T, n_kv, head_dim] (K normed and rotated by rope's cos, sin [T, hd],
@@ -72,8 +73,8 @@ class DraftAttention(nn.Module):
         """The context's K, V of x [B, T, hidden] into key, value [B, S, n_kv, hd] at position[0] + t; rope:
         RoPE's tables cos, sin [S, hd] by position."""
         B, T, _ = x.shape
-        k = self.k_proj(x).view(B, T, self.n_kv, self.head_dim)
-        v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim)
+        k = self.linear_op(x, self.k_proj.weight).view(B, T, self.n_kv, self.head_dim)
+        v = self.linear_op(x, self.v_proj.weight).view(B, T, self.n_kv, self.head_dim)
         no_queries = k.new_empty(B, T, 0, self.head_dim)
         self.prepare_op(no_queries, k, v, self.q_norm.weight, self.k_norm.weight, self.k_norm.eps, *rope, key,
                         value, position)
@@ -86,17 +87,17 @@ class DraftAttention(nn.Module):
         reads the keys [0, span), masked by visible [T, span] (None: all); `block_op` reads
         [0, position + T) of the whole cache."""
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)
-        k = self.k_proj(x).view(B, T, self.n_kv, self.head_dim)
-        v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim)
+        q = self.linear_op(x, self.q_proj.weight).view(B, T, self.n_heads, self.head_dim)
+        k = self.linear_op(x, self.k_proj.weight).view(B, T, self.n_kv, self.head_dim)
+        v = self.linear_op(x, self.v_proj.weight).view(B, T, self.n_kv, self.head_dim)
         q = self.prepare_op(q, k, v, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, *rope, key, value,
                             position)  # [B, T, H, hd]
         if self.block_op is not None:
-            return self.o_proj(self.block_op(q, key, value, position))
+            return self.linear_op(self.block_op(q, key, value, position), self.o_proj.weight)
         keys, values = key[:, :span], value[:, :span]
         out = F.scaled_dot_product_attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
                                              attn_mask=visible, enable_gqa=True)
-        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+        return self.linear_op(out.transpose(1, 2).reshape(B, T, -1), self.o_proj.weight)
 
 
 class DraftLayer(nn.Module):
@@ -122,6 +123,7 @@ class DFlashDrafter(nn.Module):
         self._target = (embed, lm_head)  # not registered: not the drafter's weights
         # logits [D, V] → tokens [D] long, top-1 probabilities and entropies [D] fp32
         self.statistics_op: Callable = sampling_reference.draft_statistics
+        self.linear_op: Callable[[Tensor, Tensor], Tensor] = F.linear  # `fc`'s and the LM head's product
         self.ctx_k: Tensor | None = None  # [n_layers, B, max_len + block_size, n_kv, hd]
         self.ctx_v: Tensor | None = None
         self.position: Tensor | None = None  # [1] long, context length on the device
@@ -153,14 +155,17 @@ class DFlashDrafter(nn.Module):
         self.length, self.key_span = 0, None
 
     def set_ops(self, *, norm: Callable, prepare: Callable, block_attention: Callable | None,
-                statistics: Callable) -> None:
+                statistics: Callable, linear: Callable) -> None:
         """The backend's ops (`models.hybrid.drafter_ops`): every RMS norm's `op`, every layer's
-        `prepare_op` (its q/k norms, RoPE and cache writes) and `block_op` (None: SDPA), and the
-        block's tokens, confidences and entropies from its logits (`statistics_op`)."""
-        self.statistics_op = statistics
+        `prepare_op` (its q/k norms, RoPE and cache writes) and `block_op` (None: SDPA), the block's
+        tokens, confidences and entropies from its logits (`statistics_op`), and every product
+        (`linear_op`: the context projection, the layers', the LM head's)."""
+        self.statistics_op, self.linear_op = statistics, linear
         for module in self.modules():
             if isinstance(module, RMSNorm):
                 module.op = norm
+            if isinstance(module, (DraftAttention, DenseMLP)):
+                module.linear_op = linear
         for layer in self.layers:
             layer.self_attn.prepare_op, layer.self_attn.block_op = prepare, block_attention
 
@@ -171,7 +176,7 @@ class DFlashDrafter(nn.Module):
         w = features.shape[1]
         if self.length + w > self.ctx_k.shape[2]:
             raise ValueError(f"drafter context of {self.length + w} positions exceeds its cache ({self.ctx_k.shape[2]})")
-        ctx = self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
+        ctx = self.hidden_norm(self.linear_op(features.to(self.fc.weight.dtype), self.fc.weight))
         for i, layer in enumerate(self.layers):
             layer.self_attn.write(ctx, self.ctx_k[i], self.ctx_v[i], self.rope, self.position)
         if accepted is None:
@@ -205,4 +210,4 @@ class DFlashDrafter(nn.Module):
             h, x = layer.post_attention_layernorm.add_norm(attended, x)
             delta = layer.mlp(h)
         h = self.norm(x) if delta is None else self.norm.add_norm(delta, x)[0]
-        return DraftOutput(*self.statistics_op(lm_head(h[0, 1:])))  # from the logits [D, V]
+        return DraftOutput(*self.statistics_op(self.linear_op(h[0, 1:], lm_head.weight)))  # from the logits [D, V]

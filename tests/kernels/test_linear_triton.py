@@ -23,7 +23,7 @@ RATIO = {torch.float32: 1e-6, torch.bfloat16: 8e-3}
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("t, r, k, block_n, warps", [
     (1, 64, 256, None, 4), (2, 33, 100, None, 4), (3, 5, 2048, 2, 2), (4, 40, 72, 8, 1), (1, 3, 48, 16, 4),
-    (2, 7, 2048, None, 4), (1, 5, 3000, 1, 4),
+    (2, 7, 2048, None, 4), (1, 5, 3000, 1, 4), (16, 40, 192, None, 4), (11, 7, 100, None, 4),
 ])
 def test_rows_linear_matches_the_reference(dtype, t, r, k, block_n, warps):
     g = torch.Generator().manual_seed(t * 1000 + r + k)
@@ -42,20 +42,27 @@ def test_slice_rows_fills_the_slice_with_whole_rows():
     assert linear_triton.slice_rows(256, 2) == 8 and linear_triton.slice_rows(100, 4) == 16
 
 
-@pytest.mark.parametrize("shape", [(1, 1, 96), (1, 2, 96), (2, 1, 96), (1, 3, 96), (5, 96)])
-def test_linear_takes_the_kernel_for_few_tokens_and_the_library_beyond(shape, monkeypatch):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(1, 1, 96), (1, 2, 96), (2, 1, 96), (1, 3, 96), (5, 96), (2, 8, 96), (17, 96)])
+def test_linear_takes_the_kernel_for_few_tokens_and_the_library_beyond(shape, dtype, monkeypatch):
+    """bf16: the kernel for one or two tokens; fp32: up to FP32_TOKENS tokens by a small weight."""
     g = torch.Generator().manual_seed(len(shape))
-    x, w = torch.randn(*shape, generator=g), torch.randn(24, 96, generator=g)
+    x, w = torch.randn(*shape, generator=g).to(dtype), torch.randn(24, 96, generator=g).to(dtype)
     calls = []
     monkeypatch.setattr(linear_triton, "rows_linear", lambda *a: calls.append(a) or reference.rows_linear(*a))
+    tokens = x.numel() // 96
+    takes = tokens <= (linear_triton.FP32_TOKENS if dtype == torch.float32 else linear_triton.SMALL_TOKENS)
     with torch.no_grad():  # as the runtime calls it
         y = linear_triton.linear(x, w)
         assert y.shape == (*shape[:-1], 24)
         torch.testing.assert_close(y, F.linear(x, w), rtol=1e-5, atol=1e-5)
-        assert len(calls) == (x.numel() // 96 <= linear_triton.SMALL_TOKENS)
+        assert len(calls) == takes
         calls.clear()
         linear_triton.linear(x, w.T.contiguous().T)  # a strided weight: the library product
         assert not calls
+        monkeypatch.setattr(linear_triton, "FP32_WEIGHT", w.numel() - 1)  # a larger fp32 weight than it takes
+        linear_triton.linear(x, w)
+        assert len(calls) == (tokens <= linear_triton.SMALL_TOKENS)
 
 
 def test_linear_leaves_what_the_kernel_does_not_take_to_the_library(monkeypatch):

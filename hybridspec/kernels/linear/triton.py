@@ -12,8 +12,12 @@ from hybridspec.kernels import pdl
 from hybridspec.kernels.interpreter import interpreted
 from hybridspec.kernels.linear.rows import launch_rows_linear
 
-MAX_TOKENS = 4  # the kernel computes every token's sums from the same registers: a few tokens only
+MAX_TOKENS = 16  # the kernel computes every token's sums from the same registers: a round's tokens at most
 SMALL_TOKENS = 2  # `linear` takes the kernel for calls of at most this many tokens
+# and, in fp32, for calls of at most FP32_TOKENS tokens by a weight of at most FP32_WEIGHT elements: the
+# library's fp32 products (SIMT, K in steps of 8) are chains of memory round trips at such sizes
+FP32_TOKENS = 16
+FP32_WEIGHT = 1 << 22
 MAX_K = 8192  # the widest row a program holds: 64 fp32 values a thread at 8,192 (bf16 measured to 4,096)
 SLICE_BYTES = 4096  # weight bytes per program, at least MIN_ROWS rows (`bench/results/linear_notes.md`)
 MIN_ROWS = 1
@@ -54,11 +58,15 @@ def rows_linear(x: Tensor, weight: Tensor, block_n: int | None = None, warps: in
 
 
 def linear(x: Tensor, weight: Tensor) -> Tensor:
-    """F.linear(x, weight) (no bias): calls of one to SMALL_TOKENS tokens with a contiguous weight of
-    x's dtype (bf16, fp16 or fp32), 0 < K ≤ MAX_K, and no autograd take `rows_linear`, the rest the
-    library product. Chosen from the shapes alone (no host read)."""
+    """F.linear(x, weight) (no bias): calls of one to SMALL_TOKENS tokens (in fp32, to FP32_TOKENS
+    tokens by a weight of at most FP32_WEIGHT elements) with a contiguous weight of x's dtype (bf16,
+    fp16 or fp32), 0 < K ≤ MAX_K, and no autograd take `rows_linear`, the rest the library product.
+    Chosen from the shapes alone (no host read)."""
     k = x.shape[-1]
-    if (0 < k <= MAX_K and 0 < x.numel() <= SMALL_TOKENS * k and x.dtype in DTYPES and weight.dtype == x.dtype
+    small = SMALL_TOKENS
+    if x.dtype == torch.float32 and weight.numel() <= FP32_WEIGHT:
+        small = FP32_TOKENS
+    if (0 < k <= MAX_K and 0 < x.numel() <= small * k and x.dtype in DTYPES and weight.dtype == x.dtype
             and weight.is_contiguous() and not torch.is_grad_enabled() and (x.is_cuda or interpreted())):
         return rows_linear(x, weight)
     return F.linear(x, weight)

@@ -22,9 +22,11 @@ class DenseMLP(nn.Module):
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.linear_op: Callable[[Tensor, Tensor], Tensor] = F.linear  # the products (the drafter's backend's)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.linear_op(x, self.gate_proj.weight), self.linear_op(x, self.up_proj.weight)
+        return self.linear_op(F.silu(gate) * up, self.down_proj.weight)
 
 
 class Router(nn.Module):

@@ -133,14 +133,15 @@ def drafter_ops(backend: str) -> dict[str, Callable | None]:
     """The drafter's ops for a backend (`DFlashDrafter.set_ops`): the PyTorch references (SDPA over the
     keys up to a host-known bound or a masked static span), or the Triton kernels: the plain RMS
     norms, the q/k norms with RoPE and cache writes in one launch, the split-KV block attention,
-    which reads the context length on the device and only the live context, and the draft tokens'
-    statistics in one launch."""
+    which reads the context length on the device and only the live context, the draft tokens'
+    statistics in one launch, and the products by `linear_op`'s."""
     attention = triton_kernels(backend, "attention.triton")
     norms = triton_kernels(backend, "norm.triton") or norm_reference
     statistics = triton_kernels(backend, "sampling.statistics")
     return dict(norm=norms.rms_norm, prepare=partial((attention or attention_reference).norm_rope_store, offset=False),
                 block_attention=None if attention is None else attention.block_attention,
-                statistics=sampling_reference.draft_statistics if statistics is None else statistics.draft_statistics)
+                statistics=sampling_reference.draft_statistics if statistics is None else statistics.draft_statistics,
+                linear=linear_op(backend))
 
 
 def linear_op(backend: str) -> Callable:
