@@ -101,6 +101,6 @@ def norm_rope_store(q: Tensor, k: Tensor, v: Tensor, q_weight: Tensor, k_weight:
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), cos.stride(0), sin.stride(0),
             key.stride(0), key.stride(1), key.stride(2), value.stride(0), value.stride(1), value.stride(2),
-            T, key.shape[1], cos.shape[0], eps, H=H, D=D, ROT=cos.shape[1], BD=triton.next_power_of_2(D), OFFSET=offset,
-            num_warps=2 if D > 128 else 1, **pdl.options(q))
+            T, key.shape[1], cos.shape[0], eps, H=H, D=D, ROT=cos.shape[1], BD=triton.next_power_of_2(D),
+            OFFSET=offset, num_warps=2 if D > 128 else 1, **pdl.options(q))
     return out

@@ -1,4 +1,4 @@
-"""The target's RMS norms in plain PyTorch (statistics in fp32, result in the activation dtype).
+"""The target's and the drafter's RMS norms in plain PyTorch (statistics in fp32, result in the activation dtype).
 
     offset_rms_norm   Qwen3.5 / Qwen3-Next: normalize(s) · (1 + weight), s = x (+ residual)
     rms_norm          Qwen3 (the DFlash drafter): weight · normalize(s), s = x (+ residual)
