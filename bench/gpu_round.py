@@ -25,10 +25,10 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 `variant`): `shipped`, an op family put back on its PyTorch reference or its previous form, a
 switch turned off, or a form on trial (`VARIANTS`: `two-step-topk`, `prepare-ref`, `no-pdl`,
 `torch-sampling`, `library-linear`, `moe-tiles`, `router-tiles`, `library-head`, `gdn-v8w1`,
-`gdn-state-after-wait`, `drafter-sdpa`, `drafter-torch-ops`, `library-fp32-products`; `a+b` both at
-once), or a step taken out of the captured passes to bound what removing it could save (`free-norms`, `free-post-norms`, `free-gated-norm`,
-`free-conv`, `free-router`, `free-experts`, `free-projections`, `free-attention`, `free-gdn-verify`,
-`free-head`; only their verification rows mean anything), to measure a kernel or a launch mode
+`gdn-state-after-wait`, `drafter-sdpa`, `library-fp32-products`; `a+b` both at once), or a step taken
+out of the captured passes to bound what removing it could save (`free-norms`, `free-post-norms`,
+`free-gated-norm`, `free-conv`, `free-router`, `free-experts`, `free-projections`, `free-attention`,
+`free-gdn-verify`, `free-head`; only their verification rows mean anything), to measure a kernel or a launch mode
 against what it replaced side by side in one process. `--capacity N` sizes the engines' caches (and
 the verification rows' cache) for N tokens instead of the context and four times `--tokens`: a
 server's context limit far above the context.
@@ -132,11 +132,8 @@ VARIANTS = {
     # the router of one or two tokens by the tile form, not the register-slice one
     "router-tiles": {moe_router: {"ROUTER_TILES": moe_router.ROUTER_TILES._replace(rows_tokens=0)}},
     # in the engines made after it is set: the drafter's attention by SDPA over the whole cache, masked past the
-    # block (shipped: the split-KV kernel over the live context); its norms, q/k norms, RoPE and cache writes by
-    # their PyTorch references (shipped: the Triton norms and one launch per layer for the rest)
+    # block (shipped: the split-KV kernel over the live context)
     "drafter-sdpa": {engine_module: {"drafter_ops": lambda backend: drafter_ops(backend) | dict(block_attention=None)}},
-    "drafter-torch-ops": {engine_module: {"drafter_ops": lambda backend: drafter_ops(backend) | drafter_ops("torch")
-                                          | dict(block_attention=drafter_ops(backend)["block_attention"])}},
     "prepare-ref": {GatedAttention: {"prepare_op": attention_reference.norm_rope_store}},
     "no-pdl": {pdl: {"ENABLED": False}},  # the kernels of `kernels/pdl.py` launched without PDL
     "torch-sampling": {resident: {"FUSED_SAMPLING": False}},  # the point-mass rule's torch form
