@@ -84,7 +84,7 @@ class DraftAttention(nn.Module):
         """x [B, T, hidden], the block at positions position[0] + t: its K/V written into key, value
         [B, S, n_kv, hd] (the context cache), then every query over the context and the whole block
         (not causal within it) → [B, T, hidden]; rope: RoPE's tables cos, sin [S, hd] by position. SDPA
-        reads the keys [0, span), masked by visible [T, span] (None: all); `block_op` reads
+        reads the keys [0, span), masked by visible [1 or T, span] (None: all); `block_op` reads
         [0, position + T) of the whole cache."""
         B, T, _ = x.shape
         q = self.linear_op(x, self.q_proj.weight).view(B, T, self.n_heads, self.head_dim)
