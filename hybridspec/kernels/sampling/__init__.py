@@ -5,7 +5,8 @@ logits on the GPU, which the resident round uses on the triton backend: `triton.
 for temperature alone, `filtered.py` (after `candidates.py`) in two under a top-k of at most
 KERNEL_TOP_K (top-p or not). Other filters (top-p alone, a larger top-k) keep the torch form's sort.
 Beside them, the drafter's block statistics from its logits (argmax, its probability, the entropy):
-`reference.draft_statistics`, and `statistics.py` in one launch."""
+`reference.draft_statistics`, and `statistics.py` in one launch. `blocks.py`: the store-and-combine
+steps that `triton.py` and `statistics.py` share."""
 
 KERNEL_TOP_K = 64  # the largest top-k the kernels take
 BLOCK_V = 4096  # logits per (row, block) program of the kernels

@@ -22,6 +22,7 @@ from hybridspec.kernels import pdl
 from hybridspec.kernels.interpreter import interpreted
 from hybridspec.kernels.pdl import wait_then_release
 from hybridspec.kernels.sampling import BLOCK_V
+from hybridspec.kernels.sampling.blocks import arrive_with_block, load_blocks
 
 
 @triton.jit
@@ -37,22 +38,11 @@ def _draft_statistics_kernel(logits_ptr, part_ptr, index_ptr, arrivals_ptr, toke
     m = tl.max(x, 0)  # finite: every block holds at least one logit
     d = tl.where(ok, x - m, 0.0)
     e = tl.where(ok, tl.exp(d), 0.0)
-    p_part = part_ptr + (i_r * NB + i_b) * 3  # [m, s, t] of this block
-    tl.store(p_part, m)
-    tl.store(p_part + 1, tl.sum(e, 0))
-    tl.store(p_part + 2, tl.sum(e * d, 0))
-    tl.store(index_ptr + i_r * NB + i_b, tl.min(tl.where(x == m, o_v, V), 0))
-    tl.debug_barrier()  # every thread's stores made before the release below
-    arrived = tl.atomic_add(arrivals_ptr, 1, sem="acq_rel")
-    if arrived == R * NB - 1:  # the last program: combine the blocks of every row
+    lowest = tl.min(tl.where(x == m, o_v, V), 0)
+    if arrive_with_block(part_ptr, index_ptr, arrivals_ptr, i_r, i_b, NB, m, tl.sum(e, 0), tl.sum(e * d, 0), lowest,
+                         R * NB):  # the last program: combine the blocks of every row
         o_r = tl.arange(0, RP)
-        o_c = tl.arange(0, NBP)
-        both = (o_r < R)[:, None] & (o_c < NB)[None, :]
-        p_rc = part_ptr + (o_r[:, None] * NB + o_c[None, :]) * 3
-        b_m = tl.load(p_rc, mask=both, other=float("-inf"), cache_modifier=".cg")  # [RP, NBP]
-        b_s = tl.load(p_rc + 1, mask=both, other=0.0, cache_modifier=".cg")
-        b_t = tl.load(p_rc + 2, mask=both, other=0.0, cache_modifier=".cg")
-        b_id = tl.load(index_ptr + o_r[:, None] * NB + o_c[None, :], mask=both, other=V, cache_modifier=".cg")
+        both, b_m, b_s, b_t, b_id = load_blocks(part_ptr, index_ptr, R, NB, V, RP, NBP, False)  # [RP, NBP]: m, s, t
         row_max = tl.where(o_r < R, tl.max(b_m, 1), 0.0)  # [RP]
         shift = tl.where(both, b_m - row_max[:, None], 0.0)  # m_b − M ≤ 0
         scale = tl.where(both, tl.exp(shift), 0.0)

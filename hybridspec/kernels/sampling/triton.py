@@ -26,6 +26,7 @@ import triton.language as tl
 from torch import Tensor
 
 from hybridspec.kernels.sampling import BLOCK_V
+from hybridspec.kernels.sampling.blocks import arrive_with_block, load_blocks
 from hybridspec.kernels.sampling.checks import check_rule_args
 from hybridspec.kernels.sampling.draws import position_key, uniform
 from hybridspec.kernels.sampling.reference import ACCEPT_LANE
@@ -49,22 +50,11 @@ def _point_mass_kernel(draft_ptr, logits_ptr, inv_t_ptr, seed_ptr, start_ptr, pa
     race = tl.where(v_ok & (o_v != excluded), z - tl.log(-tl.log(u)), float("-inf"))  # log(p_v / E_v) + const
     best = tl.max(race, 0)
     winner = tl.min(tl.where(race == best, o_v, V), 0)
-    p_part = part_ptr + (i_w * NB + i_b) * 3  # [m, Σ exp(z − m), best race value] of this block
-    tl.store(p_part, m)
-    tl.store(p_part + 1, s)
-    tl.store(p_part + 2, best)
-    tl.store(index_ptr + i_w * NB + i_b, winner)
-    tl.debug_barrier()  # every thread's stores made before the release below
-    arrived = tl.atomic_add(arrivals_ptr, 1, sem="acq_rel")
-    if arrived == W * NB - 1:  # the last program: combine the blocks of every row
+    # this block's [m, Σ exp(z − m), best race value] and its race winner
+    if arrive_with_block(part_ptr, index_ptr, arrivals_ptr, i_w, i_b, NB, m, s, best, winner,
+                         W * NB):  # the last program: combine the blocks of every row
         o_r = tl.arange(0, WP)
-        o_c = tl.arange(0, NBP)
-        ok = (o_r < W)[:, None] & (o_c < NB)[None, :]
-        p_rc = part_ptr + (o_r[:, None] * NB + o_c[None, :]) * 3
-        b_m = tl.load(p_rc, mask=ok, other=float("-inf"), cache_modifier=".cg")  # [WP, NBP]
-        b_s = tl.load(p_rc + 1, mask=ok, other=0.0, cache_modifier=".cg")
-        b_best = tl.load(p_rc + 2, mask=ok, other=float("-inf"), cache_modifier=".cg")
-        b_win = tl.load(index_ptr + o_r[:, None] * NB + o_c[None, :], mask=ok, other=V, cache_modifier=".cg")
+        ok, b_m, b_s, b_best, b_win = load_blocks(part_ptr, index_ptr, W, NB, V, WP, NBP, True)  # [WP, NBP]
         row_max = tl.max(b_m, 1)  # [WP]
         row_max = tl.where(o_r < W, row_max, 0.0)
         row_sum = tl.sum(tl.where(ok & (b_m > float("-inf")), b_s * tl.exp(b_m - row_max[:, None]), 0.0), 1)  # [WP]
