@@ -25,7 +25,7 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 `variant`): `shipped`, an op family put back on its PyTorch reference or its previous form, a
 switch turned off, or a form on trial (`VARIANTS`: `two-step-topk`, `prepare-ref`, `no-pdl`,
 `torch-sampling`, `library-linear`, `moe-tiles`, `router-tiles`, `library-head`, `gdn-v8w1`,
-`gdn-state-after-wait`, `drafter-sdpa`, `library-fp32-products`; `a+b` both at once), or a step taken
+`gdn-state-after-wait`, `library-fp32-products`; `a+b` both at once), or a step taken
 out of the captured passes to bound what removing it could save (`free-norms`, `free-post-norms`,
 `free-gated-norm`, `free-conv`, `free-router`, `free-experts`, `free-projections`, `free-attention`,
 `free-gdn-verify`, `free-head`; only their verification rows mean anything), to measure a kernel or a launch mode
@@ -73,13 +73,12 @@ from hybridspec.kernels.moe import router as moe_router  # noqa: E402
 from hybridspec.kernels.moe import triton as moe_triton  # noqa: E402
 from hybridspec.kernels.moe.tuning import MoETuning  # noqa: E402
 from hybridspec.runtime import resident  # noqa: E402
-from hybridspec.runtime import engine as engine_module  # noqa: E402
 from hybridspec.runtime.engine import Engine  # noqa: E402
 from hybridspec.runtime.layers.attention import GatedAttention  # noqa: E402
 from hybridspec.runtime.layers.gdn import GatedDeltaNet  # noqa: E402
 from hybridspec.runtime.layers.moe import Router, SparseMoE  # noqa: E402
 from hybridspec.runtime.layers.norms import GatedRMSNorm, OffsetRMSNorm  # noqa: E402
-from hybridspec.runtime.models.hybrid import HybridTarget, drafter_ops, gdn_ops  # noqa: E402
+from hybridspec.runtime.models.hybrid import HybridTarget, gdn_ops  # noqa: E402
 from hybridspec.runtime.policies import make_policy  # noqa: E402
 from hybridspec.runtime.sampling import SamplingParams  # noqa: E402
 from hybridspec.runtime.session import open_session  # noqa: E402
@@ -131,9 +130,6 @@ VARIANTS = {
     "two-step-topk": {moe_router: {"ROUTER_TILES": moe_router.ROUTER_TILES._replace(packed_rows=0)}},
     # the router of one or two tokens by the tile form, not the register-slice one
     "router-tiles": {moe_router: {"ROUTER_TILES": moe_router.ROUTER_TILES._replace(rows_tokens=0)}},
-    # in the engines made after it is set: the drafter's attention by SDPA over the whole cache, masked past the
-    # block (shipped: the split-KV kernel over the live context)
-    "drafter-sdpa": {engine_module: {"drafter_ops": lambda backend: drafter_ops(backend) | dict(block_attention=None)}},
     "prepare-ref": {GatedAttention: {"prepare_op": attention_reference.norm_rope_store}},
     "no-pdl": {pdl: {"ENABLED": False}},  # the kernels of `kernels/pdl.py` launched without PDL
     "torch-sampling": {resident: {"FUSED_SAMPLING": False}},  # the point-mass rule's torch form
