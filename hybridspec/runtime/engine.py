@@ -103,7 +103,7 @@ class Engine:
         if graphs is None:
             graphs = resident and cuda
         self.resident = ResidentDecoder(target, drafter, self.cache, graphs=graphs) if resident else None
-        self._policies: dict[str, tuple[Policy, Policy]] = {}  # name → (as given, on the device)
+        self._policies: dict[str, tuple[Policy, Policy]] = {}  # host rounds: name → (as given, on the device)
 
     def prepare(self, policy: Policy, sampling: SamplingParams = SamplingParams()) -> None:
         """Capture the policy's CUDA graphs for this kind of sampling now (a server does this at
@@ -115,6 +115,9 @@ class Engine:
     def generate(self, prompt_ids: list[int], *, policy: Policy, max_new_tokens: int,
                  sampling: SamplingParams = SamplingParams(), eos_ids: tuple[int, ...] = (),
                  record_routing: bool = False) -> GenerationResult:
+        self.check(prompt_ids, policy=policy, max_new_tokens=max_new_tokens)
+        if not record_routing:  # graph capture is start-up work, not the prefill's
+            self.prepare(policy, sampling)
         steps = self.stream(prompt_ids, policy=policy, max_new_tokens=max_new_tokens, sampling=sampling,
                             eos_ids=eos_ids, record_routing=record_routing)
         start = self.clock.now()
@@ -139,6 +142,9 @@ class Engine:
                              f"of {self.max_context} tokens")
         if policy.speculative and self.drafter is None:
             raise ValueError(f"policy {policy.name!r} is speculative and needs a drafter")
+        if policy.speculative and policy.draft_len != self.drafter.draft_len:
+            raise ValueError(f"policy {policy.name!r} is for D={policy.draft_len} draft tokens; the drafter drafts "
+                             f"D={self.drafter.draft_len}")
 
     def stream(self, prompt_ids: list[int], *, policy: Policy, max_new_tokens: int,
                sampling: SamplingParams = SamplingParams(), eos_ids: tuple[int, ...] = (),
@@ -147,9 +153,11 @@ class Engine:
         per round. Closing the generator early stops decoding (the next request resets the cache)."""
         self.check(prompt_ids, policy=policy, max_new_tokens=max_new_tokens)
         resident = self.resident if self.resident is not None and not record_routing else None
-        policy = self._on_device(policy)
-        if resident is not None:
-            resident.prepare(policy, sampling)  # graphs are captured before this request's caches are filled
+        given = policy
+        if resident is not None:  # graphs are captured before this request's caches are filled
+            policy = resident.prepare(given, sampling)
+        else:
+            policy = self._on_device(given)
         self.cache.reset()
         prompt = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
         out = self.target.prefill(prompt, self.cache)
@@ -160,7 +168,7 @@ class Engine:
         yield [last], None
         eos = set(eos_ids)
         if resident is not None and last not in eos and produced < max_new_tokens:
-            resident.begin(policy, last, max_new_tokens - produced, sampling)
+            resident.begin(given, last, max_new_tokens - produced, sampling)
         while last not in eos and produced < max_new_tokens:
             remaining = max_new_tokens - produced
             if resident is not None:
@@ -176,7 +184,8 @@ class Engine:
             yield new, record
 
     def _on_device(self, policy: Policy) -> Policy:
-        """The policy with its tensors on the engine's device (one copy per policy name)."""
+        """The policy with its tensors on the engine's device for host rounds (one copy per policy name;
+        the resident round keeps its own, made by `ResidentDecoder.prepare`)."""
         if policy.name not in self._policies or self._policies[policy.name][0] is not policy:
             self._policies[policy.name] = (policy, policy.to(self.device))
         return self._policies[policy.name][1]

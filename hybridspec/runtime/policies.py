@@ -103,11 +103,17 @@ class FixedPolicy(Policy):
         return torch.full((), self.length, dtype=torch.long, device=confidence.device), None
 
 
+def _check_draft_len(name: str, draft_len: int, params: PolicyParameters) -> None:
+    if params.draft_len != draft_len:
+        raise PolicyError(f"{name}: parameters are for D={params.draft_len}, the drafter drafts D={draft_len}")
+
+
 class RatioPolicy(Policy):
     """argmax_w G(w) / (C_tgt(w) + fixed) with p_i = Π_{j≤i} conf_j (raw confidences)."""
 
     def __init__(self, name: str, draft_len: int, params: PolicyParameters, lengths: tuple[int, ...], device="cpu"):
         super().__init__(name, draft_len)
+        _check_draft_len(name, draft_len, params)
         self.params, self.candidates = params, lengths
         self.lengths = torch.tensor(lengths, device=device)
         self.latency = torch.tensor([params.cost[w] + params.fixed_cost for w in lengths], dtype=torch.float64,
@@ -126,8 +132,7 @@ class NominalPolicy(Policy):
 
     def __init__(self, name: str, draft_len: int, params: PolicyParameters, device="cpu"):
         super().__init__(name, draft_len)
-        if params.draft_len != draft_len:
-            raise PolicyError(f"{name}: parameters are for D={params.draft_len}, the drafter drafts D={draft_len}")
+        _check_draft_len(name, draft_len, params)
         self.params = params
         self.estimator = AcceptanceEstimator(params.acceptance, device)
         self.lengths = torch.tensor(sorted(params.lengths), device=device)

@@ -46,7 +46,7 @@ from ..kernels.sampling import KERNEL_TOP_K
 from .cache import TargetCache
 from .drafter import DFlashDrafter
 from .models.hybrid import HybridTarget, Stage0
-from .policies import AutoregressivePolicy, FixedPolicy, HybridSpecPolicy, NominalPolicy, Policy
+from .policies import FixedPolicy, HybridSpecPolicy, NominalPolicy, Policy
 from .sampling import SamplingParams, point_mass, sampling_probs
 
 FUSED_SAMPLING = True  # off: the torch form on every backend (`bench/gpu_round.py --variants torch-sampling`)
@@ -174,6 +174,7 @@ class ResidentDecoder:
         self.buffers = Buffers.allocate(D, target.cfg.num_experts_per_tok, self.device)
         self.one = torch.ones(1, dtype=torch.long, device=self.device)
         self.prepared: dict[tuple[str, str], tuple[Policy, Policy]] = {}  # (policy name, sampling mode) → (as prepared, its device copy)
+        self.captured_with: tuple[int, ...] = ()  # `_outside_buffers()` when the graphs were captured
         self.policy: Policy | None = None
         self.mode = "greedy"  # `sampling_mode` of the request being decoded (or the graphs being captured)
         self.span = 1  # round tokens a pending commit covers (W, or 1 for ar)
@@ -184,6 +185,8 @@ class ResidentDecoder:
         of sampling (`sampling_mode`; run once before the first such request: the warm-ups
         overwrite the caches)."""
         key = (policy.name, sampling_mode(sampling))
+        if self.prepared and self._outside_buffers() != self.captured_with:
+            self._forget_graphs()  # a larger cache elsewhere moved tables the graphs read
         if key in self.prepared and self.prepared[key][0] is policy:
             return self.prepared[key][1]
         on_device = policy.to(self.device)
@@ -193,6 +196,19 @@ class ResidentDecoder:
             self._capture_all(on_device, key[1])
         self.prepared[key] = (policy, on_device)
         return on_device
+
+    def _outside_buffers(self) -> tuple[int, ...]:
+        """The addresses of what the graphs read that the target and the drafter reallocate when a
+        larger cache comes: the target's RoPE tables, the drafter's context cache and its tables."""
+        tensors = list(self.target.rope_tables or ())
+        if self.drafter is not None:
+            tensors += [self.drafter.ctx_k, self.drafter.ctx_v, self.drafter.position, *(self.drafter.rope or ())]
+        return tuple(t.data_ptr() for t in tensors if t is not None)
+
+    def _forget_graphs(self) -> None:
+        self.prepared.clear()
+        if self.graphs is not None:
+            self.graphs.graphs.clear()
 
     def begin(self, policy: Policy, anchor: int, remaining: int, sampling: SamplingParams = SamplingParams()) -> None:
         """Switch a prefilled request to resident rounds: positions, budget and sampling parameters
@@ -411,8 +427,11 @@ class ResidentDecoder:
             plan = [(("select",), self._select, False)]
             plan += [((phase, w), lambda w=w: self._finish(w), after_stage0) for w in range(2, policy.max_length + 1)]
         cache.reset()
-        if drafter is not None and policy.speculative:
+        if drafter is not None:  # its context cache exists before any capture, `ar`'s included
             drafter.reset(cache.max_len)
+        if self._outside_buffers() != self.captured_with:
+            self._forget_graphs()
+            self.captured_with = self._outside_buffers()
         self._enter_static(self.span)
         for slot in (0, 1):
             for key, run, after_stage0 in plan:

@@ -115,10 +115,11 @@ def spawn(fn: Callable[..., Any], world: int, device: str, *args, quiet_interrup
         folder = Path(tmp)
         try:
             run_processes(_rank_main, world, (world, device, f"file://{tmp}/rendezvous", fn, args, folder))
+        except ValueError:  # a rank's bad input, as it raised it
+            raise
         except Exception:
             if (failure := folder / "rank0.error").is_file():
-                text = failure.read_text()
-                raise (bad_input(text) or RuntimeError(f"rank 0 failed:\n{text}")) from None
+                raise RuntimeError(f"rank 0 failed:\n{failure.read_text()}") from None
             raise
         finally:
             if previous is not None:
@@ -136,24 +137,28 @@ def _ignore(signum, frame) -> None:
 
 def run_processes(fn: Callable[..., None], count: int, args: tuple) -> None:
     """fn(i, *args) in `count` spawned processes, i = 0 … count − 1; waits for all. The first failure
-    is raised here (the others are stopped), a process's bad input as the ValueError it raised."""
+    is raised here (the others are stopped). Bad input (a ValueError, or any subclass, in any process)
+    is raised as a ValueError with its message, the lowest such process's: it is the cause, and the
+    other processes' failures (a peer that left the group) follow from it."""
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)  # its note that it stops the others
+    with tempfile.TemporaryDirectory() as tmp:
+        notes = Path(tmp)
+        try:
+            mp.spawn(_noting_bad_input, args=(notes, fn, args), nprocs=count, join=True)
+        except mp.ProcessRaisedException:
+            found = sorted(notes.glob("*.bad_input"), key=lambda note: int(note.stem))
+            if found:
+                raise ValueError(found[0].read_text()) from None
+            raise
+
+
+def _noting_bad_input(index: int, notes: Path, fn: Callable[..., None], args: tuple) -> None:
+    """One spawned process: fn(index, *args), its bad input's message left in `notes` for the parent."""
     try:
-        mp.spawn(fn, args=args, nprocs=count, join=True)
-    except mp.ProcessRaisedException as exc:
-        if (error := bad_input(str(exc))) is not None:
-            raise error from None
+        fn(index, *args)
+    except ValueError as exc:
+        (notes / f"{index}.bad_input").write_text(str(exc))
         raise
-
-
-def bad_input(rank_failure: str) -> ValueError | None:
-    """A rank's failure (its traceback as `mp.spawn` reports it) as the ValueError the command
-    reports for bad input, when that is what the rank raised; None for any other error."""
-    kind, _, message = rank_failure.strip().splitlines()[-1].partition(": ")
-    if kind.rsplit(".", 1)[-1] in ("ValueError", "ConfigError", "PolicyError", "ArtifactError", "StoreError",
-                                   "CaptureConfigError", "PromptFileError"):
-        return ValueError(message)
-    return None
 
 
 def _init_group(index: int, world: int, device: str, init_method: str, local_rank: int) -> None:

@@ -126,6 +126,49 @@ def test_graphs_of_several_policies_stay_apart(session, reference):
     assert graphs.captures == len(graphs.graphs)  # every phase captured once, none replaced by another policy's
 
 
+@pytest.mark.parametrize("name", ("static:4", "hybridspec"))
+def test_a_prepared_policys_graphs_are_the_ones_its_requests_replay(session, reference, name):
+    """`Engine.prepare` (a server's start-up) captures what the policy's requests then replay: no
+    request captures again, for policies whose device copy is a new object as for those that are
+    their own."""
+    t, d = session.target, session.drafter
+    engine = Engine(t, d, max_context=256, resident=True, graphs=False)
+    engine.resident.graphs = RecordedGraphs(engine.resident)
+    policy = make_policy(name, d.draft_len, policy_parameters(d.draft_len))
+    engine.prepare(policy)
+    prepared = engine.resident.graphs.captures
+    prompts, outs = reference
+    assert engine.generate(prompts[0], policy=policy, max_new_tokens=TOKENS).token_ids == outs[0]
+    assert prepared > 0 and engine.resident.graphs.captures == prepared
+
+
+def test_graphs_are_captured_again_when_a_larger_cache_moves_the_tables_they_read(session, reference):
+    """A larger cache made elsewhere (a profile pass) reallocates the target's RoPE tables and the
+    drafter's context cache; the next request captures its graphs again instead of replaying ones
+    that read the freed tensors."""
+    t, d = session.target, session.drafter
+    engine = Engine(t, d, max_context=256, resident=True, graphs=False)
+    engine.resident.graphs = RecordedGraphs(engine.resident)
+    policy = make_policy("static:4", d.draft_len)
+    prompts, outs = reference
+    engine.generate(prompts[0], policy=policy, max_new_tokens=TOKENS)
+    first = engine.resident.graphs.captures
+    t.new_cache(max_len=4096)
+    d.reset(4096)
+    assert engine.generate(prompts[1], policy=policy, max_new_tokens=TOKENS).token_ids == outs[1]
+    assert engine.resident.graphs.captures == 2 * first
+
+
+def test_a_policy_for_another_draft_length_is_refused(session, engines):
+    d = session.drafter
+    for name in ("full", "static:4", "ratio", "hybridspec"):
+        with pytest.raises(ValueError, match="D="):  # make_policy's check, or the engine's for unparameterised ones
+            policy = make_policy(name, d.draft_len - 1, policy_parameters(d.draft_len - 1))
+            engines[1].generate([1, 2, 3], policy=policy, max_new_tokens=4)
+    with pytest.raises(ValueError, match="parameters are for D="):
+        make_policy("ratio", d.draft_len, policy_parameters(d.draft_len - 1))
+
+
 @pytest.mark.parametrize("name", POLICIES)
 def test_resident_rounds_stop_at_eos_and_the_output_limit(session, engines, reference, name):
     """An EOS in the middle of a round and a limit shorter than a round truncate as on the host."""

@@ -173,14 +173,27 @@ def test_generate_under_torchrun_emits_the_tokens_of_one_process():
         run_generate(dataclasses.replace(request, prompt=None, tp=2))
 
 
-def test_a_ranks_bad_input_is_reported_as_such():
-    from hybridspec.runtime.tensor_parallel import bad_input
+class _UnlistedBadInput(ValueError):
+    """A ValueError subclass that no list of names knows."""
 
-    failure = ("\n\n-- Process 1 terminated with the following error:\nTraceback (most recent call last):\n"
-               '  File "x.py", line 1, in f\nhybridspec.runtime.config.ConfigError: unknown model \'nope\'\n')
-    error = bad_input(failure)
-    assert isinstance(error, ValueError) and str(error) == "unknown model 'nope'"
-    assert bad_input("Traceback (most recent call last):\nRuntimeError: NCCL error") is None
+
+def _fail_on_rank_one(index: int) -> None:
+    if index == 1:
+        raise _UnlistedBadInput("rank one's input is bad")
+
+
+def _fail_with_a_bug(index: int) -> None:
+    raise RuntimeError("a bug")
+
+
+def test_a_ranks_bad_input_is_reported_as_such():
+    from hybridspec.runtime.tensor_parallel import run_processes
+
+    with pytest.raises(ValueError, match="^rank one's input is bad$"):
+        run_processes(_fail_on_rank_one, 2, ())
+    with pytest.raises(Exception) as caught:  # any other error stays what it was, not bad input
+        run_processes(_fail_with_a_bug, 2, ())
+    assert not isinstance(caught.value, ValueError) and "a bug" in str(caught.value)
 
 
 def test_a_world_size_that_does_not_divide_is_refused_before_any_rank_starts(monkeypatch):

@@ -60,7 +60,7 @@ def _norm_rope_store_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_pt
     if USE_GDC:
         wait_then_release()
     i_bt, j = tl.program_id(0), tl.program_id(1)  # (b, t); query head j < H, else KV head j − H
-    b, t = i_bt // T, i_bt % T
+    b, t = (i_bt // T).to(tl.int64), i_bt % T  # b·stride of a long cache passes 2^31
     dtype = out_ptr.dtype.element_ty
     o_d = tl.arange(0, BD)
     ok = o_d < D
@@ -87,7 +87,8 @@ def norm_rope_store(q: Tensor, k: Tensor, v: Tensor, q_weight: Tensor, k_weight:
     """`reference.norm_rope_store` in one launch over (B·T, H + H_kv) programs; rows must be
     contiguous in their last dimension (the heads of q, k and v may be strided views)."""
     check_prepare_args(q, k, v, q_weight, k_weight, cos, sin, key, value, position, offset)
-    for name, t in (("q", q), ("k", k), ("v", v), ("cos", cos), ("sin", sin), ("key", key), ("value", value)):
+    for name, t in (("q", q), ("k", k), ("v", v), ("q_weight", q_weight), ("k_weight", k_weight), ("cos", cos),
+                    ("sin", sin), ("key", key), ("value", value)):
         if t.stride(-1) != 1:
             raise ValueError(f"norm_rope_store: {name} must be contiguous in its last dimension (stride {t.stride()})")
     if not (q.dtype == k.dtype == v.dtype == key.dtype == value.dtype):

@@ -32,7 +32,7 @@ def _attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, acc_ptr, ml_ptr,
     if USE_GDC:
         wait_then_release()
     i_bh, i_r, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    b, kh = i_bh // HKV, i_bh % HKV
+    b, kh = (i_bh // HKV).to(tl.int64), i_bh % HKV  # b·stride of a long cache passes 2^31
     p = tl.load(pos_ptr)
     hi = tl.minimum(p + T, S)  # keys [0, hi) are the context of the last token
     CH = tl.cdiv(tl.cdiv(hi, SPLITS), BN) * BN  # keys per split

@@ -26,6 +26,8 @@ def check_norm_args(x: Tensor, weight: Tensor) -> int:
         raise ValueError(f"rms norm: weight {tuple(weight.shape)} does not match x {tuple(x.shape)}")
     if n > MAX_N:
         raise ValueError(f"rms norm: rows of {n} elements (at most {MAX_N})")
+    if weight.stride(0) != 1:
+        raise ValueError(f"rms norm: weight must be contiguous (stride {weight.stride()})")
     if x.device.type != "cuda" and not interpreted():
         raise ValueError(f"rms norm: tensors are on {x.device}; the Triton kernels need CUDA tensors "
                          "(CPU tensors only with TRITON_INTERPRET=1 set before import)")

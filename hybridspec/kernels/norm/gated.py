@@ -47,6 +47,8 @@ def gated_rms_norm(x: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tenso
     n = check_norm_args(x, weight)
     if gate.shape != x.shape:
         raise ValueError(f"rms norm: gate {tuple(gate.shape)} does not match x {tuple(x.shape)}")
+    if weight.dtype != gate.dtype:  # w · x̂ is rounded to gate's dtype, as the reference rounds it for such a w
+        raise ValueError(f"rms norm: weight dtype {weight.dtype} differs from gate's {gate.dtype}")
     heads = x.shape[-2] if x.dim() >= 2 else 1
     xs, gs = heads_of("x", x, heads, n), heads_of("gate", gate, heads, n)
     y = torch.empty(x.shape, dtype=gate.dtype, device=x.device)

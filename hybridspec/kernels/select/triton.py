@@ -12,6 +12,7 @@ equal to float precision (any length emits the same tokens). Eq. 6 runs in float
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 from torch import Tensor
@@ -140,12 +141,23 @@ def select_lengths(confidence: Tensor, entropy: Tensor, iso_x: Tensor, iso_y: Te
     if confidence.shape != (D,) or entropy.shape != (D,) or W != D + 1 or coef.shape != (6,):
         raise ValueError(f"select_lengths: confidence {tuple(confidence.shape)}, entropy {tuple(entropy.shape)}, "
                          f"iso tables {tuple(iso_x.shape)}, cost {tuple(cost.shape)}, coef {tuple(coef.shape)}")
+    if iso_y.shape != iso_x.shape or lengths.dtype != torch.long or lengths.dim() != 1 or lengths.shape[0] > W - 1:
+        raise ValueError(f"select_lengths: iso_y {tuple(iso_y.shape)} must match iso_x {tuple(iso_x.shape)}, and "
+                         f"lengths {tuple(lengths.shape)} {lengths.dtype} be at most {W - 1} long ints (values in "
+                         f"2..{W}: PolicyParameters checks them)")
+    for name, t in (("iso_x", iso_x), ("iso_y", iso_y), ("coef", coef), ("lengths", lengths), ("cost", cost)):
+        if not t.is_contiguous():
+            raise ValueError(f"select_lengths: {name} must be contiguous (stride {t.stride()})")
     if confidence.device.type != "cuda" and not interpreted():
         raise ValueError("select_lengths: the Triton kernel needs CUDA tensors (CPU tensors only with "
                          "TRITON_INTERPRET=1 set before import)")
     correct = correction is not None
     if correct:
         ids, cost64, nbar_all, nbar_cond, scalars = correction
+        for name, t in (("cost", cost64), ("nbar_all", nbar_all), ("nbar_cond", nbar_cond), ("scalars", scalars)):
+            if t.dtype != torch.float64 or not t.is_contiguous():
+                raise ValueError(f"select_lengths: the correction's {name} must be contiguous float64 (Eq. 6 "
+                                 f"runs in float64), got {t.dtype} with stride {t.stride()}")
         if ids.shape[0] != W:
             raise ValueError(f"select_lengths: Stage 0's expert ids cover {ids.shape[0]} tokens, the block {W}")
         topk, ncond = ids.shape[1], nbar_cond.shape[1]

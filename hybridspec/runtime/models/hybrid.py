@@ -262,9 +262,15 @@ class HybridTarget(nn.Module):
         self._rope(cache)
         return cache
 
+    @property
+    def rope_tables(self) -> tuple[Tensor, Tensor] | None:
+        """`_rope`'s tables (None before the first cache)."""
+        return self._rope_tables
+
     def _rope(self, cache: TargetCache) -> tuple[Tensor, Tensor]:
         """RoPE's tables cos, sin [max_len, R], row i for position i (a pass's attention reads the rows
-        of its positions on the device); made once for the largest cache, before any capture."""
+        of its positions on the device); made again, at a new address, for a larger cache (captured
+        graphs that read the old ones are then captured again: `ResidentDecoder.prepare`)."""
         table = self._rope_tables
         dtype, device = self.embed_tokens.weight.dtype, self.inv_freq.device
         if table is None or table[0].shape[0] < cache.max_len or table[0].dtype != dtype or table[0].device != device:
