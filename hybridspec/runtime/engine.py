@@ -46,6 +46,11 @@ class RoundRecord:
     expert_ids: list[Tensor] | None = None  # per MoE layer [w, k], when routing is recorded
     seconds: dict[str, float] = field(default_factory=dict)
 
+    @classmethod
+    def autoregressive(cls, seconds: dict[str, float]) -> "RoundRecord":
+        """An `ar` step: one token verified, emitted and committed."""
+        return cls(w0=None, u=1, w=1, accepted=0, accepted_full=None, emitted=1, truncated=False, seconds=seconds)
+
 
 @dataclass
 class GenerationResult:
@@ -197,7 +202,7 @@ class Engine:
         out = self.target.forward_pass(self._ids([anchor]), self.cache)
         self.target.commit(self.cache, 1, 1)
         token = choose(out.logits[0, 0], sampling, position)
-        record = RoundRecord(None, 1, 1, 0, None, 1, False, seconds={"total": self.clock.now() - t0})
+        record = RoundRecord.autoregressive({"total": self.clock.now() - t0})
         return [token], record
 
     def _speculative_round(self, anchor: int, policy: Policy, remaining: int, sampling,
@@ -250,7 +255,7 @@ def _resident_record(report: Report, policy: Policy) -> tuple[list[int], RoundRe
     """A resident round's report as the host round's (tokens, record); Stage 0 ran the whole block
     (u = W) under the routing correction."""
     if not policy.speculative:
-        return report.tokens, RoundRecord(None, 1, 1, 0, None, 1, False, seconds=report.seconds)
+        return report.tokens, RoundRecord.autoregressive(report.seconds)
     W = policy.max_length
     u = W if policy.corrects_routing else report.w
     record = RoundRecord(

@@ -38,7 +38,6 @@ PRESETS["random-tiny"] = {
     "linear_key_head_dim": 16, "linear_value_head_dim": 16, "num_experts": 16, "num_experts_per_tok": 2,
     "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32, "max_position_embeddings": 4096,
 }
-RANDOM_PRESETS = tuple(PRESETS)  # every preset has random weights
 
 
 def preset_config(name: str) -> dict:

@@ -20,7 +20,8 @@ graphs' shapes; each sampling mode (`sampling_mode`) has its own graphs.
 Stage 0 runs over the whole block (u = W) rather than u = min(w0 + 1, w_rem), so that the round
 needs one read (w) instead of two (u, then w): GDN and routing are causal, so the first u rows of
 a W-token Stage 0 are those of a u-token one, and Stage 1 reads only its first w ≤ u rows
-(DESIGN A.6's condition). On a GPU the Layer-0 GDN and router cost the same at 5 and 16 tokens.
+(DESIGN A.6's condition). The rows past u cost Layer 0's GDN and router only, both of which
+read their weights once whatever the tokens.
 
 Shapes are static: attention reads the whole key cache under a mask built from device positions
 (`TargetCache.key_span`), a pending GDN commit always covers `W` round tokens (Eq. 7 gives the
@@ -363,8 +364,8 @@ class ResidentDecoder:
         self._finish(w)
 
     def _finish(self, w: int) -> None:
-        """Target pass of w tokens (Stage 1 after a Stage 0 in `_select`, or both stages), greedy
-        acceptance, commit of m = A + 1 tokens, the drafter's context, the report."""
+        """Target pass of w tokens (Stage 1 after a Stage 0 in `_select`, or both stages), acceptance
+        (greedy, or the point-mass rule of a sampled request), commit of m = A + 1 tokens, the drafter's context, the report."""
         buf, target, cache = self.buffers, self.target, self.cache
         if isinstance(self.policy, HybridSpecPolicy):
             out = target.stage1(buf.stage0, w, cache)

@@ -167,9 +167,9 @@ def materialize_(model: nn.Module, device: torch.device, dtype: torch.dtype) -> 
 class ChunkReader:
     """Reads stored tensors through one reusable host buffer (pinned when copying to CUDA)."""
 
-    def __init__(self, device: torch.device, chunk_bytes: int | None = None):
+    def __init__(self, device: torch.device):
         self.pin = device.type == "cuda"
-        self.buffer = torch.empty(chunk_bytes or CHUNK_BYTES, dtype=torch.uint8, pin_memory=self.pin)
+        self.buffer = torch.empty(CHUNK_BYTES, dtype=torch.uint8, pin_memory=self.pin)
         self.file, self.handle = None, None
 
     def _read(self, tensor: StoredTensor, offset: int, nbytes: int) -> Tensor:

@@ -36,7 +36,8 @@ def check_attention_args(q: Tensor, gate: Tensor, key: Tensor, value: Tensor, po
 
 def gated_attention(q: Tensor, gate: Tensor, key: Tensor, value: Tensor, position: Tensor,
                     span: int | None = None) -> Tensor:
-    """q, gate [B, T, H, D]; key, value [B, S, H_kv, D]; position [B] long → [B, T, H·D] in q's dtype.
+    """q, gate [B, T, H, D]; key, value [B, S, H_kv, D]; position [≥ 1] long (position[0]: the first
+    token's) → [B, T, H·D] in q's dtype.
     span: how many keys to read (None: all S, the positions past the context masked)."""
     check_attention_args(q, gate, key, value, position)
     B, T, H, D = q.shape

@@ -127,7 +127,7 @@ def conv_silu_tile(p_x, p_cs, p_cw, o_t, o_c, m_t, m_c, stride_x_t, stride_cs_c,
 @triton.jit
 def dot_bt(b_a, b_b, WIDEN: tl.constexpr):
     """A B^T of two bf16 tiles, fp32 sums of exact products: a bf16 tensor-core product, or (WIDEN,
-    under the interpreter, whose tl.dot multiplies bf16 tiles as raw 16-bit integers in triton 3.9)
+    under the interpreter, whose tl.dot multiplies bf16 tiles as raw 16-bit integers)
     the same product of the values widened to fp32, exact as well."""
     if WIDEN:
         return tl.dot(b_a.to(tl.float32), tl.trans(b_b.to(tl.float32)), input_precision="ieee")

@@ -2,7 +2,7 @@
 
 Every launcher takes its parameters explicitly (`tuning=`, a `Tuning`); `SHIPPED` is the default.
 Nothing here is mutable: a benchmark or a test that wants other parameters builds its own table
-(`Tuning.uniform`, `Tuning.replace`). What was measured to choose `SHIPPED`, and the variants
+(`Tuning.replace`). What was measured to choose `SHIPPED`, and the variants
 that lost, are in bench/results/gdn_kernels_notes.md and bench/results/gdn_fold_sweep.md.
 """
 
@@ -80,12 +80,6 @@ class Tuning:
             if set(table) != lengths:
                 raise ValueError(f"Tuning: {name} covers lengths {sorted(table)}, expected 1..{MAX_TOKENS}")
             object.__setattr__(self, name, MappingProxyType(dict(table)))
-
-    @classmethod
-    def uniform(cls, verify: VerifyTuning, commit: CommitTuning) -> "Tuning":
-        """The same launch at every length."""
-        lengths = range(1, MAX_TOKENS + 1)
-        return cls({T: verify for T in lengths}, {T: commit for T in lengths})
 
     def replace(self, *, verify: Mapping[int, VerifyTuning] | None = None,
                 commit: Mapping[int, CommitTuning] | None = None) -> "Tuning":

@@ -18,16 +18,14 @@ SMALL_TOKENS = 2  # `linear` takes the kernel for calls of at most this many tok
 # library's fp32 products (SIMT, K in steps of 8) are chains of memory round trips at such sizes
 FP32_TOKENS = 16
 FP32_WEIGHT = 1 << 22
-MAX_K = 8192  # the widest row a program holds: 64 fp32 values a thread at 8,192 (bf16 measured to 4,096)
-SLICE_BYTES = 4096  # weight bytes per program, at least MIN_ROWS rows (`bench/results/linear_notes.md`)
-MIN_ROWS = 1
+MAX_K = 8192  # the widest row a program holds: 64 fp32 values a thread at 8,192
+SLICE_BYTES = 4096  # weight bytes per program, at least one row (`bench/results/linear_notes.md`)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def slice_rows(k: int, element_size: int) -> int:
-    """Rows of the weight per program: SLICE_BYTES of weight rounded up to a power of two, at least
-    MIN_ROWS."""
-    return max(MIN_ROWS, triton.next_power_of_2(max(1, SLICE_BYTES // (k * element_size))))
+    """Rows of the weight per program: SLICE_BYTES of weight rounded up to a power of two, at least one."""
+    return triton.next_power_of_2(max(1, SLICE_BYTES // (k * element_size)))
 
 
 def rows_linear(x: Tensor, weight: Tensor, block_n: int | None = None, warps: int = 4) -> Tensor:

@@ -1,6 +1,6 @@
 """First half of the experts: act = w · silu(x W_gate^T) * (x W_up^T) for each distinct expert.
 
-Grid (N·k + 1, ceil(max(I, Is) / BN)), fixed by N and k. Program (s, t) with s < N·k takes
+Grid (N·k, plus 1 with a shared expert; ceil(max(I, Is) / BN)), fixed by N and k. Program (s, t) with s < N·k takes
 assignment s's expert from the ids and runs it only where s is that expert's first assignment
 (`tiles.assignment_expert`), on the tokens that route to it (at most one row per token, N <= BM, so
 every expert's tokens fit one [BM, BK] tile and its weights are read once), columns t·BN..t·BN+BN−1

@@ -2,7 +2,7 @@
 expert's gate and up rows in registers (the form of `kernels/linear/rows.py`: one load of the whole
 slice, every program's bytes in flight at once, no shared-memory pipeline, no tensor cores).
 
-Grid (N·k + 1, ceil(max(I, Is) / BN)), fixed by N and k. Program (s, t) with s < N·k takes
+Grid (N·k, plus 1 with a shared expert; ceil(max(I, Is) / BN)), fixed by N and k. Program (s, t) with s < N·k takes
 assignment s's expert from the ids and runs it only where s is that expert's first assignment
 (`tiles.assignment_expert`), so each distinct expert's rows are read once for all its tokens:
 intermediate columns t·BN..t·BN+BN−1, gate and up rows [BN, H] each. Program s = N·k runs the shared

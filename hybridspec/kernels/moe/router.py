@@ -8,8 +8,8 @@ instead of by the few tiles a GEMM library gives a one-row product; each program
 partial logits, and the program that arrives last sums the spans in a fixed order, rounds the
 logits to x's dtype (what the model's linear layer returns) and runs softmax and top-k for every
 token of the call. Other calls take the library's product and `router_topk`: prefill chunks, and
-routers of more than 256 experts, where on the H200 the last program's top-k over the wider row
-costs more than the launch it saves (`bench/results/router_notes.md`). Calls of one and two
+routers of more than 256 experts, where the last program's top-k over the wider row costs
+more than the launch it saves (`bench/results/router_notes.md`). Calls of one and two
 tokens (`RouterTiles.rows_tokens`) take the register-slice form of the same launch (`router_rows.py`),
 whose programs each hold whole rows of the weight. Within each form a token routes the same
 whatever the other tokens of the call; between the forms its logits are summed in another order

@@ -3,5 +3,4 @@ logistic acceptance, prefix products, argmax over the candidate lengths) and Eq.
 correction from Stage 0's Layer-0 experts). `reference.py` is the same computation position by
 position in float64; `triton.py` the kernel, which the resident round uses on the triton backend in
 place of the policies' torch form (`runtime.policies.NominalPolicy.nominal_length`,
-`HybridSpecPolicy.corrected_length`, about 100 small kernels on a GPU: 108 operators counted on
-CPU)."""
+`HybridSpecPolicy.corrected_length`: about 100 small kernels)."""

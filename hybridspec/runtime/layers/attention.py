@@ -21,11 +21,10 @@ class GatedAttention(nn.Module):
     position on the device); `linear_op` the projections' product; the model sets all three per
     backend."""
 
-    def __init__(self, cfg: TargetConfig, op: Callable = attention_reference.gated_attention,
-                 prepare_op: Callable = attention_reference.norm_rope_store):
+    def __init__(self, cfg: TargetConfig):
         super().__init__()
-        self.op = op
-        self.prepare_op = prepare_op
+        self.op: Callable = attention_reference.gated_attention
+        self.prepare_op: Callable = attention_reference.norm_rope_store
         self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.q_proj = nn.Linear(cfg.hidden_size, 2 * self.n_heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=False)

@@ -146,8 +146,8 @@ def drafter_ops(backend: str) -> dict[str, Callable | None]:
 
 def linear_op(backend: str) -> Callable:
     """The product of the mixers' projections and the LM head for a backend: F.linear, or (triton)
-    `kernels/linear`'s, which takes calls of one or two tokens on its register-slice kernel and the
-    rest on F.linear."""
+    `kernels/linear`'s, which takes calls of one or two tokens (and fp32 calls of up to 16 tokens by a
+    small weight) on its register-slice kernel and the rest on F.linear."""
     dense = triton_kernels(backend, "linear.triton")
     return torch.nn.functional.linear if dense is None else dense.linear
 
