@@ -25,6 +25,9 @@ from torch import Tensor
 from ..kernels.sampling.reference import point_mass, race, sampling_probs
 
 
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # the seed is hashed as a long tensor
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     temperature: float = 0.0  # 0 → greedy
@@ -39,6 +42,8 @@ class SamplingParams:
             raise ValueError(f"top_k must be ≥ 0, got {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not SEED_MIN <= self.seed <= SEED_MAX:
+            raise ValueError(f"seed must be a 64-bit integer, got {self.seed}")
 
     @property
     def greedy(self) -> bool:

@@ -290,3 +290,10 @@ def test_sampling_modes_name_the_graphs_a_request_needs():
     assert sampling_mode(SamplingParams(temperature=0.6, top_k=KERNEL_TOP_K)) == "top_k"
     assert sampling_mode(SamplingParams(temperature=0.6, top_k=KERNEL_TOP_K + 1)) == "filter"
     assert sampling_mode(SamplingParams(temperature=0.6, top_p=0.9)) == "filter"
+
+
+@pytest.mark.parametrize("field, value", (("temperature", -0.5), ("top_k", -1), ("top_p", 0.0), ("top_p", 1.5),
+                                          ("seed", 2**63), ("seed", -(2**63) - 1)))
+def test_sampling_parameters_out_of_range_are_named(field, value):
+    with pytest.raises(ValueError, match=f"^{field} must"):
+        SamplingParams(**{field: value})
