@@ -20,7 +20,7 @@ from hybridspec.kernels.attention import reference as attention_reference  # noq
 from hybridspec.kernels.gdn import reference as gdn_reference  # noqa: E402
 from hybridspec.kernels.moe import reference as moe_reference  # noqa: E402
 from hybridspec.kernels.norm import reference as norm_reference  # noqa: E402
-from hybridspec.runtime.models import hybrid  # noqa: E402
+from hybridspec.runtime import backends  # noqa: E402
 from hybridspec.runtime.session import open_session  # noqa: E402
 from hybridspec.workbench.prompts import load_prompts  # noqa: E402
 
@@ -59,15 +59,15 @@ def main() -> int:
     L, H = len(reference.target.layers), reference.target.cfg.hidden_size
     types = reference.target.cfg.layer_types
     for name, swap in SWAPS.items():
-        saved = {attr: getattr(hybrid, attr) for attr in swap}
+        saved = {attr: getattr(backends, attr) for attr in swap}
         try:
             for attr, fn in swap.items():
-                setattr(hybrid, attr, fn)
+                setattr(backends, attr, fn)
             session = open_session(device=DEVICE, dtype="float32", backend="triton")
             got_f, got_l = features(session, ids)
         finally:
             for attr, fn in saved.items():
-                setattr(hybrid, attr, fn)
+                setattr(backends, attr, fn)
         w = got_f.shape[1]
         gf, wf = got_f.view(w, L, H), want_f.view(w, L, H)
         per_layer = [float((gf[:, i] - wf[:, i]).norm() / wf[:, i].norm()) for i in range(L)]

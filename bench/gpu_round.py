@@ -78,7 +78,8 @@ from hybridspec.runtime.layers.attention import GatedAttention  # noqa: E402
 from hybridspec.runtime.layers.gdn import GatedDeltaNet  # noqa: E402
 from hybridspec.runtime.layers.moe import Router, SparseMoE  # noqa: E402
 from hybridspec.runtime.layers.norms import GatedRMSNorm, OffsetRMSNorm  # noqa: E402
-from hybridspec.runtime.models.hybrid import HybridTarget, gdn_ops  # noqa: E402
+from hybridspec.runtime.backends import gdn_ops  # noqa: E402
+from hybridspec.runtime.models.hybrid import HybridTarget  # noqa: E402
 from hybridspec.runtime.policies import make_policy  # noqa: E402
 from hybridspec.runtime.sampling import SamplingParams  # noqa: E402
 from hybridspec.runtime.session import open_session  # noqa: E402
@@ -110,7 +111,7 @@ def replayed(op):
 
 
 def gdn_verify_with(block_v: int, warps: int, lengths=(1, 2)):
-    """The model's GDN verification (`models/hybrid.gdn_ops`) with the recurrent kernel's programs of
+    """The model's GDN verification (`runtime/backends.gdn_ops`) with the recurrent kernel's programs of
     block_v value rows and `warps` warps at the given lengths, the shipped table elsewhere."""
     tuning = GDN_SHIPPED.replace(verify={t: VerifyTuning("recurrent", block_v, warps) for t in lengths})
     return gdn_ops("triton", tuning)[0]

@@ -10,7 +10,7 @@ The context length lives on the device (`position`; `length` is the host's copy)
 does (`cache.py`): a proposal writes the block's K/V right after the context and attends to the
 cache up to a host-known bound, or over a static span masked on the device (`key_span`, the
 GPU-resident round); `extend` writes the features of all w verified tokens and advances by m.
-`set_ops` gives the drafter its backend's kernels (`models.hybrid.drafter_ops`): the RMS norms
+`set_ops` gives the drafter its backend's kernels (`backends.drafter_ops`): the RMS norms
 (the residual adds fused in), the q/k norms with RoPE and the cache writes in one launch per layer,
 the block attention, which reads only the live context [0, p + block_size), p read on the device,
 whatever the cache's size, and the draft tokens' statistics from the logits in one launch. Without
@@ -156,7 +156,7 @@ class DFlashDrafter(nn.Module):
 
     def set_ops(self, *, norm: Callable, prepare: Callable, block_attention: Callable | None,
                 statistics: Callable, linear: Callable) -> None:
-        """The backend's ops (`models.hybrid.drafter_ops`): every RMS norm's `op`, every layer's
+        """The backend's ops (`backends.drafter_ops`): every RMS norm's `op`, every layer's
         `prepare_op` (its q/k norms, RoPE and cache writes) and `block_op` (None: SDPA), the block's
         tokens, confidences and entropies from its logits (`statistics_op`), and every product
         (`linear_op`: the context projection, the layers', the LM head's)."""

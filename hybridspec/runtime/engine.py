@@ -24,7 +24,8 @@ import torch
 from torch import Tensor
 
 from .drafter import DFlashDrafter, DraftOutput
-from .models.hybrid import HybridTarget, PassOutput, device_resident, drafter_ops
+from .backends import device_resident, drafter_ops
+from .models.hybrid import HybridTarget, PassOutput
 from .policies import Policy
 from .resident import Report, ResidentDecoder
 from .sampling import SamplingParams, choose, verify_greedy, verify_point_mass

@@ -89,7 +89,7 @@ def test_the_triton_block_attention_reads_only_the_live_context(pair, key_span):
     with NaN in every cached position past the block (the whole cache is handed to the attention
     kernel, which reads [0, p + block_size) on the device), whether the resident round set a static
     span or not."""
-    from hybridspec.runtime.models.hybrid import drafter_ops
+    from hybridspec.runtime.backends import drafter_ops
 
     target, drafter = pair
     features = torch.randn(1, 11, len(drafter.cfg.target_layer_ids) * target.cfg.hidden_size)
@@ -117,7 +117,7 @@ def test_on_the_triton_backend_no_norm_rope_or_softmax_runs_in_pytorch(pair):
     their kernels: none of the PyTorch ops those would dispatch (seen by a dispatch mode) runs."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from hybridspec.runtime.models.hybrid import drafter_ops
+    from hybridspec.runtime.backends import drafter_ops
 
     class Ops(TorchDispatchMode):
         def __init__(self):

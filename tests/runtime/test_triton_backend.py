@@ -72,7 +72,7 @@ def test_ablation_backend_runs_the_gdn_reference_in_the_resident_round(alternati
     backend's `ar` tokens."""
     from hybridspec.kernels.gdn import reference as gdn_reference
     from hybridspec.kernels.moe import triton as moe_triton
-    from hybridspec.runtime.models.hybrid import gdn_conv_op, gdn_ops, moe_experts_op, triton_kernels
+    from hybridspec.runtime.backends import gdn_conv_op, gdn_ops, moe_experts_op, triton_kernels
 
     assert gdn_ops("triton-torch-gdn") == (gdn_reference.gdn_verify_gated, gdn_reference.gdn_commit)
     assert gdn_conv_op("triton-torch-gdn") is gdn_reference.causal_conv_silu
@@ -130,7 +130,7 @@ def test_gdn_ops_launches_the_given_tuning_and_the_reference_past_sixteen_tokens
     from hybridspec.kernels.gdn import reference as gdn_reference
     from hybridspec.kernels.gdn import triton as gdn_triton
     from hybridspec.kernels.gdn.tuning import SHIPPED, VerifyTuning
-    from hybridspec.runtime.models.hybrid import gdn_ops
+    from hybridspec.runtime.backends import gdn_ops
 
     seen = []
     monkeypatch.setattr(gdn_triton, "gdn_verify_gated", lambda *a, **kw: seen.append(("triton", kw.get("tuning"))))
