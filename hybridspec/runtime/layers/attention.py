@@ -47,7 +47,7 @@ class GatedAttention(nn.Module):
         kv = self.n_kv * self.head_dim
         return self.linear_op(x, self._qkv).split((2 * self.n_heads * self.head_dim, kv, kv), dim=-1)
 
-    def forward(self, x: Tensor, cache: TargetCache, slot: int, rope: tuple[Tensor, Tensor]) -> Tensor:
+    def forward(self, x: Tensor, cache: TargetCache, index: int, rope: tuple[Tensor, Tensor]) -> Tensor:
         """x [B, T, hidden] at positions p … p+T−1 (p = cache.position, on the device); writes their
         K/V into the cache. `op` reads keys up to `cache.key_span` (static) or, when the host knows
         the length, up to length + T; the Triton kernels read the length on the device instead."""
@@ -56,6 +56,6 @@ class GatedAttention(nn.Module):
         q, gate = q_gate.view(B, T, self.n_heads, 2 * self.head_dim).chunk(2, dim=-1)
         kv_shape = (B, T, self.n_kv, self.head_dim)
         q = self.prepare_op(q, k.view(kv_shape), v.view(kv_shape), self.q_norm.weight, self.k_norm.weight,
-                            self.q_norm.eps, *rope, cache.key[slot], cache.value[slot], cache.position)
-        out = self.op(q, gate, cache.key[slot], cache.value[slot], cache.position, cache.key_span or cache.length + T)
+                            self.q_norm.eps, *rope, cache.key[index], cache.value[index], cache.position)
+        out = self.op(q, gate, cache.key[index], cache.value[index], cache.position, cache.key_span or cache.length + T)
         return self.linear_op(out, self.o_proj.weight)

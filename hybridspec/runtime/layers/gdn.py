@@ -1,6 +1,6 @@
 """Gated DeltaNet token mixer (DESIGN B.4), verifying T tokens against the committed state.
 
-The layer never changes committed state: it reads the conv window and recurrent state of its slot
+The layer never changes committed state: it reads its conv window and recurrent state
 and leaves the compact factors and conv inputs of the T tokens in the round buffers; the model's
 commit advances the state through the accepted prefix (DESIGN A.7, Eq. 7).
 """
@@ -54,12 +54,13 @@ class GatedDeltaNet(nn.Module):
         sizes = (self.conv_dim, self.hv * self.dv, self.hv, self.hv)
         return self.linear_op(x, self._in_proj).split(sizes, dim=-1)
 
-    def forward(self, x: Tensor, cache: TargetCache, slot: int) -> Tensor:
-        """x [B, T, hidden] → [B, T, hidden]; fills the round buffers of `slot` for these T tokens."""
+    def forward(self, x: Tensor, cache: TargetCache, index: int) -> Tensor:
+        """x [B, T, hidden] → [B, T, hidden]; fills this layer's round buffers (row
+        `index` of the cache's GDN tensors) for these T tokens."""
         B, T, _ = x.shape
         mixed, z, b, a = self._project(x)  # mixed: [B, T, conv_dim]
         # the conv inputs also go to the round buffer, from which the commit advances the window
-        mixed = self.conv_op(mixed, cache.conv[slot], self.conv1d.weight, x_out=cache.conv_in[slot, :, :T])
+        mixed = self.conv_op(mixed, cache.conv[index], self.conv1d.weight, x_out=cache.conv_in[index, :, :T])
         key_dim = self.hk * self.dk
         q, k, v = mixed.split((key_dim, key_dim, self.hv * self.dv), dim=-1)
         q, k = q.reshape(B, T, self.hk, self.dk), k.reshape(B, T, self.hk, self.dk)
@@ -70,10 +71,10 @@ class GatedDeltaNet(nn.Module):
         # in the activation dtype, half the bytes of the normalised fp32 k with bf16 activations);
         # the previous round's commit of this layer, if still pending, is folded into the same launch
         o, _, _ = self._verify(q, k, v, a, b, self.A_log, self.dt_bias,
-                               cache.ssm[slot], self.dk**-0.5, z_out=cache.z[slot, :, :T],
-                               g_out=cache.g_cum[slot, :, :T], k_out=cache.k[slot, :, :T],
-                               pending=cache.pending_commit(slot), raw_keys=True)
-        cache.mark_committed(slot)  # the launch above folded the pending commit into this layer's state
+                               cache.ssm[index], self.dk**-0.5, z_out=cache.z[index, :, :T],
+                               g_out=cache.g_cum[index, :, :T], k_out=cache.k[index, :, :T],
+                               pending=cache.pending_commit(index), raw_keys=True)
+        cache.mark_committed(index)  # the launch above folded the pending commit into this layer's state
         gate = z.reshape(B, T, self.hv, self.dv)
         o = self.norm(o, gate)  # [B, T, HV, dv] in x's dtype (o rounded to it first)
         return self.linear_op(o.reshape(B, T, -1), self.out_proj.weight)

@@ -72,10 +72,10 @@ class DecoderLayer(nn.Module):
     def is_moe(self) -> bool:
         return isinstance(self.mlp, SparseMoE)
 
-    def mix(self, h: Tensor, cache: TargetCache, slot: int, rope: tuple[Tensor, Tensor] | None) -> Tensor:
+    def mix(self, h: Tensor, cache: TargetCache, index: int, rope: tuple[Tensor, Tensor] | None) -> Tensor:
         """The token mixer's output on h = input_layernorm(x), completed by `reduce` (not yet added to
         x: the add is fused into the post-attention norm, `mlp_block`)."""
-        h = self.linear_attn(h, cache, slot) if self.is_gdn else self.self_attn(h, cache, slot, rope)
+        h = self.linear_attn(h, cache, index) if self.is_gdn else self.self_attn(h, cache, index, rope)
         return self.reduce(h)
 
     def mlp_block(self, delta: Tensor, x: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
@@ -102,8 +102,8 @@ class HybridTarget(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        # slot of each layer inside the cache tensors of its kind
-        self._slot = [cfg.gdn_layers.index(i) if t == "linear_attention" else cfg.attention_layers.index(i)
+        # each layer's row in the cache tensors of its kind
+        self._cache_index = [cfg.gdn_layers.index(i) if t == "linear_attention" else cfg.attention_layers.index(i)
                       for i, t in enumerate(cfg.layer_types)]
         self.register_buffer("inv_freq", rope_inv_freq(cfg.rotary_dim, cfg.rope_theta), persistent=False)
         self._rope_tables: tuple[Tensor, Tensor] | None = None  # `_rope`'s
@@ -198,7 +198,7 @@ class HybridTarget(nn.Module):
             h, x = layer.input_layernorm.add_norm(delta, x)  # x: the output of layer index − 1
             if index - 1 in taps:
                 outputs[index - 1] = x
-            delta, x, ids = layer.mlp_block(layer.mix(h, cache, self._slot[index], rope), x)
+            delta, x, ids = layer.mlp_block(layer.mix(h, cache, self._cache_index[index], rope), x)
             if routing is not None and ids is not None:
                 routing.append(ids)
         normed, x = self.norm.add_norm(delta, x)
