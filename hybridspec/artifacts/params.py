@@ -19,6 +19,9 @@ def _finite(name: str, values) -> None:
             raise ValueError(f"{name} must hold finite numbers, found {value!r}")
 
 
+ENTROPY_EPS = 1e-6  # in the last feature, log((h_i + ε) / (h̄_{i−1} + ε)): finite at zero entropy
+
+
 @dataclass(frozen=True)
 class AcceptanceModel:
     """Per-position isotonic calibration of the top-1 confidence, then a logistic model.

@@ -39,6 +39,7 @@ import torch
 
 from ..artifacts.artifact import check_identity, load_artifact
 from ..artifacts.params import PolicyParameters
+from ..fitters.capture_rounds import read_capture_rounds, unfinished_run
 from ..runtime.policies import NEEDS_PARAMETERS, Policy, make_policy
 from ..workbench.store import Store, run_id_for
 
@@ -69,7 +70,8 @@ def default_policies(draft_len: int) -> list[str]:
 
 
 def find_capture_run(store: Store, campaign: str | None) -> dict:
-    """The `runs` row of campaign's capture run (None: the store's only capture run)."""
+    """The `runs` row of campaign's capture run (None: the store's only capture run); OfflineError
+    when there is none or it is unfinished."""
     if campaign is None:
         names = [n for (n,) in store.query("SELECT name FROM runs WHERE pass = 'capture' ORDER BY name")]
         if len(names) != 1:
@@ -79,34 +81,27 @@ def find_capture_run(store: Store, campaign: str | None) -> dict:
     row = store.run_row(run_id_for(campaign, "capture"))
     if row is None:
         raise OfflineError(f"{store.path}: campaign {campaign!r} has no capture run")
+    unfinished = unfinished_run(store, row)
+    if unfinished is not None:
+        raise OfflineError(f"{unfinished}; only finished capture runs are replayed")
     return row
 
 
 def load_capture_rounds(store: Store, run_id: str, draft_len: int) -> CapturedRounds:
-    """Every untruncated, fully verified round of the run with its D draft positions."""
-    kept = "NOT r.truncated AND r.accepted_full IS NOT NULL"
-    rounds = store.query(f"SELECT r.prompt_id, r.round_idx, p.category, r.accepted_full FROM rounds r "
-                         f"JOIN prompts p USING (run_id, prompt_id) WHERE r.run_id = ? AND {kept} "
-                         "ORDER BY r.prompt_id, r.round_idx", [run_id])
-    if not rounds:
-        raise OfflineError(f"capture run {run_id} has no untruncated, fully verified rounds")
-    positions = store.query(f"SELECT d.prompt_id, d.round_idx, d.position, d.confidence, d.entropy, d.new_l0_experts "
-                            f"FROM draft_positions d JOIN rounds r USING (run_id, prompt_id, round_idx) "
-                            f"WHERE d.run_id = ? AND {kept}", [run_id])
-    index = {(prompt, idx): k for k, (prompt, idx, _, _) in enumerate(rounds)}
-    shape = (len(rounds), draft_len)
-    conf, ent, fresh = np.full(shape, np.nan), np.full(shape, np.nan), np.full(shape, -1, dtype=np.int64)
-    for prompt, idx, position, c, h, new in positions:
-        if not 1 <= position <= draft_len:
-            raise OfflineError(f"capture run {run_id}: draft position {position} outside 1…{draft_len} "
-                               "(the artifact's D)")
-        k = index[(prompt, idx)]
-        conf[k, position - 1], ent[k, position - 1] = c, h
-        fresh[k, position - 1] = -1 if new is None else new
+    """Every untruncated, fully verified round of the run with its D = `draft_len` draft positions."""
+    rounds = read_capture_rounds(store, run_id)
+    if not len(rounds.accepted_full):
+        raise OfflineError(f"capture run {run_id} has no untruncated, fully verified rounds in table rounds")
+    if rounds.draft_len > draft_len:
+        raise OfflineError(f"capture run {run_id}: draft position {rounds.draft_len} outside 1…{draft_len} "
+                           "(the artifact's D) in table draft_positions")
+    pad = ((0, 0), (0, draft_len - rounds.draft_len))  # positions the store lacks: NaN, refused below
+    conf, ent = (np.pad(x, pad, constant_values=np.nan) for x in (rounds.confidence, rounds.entropy))
     if np.isnan(conf).any():
-        raise OfflineError(f"capture run {run_id}: some rounds lack draft positions (expected D = {draft_len})")
-    return CapturedRounds(run_id, np.array([r[2] for r in rounds]), np.array([r[3] for r in rounds]), conf, ent,
-                          fresh)
+        raise OfflineError(f"capture run {run_id}: some rounds lack draft positions in table draft_positions "
+                           f"(expected D = {draft_len})")
+    fresh = np.pad(rounds.new_l0_experts, pad, constant_values=-1)
+    return CapturedRounds(run_id, rounds.category, rounds.accepted_full, conf, ent, fresh)
 
 
 def measured_ar_step(store: Store, campaign_run: dict) -> float | None:

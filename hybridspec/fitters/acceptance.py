@@ -18,7 +18,8 @@ import numpy as np
 from sklearn.isotonic import IsotonicRegression
 from sklearn.linear_model import LogisticRegression
 
-ENTROPY_EPS = 1e-6
+from ..artifacts.params import ENTROPY_EPS
+
 MIN_SAMPLES = 20  # a position with fewer usable rows (or one class) keeps the identity calibration
 CV_FOLDS = 5
 

@@ -2,8 +2,9 @@
 C_tgt, s, η, the routing tables and ρ. Returns plain numbers and arrays; the CLI turns them into
 the frozen artifact.
 
-Rounds cut short by EOS or the output limit are excluded from every acceptance fit; the held-out
-rounds are those of every fifth calibration prompt (split by prompt, deterministic)."""
+Only finished runs are fitted. Rounds cut short by EOS or the output limit are excluded from every
+acceptance fit; the held-out rounds are those of every fifth calibration prompt (split by prompt,
+deterministic; `capture_rounds`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import numpy as np
 from ..workbench.runinfo import file_digest, software_versions
 from ..workbench.store import Store, run_id_for
 from .acceptance import AcceptanceFitter, held_out_report
+from .capture_rounds import CaptureRounds, read_capture_rounds, run_label, unfinished_run
 from .cost import QuadraticCost, Slope
 from .rate import dinkelbach
 from .routing import RoutingTables
@@ -50,7 +52,8 @@ class CampaignFit:
                 "dinkelbach": self.iterations, "warnings": self.warnings,
                 "dinkelbach_converged": self.converged, "dinkelbach_note": self.convergence_note,
                 "versions": self.versions,
-                "cost": {"coef": self.cost.coef_.tolist(), "conf_int": self.cost.conf_int_.tolist(), "r2": self.cost.r2_,
+                "cost": {"coef": self.cost.coef_.tolist(), "conf_int": self.cost.conf_int_.tolist(),
+                         "r2": self.cost.r2_,
                          "constrained": self.cost.constrained_, "statistic": "median per length",
                          "cells": self.cost.cells_},
                 "s": {"slope": self.stage0.slope_, "conf_int": self.stage0.conf_int_, "r2": self.stage0.r2_,
@@ -65,10 +68,14 @@ class FitError(ValueError):
     """A store that lacks what the fit needs; the message names the run and table."""
 
 
-def _run(store: Store, name: str, pass_name: str) -> dict:
+def campaign_run(store: Store, name: str, pass_name: str) -> dict:
+    """The `runs` row of campaign `name`'s `pass_name` run (FitError when it is absent or unfinished)."""
     row = store.run_row(run_id_for(name, pass_name))
     if row is None:
         raise FitError(f"campaign {name!r} has no {pass_name} run in {store.path}")
+    unfinished = unfinished_run(store, row)
+    if unfinished is not None:
+        raise FitError(f"{unfinished}; only finished runs are fitted")
     return row
 
 
@@ -95,30 +102,39 @@ def _check_one_setting(name: str, runs: dict[str, dict]) -> None:
            "were timed on different settings and cannot share one cost model")
 
 
-def _capture_arrays(store: Store, run_id: str) -> dict:
-    rounds = store.query("SELECT prompt_id, round_idx, accepted_full FROM rounds WHERE run_id = ? AND NOT truncated "
-                         "AND accepted_full IS NOT NULL ORDER BY prompt_id, round_idx", [run_id])
-    if not rounds:
-        raise FitError(f"capture run {run_id} has no complete (untruncated, fully verified) rounds")
-    pos = store.query("SELECT d.prompt_id, d.round_idx, d.position, d.confidence, d.entropy, d.new_l0_experts "
-                      "FROM draft_positions d JOIN rounds r USING (run_id, prompt_id, round_idx) "
-                      "WHERE d.run_id = ? AND NOT r.truncated AND r.accepted_full IS NOT NULL "
-                      "ORDER BY d.prompt_id, d.round_idx, d.position", [run_id])
-    D = max(p[2] for p in pos)
-    index = {(r[0], r[1]): k for k, r in enumerate(rounds)}
-    conf, ent = np.zeros((len(rounds), D)), np.zeros((len(rounds), D))
-    n0_pos, n0 = [], []
-    for prompt, rnd, position, c, h, new in pos:
-        k = index[(prompt, rnd)]
-        conf[k, position - 1], ent[k, position - 1] = c, h
-        n0_pos.append(position)
-        n0.append(new)
-    prompts = sorted({r[0] for r in rounds})
-    order = {p: i for i, p in enumerate(prompts)}
-    held = {p for i, p in enumerate(prompts) if i % 5 == 4}
-    return {"conf": conf, "ent": ent, "a_d": np.array([r[2] for r in rounds]), "D": D,
-            "prompt": np.array([order[r[0]] for r in rounds]),
-            "held": np.array([r[0] in held for r in rounds]), "n0_pos": np.array(n0_pos), "n0": np.array(n0)}
+def usable_capture_rounds(store: Store, run: dict) -> CaptureRounds:
+    """The kept rounds of capture run `run` (a `runs` row), each with every draft position 1 … D
+    (FitError naming the run and the table that lacks them)."""
+    rounds = read_capture_rounds(store, run["run_id"])
+    n = len(rounds.accepted_full)
+    if n == 0:
+        raise FitError(f"{run_label(store, run)} has no complete (untruncated, fully verified) rounds in table rounds")
+    if rounds.draft_len == 0:
+        raise FitError(f"{run_label(store, run)} has {n} complete rounds but no rows in table draft_positions")
+    if rounds.incomplete():
+        raise FitError(f"{run_label(store, run)}: {rounds.incomplete()} of {n} complete rounds lack some of draft "
+                       f"positions 1…{rounds.draft_len} in table draft_positions")
+    return rounds
+
+
+# pass → (table, columns, which rows are usable): the timings and routing rows each fit reads
+FIT_ROWS = {
+    "fixed": ("fixed_length_timings", "executed_w, latency_us", "NOT truncated AND w >= 2"),  # w = 1: ar steps
+    "stage0": ("stage0_timings", "u, latency_us", "true"),
+    "moe": ("moe_bench", "n_distinct_experts, latency_us", "true"),
+    "routing": ("routing_positions", "position, new_l0_experts, new_later_pairs", "true"),
+}
+
+
+def _fit_rows(store: Store, run: dict) -> np.ndarray:
+    """[rows, columns] of FIT_ROWS for `run` (FitError naming the run and the table when there are none)."""
+    table, columns, usable = FIT_ROWS[run["pass"]]
+    rows = np.array(store.query(f"SELECT {columns} FROM {table} WHERE run_id = ? AND {usable}", [run["run_id"]]),
+                    dtype=float)
+    if len(rows) == 0:
+        which = "" if usable == "true" else f" ({usable})"
+        raise FitError(f"{run_label(store, run)} has no usable rows in table {table}{which}")
+    return rows
 
 
 def store_digest(path: Path) -> str:
@@ -130,39 +146,32 @@ def fit_campaign(db: Path, name: str) -> CampaignFit:
     a damaged store, FitError for missing or unusable runs)."""
     with Store(db, read_only=True) as store:
         store.verify()
-        runs = {p: _run(store, name, p) for p in ("capture", *TIMED_PASSES, "routing")}
+        runs = {p: campaign_run(store, name, p) for p in ("capture", *TIMED_PASSES, "routing")}
         _check_one_setting(name, runs)
         capture = runs["capture"]
-        arrays = _capture_arrays(store, capture["run_id"])
-        fixed = np.array(store.query("SELECT executed_w, latency_us FROM fixed_length_timings WHERE run_id = ? "
-                                     "AND NOT truncated AND w >= 2",  # w = 1: ar steps, not C_tgt
-                                     [runs["fixed"]["run_id"]]), dtype=float)
-        stage0 = np.array(store.query("SELECT u, latency_us FROM stage0_timings WHERE run_id = ?",
-                                      [runs["stage0"]["run_id"]]), dtype=float)
-        moe = np.array(store.query("SELECT n_distinct_experts, latency_us FROM moe_bench WHERE run_id = ?",
-                                   [runs["moe"]["run_id"]]), dtype=float)
-        routing = np.array(store.query("SELECT position, new_l0_experts, new_later_pairs FROM routing_positions "
-                                       "WHERE run_id = ?", [runs["routing"]["run_id"]]), dtype=float)
-        top_k = int(max(arrays["n0"].max(), routing[:, 1].max()))
-    for what, rows in (("fixed", fixed), ("stage0", stage0), ("moe", moe), ("routing", routing)):
-        if len(rows) == 0:
-            raise FitError(f"campaign {name!r}: the {what} run in {db} has no usable rows")
-    D, train = arrays["D"], ~arrays["held"]
+        rounds = usable_capture_rounds(store, capture)
+        fixed, stage0, moe, routing = (_fit_rows(store, runs[p]) for p in ("fixed", "stage0", "moe", "routing"))
+    D, conf, ent, a_d = rounds.draft_len, rounds.confidence, rounds.entropy, rounds.accepted_full
+    prompt = np.unique(rounds.prompt_id, return_inverse=True)[1]  # [N] index of the round's prompt
+    recorded = rounds.new_l0_experts >= 0  # [N, D]
+    n0_pos, n0 = np.nonzero(recorded)[1] + 1, rounds.new_l0_experts[recorded]  # capture rows per draft position
+    top_k = int(max(n0.max(initial=0), routing[:, 1].max()))
+    held_out = rounds.held_out()
+    train = ~held_out
     try:
-        acceptance = AcceptanceFitter(isotonic="auto").fit(arrays["conf"][train], arrays["ent"][train],
-                                                           arrays["a_d"][train], groups=arrays["prompt"][train])
+        acceptance = AcceptanceFitter(isotonic="auto").fit(conf[train], ent[train], a_d[train], groups=prompt[train])
         cost = QuadraticCost().fit(fixed[:, 0], fixed[:, 1] * 1e-6, max_length=D + 1)
         s = Slope(name="s (Stage-0 latency per token)").fit(stage0[:, 0], stage0[:, 1] * 1e-6)
         eta = Slope(name="eta (MoE latency per distinct expert)").fit(moe[:, 0], moe[:, 1] * 1e-6)
     except ValueError as exc:  # too few distinct lengths, one class only, …
         raise FitError(f"campaign {name!r}: {exc}") from None
-    held = arrays["held"] if arrays["held"].any() else train
-    metrics = held_out_report(acceptance, arrays["conf"][held], arrays["ent"][held], arrays["a_d"][held])
-    tables = RoutingTables().fit(arrays["n0_pos"], arrays["n0"], routing[:, 0].astype(int),
-                                 routing[:, 1].astype(int), routing[:, 2], D, top_k)
+    held = held_out if held_out.any() else train
+    metrics = held_out_report(acceptance, conf[held], ent[held], a_d[held])
+    tables = RoutingTables().fit(n0_pos, n0, routing[:, 0].astype(int), routing[:, 1].astype(int), routing[:, 2],
+                                 D, top_k)
     lengths = tuple(range(2, D + 2))
     cost_table = cost.table(D + 1)
-    prefix = acceptance.predict_prefix(arrays["conf"], arrays["ent"])
+    prefix = acceptance.predict_prefix(conf, ent)
     rho, iterations = dinkelbach(prefix, cost_table, cost.fixed_cost_, lengths, strict=False)
     converged = iterations[-1]["converged"]
     note = ""

@@ -5,10 +5,14 @@ Robust to stalls and drift: each fit is ordinary least squares (statsmodels) ove
 latency of each distinct x (a "cell": one length w, one u, one expert count), with confidence
 intervals and R² of that fit; every cell's count, median and quartiles are kept (`cells_`) so the
 spread is reported beside the fit. A fit with R² < 0.9 or a slope that is not positive adds a
-warning (the fit-quality gates of `checks.py` decide what fails). Verifying more tokens never takes less
-time, so where the unconstrained quadratic falls anywhere on [2, W] (stalled or noisy timings) the
-fit is redone by bounded least squares (scipy) over curves that are non-decreasing on [2, W] and
-positive at w = 2, with a warning: the selector then still ranks lengths sensibly and ρ converges.
+warning (the fit-quality gates of `checks.py` decide what fails).
+
+Verifying more tokens never takes less time, and C_tgt(w) = L(w) − L(0) (the latency curve L less
+the fixed per-round cost a = L(0)) is a cost, never negative. Where the unconstrained quadratic
+falls anywhere on [2, W], is not positive at w = 2, or gives C_tgt(w) < 0 for some w in [2, W]
+(stalled or noisy timings), the fit is redone by bounded least squares (scipy) over curves that are
+non-decreasing on [0, W] and non-negative at w = 2, with a warning. L' ≥ 0 from w = 0 on makes
+C_tgt(w) = ∫₀ʷ L' ≥ 0 at every w, so the selector still ranks lengths sensibly and ρ converges.
 W is the longest length the selector may choose (`max_length`), which can exceed the longest
 measured one (a short capture truncates long verifications): the curve must hold where it is used."""
 
@@ -69,9 +73,10 @@ class QuadraticCost:
         self.constrained_ = defect is not None
         if self.constrained_:
             self.coef_ = _monotone_fit(w, latency, hi)
-            self.r2_ = float(1 - np.sum((latency - _curve(self.coef_, w)) ** 2) / np.sum((latency - latency.mean()) ** 2))
-            self.warnings_.append(f"C_tgt fit: the least-squares quadratic {defect}; "
-                                  "refitted as non-decreasing (confidence intervals are the unconstrained fit's)")
+            residual = np.sum((latency - _curve(self.coef_, w)) ** 2)
+            self.r2_ = float(1 - residual / np.sum((latency - latency.mean()) ** 2))
+            self.warnings_.append(f"C_tgt fit: the least-squares quadratic {defect}; refitted as non-decreasing "
+                                  "from w = 0 (confidence intervals are the unconstrained fit's)")
         self.fixed_cost_ = float(self.coef_[0])
         if self.r2_ < MIN_R2:
             self.warnings_.append(f"C_tgt fit: R² = {self.r2_:.3f} < {MIN_R2}")
@@ -99,30 +104,35 @@ def _curve(coef, w):
 
 
 def _defect(coef, lo: float, hi: float) -> str | None:
-    """How a + b·w + c·w² fails to be non-decreasing on [lo, hi] and positive at lo, or None.
-    The derivative b + 2c·w is linear, so its sign at both ends decides where it is negative."""
+    """How a + b·w + c·w² fails on the used lengths [lo, hi] to be non-decreasing, positive at lo and
+    to give C_tgt(w) = b·w + c·w² ≥ 0, or None. The derivative b + 2c·w and C_tgt(w) / w = b + c·w are
+    linear in w, so their signs at both ends decide where they are negative."""
     d_lo, d_hi = coef[1] + 2 * coef[2] * lo, coef[1] + 2 * coef[2] * hi
-    if d_lo >= 0 and d_hi >= 0:
-        return None if _curve(coef, lo) > 0 else f"is not positive at w = {lo:g}"
-    turn = -coef[1] / (2 * coef[2]) if d_lo * d_hi < 0 else None  # where the derivative changes sign
-    start, end = (lo, hi) if turn is None else ((turn, hi) if d_hi < 0 else (lo, turn))
-    return f"falls on w ∈ [{start:.1f}, {end:.1f}]"
+    if d_lo < 0 or d_hi < 0:
+        turn = -coef[1] / (2 * coef[2]) if d_lo * d_hi < 0 else None  # where the derivative changes sign
+        start, end = (lo, hi) if turn is None else ((turn, hi) if d_hi < 0 else (lo, turn))
+        return f"falls on w ∈ [{start:.1f}, {end:.1f}]"
+    if _curve(coef, lo) <= 0:
+        return f"is not positive at w = {lo:g}"
+    negative = [w for w in (lo, hi) if coef[1] + coef[2] * w < 0]
+    if negative:
+        return f"gives C_tgt({negative[0]:g}) < 0 (it falls below its value at w = 0)"
+    return None
 
 
 def _monotone_fit(w: np.ndarray, latency: np.ndarray, hi: float) -> np.ndarray:
-    """(a, b, c) minimising the squared error over quadratics with L(lo) ≥ 0, L'(lo) ≥ 0, L'(hi) ≥ 0
-    (lo = 2): written as L(w) = p + u·(w − lo) + (v − u)·(w − lo)² / (2·(hi − lo)), with
-    p = L(lo), u = L'(lo), v = L'(hi) all bounded below by 0, that is a bounded linear least squares."""
+    """(a, b, c) minimising the squared error over quadratics with L'(0) ≥ 0, L'(hi) ≥ 0 (so L' ≥ 0
+    on [0, hi], L' being linear) and L(lo) ≥ 0 (lo = 2): written as
+    L(w) = p + u·(w − lo) + (v − u)·(w² − lo²) / (2·hi), with p = L(lo), u = L'(0), v = L'(hi) all
+    bounded below by 0, that is a bounded linear least squares."""
     lo = 2.0
-    x = w - lo
-    span = 2 * (hi - lo)
-    design = np.column_stack((np.ones_like(x), x - x * x / span, x * x / span))
+    span = 2 * hi
+    bend = (w * w - lo * lo) / span
+    design = np.column_stack((np.ones_like(w), (w - lo) - bend, bend))
     scale = np.abs(design).max(axis=0)
     p, u, v = lsq_linear(design / scale, latency, bounds=(0, np.inf), method="bvls").x / scale
     c = (v - u) / span
-    b = u - 2 * c * lo
-    a = p - b * lo - c * lo * lo
-    return np.array([a, b, c])
+    return np.array([p - u * lo - c * lo * lo, u, c])
 
 
 class Slope:

@@ -16,7 +16,7 @@ import numpy as np
 from ..artifacts.params import PolicyParameters
 from ..workbench.store import Store
 from .acceptance import AcceptanceFitter
-from .campaign import FitError, _capture_arrays, _run
+from .campaign import FitError, campaign_run, usable_capture_rounds
 from .rate import dinkelbach
 
 
@@ -37,8 +37,8 @@ def transfer_from_store(db: Path, name: str, acceptance: PolicyParameters, costs
     """`transfer_costs` over the capture run of campaign `name` in the store at `db`."""
     with Store(db, read_only=True) as store:
         store.verify()
-        arrays = _capture_arrays(store, _run(store, name, "capture")["run_id"])
-    if arrays["D"] != acceptance.draft_len:
-        raise FitError(f"campaign {name!r} in {db} captured D = {arrays['D']} draft tokens; the acceptance "
+        rounds = usable_capture_rounds(store, campaign_run(store, name, "capture"))
+    if rounds.draft_len != acceptance.draft_len:
+        raise FitError(f"campaign {name!r} in {db} captured D = {rounds.draft_len} draft tokens; the acceptance "
                        f"artifact has D = {acceptance.draft_len}")
-    return transfer_costs(acceptance, costs, arrays["conf"], arrays["ent"])
+    return transfer_costs(acceptance, costs, rounds.confidence, rounds.entropy)

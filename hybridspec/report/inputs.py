@@ -14,10 +14,10 @@ import polars as pl
 
 from ..artifacts.artifact import load_artifact
 from ..artifacts.params import PolicyParameters
+from ..fitters.capture_rounds import held_out_prompts, read_capture_rounds
 from ..workbench.store import Store, run_id_for
 
 CALIBRATION_PASSES = ("capture", "fixed", "stage0", "moe", "routing", "profile")
-HELD_OUT_EVERY = 5  # fit_campaign holds out every fifth calibration prompt (sorted ids), i % 5 == 4
 
 
 class ReportError(ValueError):
@@ -54,7 +54,7 @@ class ReportInputs:
                 f"`hybridspec capture --db {self.db} --name {self.campaign} --passes {pass_name}`")
 
     def missing_artifact(self, what: str) -> str:
-        return (f"no artifact given: {what} needs one (`hybridspec fit --db {self.db} --run {self.campaign} "
+        return (f"no artifact given: {what} needs one (`hybridspec fit --db {self.db} --name {self.campaign} "
                 "--out A`, then report with --artifact A)")
 
 
@@ -92,7 +92,7 @@ def _resolve_campaign(store: Store, campaign: str | None) -> tuple[str | None, s
         return campaign, f"campaign {campaign!r} (as asked)"
     if not names:
         return None, "no calibration runs in the store"
-    others = f"; others: {', '.join(repr(n) for n in names[1:])} (choose with --campaign)" if names[1:] else ""
+    others = f"; others: {', '.join(repr(n) for n in names[1:])} (choose with --name)" if names[1:] else ""
     return names[0], f"campaign {names[0]!r} (the newest capture campaign{others})"
 
 
@@ -112,8 +112,8 @@ class CaptureRounds:
 
     def held_out(self) -> tuple[np.ndarray, str]:
         """(mask [N], description): the fit's held-out rounds, every fifth prompt; all rounds if none."""
-        prompts = sorted(set(self.prompt_id.tolist()))
-        held = {p for i, p in enumerate(prompts) if i % HELD_OUT_EVERY == HELD_OUT_EVERY - 1}
+        prompts = set(self.prompt_id.tolist())
+        held = held_out_prompts(prompts)
         mask = np.isin(self.prompt_id, list(held))
         if mask.any():
             return mask, (f"held-out rounds: {len(held)} of {len(prompts)} prompts (every fifth by id, "
@@ -133,21 +133,8 @@ def _read_capture_rounds(inputs: ReportInputs) -> CaptureRounds | None:
     run_id = inputs.run_id("capture")
     if run_id is None:
         return None
-    rounds = inputs.frame(
-        "SELECT r.prompt_id, r.round_idx, r.accepted_full, p.category FROM rounds r JOIN prompts p "
-        "USING (run_id, prompt_id) WHERE r.run_id = ? AND NOT r.truncated AND r.accepted_full IS NOT NULL "
-        "ORDER BY r.prompt_id, r.round_idx", [run_id])
-    positions = inputs.frame(
-        "SELECT d.prompt_id, d.round_idx, d.position, d.confidence, d.entropy FROM draft_positions d "
-        "JOIN rounds r USING (run_id, prompt_id, round_idx) WHERE d.run_id = ? AND NOT r.truncated "
-        "AND r.accepted_full IS NOT NULL ORDER BY d.prompt_id, d.round_idx, d.position", [run_id])
-    if rounds.is_empty():
+    rounds = read_capture_rounds(inputs.store, run_id)
+    if not len(rounds.accepted_full) or rounds.draft_len == 0:
         return None
-    D = int(positions["position"].max())
-    index = {key: k for k, key in enumerate(zip(rounds["prompt_id"], rounds["round_idx"]))}
-    rows = np.array([index[key] for key in zip(positions["prompt_id"], positions["round_idx"])])
-    conf, ent = np.zeros((len(rounds), D)), np.zeros((len(rounds), D))
-    conf[rows, positions["position"].to_numpy() - 1] = positions["confidence"].to_numpy()
-    ent[rows, positions["position"].to_numpy() - 1] = positions["entropy"].to_numpy()
-    return CaptureRounds(rounds["prompt_id"].to_numpy(), rounds["category"].to_numpy(),
-                         rounds["accepted_full"].to_numpy(), conf, ent)
+    conf, ent = (np.nan_to_num(x, nan=0.0) for x in (rounds.confidence, rounds.entropy))  # 0: not recorded
+    return CaptureRounds(rounds.prompt_id, rounds.category, rounds.accepted_full, conf, ent)

@@ -7,9 +7,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..artifacts.params import AcceptanceModel
+from ..artifacts.params import ENTROPY_EPS, AcceptanceModel
 
-ENTROPY_EPS = 1e-6  # keeps log(h_i / h̄_{i−1}) finite when an entropy is exactly 0
 
 
 def smoothed_entropy(entropy: Tensor) -> Tensor:

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from ..artifacts.artifact import check_identity, load_artifact
-from ..artifacts.params import PolicyParameters
+from ..artifacts.params import ENTROPY_EPS, PolicyParameters
 from .acceptance import AcceptanceEstimator
 
 POLICY_NAMES = ("ar", "full", "static:N", "ratio", "ratio4", "nominal", "hybridspec")
@@ -166,7 +166,7 @@ class NominalPolicy(Policy):
         correction = None if layer0_experts is None else (layer0_experts, self.cost64, self.nbar_all64,
                                                           self.nbar_cond64, self.scalars64)
         select_lengths(confidence, entropy, est.iso_x, est.iso_y, est.coef, self.lengths, self.cost, self.params.rho,
-                       w_rem, out, self.p_hat, correction)
+                       w_rem, out, self.p_hat, correction, entropy_eps=ENTROPY_EPS)
 
 
 class HybridSpecPolicy(NominalPolicy):

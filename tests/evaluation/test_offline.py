@@ -55,6 +55,7 @@ def _write_capture(store: Store, name: str, n_rounds: int, seed: int) -> dict:
                 for key, value in zip(kept, (category, a_d[r], conf[r], ent[r], fresh[r])):
                     kept[key].append(value)
         store.commit_unit(run, f"prompt:p{p}", rows)
+    store.finish_shard(run, 0)
     return {k: np.array(v) for k, v in kept.items()}
 
 

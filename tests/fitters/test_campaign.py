@@ -21,9 +21,10 @@ def _spec(pass_name):
                    dtype="float32", backend="torch")
 
 
-def write_synthetic_store(path, n_rounds=2500, seed=0, noise=False):
+def write_synthetic_store(path, n_rounds=2500, seed=0, noise=False, finished=True):
     """A campaign `synth` drawn from known parameters; `noise`: every timing pure noise instead
-    (latencies that do not depend on w, u or the expert count)."""
+    (latencies that do not depend on w, u or the expert count); `finished`: every run finished (else
+    every run still 'running', as a capture stopped before its last unit leaves it)."""
     rng = np.random.default_rng(seed)
 
     def timed(mean: float) -> float:  # µs
@@ -70,6 +71,8 @@ def write_synthetic_store(path, n_rounds=2500, seed=0, noise=False):
                 rows.append(dict(run_id=run, prompt_id="p0", round_idx=r_i, position=i, new_l0_experts=n0,
                                  new_later_pairs=int(round(1 + 9 * n0 + rng.normal(0, 1)))))
         store.commit_unit(run, "routing", {"routing_positions": rows})
+        for (run,) in store.query("SELECT run_id FROM runs") if finished else ():
+            store.finish_shard(run, 0)
     return conf, ent, a_d
 
 
@@ -92,8 +95,8 @@ def test_synthetic_campaign_comes_back(tmp_path):
 def test_missing_pass_is_named(tmp_path):
     db = tmp_path / "partial.duckdb"
     with Store(db) as store:
-        store.start_run(_spec("capture"))
-    with pytest.raises(FitError, match="no complete|no fixed run"):
+        store.finish_shard(store.start_run(_spec("capture")), 0)
+    with pytest.raises(FitError, match="'synth' has no fixed run"):
         fit_campaign(db, "synth")
 
 
@@ -135,5 +138,60 @@ def test_runs_of_different_settings_are_not_fitted_together(tmp_path, pass_name,
     write_synthetic_store(db, n_rounds=300)
     with Store(db) as store:
         store.con.execute(f"UPDATE runs SET {update} WHERE pass = ?", [pass_name])
+    with pytest.raises(FitError, match=message):
+        fit_campaign(db, "synth")
+
+
+def test_an_unfinished_run_is_not_fitted(tmp_path):
+    """A capture stopped before its last unit leaves its runs 'running': fit names the run and the
+    command that completes it, for the first unfinished pass."""
+    db = tmp_path / "stopped.duckdb"
+    write_synthetic_store(db, n_rounds=300, finished=False)
+    with pytest.raises(FitError, match=r"the capture run of campaign 'synth' \(run \w+\) in \S+stopped.duckdb is "
+                                       r"unfinished \(status 'running'\): .*`hybridspec capture --db \S+stopped.duckdb "
+                                       r"--name synth --passes capture --resume`"):
+        fit_campaign(db, "synth")
+    with Store(db) as store:  # every pass but the last finished
+        for (run,) in store.query("SELECT run_id FROM runs WHERE pass <> 'routing'"):
+            store.finish_shard(run, 0)
+    with pytest.raises(FitError, match=r"the routing run .* is unfinished .*--passes routing --resume`"):
+        fit_campaign(db, "synth")
+
+
+def test_one_shard_of_a_sharded_capture_is_not_fitted(tmp_path):
+    """The store of `capture --shard 0/2` alone holds half of every run: fit names the shards finished
+    and both ways to complete the run (merge the shard stores, or capture the missing shard)."""
+    db = tmp_path / "shard0.duckdb"
+    write_synthetic_store(db, n_rounds=300, finished=False)
+    with Store(db) as store:
+        store.con.execute("UPDATE runs SET shard_count = 2")
+        store.con.execute("UPDATE run_shards SET shard_count = 2")
+        for (run,) in store.query("SELECT run_id FROM runs"):
+            store.finish_shard(run, 0)
+        assert store.query("SELECT DISTINCT status FROM runs") == [("running",)]
+    with pytest.raises(FitError, match=r"the capture run of campaign 'synth' .* is unfinished \(status 'running'\): "
+                                       r"1 of 2 shards finished in this store; .*`hybridspec merge OUT "
+                                       r"\S+shard0.duckdb SHARD_STORE\.\.\.`.*`hybridspec capture --db "
+                                       r"\S+shard0.duckdb --name synth --passes capture --shard 1/2 --resume`"):
+        fit_campaign(db, "synth")
+
+
+@pytest.mark.parametrize("delete, message", [
+    ("draft_positions", r"the capture run of campaign 'synth' .* has 300 complete rounds but no rows in table "
+                        r"draft_positions"),
+    ("draft_positions WHERE prompt_id = 'p1' AND round_idx = 4 AND position = 7",
+     r"the capture run .*: 1 of 300 complete rounds lack some of draft positions 1…15 in table draft_positions"),
+    ("rounds", r"the capture run .* has no complete \(untruncated, fully verified\) rounds in table rounds"),
+    ("fixed_length_timings WHERE w >= 2", r"the fixed run of campaign 'synth' \(run \w+\) in \S+ has no usable rows "
+                                          r"in table fixed_length_timings \(NOT truncated AND w >= 2\)"),
+    ("stage0_timings", r"the stage0 run .* has no usable rows in table stage0_timings$"),
+    ("moe_bench", r"the moe run .* has no usable rows in table moe_bench$"),
+    ("routing_positions", r"the routing run .* has no usable rows in table routing_positions$"),
+])
+def test_an_empty_table_is_named_with_its_run(tmp_path, delete, message):
+    db = tmp_path / "empty.duckdb"
+    write_synthetic_store(db, n_rounds=300)
+    with Store(db) as store:
+        store.con.execute(f"DELETE FROM {delete}")
     with pytest.raises(FitError, match=message):
         fit_campaign(db, "synth")

@@ -127,13 +127,13 @@ def test_stalled_timings_refit_as_non_decreasing_and_rho_converges():
     assert cost.constrained_ and any("non-decreasing" in m for m in cost.warnings_)
     grid = np.linspace(2, 16, 141)
     assert np.all(np.diff(cost.fixed_cost_ + cost.cost(grid)) >= -1e-12)
-    # oracle: the plain fit is infeasible, so the optimum has L'(2) = 0, L'(16) = 0 or both (a constant);
+    # oracle: the plain fit is infeasible, so the optimum has L'(0) = 0, L'(16) = 0 or both (a constant);
     # each is an equality-constrained least squares solved by substitution b = -2c·x
     candidates = [np.array([latency.mean(), 0.0, 0.0])]
-    for x in (2.0, 16.0):
+    for x in (0.0, 16.0):
         (a, c), *_ = np.linalg.lstsq(np.column_stack((np.ones_like(w), w * w - 2 * x * w)), latency, rcond=None)
         candidates.append(np.array([a, -2 * x * c, c]))
-    feasible = [z for z in candidates if z[1] + 4 * z[2] >= -1e-12 and z[1] + 32 * z[2] >= -1e-12]
+    feasible = [z for z in candidates if z[1] >= -1e-12 and z[1] + 32 * z[2] >= -1e-12]
     assert _sse(cost.coef_, w, latency) == pytest.approx(min(_sse(z, w, latency) for z in feasible), rel=1e-9)
     # ρ converges on the refitted curve, and to a throughput between the shortest and longest length's
     prefix = np.clip(rng.uniform(0.2, 1.0, (300, 15)).cumprod(axis=1), 0, 1)
@@ -165,6 +165,35 @@ def test_the_curve_holds_up_to_the_longest_selectable_length_not_the_longest_mea
     prefix = np.clip(rng.uniform(0.2, 1.0, (300, 15)).cumprod(axis=1), 0, 1)
     rho, _ = dinkelbach(prefix, cost.table(16), cost.fixed_cost_, range(2, 17))
     assert rho > 0
+
+
+def test_the_refitted_cost_of_every_length_is_non_negative():
+    """Per-length medians of a quick CPU fixed pass (ms): the plain fit falls on [2, 9]; a refit that
+    only keeps L non-decreasing on [2, 16] may fall on [0, 2], leaving C_tgt(w) = L(w) − L(0) < 0."""
+    w = np.arange(2, 17, 2.0)
+    latency = 1e-3 * np.array([39.936, 22.312, 18.403, 44.567, 24.803, 20.546, 48.451, 22.652])
+    cost = QuadraticCost().fit(w, latency, max_length=16)
+    assert cost.constrained_ and any("non-decreasing" in m for m in cost.warnings_)
+    table = cost.table(16)
+    assert np.all(table[2:] >= 0) and np.all(np.diff(table[2:]) >= -1e-15)
+    grid = np.linspace(0, 16, 161)
+    assert np.all(cost.cost(grid) >= -1e-15) and np.all(np.diff(cost.fixed_cost_ + cost.cost(grid)) >= -1e-15)
+    # oracle: the optimum over L'(0) ≥ 0, L'(16) ≥ 0, L(2) ≥ 0 lies on L'(0) = 0 (b = 0) or L'(16) = 0
+    candidates = [np.array([latency.mean(), 0.0, 0.0])]
+    for x in (0.0, 16.0):
+        (a, c), *_ = np.linalg.lstsq(np.column_stack((np.ones_like(w), w * w - 2 * x * w)), latency, rcond=None)
+        candidates.append(np.array([a, -2 * x * c, c]))
+    feasible = [z for z in candidates if z[1] >= -1e-12 and z[1] + 32 * z[2] >= -1e-12]
+    assert _sse(cost.coef_, w, latency) == pytest.approx(min(_sse(z, w, latency) for z in feasible), rel=1e-9)
+
+
+def test_a_plain_fit_below_its_value_at_zero_is_refitted():
+    """Rising on [2, 16] and positive at 2, but with b + 2c < 0: C_tgt(2) = 2b + 4c < 0."""
+    w = np.arange(2, 17.0)
+    latency = 1e-2 - 2e-3 * w + 6e-4 * w * w  # L'(2) = 4e-4 > 0, C_tgt(2) = -1.6e-3
+    cost = QuadraticCost().fit(w, latency, max_length=16)
+    assert cost.constrained_ and any("C_tgt(2) < 0" in m for m in cost.warnings_)
+    assert np.all(cost.table(16)[2:] >= 0) and cost.coef_[1] >= 0
 
 
 def test_routing_tables_follow_the_definition():

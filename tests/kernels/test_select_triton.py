@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import torch
 
-from hybridspec.artifacts.params import AcceptanceModel
+from hybridspec.artifacts.params import ENTROPY_EPS, AcceptanceModel
 from hybridspec.kernels.select import reference
 from hybridspec.runtime.policies import HybridSpecPolicy, NominalPolicy, expected_tokens
 from tests.runtime.helpers import policy_parameters
@@ -77,7 +77,8 @@ def test_selector_kernel_matches_the_torch_form(kind, seed):
         est = policy.estimator
         correction = (layer0, policy.cost64, policy.nbar_all64, policy.nbar_cond64, policy.scalars64)
         reference.select_lengths(confidence, entropy, est.iso_x, est.iso_y, est.coef, policy.lengths, policy.cost,
-                                 params.rho, w_rem, plain, plain_p, correction if kind is HybridSpecPolicy else None)
+                                 params.rho, w_rem, plain, plain_p, correction if kind is HybridSpecPolicy else None,
+                                 entropy_eps=ENTROPY_EPS)
         torch.testing.assert_close(plain_p, p_hat, rtol=1e-5, atol=1e-7)
         assert [int(t) for t in plain] == [int(t) for t in out], f"trial {trial}"
     assert checked >= 8
@@ -95,7 +96,7 @@ def test_p_hat_and_the_chosen_length_by_hand():
     p_hat = torch.empty(params.draft_len)
     est = policy.estimator
     select_lengths(confidence, entropy, est.iso_x, est.iso_y, est.coef, policy.lengths, policy.cost, params.rho,
-                   torch.tensor([params.draft_len + 1]), out, p_hat)
+                   torch.tensor([params.draft_len + 1]), out, p_hat, entropy_eps=ENTROPY_EPS)
     torch.testing.assert_close(p_hat, est.prefix(confidence, entropy), rtol=2e-6, atol=1e-7)
     gain = [1.0 + float(p_hat[: w - 1].sum()) for w in params.lengths]
     scores = [gv - params.rho * params.cost[w] for gv, w in zip(gain, params.lengths)]

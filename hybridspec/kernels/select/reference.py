@@ -9,7 +9,6 @@ import math
 import torch
 from torch import Tensor
 
-ENTROPY_EPS = 1e-6
 
 
 def _calibrate(c: float, xs: list[float], ys: list[float]) -> float:
@@ -24,7 +23,8 @@ def _calibrate(c: float, xs: list[float], ys: list[float]) -> float:
 
 def select_lengths(confidence: Tensor, entropy: Tensor, iso_x: Tensor, iso_y: Tensor, coef: Tensor, lengths: Tensor,
                    cost: Tensor, rho: float, w_rem: Tensor, out: tuple[Tensor, Tensor, Tensor], p_hat: Tensor,
-                   correction: tuple[Tensor, Tensor, Tensor, Tensor, Tensor] | None = None) -> None:
+                   correction: tuple[Tensor, Tensor, Tensor, Tensor, Tensor] | None = None, *,
+                   entropy_eps: float) -> None:
     conf, ent = confidence.tolist(), entropy.tolist()
     c = coef.tolist()
     D, W = len(conf), cost.shape[0] - 1
@@ -34,7 +34,7 @@ def select_lengths(confidence: Tensor, entropy: Tensor, iso_x: Tensor, iso_y: Te
         smooth_prev = (ent[i] + smooth_prev) / 2  # h̄_i
         cal = _calibrate(conf[i], iso_x[i].tolist(), iso_y[i].tolist())
         logit = (c[0] + c[1] * cal + c[2] * (i + 1) + c[3] * cal * (i + 1) + c[4] * math.log1p(smooth_prev)
-                 + c[5] * math.log((ent[i] + ENTROPY_EPS) / (previous + ENTROPY_EPS)))
+                 + c[5] * math.log((ent[i] + entropy_eps) / (previous + entropy_eps)))
         prod *= 1 / (1 + math.exp(-logit))  # ĉ_i, then p̂_i = Π_{j≤i} ĉ_j
         p.append(prod)
     p_hat.copy_(torch.tensor(p))

@@ -17,9 +17,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from hybridspec.kernels.interpreter import interpreted
+from hybridspec.kernels.interpreter import check_device
 
-ENTROPY_EPS = 1e-6  # as runtime.acceptance: log(h_i / h̄_{i−1}) finite at zero entropy
 
 
 @triton.jit
@@ -127,7 +126,8 @@ def _select_kernel(conf_ptr, ent_ptr, iso_x_ptr, iso_y_ptr, coef_ptr, lengths_pt
 
 def select_lengths(confidence: Tensor, entropy: Tensor, iso_x: Tensor, iso_y: Tensor, coef: Tensor, lengths: Tensor,
                    cost: Tensor, rho: float, w_rem: Tensor, out: tuple[Tensor, Tensor, Tensor], p_hat: Tensor,
-                   correction: tuple[Tensor, Tensor, Tensor, Tensor, Tensor] | None = None) -> None:
+                   correction: tuple[Tensor, Tensor, Tensor, Tensor, Tensor] | None = None, *,
+                   entropy_eps: float) -> None:
     """Write w0, w_c, w (each [1] long, `out`) and p̂ [D] (fp32) of one round.
 
     confidence, entropy [D]; iso_x, iso_y [D, K] fp32 (rows padded with their last point); coef [6]
@@ -135,7 +135,7 @@ def select_lengths(confidence: Tensor, entropy: Tensor, iso_x: Tensor, iso_y: Te
     longest length the budget allows. correction (HybridSpec): (Layer-0 expert ids [W, k] of the
     whole block, then float64: cost [W + 1], n̄_all [W + 1], n̄_all(· | n) [W + 1, n_max + 1] and
     [η, s, ρ]);
-    without it w_c = w0."""
+    without it w_c = w0. entropy_eps: the acceptance model's ε (`artifacts.params.ENTROPY_EPS`)."""
     D, K = iso_x.shape
     W = cost.shape[0] - 1
     if confidence.shape != (D,) or entropy.shape != (D,) or W != D + 1 or coef.shape != (6,):
@@ -148,9 +148,8 @@ def select_lengths(confidence: Tensor, entropy: Tensor, iso_x: Tensor, iso_y: Te
     for name, t in (("iso_x", iso_x), ("iso_y", iso_y), ("coef", coef), ("lengths", lengths), ("cost", cost)):
         if not t.is_contiguous():
             raise ValueError(f"select_lengths: {name} must be contiguous (stride {t.stride()})")
-    if confidence.device.type != "cuda" and not interpreted():
-        raise ValueError("select_lengths: the Triton kernel needs CUDA tensors (CPU tensors only with "
-                         "TRITON_INTERPRET=1 set before import)")
+    check_device("select_lengths", confidence=confidence, entropy=entropy, iso_x=iso_x, iso_y=iso_y, coef=coef,
+                 lengths=lengths, cost=cost, w_rem=w_rem, p_hat=p_hat)
     correct = correction is not None
     if correct:
         ids, cost64, nbar_all, nbar_cond, scalars = correction
@@ -171,4 +170,4 @@ def select_lengths(confidence: Tensor, entropy: Tensor, iso_x: Tensor, iso_y: Te
         D=D, K=K, L=lengths.shape[0], W=W, TOPK=topk, NCOND=ncond, CORRECT=correct,
         BD=triton.next_power_of_2(D), BK=triton.next_power_of_2(K), BL=triton.next_power_of_2(lengths.shape[0]),
         BW=triton.next_power_of_2(W + 1), BT=triton.next_power_of_2(topk),
-        EPS=ENTROPY_EPS, num_warps=1)
+        EPS=entropy_eps, num_warps=1)
