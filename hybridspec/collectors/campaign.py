@@ -1,8 +1,11 @@
 """A calibration campaign: the selected passes, run through the real runtime, into one store.
 
-Order of checks (every cheap error before any model is loaded): options → store path writable →
-store schema → run names free (or --resume / --overwrite) → prompt file → model identity hashes →
-model load → per pass: run identity (a resumed run must match model, drafter, device, params).
+Order of checks (every cheap error before any model is loaded, and every error that needs no store
+before the store is created or opened, so that a refused invocation leaves no store behind and an
+existing one as it was): options → prompt file (its split, categories) → model identity hashes →
+prompt token ids → store path writable → store schema and damage → run names free (or --resume /
+--overwrite) → model load → per pass: run identity (a resumed run must match model, drafter,
+device, params and, for timed passes, threads and GPU: `store.identity_keys`).
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from ..workbench.prompts import Prompt, load_prompts, select_categories
 from ..workbench.runinfo import cpu_model, file_digest, gpu_model, set_threads, software_versions
 from ..workbench.store import RunSpec, Store
 from .capture import CapturePass
-from .common import CaptureConfig, CaptureConfigError, CollectorPass, PassContext, PromptIds
+from .common import (QUICK_PROMPTS_PER_CATEGORY, CaptureConfig, CaptureConfigError, CollectorPass, PassContext,
+                     PromptIds)
 from .fixed import FixedPass, subset_per_category
 from .moe import MoePass
 from .parallel import campaign_store, run_data_parallel, run_tensor_parallel
@@ -33,7 +37,6 @@ from .stage0 import Stage0Pass
 
 PASSES: dict[str, type] = {"capture": CapturePass, "fixed": FixedPass, "stage0": Stage0Pass, "moe": MoePass,
                            "routing": RoutingPass, "profile": ProfilePass}
-QUICK_PROMPTS_PER_CATEGORY = 2
 MAX_BLOCK = 64  # context headroom for the drafter block (generate_fully_verified runs N + W tokens)
 
 
@@ -111,37 +114,50 @@ def read_vocab_size(model: str) -> int:
     return int(config.get("text_config", config)["vocab_size"])
 
 
+def load_run_prompts(config, error: type[ValueError]) -> tuple[Path, list[Prompt]]:
+    """The prompt file of a capture or eval (`config.prompts`, else the embedded set) and its prompts of
+    `config.split` and `config.categories`, with --quick the first QUICK_PROMPTS_PER_CATEGORY of each
+    category, in file order; errors name the file (and line)."""
+    prompt_file = Path(config.prompts) if config.prompts is not None else EMBEDDED / "prompts.jsonl"
+    prompts = load_prompts(prompt_file, split=config.split)  # file:line errors
+    if not prompts:
+        raise error(f"{prompt_file}: no prompts of split {config.split!r}")
+    prompts = select_categories(prompts, config.categories, f"split {config.split!r} of {prompt_file}")
+    if config.quick:
+        prompts = subset_per_category(prompts, QUICK_PROMPTS_PER_CATEGORY)
+    return prompt_file, prompts
+
+
+def tokenized_prompts(prompts: list[Prompt], models: ModelIdentity, prompt_file: Path) -> list[PromptIds]:
+    """`prompt_ids` with the target's tokenizer and vocabulary (read from its directory, no weights)."""
+    codec = load_codec(Path(models.model)) if Path(models.model).is_dir() else None
+    return prompt_ids(prompts, codec, read_vocab_size(models.model), prompt_file)
+
+
 def run_campaign(config: CaptureConfig, reporter: Reporter | None = None) -> list[PassSummary]:
     """Run `config.passes` into `config.db`; one summary per pass (`--nproc` and `--tp` run it over
     several processes: `parallel.py`; None on torchrun's ranks other than 0)."""
+    prompt_file, prompts = load_run_prompts(config, CaptureConfigError)  # before any store is touched
+    models = resolve_models(config)
+    ids = tokenized_prompts(prompts, models, prompt_file)
+    backend = resolve_backend(config.backend, config.device)
     if config.nproc > 1:
         return run_data_parallel(config)
     if config.tp > 1 and not dist.is_initialized():
         return run_tensor_parallel(config)
     reporter = reporter or NullReporter()
     shard_index, shard_count = config.shard
-    prompt_file = Path(config.prompts) if config.prompts is not None else EMBEDDED / "prompts.jsonl"
     threads = set_threads(config.threads, config.device)
     with campaign_store(config) as store:
         for name in config.passes:
             store.check_name_free(config.name, name, shard_index, resume=config.resume, overwrite=config.overwrite)
-        prompts = load_prompts(prompt_file, split=config.split)  # file:line errors
-        if not prompts:
-            raise CaptureConfigError(f"{prompt_file}: no prompts of split {config.split!r}")
-        prompts = select_categories(prompts, config.categories, f"split {config.split!r} of {prompt_file}")
-        if config.quick:
-            prompts = subset_per_category(prompts, QUICK_PROMPTS_PER_CATEGORY)
-        models = resolve_models(config)
-        backend = resolve_backend(config.backend, config.device)
-        codec = load_codec(Path(models.model)) if Path(models.model).is_dir() else None
-        vocab = read_vocab_size(models.model)
-        ids = prompt_ids(prompts, codec, vocab, prompt_file)
         session = open_session(models.model, models.drafter, device=config.device, dtype=config.dtype,
                                backend=backend, seed=config.seed, graphs=config.graphs, tensor_parallel=config.tp > 1,
                                expert_parallel=config.expert_parallel,
                                max_context=max(len(p.ids) for p in ids) + config.new_tokens + 2 * MAX_BLOCK)
         ctx = PassContext(config, session, ids, file_digest(prompt_file))
-        host = dict(versions=software_versions(), threads=threads, host_cpu=cpu_model(), host_gpu=gpu_model(config.device))
+        host = dict(versions=software_versions(), threads=threads, host_cpu=cpu_model(),
+                    host_gpu=gpu_model(config.device))
         summaries = []
         with torch.no_grad():
             for name in config.passes:

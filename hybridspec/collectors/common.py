@@ -14,9 +14,10 @@ A pass is a module with one class exposing
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import torch
 from torch import Tensor
@@ -25,7 +26,11 @@ from ..runtime.session import Session
 
 ALL_PASSES = ("capture", "fixed", "stage0", "moe", "routing")  # `all`: what `fit` needs
 PASS_NAMES = (*ALL_PASSES, "profile")  # profile: the cost profile by module, only when named
-DEFAULT_NEW_TOKENS, QUICK_NEW_TOKENS = 128, 64
+DEFAULT_NEW_TOKENS = 128  # output limit per prompt of capture and eval (`--max-new-tokens`)
+QUICK_PROMPTS_PER_CATEGORY = 2  # capture and eval with --quick: the first prompts of each category
+# measurement blocks of the Stage-0 and MoE benches: every length once per block, `PER_BLOCK` samples
+BLOCKS, PER_BLOCK, WARMUP = 10, 3, 5  # 30 samples per length
+QUICK_BLOCKS, QUICK_PER_BLOCK, QUICK_WARMUP = 4, 2, 2
 
 
 class CaptureConfigError(ValueError):
@@ -38,11 +43,16 @@ def parse_passes(text: str) -> tuple[str, ...]:
     names = [p.strip() for p in text.split(",") if p.strip()]
     if "all" in names:
         names = [*ALL_PASSES, *(n for n in names if n != "all")]
+    check_passes(names, repr(text))
+    return tuple(p for p in PASS_NAMES if p in names)
+
+
+def check_passes(names: Sequence[str], given: str) -> None:
+    """Every name one of `PASS_NAMES`, and at least one; `given` is the option as the user wrote it."""
     bad = [p for p in names if p not in PASS_NAMES]
     if bad or not names:
-        raise CaptureConfigError(f"--passes {text!r}: unknown pass {bad[0] if bad else '(none)'!r}; "
+        raise CaptureConfigError(f"--passes {given}: unknown pass {bad[0] if bad else '(none)'!r}; "
                                  f"choose from {', '.join(PASS_NAMES)} or all")
-    return tuple(p for p in PASS_NAMES if p in names)
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -51,9 +61,13 @@ def parse_shard(text: str) -> tuple[int, int]:
         index, count = (int(x) for x in text.split("/"))
     except ValueError:
         raise CaptureConfigError(f"--shard {text!r}: expected i/n with integers, e.g. 0/2") from None
-    if count < 1 or not 0 <= index < count:
-        raise CaptureConfigError(f"--shard {text!r}: need n ≥ 1 and 0 ≤ i < n (shards are numbered 0…n−1)")
+    check_shard(index, count, repr(text))
     return index, count
+
+
+def check_shard(index: int, count: int, given: str) -> None:
+    if count < 1 or not 0 <= index < count:
+        raise CaptureConfigError(f"--shard {given}: need n ≥ 1 and 0 ≤ i < n (shards are numbered 0…n−1)")
 
 
 def check_run_options(config, error: type[ValueError]) -> None:
@@ -71,9 +85,24 @@ def check_run_options(config, error: type[ValueError]) -> None:
         raise error(f"--threads {config.threads}: must be ≥ 1")
 
 
+class OutputLimit:
+    """`new_tokens` of a run's configuration: `max_new_tokens` when given, else `DEFAULT_NEW_TOKENS`,
+    or the class's `quick_new_tokens` with --quick."""
+
+    quick_new_tokens: ClassVar[int]
+
+    @property
+    def new_tokens(self) -> int:
+        if self.max_new_tokens is not None:
+            return self.max_new_tokens
+        return self.quick_new_tokens if self.quick else DEFAULT_NEW_TOKENS
+
+
 @dataclass(frozen=True)
-class CaptureConfig:
+class CaptureConfig(OutputLimit):
     """One `hybridspec capture` invocation (CLI values; validated on construction)."""
+
+    quick_new_tokens: ClassVar[int] = 64
 
     model: str | None = None  # None: the embedded default pair
     drafter: str | None = None
@@ -111,18 +140,8 @@ class CaptureConfig:
         if self.nproc > 1 and self.shard != (0, 1):
             raise CaptureConfigError(f"--nproc {self.nproc} runs its own shards (i/{self.nproc}, one per process): "
                                      f"it excludes --shard {self.shard[0]}/{self.shard[1]}")
-        bad = [p for p in self.passes if p not in PASS_NAMES]
-        if bad or not self.passes:
-            raise CaptureConfigError(f"passes {self.passes}: choose from {', '.join(PASS_NAMES)}")
-        index, count = self.shard
-        if count < 1 or not 0 <= index < count:
-            raise CaptureConfigError(f"--shard {index}/{count}: need n ≥ 1 and 0 ≤ i < n")
-
-    @property
-    def new_tokens(self) -> int:
-        if self.max_new_tokens is not None:
-            return self.max_new_tokens
-        return QUICK_NEW_TOKENS if self.quick else DEFAULT_NEW_TOKENS
+        check_passes(self.passes, ",".join(self.passes))
+        check_shard(*self.shard, "/".join(map(str, self.shard)))
 
 
 @dataclass(frozen=True)
@@ -161,6 +180,12 @@ class PassContext:
                 "prompt_ids": [p.id for p in self.prompts],
                 **({"categories": list(c.categories)} if c.categories else {})}
 
+    def timed_params(self) -> dict:
+        """`base_params` of a pass whose latencies are fitted or reported (fixed, stage0, moe, eval), and
+        `graphs`: whether its calls ran as CUDA graphs (`--graphs/--no-graphs`). Eager and replayed
+        timings are different runs; so are other thread counts and GPUs (`store.TIMED_PASSES`)."""
+        return {**self.base_params(), "graphs": self.config.graphs}
+
 
 @dataclass(frozen=True)
 class Unit:
@@ -183,6 +208,11 @@ def block_order(values: list, seed: int, block: int) -> list:
     alike instead of entering the fit as a function of the value (DESIGN A.9)."""
     generator = torch.Generator().manual_seed(seed * 1_000_003 + block)
     return [values[i] for i in torch.randperm(len(values), generator=generator).tolist()]
+
+
+def block_counts(ctx: PassContext) -> tuple[int, int, int]:
+    """(blocks, samples per block, warm-up calls) of a bench pass (Stage 0, MoE)."""
+    return (QUICK_BLOCKS, QUICK_PER_BLOCK, QUICK_WARMUP) if ctx.config.quick else (BLOCKS, PER_BLOCK, WARMUP)
 
 
 def prompt_row(run_id: str, prompt: PromptIds) -> dict:

@@ -11,8 +11,11 @@ drift of the machine over every policy alike; each policy gets one unrecorded wa
 per process (first-call costs).
 
 Order of checks, all before a model is loaded: options → model identities → artifact (needed,
-validated, fitted for this pair: `resolve_policy`) → policy names and lengths → store path → schema
-→ run name free (or --resume / --overwrite) → prompt file.
+validated, fitted for this pair: `resolve_policy`) → policy names and lengths → store path writable
+→ prompt file (its split, categories, token ids) → an existing store read whole, read-only (schema,
+damage) → run name free (or --resume / --overwrite) → `static:best` chosen on the campaign's capture
+run. Then the models are loaded, and only then is the store created or opened for writing, so a
+refused invocation leaves no store behind and an existing one as it was.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import polars as pl
 import torch
@@ -33,19 +37,15 @@ from ..runtime.config import drafter_config_from_dict, read_config_json
 from ..runtime.loading import RANDOM_BLOCK_SIZE
 from ..runtime.policies import NEEDS_PARAMETERS, PolicyError, make_policy, resolve_policy
 from ..runtime.sampling import SamplingParams
-from ..runtime.session import EMBEDDED, open_session, resolve_backend
-from ..runtime.tokenizer import load_codec
-from ..workbench.prompts import load_prompts, select_categories
+from ..runtime.session import open_session, resolve_backend
 from ..workbench.runinfo import cpu_model, file_digest, gpu_model, set_threads, software_versions
-from ..workbench.store import RunSpec, Store, check_writable, open_verified, run_id_for
-from .campaign import (MAX_BLOCK, NullReporter, PassSummary, Reporter, prompt_ids, read_vocab_size, resolve_models,
-                       run_pass)
-from .common import CaptureConfigError, PassContext, PromptIds, Unit, check_run_options, microseconds
-from .fixed import subset_per_category
+from ..workbench.store import RunSpec, Store, check_writable, run_id_for
+from .campaign import (MAX_BLOCK, NullReporter, PassSummary, Reporter, load_run_prompts, resolve_models, run_pass,
+                       tokenized_prompts)
+from .common import CaptureConfigError, OutputLimit, PassContext, PromptIds, Unit, check_run_options, microseconds
 
 PASS = EVAL_PASS
 DEFAULT_STATIC = 7  # the paper's static-length ablation (A.10); the artifact holds no static-length sweep
-DEFAULT_NEW_TOKENS, QUICK_NEW_TOKENS, QUICK_PROMPTS_PER_CATEGORY = 128, 32, 2
 ESTIMATES_UNIT = "offline-estimates"
 WARMUP_TOKENS = 8
 
@@ -55,9 +55,11 @@ class EvalConfigError(CaptureConfigError):
 
 
 @dataclass(frozen=True)
-class EvalConfig:
+class EvalConfig(OutputLimit):
     """One `hybridspec eval` invocation. Fields named as in `CaptureConfig` mean the same, so the
     capture driver (`PassContext`, `resolve_models`, `run_pass`) runs the eval pass unchanged."""
+
+    quick_new_tokens: ClassVar[int] = 32
 
     model: str | None = None  # None: the embedded default pair
     drafter: str | None = None
@@ -87,12 +89,6 @@ class EvalConfig:
             raise EvalConfigError(f"--temperature {self.temperature}: must be ≥ 0")
         if self.policies is not None and not self.policies:
             raise EvalConfigError("--policies is empty")
-
-    @property
-    def new_tokens(self) -> int:
-        if self.max_new_tokens is not None:
-            return self.max_new_tokens
-        return QUICK_NEW_TOKENS if self.quick else DEFAULT_NEW_TOKENS
 
 
 def parse_policies(text: str | None) -> tuple[str, ...] | None:
@@ -169,7 +165,7 @@ class EvalPass:
         self.sampling, self.draft_len = sampling, draft_len
 
     def params(self, ctx: PassContext) -> dict:
-        return {**ctx.base_params(), "policies": list(self.names), "max_new_tokens": ctx.config.new_tokens,
+        return {**ctx.timed_params(), "policies": list(self.names), "max_new_tokens": ctx.config.new_tokens,
                 "artifact": self.meta["content_sha256"] if self.meta else None,
                 "temperature": self.sampling.temperature, "sampling_seed": self.sampling.seed,
                 "draft_len": self.draft_len, "warmup_generations_per_policy": 1}
@@ -234,24 +230,16 @@ def run_eval(config: EvalConfig, reporter: Reporter | None = None) -> EvalResult
     if config.policies is not None:  # every other name checked before the store is touched
         resolve_policies(tuple(p for p in config.policies if p != BEST_STATIC), draft_len, params)
     check_writable(config.db)
-    prompt_file = Path(config.prompts) if config.prompts is not None else EMBEDDED / "prompts.jsonl"
+    prompt_file, prompts = load_run_prompts(config, EvalConfigError)
+    ids = tokenized_prompts(prompts, models, prompt_file)
     backend = resolve_backend(config.backend, config.device)  # stored with the run
+    requested, best_note = _check_store(config, params, meta)
+    policies = resolve_policies(requested, draft_len, params)
     threads = set_threads(config.threads, config.device)
-    with open_verified(config.db) as store:  # refuses a damaged store before writing into it
-        store.check_name_free(config.name, PASS, 0, resume=config.resume, overwrite=config.overwrite)
-        requested, best_note = choose_best_static(config.policies, store, params, meta, config)
-        policies = resolve_policies(requested, draft_len, params)
-        prompts = load_prompts(prompt_file, split=config.split)
-        if not prompts:
-            raise EvalConfigError(f"{prompt_file}: no prompts of split {config.split!r}")
-        prompts = select_categories(prompts, config.categories, f"split {config.split!r} of {prompt_file}")
-        if config.quick:
-            prompts = subset_per_category(prompts, QUICK_PROMPTS_PER_CATEGORY)
-        codec = load_codec(Path(models.model)) if Path(models.model).is_dir() else None
-        ids = prompt_ids(prompts, codec, read_vocab_size(models.model), prompt_file)
-        session = open_session(models.model, models.drafter, need_drafter=len(policies) > 1, device=config.device,
-                               dtype=config.dtype, backend=backend, seed=config.seed, graphs=config.graphs,
-                               max_context=max(len(p.ids) for p in ids) + config.new_tokens + 2 * MAX_BLOCK)
+    session = open_session(models.model, models.drafter, need_drafter=len(policies) > 1, device=config.device,
+                           dtype=config.dtype, backend=backend, seed=config.seed, graphs=config.graphs,
+                           max_context=max(len(p.ids) for p in ids) + config.new_tokens + 2 * MAX_BLOCK)
+    with Store(config.db) as store:
         ctx = PassContext(config, session, ids, file_digest(prompt_file))
         collector = EvalPass(store, policies, params, meta, SamplingParams(config.temperature, seed=config.seed),
                              draft_len)
@@ -270,6 +258,22 @@ def run_eval(config: EvalConfig, reporter: Reporter | None = None) -> EvalResult
             result.notes.append(best_note)
         _attach_estimates(store, result, params, meta, config)
     return result
+
+
+def _check_store(config: EvalConfig, params: PolicyParameters | None, meta: dict | None
+                 ) -> tuple[tuple[str, ...] | None, str | None]:
+    """The checks that read the store, an existing one opened read-only: intact (read whole), the run
+    name free, `static:best` resolved (`choose_best_static`: the policies and a note)."""
+    db = Path(config.db)
+    if not db.is_file():
+        if config.policies is not None and BEST_STATIC in config.policies:
+            raise EvalConfigError(f"--policies {BEST_STATIC}: {db}: campaign {config.name!r} has no capture run "
+                                  "(no such store)")
+        return config.policies, None
+    with Store(db, read_only=True) as store:
+        store.verify()
+        store.check_name_free(config.name, PASS, 0, resume=config.resume, overwrite=config.overwrite)
+        return choose_best_static(config.policies, store, params, meta, config)
 
 
 def _attach_estimates(store: Store, result: EvalResult, params, meta, config: EvalConfig) -> None:

@@ -15,7 +15,7 @@ from ..runtime.policies import make_policy
 from .common import PassContext, PromptIds, Unit, block_order, microseconds, prompt_row
 
 QUICK_LENGTHS = (2, 4, 6, 8, 10, 12, 14, 16)
-QUICK_PROMPTS_PER_CATEGORY = 1
+QUICK_FIXED_PROMPTS_PER_CATEGORY = 1  # blocks per category with --quick (of the campaign's prompts)
 AR_LENGTH = 1  # the `ar` rows: one target token per step, no draft
 
 
@@ -41,13 +41,13 @@ class FixedPass:
     name = "fixed"
 
     def _prompts(self, ctx: PassContext) -> list[PromptIds]:
-        return subset_per_category(ctx.prompts, QUICK_PROMPTS_PER_CATEGORY) if ctx.config.quick else ctx.prompts
+        return subset_per_category(ctx.prompts, QUICK_FIXED_PROMPTS_PER_CATEGORY) if ctx.config.quick else ctx.prompts
 
     def _lengths(self, ctx: PassContext) -> list[int]:
         return [AR_LENGTH, *supported_lengths(ctx.max_length, ctx.config.quick)]
 
     def params(self, ctx: PassContext) -> dict:
-        return {**ctx.base_params(), "lengths": supported_lengths(ctx.max_length, ctx.config.quick),
+        return {**ctx.timed_params(), "lengths": supported_lengths(ctx.max_length, ctx.config.quick),
                 "ar_steps": True, "order": "seeded random per block (one block per prompt)",
                 "fixed_prompt_ids": [p.id for p in self._prompts(ctx)], "max_new_tokens": ctx.config.new_tokens,
                 "draft_len": ctx.draft_len, "warmup_generations_per_w": 1}

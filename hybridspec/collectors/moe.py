@@ -5,9 +5,10 @@ top-k to min(16·k, E); latency samples of the layer's expert computation (route
 The routing is constructed, not computed: assignment j (row j // k, slot j % k) goes to expert
 S[j mod n] of a seeded permutation S, which gives exactly n distinct experts and k distinct
 experts per row whenever k ≤ n ≤ 16·k. On CUDA each n is timed as the replay of its CUDA graph, as
-the resident round runs the experts (an eager call would time its Python launches instead);
-elsewhere the call itself. A unit is one measurement block: every n, in a random order
-seeded by (seed, block), `per_block` samples each; `prepare` runs the warm-up calls (unrecorded).
+the resident round runs the experts (an eager call would time its Python launches instead); with
+--no-graphs, where the round runs eagerly, and elsewhere the call itself. A unit is one measurement
+block: every n, in a random order seeded by (seed, block), `per_block` samples each
+(`common.block_counts`); `prepare` runs the warm-up calls (unrecorded).
 """
 
 from __future__ import annotations
@@ -17,11 +18,10 @@ from torch import Tensor
 
 from ..workbench.profiling import replayable
 from ..workbench.timing import sample_latencies, timing_params
-from .common import PassContext, Unit, block_order
+from .common import PassContext, Unit, block_counts, block_order
 
 ROWS = 16
-BLOCKS, PER_BLOCK, WARMUP = 10, 3, 5  # 30 samples per n
-QUICK_BLOCKS, QUICK_PER_BLOCK, QUICK_WARMUP, QUICK_POINTS = 4, 2, 2, 6
+QUICK_POINTS = 6  # distinct-expert counts with --quick
 
 
 def routing_with_distinct(n_rows: int, top_k: int, n_distinct: int, num_experts: int, seed: int = 0) -> Tensor:
@@ -42,11 +42,6 @@ def distinct_sweep(top_k: int, num_experts: int, quick: bool) -> list[int]:
     return sorted({round(low + i * step) for i in range(QUICK_POINTS)})
 
 
-def _counts(ctx: PassContext) -> tuple[int, int, int]:
-    """(blocks, samples per block, warm-up calls) of the pass."""
-    return (QUICK_BLOCKS, QUICK_PER_BLOCK, QUICK_WARMUP) if ctx.config.quick else (BLOCKS, PER_BLOCK, WARMUP)
-
-
 class MoePass:
     name = "moe"
 
@@ -58,14 +53,14 @@ class MoePass:
         return distinct_sweep(cfg.num_experts_per_tok, cfg.num_experts, ctx.config.quick)
 
     def params(self, ctx: PassContext) -> dict:
-        cfg, (blocks, per_block, warmup) = ctx.session.target.cfg, _counts(ctx)
-        return {**ctx.base_params(), "layer": self._layer(ctx), "n_rows": ROWS, "top_k": cfg.num_experts_per_tok,
+        cfg, (blocks, per_block, warmup) = ctx.session.target.cfg, block_counts(ctx)
+        return {**ctx.timed_params(), "layer": self._layer(ctx), "n_rows": ROWS, "top_k": cfg.num_experts_per_tok,
                 "num_experts": cfg.num_experts, "distinct": self._sweep(ctx), "samples": blocks * per_block,
                 "blocks": blocks, "per_block": per_block, "order": "seeded random per block", "warmup": warmup,
-                **timing_params(ctx.device)}
+                **timing_params(ctx.device, ctx.config.graphs)}
 
     def units(self, ctx: PassContext) -> list[Unit]:
-        return [Unit(f"block={b}", b) for b in range(_counts(ctx)[0])]
+        return [Unit(f"block={b}", b) for b in range(block_counts(ctx)[0])]
 
     def prepare(self, ctx: PassContext) -> None:
         target = ctx.session.target
@@ -75,8 +70,9 @@ class MoePass:
         gen = torch.Generator().manual_seed(ctx.config.seed)
         self.x = torch.randn(1, ROWS, target.cfg.hidden_size, generator=gen).to(device=p.device, dtype=p.dtype)
         for n in self._sweep(ctx):  # unrecorded warm-up of every n
-            sample_latencies(self._call(ctx, n), samples=1, warmup=_counts(ctx)[2], device=ctx.device)
-        self.calls = {n: replayable(self._call(ctx, n), ctx.device) for n in self._sweep(ctx)}
+            sample_latencies(self._call(ctx, n), samples=1, warmup=block_counts(ctx)[2], device=ctx.device)
+        self.calls = {n: replayable(self._call(ctx, n), ctx.device, graphs=ctx.config.graphs)
+                      for n in self._sweep(ctx)}
 
     def _call(self, ctx: PassContext, n: int):
         cfg = ctx.session.target.cfg
@@ -86,7 +82,7 @@ class MoePass:
         return lambda: self.mlp.run_experts(self.x, ids, weights)
 
     def collect(self, ctx: PassContext, block: int) -> dict[str, list[dict]]:
-        _, per_block, _ = _counts(ctx)
+        _, per_block, _ = block_counts(ctx)
         k = ctx.session.target.cfg.num_experts_per_tok
         rows = []
         for order, n in enumerate(block_order(self._sweep(ctx), ctx.config.seed, block)):

@@ -128,14 +128,8 @@ def run_data_parallel(config: CaptureConfig) -> list:
         raise StoreError(f"--nproc {count} runs process i on GPU i: give --device cuda, not {config.device}")
     check_writable(config.db)
     run_ids = [run_id_for(config.name, name) for name in config.passes]
-    with open_verified(config.db) as store:  # the campaign's own store: names free, schema current
-        for name, run_id in zip(config.passes, run_ids):
-            store.check_name_free(config.name, name, 0, resume=config.resume, overwrite=config.overwrite)
-            row = store.run_row(run_id)
-            if row is not None and not config.overwrite and row["shard_count"] != count:
-                raise StoreError(f"{config.db}: run {config.name!r} (pass {name}) was captured in {row['shard_count']} "
-                                 f"shard(s); --nproc {count} would capture it in {count}: resume it with --nproc "
-                                 f"{row['shard_count']}, or use --overwrite or another --name")
+    if Path(config.db).is_file():
+        _check_campaign_store(config, run_ids)
     shards = [dataclasses.replace(config, nproc=1, shard=(i, count), db=shard_store(config.db, i, count))
               for i in range(count)]
     with tempfile.TemporaryDirectory() as tmp:  # each shard's summaries, read once all have ended
@@ -144,8 +138,8 @@ def run_data_parallel(config: CaptureConfig) -> list:
         if missing:
             raise RuntimeError(f"--nproc {count}: shard(s) {missing} ended without a result (interrupted?)")
         per_shard = [pickle.loads((Path(tmp) / f"shard{i}.pkl").read_bytes()) for i in range(count)]
-    with Store(config.db) as store:
-        if config.overwrite:
+    if config.overwrite and Path(config.db).is_file():
+        with Store(config.db) as store:
             for run_id in run_ids:
                 store.delete_run(run_id)
     merge_stores(config.db, [s.db for s in shards], run_ids)  # this campaign's runs only
@@ -159,6 +153,21 @@ def run_data_parallel(config: CaptureConfig) -> list:
                                          sum(s.resumed for s in parts), sum(s.committed for s in parts), counts,
                                          max(s.seconds for s in parts)))
     return summaries
+
+
+def _check_campaign_store(config: CaptureConfig, run_ids: list[str]) -> None:
+    """The campaign's existing store, read-only (created or migrated only by the merge): intact, not
+    newer than this code, the run names free, and a resumed run captured in as many shards."""
+    count = config.nproc
+    with Store(config.db, read_only=True) as store:
+        store.verify()
+        for name, run_id in zip(config.passes, run_ids):
+            store.check_name_free(config.name, name, 0, resume=config.resume, overwrite=config.overwrite)
+            row = store.run_row(run_id)
+            if row is not None and not config.overwrite and row["shard_count"] != count:
+                raise StoreError(f"{config.db}: run {config.name!r} (pass {name}) was captured in {row['shard_count']} "
+                                 f"shard(s); --nproc {count} would capture it in {count}: resume it with --nproc "
+                                 f"{row['shard_count']}, or use --overwrite or another --name")
 
 
 def _shard_main(index: int, shards: list[CaptureConfig], folder: Path) -> None:

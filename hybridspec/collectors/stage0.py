@@ -5,9 +5,10 @@ Stage 0 never changes committed state (it fills round buffers only), so every sa
 the same context. The cache is put in the resident round's static form (a pending null commit of
 Layer 0 over the whole block, folded by every call), so each sample does the work Stage 0 does in a
 round. On CUDA each u is timed as the replay of its CUDA graph, as the resident round runs it (an
-eager call would time its Python launches instead); elsewhere the call itself. A unit is one
-measurement block: every u, in a random order seeded by (seed, block), `per_block` samples each;
-`prepare` runs the warm-up calls of every u (unrecorded).
+eager call would time its Python launches instead); with --no-graphs, where the round runs eagerly,
+and elsewhere the call itself. A unit is one measurement block: every u, in a random order seeded
+by (seed, block), `per_block` samples each (`common.block_counts`); `prepare` runs the warm-up
+calls of every u (unrecorded).
 """
 
 from __future__ import annotations
@@ -16,29 +17,23 @@ import torch
 
 from ..workbench.profiling import replayable
 from ..workbench.timing import sample_latencies, timing_params
-from .common import PassContext, Unit, block_order
+from .common import PassContext, Unit, block_counts, block_order
 
 CONTEXT_TOKENS = 64
-BLOCKS, PER_BLOCK, WARMUP = 10, 3, 5  # 30 samples per u
-QUICK_BLOCKS, QUICK_PER_BLOCK, QUICK_WARMUP = 4, 2, 2
-
-
-def _counts(ctx: PassContext) -> tuple[int, int, int]:
-    """(blocks, samples per block, warm-up calls) of the pass."""
-    return (QUICK_BLOCKS, QUICK_PER_BLOCK, QUICK_WARMUP) if ctx.config.quick else (BLOCKS, PER_BLOCK, WARMUP)
 
 
 class Stage0Pass:
     name = "stage0"
 
     def params(self, ctx: PassContext) -> dict:
-        blocks, per_block, warmup = _counts(ctx)
-        return {**ctx.base_params(), "lengths": list(range(1, ctx.max_length + 1)), "samples": blocks * per_block,
+        blocks, per_block, warmup = block_counts(ctx)
+        return {**ctx.timed_params(), "lengths": list(range(1, ctx.max_length + 1)), "samples": blocks * per_block,
                 "blocks": blocks, "per_block": per_block, "order": "seeded random per block", "warmup": warmup,
-                "context_prompt": ctx.prompts[0].id, "context_tokens": CONTEXT_TOKENS, **timing_params(ctx.device)}
+                "context_prompt": ctx.prompts[0].id, "context_tokens": CONTEXT_TOKENS,
+                **timing_params(ctx.device, ctx.config.graphs)}
 
     def units(self, ctx: PassContext) -> list[Unit]:
-        return [Unit(f"block={b}", b) for b in range(_counts(ctx)[0])]
+        return [Unit(f"block={b}", b) for b in range(block_counts(ctx)[0])]
 
     def prepare(self, ctx: PassContext) -> None:
         target = ctx.session.target
@@ -54,7 +49,7 @@ class Stage0Pass:
         gen = torch.Generator().manual_seed(ctx.config.seed)
         self.tokens = torch.randint(0, target.cfg.vocab_size, (1, W), generator=gen).to(ctx.device)
         for u in range(1, W + 1):  # unrecorded warm-up of every u
-            sample_latencies(self._stage0(ctx, u), samples=1, warmup=_counts(ctx)[2], device=ctx.device)
+            sample_latencies(self._stage0(ctx, u), samples=1, warmup=block_counts(ctx)[2], device=ctx.device)
         self.calls = {u: self._timed(ctx, u) for u in range(1, W + 1)}
 
     def _stage0(self, ctx: PassContext, u: int):
@@ -67,7 +62,7 @@ class Stage0Pass:
         return call
 
     def _timed(self, ctx: PassContext, u: int):
-        replay = replayable(self._stage0(ctx, u), ctx.device)
+        replay = replayable(self._stage0(ctx, u), ctx.device, graphs=ctx.config.graphs)
 
         def call():
             self.cache.pending[0] = True
@@ -76,7 +71,7 @@ class Stage0Pass:
         return call
 
     def collect(self, ctx: PassContext, block: int) -> dict[str, list[dict]]:
-        _, per_block, _ = _counts(ctx)
+        _, per_block, _ = block_counts(ctx)
         rows = []
         for order, u in enumerate(block_order(list(range(1, ctx.max_length + 1)), ctx.config.seed, block)):
             latencies = sample_latencies(self.calls[u], samples=per_block, warmup=0, device=ctx.device)

@@ -1,11 +1,17 @@
 """`hybridspec export`: every table of a store (or of one campaign's runs) as Parquet or CSV files,
-written by DuckDB's own `COPY … TO`. Columns, types and meanings are those of docs/store.md."""
+written by DuckDB's own `COPY … TO`. Columns, types and meanings are those of docs/store.md.
+
+The files are written into a temporary directory beside `--out` and moved into it only once every
+table is written, so a failed export leaves `--out` as it was."""
 
 from __future__ import annotations
 
+import os
+import secrets
+import shutil
 from pathlib import Path
 
-from .schema import KEYS
+from .schema import KEYS, SCHEMA_VERSION
 from .store import Store, StoreError
 
 FORMATS = {"parquet": "(FORMAT parquet)", "csv": "(FORMAT csv, HEADER true)"}
@@ -23,6 +29,9 @@ def export_store(db: Path, out: Path, *, fmt: str = "parquet", campaign: str | N
     if out.exists() and not out.is_dir():
         raise StoreError(f"--out {out}: exists and is not a directory")
     with Store(db, read_only=True) as store:
+        if store.version != SCHEMA_VERSION:
+            raise StoreError(f"export: {db} has schema version {store.version}; open it once with this hybridspec "
+                             f"(schema {SCHEMA_VERSION}) to migrate it")
         store.verify()
         where, args = "", []
         if campaign is not None:
@@ -32,14 +41,30 @@ def export_store(db: Path, out: Path, *, fmt: str = "parquet", campaign: str | N
                 raise StoreError(f"{db}: no run named {campaign!r} (runs: {known or 'none'})")
             where, args = "WHERE run_id IN (SELECT unnest(?::VARCHAR[]))", [run_ids]
         try:
-            out.mkdir(parents=True, exist_ok=True)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            staging = out.parent / f".{out.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+            staging.mkdir()
         except OSError as exc:
             raise StoreError(f"--out {out}: cannot create the directory ({exc.strerror})") from None
-        counts = {}
-        for table in ("schema_version", *KEYS):
-            target = str(out / f"{table}.{fmt}").replace("'", "''")
-            filter_ = where if table != "schema_version" else ""
-            store.con.execute(f"COPY (SELECT * FROM {table} {filter_}) TO '{target}' {FORMATS[fmt]}",
-                              args if filter_ else [])
-            counts[table] = store.query(f"SELECT count(*) FROM {table} {filter_}", args if filter_ else [])[0][0]
+        try:
+            counts = {}
+            for table in ("schema_version", *KEYS):
+                target = str(staging / f"{table}.{fmt}").replace("'", "''")
+                filter_ = where if table != "schema_version" else ""
+                store.con.execute(f"COPY (SELECT * FROM {table} {filter_}) TO '{target}' {FORMATS[fmt]}",
+                                  args if filter_ else [])
+                counts[table] = store.query(f"SELECT count(*) FROM {table} {filter_}", args if filter_ else [])[0][0]
+            _publish(staging, out)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
         return counts
+
+
+def _publish(staging: Path, out: Path) -> None:
+    """The written files into `out`: the directory renamed when `out` does not exist, else each file
+    moved in (replacing a file of the same name, leaving the directory's other files)."""
+    if not out.exists():
+        staging.rename(out)
+        return
+    for path in sorted(staging.iterdir()):
+        os.replace(path, out / path.name)

@@ -79,10 +79,11 @@ def profile_calls(fn: Callable[[], object], reps: int, device: torch.device):
     return prof
 
 
-def replayable(fn: Callable[[], object], device: torch.device) -> Callable[[], None]:
+def replayable(fn: Callable[[], object], device: torch.device, *, graphs: bool = True) -> Callable[[], None]:
     """On CUDA: `fn` warmed up on a side stream, captured as a CUDA graph, and its replay returned;
-    elsewhere `fn` itself. `fn` must be graph-safe (no host reads, static shapes)."""
-    if device.type != "cuda":
+    elsewhere, or with `graphs` off (`--no-graphs`), `fn` itself. `fn` must be graph-safe (no host
+    reads, static shapes)."""
+    if device.type != "cuda" or not graphs:
         return fn
     stream = torch.cuda.Stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))

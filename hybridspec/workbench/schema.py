@@ -1,10 +1,12 @@
 """The calibration store's schema (DESIGN B.7): tables, natural keys and migrations.
 
 Every table that holds measurements has a PRIMARY KEY on its natural key, so a row can never be
-written twice; `units` holds one "unit done" marker per finished unit of work (a prompt, a
-(w, prompt) pair, a Stage-0 length u, a distinct-expert count), written in the same transaction as
-the unit's rows. Lengths `w`, `u` count the anchor; `position` is the draft position i = 1…D (the
-token d_i, index i of the target input (x0, d1, …, dD)). Latencies are microseconds.
+written twice; `units` holds one "unit done" marker per finished unit of work (a prompt's rounds
+`prompt:…`; a measurement block of timings, `block=b:prompt:…` for the fixed pass and `block=b` for
+the Stage-0 and MoE benches; a policy's request `policy=…:prompt:…`; a piece of the cost profile),
+written in the same transaction as the unit's rows. Lengths `w`, `u` count the anchor; `position`
+is the draft position i = 1…D (the token d_i, index i of the target input (x0, d1, …, dD)).
+Latencies are microseconds.
 
 A migration is a list of SQL statements taking the schema from version v − 1 to v; `MIGRATIONS[v]`
 is applied in one transaction and recorded in `schema_version`. Version 2 adds the tables of

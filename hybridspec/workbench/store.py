@@ -1,12 +1,16 @@
 """The calibration store: one DuckDB file per campaign (DESIGN B.7; tables in `schema.py`).
 
 Nothing lost, nothing doubled:
-- a unit's rows (one prompt, one (w, prompt) pair, one Stage-0 length, …) and its "unit done"
-  marker are written in ONE transaction (`commit_unit`), so a killed process leaves either the
-  whole unit or nothing, and `--resume` skips exactly the units whose marker exists;
+- a unit's rows (a prompt's rounds `prompt:…`, a measurement block of timings `block=b` or
+  `block=b:prompt:…`, a policy's request `policy=…:prompt:…`) and its "unit done" marker are
+  written in ONE transaction (`commit_unit`), so a killed process leaves either the whole unit or
+  nothing, and `--resume` skips exactly the units whose marker exists;
 - every table has a PRIMARY KEY on its natural key, so a duplicate cannot be written at all;
 - a run's id is a hash of (campaign name, pass), so shards written by separate processes or hosts
-  carry the same run id and `merge_stores` is a plain union of rows.
+  carry the same run id and `merge_stores` is a plain union of rows;
+- a run resumed or merged must match its identity (`identity_keys`): model, drafter, device, dtype,
+  backend, parameters, shards and, for the passes whose latencies are fitted or reported
+  (`TIMED_PASSES`), the thread count and GPU.
 """
 
 from __future__ import annotations
@@ -70,7 +74,7 @@ class RunSpec:
     model: str | None = None
     drafter: str | None = None
     shard_count: int = 1
-    threads: int | None = None  # torch CPU threads of the process (recorded, not part of the identity)
+    threads: int | None = None  # torch CPU threads of the process (part of a timed pass's identity)
     host_cpu: str | None = None
     host_gpu: str | None = None
 
@@ -80,6 +84,37 @@ class RunSpec:
 
 
 _IDENTITY = ("model_id", "drafter_id", "device", "dtype", "backend", "params", "shard_count")
+TIMED_PASSES = ("fixed", "stage0", "moe", "eval")  # their latencies are fitted or reported
+_TIMING_IDENTITY = ("threads", "host_gpu")  # latencies of another thread count or GPU are another run
+
+
+class _Absent:
+    def __repr__(self) -> str:
+        return "absent"
+
+
+_ABSENT = _Absent()
+
+
+def identity_keys(pass_name: str) -> tuple[str, ...]:
+    """The `runs` columns a resumed or merged run must match (`params` compared key by key)."""
+    return _IDENTITY + (_TIMING_IDENTITY if pass_name in TIMED_PASSES else ())
+
+
+def identity_conflict(have: dict, want: dict, pass_name: str) -> tuple[str, object, object] | None:
+    """The first identity field where two runs differ, as (name, have's value, want's value), or None.
+    A parameter is named `params.<key>` (`absent` where one run has no such key); rows may hold
+    `params` as JSON text (a `runs` row) or as a dict (`asdict(RunSpec)`)."""
+    for key in identity_keys(pass_name):
+        a, b = have.get(key), want.get(key)
+        if key == "params":
+            a, b = (json.loads(v) if isinstance(v, str) else v for v in (a, b))
+            for name in sorted(a.keys() | b.keys()):
+                if a.get(name, _ABSENT) != b.get(name, _ABSENT):
+                    return f"params.{name}", a.get(name, _ABSENT), b.get(name, _ABSENT)
+        elif a != b:
+            return key, a, b
+    return None
 
 
 class Store:
@@ -218,12 +253,11 @@ class Store:
             self.con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
 
     def _check_identity(self, existing: dict, spec: RunSpec) -> None:
-        wanted = asdict(spec)
-        for key in _IDENTITY:
-            have = json.loads(existing[key]) if key == "params" else existing[key]
-            if have != wanted[key]:
-                raise StoreError(f"{self.path}: cannot resume run {spec.name!r} (pass {spec.pass_name}): its {key} "
-                                 f"is {have!r}, this invocation's is {wanted[key]!r}; use another --name or --overwrite")
+        conflict = identity_conflict(existing, asdict(spec), spec.pass_name)
+        if conflict is not None:
+            key, have, wanted = conflict
+            raise StoreError(f"{self.path}: cannot resume run {spec.name!r} (pass {spec.pass_name}): its {key} "
+                             f"is {have!r}, this invocation's is {wanted!r}; use another --name or --overwrite")
 
     def finish_shard(self, run_id: str, shard_index: int) -> None:
         """Mark this shard finished; the run is finished once every one of its shards is."""
@@ -248,9 +282,8 @@ class Store:
 
     def commit_unit(self, run_id: str, unit: str, rows: dict[str, list[dict]], shard_index: int = 0) -> int:
         """Write a unit's rows {table: [row dict]} and its done marker in one transaction; rows written.
-
-        `prompts` rows may be shared by several units of a run (the fixed pass has one unit per
-        (w, prompt)); they are deterministic, so a second copy is ignored rather than refused."""
+        A row whose key exists (`prompts` included: a prompt belongs to one unit of its run) is an
+        error, and the unit writes nothing."""
         total = sum(len(r) for r in rows.values())
         bad = [t for t in rows if t not in DATA_TABLES or t == "units"]
         if bad:
@@ -263,9 +296,8 @@ class Store:
         try:
             with self._transaction():
                 for table, view in frames.items():
-                    verb = "INSERT OR IGNORE" if table == "prompts" else "INSERT"
                     names = ", ".join(rows[table][0])
-                    self.con.execute(f"{verb} INTO {table} ({names}) SELECT {names} FROM {view}")
+                    self.con.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM {view}")
                 self.con.execute("INSERT INTO units VALUES (?, ?, ?, ?, ?)",
                                  [run_id, unit, shard_index, total, _now()])
         finally:
@@ -332,47 +364,76 @@ def merge_stores(out: Path, inputs: list[Path], run_ids: list[str] | None = None
     """Union of the rows of shard stores into `out` (created or extended); rows per table after.
     `run_ids`: only those runs' rows (every run when None).
 
-    Runs present in several inputs must agree on their identity (model, drafter, device, params);
-    a run's status is recomputed from its shards. Identical rows are kept once; a row whose key
-    exists with other values (the same unit measured twice) keeps the first copy."""
+    Runs present in several stores must agree on their identity (`identity_keys`); a run's status is
+    recomputed from its shards. Identical rows are kept once; a row whose key exists with other values
+    (the same unit measured twice) keeps the first copy. Nothing is written unless all of it can be:
+    every input (and an existing `out`) is opened, its schema checked and read whole (`Store.verify`),
+    and every run's identity compared before `out` is created or opened; then all inputs are merged
+    in one transaction (an `out` of an older schema is migrated first)."""
     out = Path(out)
     check_writable(out)
     if not inputs:
         raise StoreError("merge: no input stores")
-    with Store(out) as target:
-        for path in inputs:
-            path = Path(path)
-            if not path.is_file():
-                raise StoreError(f"merge: {path}: no such store")
-            if path.resolve() == out.resolve():
-                raise StoreError(f"merge: {path} is the output store")
-            with Store(path, read_only=True) as source:  # schema version checked here
-                if source.version != SCHEMA_VERSION:
-                    raise StoreError(f"merge: {path} has schema version {source.version}; open it once with this "
-                                     f"hybridspec (schema {SCHEMA_VERSION}) to migrate it")
-            _merge_one(target, path, run_ids)
-        return target.counts()
-
-
-def _merge_one(target: Store, path: Path, run_ids: list[str] | None) -> None:
-    con = target.con
-    quoted = str(path).replace("'", "''")
-    where, params = ("WHERE run_id IN (SELECT unnest(?))", [run_ids]) if run_ids is not None else ("", [])
-    con.execute(f"ATTACH '{quoted}' AS src (READ_ONLY)")
+    inputs = list(dict.fromkeys(Path(p) for p in inputs))
+    runs: dict[str, tuple[str, dict]] = {}  # run id → (the store it was first seen in, its row)
+    if out.is_file():
+        with Store(out, read_only=True) as target:
+            _check_runs(target.verify(), "the merged store", None, runs)
+    for path in inputs:
+        if not path.is_file():
+            raise StoreError(f"merge: {path}: no such store")
+        if path.resolve() == out.resolve():
+            raise StoreError(f"merge: {path} is the output store")
+        with Store(path, read_only=True) as source:  # a newer schema refused here
+            if source.version != SCHEMA_VERSION:
+                raise StoreError(f"merge: {path} has schema version {source.version}; open it once with this "
+                                 f"hybridspec (schema {SCHEMA_VERSION}) to migrate it")
+            _check_runs(source.verify(), str(path), run_ids, runs)
+    created = not out.exists()
     try:
+        with Store(out) as target:
+            _merge_all(target, inputs, run_ids)
+            return target.counts()
+    except BaseException:
+        if created:  # nothing of a failed merge stays
+            for leftover in (out, out.with_name(out.name + ".wal")):
+                leftover.unlink(missing_ok=True)
+        raise
+
+
+def _check_runs(store: Store, where: str, run_ids: list[str] | None, runs: dict[str, tuple[str, dict]]) -> None:
+    """Every run of `store` (of `run_ids`) against the run of the same id seen first in another store."""
+    cur = store.con.execute("SELECT * FROM runs ORDER BY run_id")
+    columns = [c[0] for c in cur.description]
+    for row in (dict(zip(columns, values)) for values in cur.fetchall()):
+        if run_ids is not None and row["run_id"] not in run_ids:
+            continue
+        first = runs.setdefault(row["run_id"], (where, row))
+        conflict = identity_conflict(first[1], row, row["pass"])
+        if conflict is not None:
+            key, mine, theirs = conflict
+            raise StoreError(f"merge: {where}: run {row['name']!r} (pass {row['pass']}) has {key} {theirs!r}, "
+                             f"{first[0]} has {mine!r}")
+
+
+def _merge_all(target: Store, inputs: list[Path], run_ids: list[str] | None) -> None:
+    """Every input's rows (of `run_ids`) into `target` in one transaction, first copy of a key kept."""
+    con = target.con
+    where, params = ("WHERE run_id IN (SELECT unnest(?))", [run_ids]) if run_ids is not None else ("", [])
+    sources = []
+    try:
+        for index, path in enumerate(inputs):
+            quoted = str(path).replace("'", "''")
+            con.execute(f"ATTACH '{quoted}' AS src{index} (READ_ONLY)")
+            sources.append(f"src{index}")
         with target._transaction():
-            for run in con.execute(f"SELECT * FROM src.runs {where}", params).fetchall():
-                cols = [c[0] for c in con.description]
-                row = dict(zip(cols, run))
-                mine = target.run_row(row["run_id"])
-                if mine is not None:
-                    for key in _IDENTITY:
-                        if mine[key] != row[key]:
-                            raise StoreError(f"merge: {path}: run {row['name']!r} (pass {row['pass']}) has {key} "
-                                             f"{row[key]!r}, the merged store has {mine[key]!r}")
-            for table in KEYS:
-                con.execute(f"INSERT OR IGNORE INTO {table} BY NAME SELECT * FROM src.{table} {where}", params)
-            for (run_id,) in con.execute(f"SELECT run_id FROM src.runs {where}", params).fetchall():
+            merged = set()
+            for source in sources:
+                for table in KEYS:
+                    con.execute(f"INSERT OR IGNORE INTO {table} BY NAME SELECT * FROM {source}.{table} {where}", params)
+                merged |= {r for (r,) in con.execute(f"SELECT run_id FROM {source}.runs {where}", params).fetchall()}
+            for run_id in sorted(merged):
                 target._refresh_run_status(run_id)
     finally:
-        con.execute("DETACH src")
+        for source in sources:
+            con.execute(f"DETACH {source}")

@@ -29,10 +29,13 @@ def sample_latencies(fn: Callable[[], object], *, samples: int, warmup: int, dev
     return out
 
 
-def timing_params(device: torch.device) -> dict:
+def timing_params(device: torch.device, graphs: bool = True) -> dict:
     """The run parameter saying how a pass on `device` timed its calls: on CUDA, replays of each
-    call's CUDA graph (absent elsewhere, so CPU runs keep their ids)."""
-    return {"timing": "cuda graph replays"} if torch.device(device).type == "cuda" else {}
+    call's CUDA graph, or the eager calls without graphs (`--no-graphs`); absent elsewhere, where
+    the call itself is timed."""
+    if torch.device(device).type != "cuda":
+        return {}
+    return {"timing": "cuda graph replays" if graphs else "eager calls"}
 
 
 def _cuda_latencies(fn: Callable[[], object], samples: int) -> list[float]:

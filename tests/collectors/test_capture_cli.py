@@ -4,6 +4,7 @@ single-process rows; bad input is refused before any model is loaded."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import queue
@@ -241,3 +242,65 @@ def test_threads_reach_the_config(monkeypatch, tmp_path):
     assert runner.invoke(app, ["capture", "--db", str(tmp_path / "x.duckdb"), "--threads", "2"]).exit_code == 0
     assert seen["config"].threads == 2
     assert runner.invoke(app, ["capture", "--threads", "0"]).exit_code == 2
+
+
+def test_a_refused_prompt_file_leaves_no_store_and_an_existing_one_as_it_was(no_model_load, qwen35_dir,
+                                                                             prompt_file, tmp_path):
+    empty, bad, test_only = tmp_path / "empty.jsonl", tmp_path / "bad.jsonl", tmp_path / "test.jsonl"
+    empty.write_text("")
+    bad.write_text(prompt_file.read_text().splitlines()[0] + "\n{not json\n")
+    test_only.write_text(prompt_file.read_text().replace('"calib"', '"test"'))
+    cases = [(empty, [], f"{empty}: no prompts"), (bad, [], f"{bad}:2: invalid JSON"),
+             (test_only, [], f"{test_only}: no prompts of split 'calib'"),
+             (prompt_file, ["--categories", "zz"], "'zz' not in split 'calib'")]
+    db = tmp_path / "s.duckdb"
+    for prompts, extra, message in cases:
+        assert _has(_error([*_args(qwen35_dir, prompts, db), *extra]), message)
+        assert not db.exists()
+    with Store(db) as store:
+        spec = RunSpec(name="t", pass_name="capture", model_id="m", drafter_id="d", device="cpu", dtype="float32",
+                       backend="torch")
+        store.start_run(spec)
+    before = db.read_bytes()
+    for prompts, extra, message in cases:
+        assert _has(_error([*_args(qwen35_dir, prompts, db), "--resume", *extra]), message)
+        assert db.read_bytes() == before
+
+
+def test_a_timed_run_resumed_with_other_threads_or_graphs_is_refused(qwen35_dir, prompt_file, tmp_path, monkeypatch):
+    """The stage0 run records `graphs` in its parameters and the thread count in its row; a resume that
+    would time with another thread count or --graphs setting is refused, naming both values."""
+    import torch
+
+    from hybridspec.workbench.store import StoreError
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # set_threads writes it; restored after the test
+    db, threads = tmp_path / "s.duckdb", torch.get_num_threads()
+    config = CaptureConfig(model=str(qwen35_dir), drafter="random", prompts=prompt_file, db=db, name="t",
+                           passes=("stage0",), quick=True, threads=1)
+    try:
+        campaign.run_campaign(config)
+        with Store(db, read_only=True) as store:
+            (params, recorded), = store.query("SELECT params, threads FROM runs")
+        assert json.loads(params)["graphs"] is True and recorded == 1
+        with pytest.raises(StoreError, match="its threads is 1, this invocation's is 2"):
+            campaign.run_campaign(dataclasses.replace(config, resume=True, threads=2))
+        with pytest.raises(StoreError, match="its params.graphs is True, this invocation's is False"):
+            campaign.run_campaign(dataclasses.replace(config, resume=True, graphs=False))
+        assert campaign.run_campaign(dataclasses.replace(config, resume=True))[0].committed == 0
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_capture_config_checks_passes_and_shards_as_the_parsers_do():
+    from hybridspec.collectors.common import CaptureConfigError, parse_passes, parse_shard
+
+    with pytest.raises(CaptureConfigError, match="--passes capture,bogus: unknown pass 'bogus'"):
+        CaptureConfig(passes=("capture", "bogus"))
+    with pytest.raises(CaptureConfigError, match="--passes '': unknown pass '\\(none\\)'"):
+        parse_passes("")
+    with pytest.raises(CaptureConfigError, match="--shard 2/2: need n ≥ 1 and 0 ≤ i < n"):
+        CaptureConfig(shard=(2, 2))
+    with pytest.raises(CaptureConfigError, match="--shard '2/2': need n ≥ 1 and 0 ≤ i < n"):
+        parse_shard("2/2")
+    assert parse_passes("all,profile") == (*ALL_PASSES, "profile") and parse_shard("1/3") == (1, 3)

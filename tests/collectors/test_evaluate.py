@@ -81,7 +81,7 @@ def test_rows_per_request_add_up_and_equal_ar(evaluated, setup):
     params = json.loads(run["params"])
     assert (run["pass"], run["status"], params["policies"], params["max_new_tokens"], params["split"]) == \
         ("eval", "finished", list(POLICIES), NEW_TOKENS, "test")
-    assert params["temperature"] == 0.0 and params["artifact"].startswith("sha256:")
+    assert params["temperature"] == 0.0 and params["artifact"].startswith("sha256:") and params["graphs"] is True
     assert sorted(requests.select("policy", "prompt_id").rows()) == sorted(
         (p, f"{c}-{i}") for p in POLICIES for c in TEXTS for i in range(2))
     per_round = {(r["policy"], r["prompt_id"]): r for r in rounds.iter_rows(named=True)}
@@ -267,3 +267,22 @@ def test_unknown_categories_and_static_best_without_artifact_are_refused(setup, 
     assert not (tmp_path / "y.duckdb").exists()
     bad = runner.invoke(app, ["eval", "--categories", " , ", "--db", str(tmp_path / "z.duckdb")])
     assert bad.exit_code == 2 and "--categories is empty" in " ".join(bad.output.split())
+
+
+def test_a_refused_prompt_file_leaves_no_store_and_an_existing_one_as_it_was(setup, tmp_path):
+    empty, db = tmp_path / "empty.jsonl", tmp_path / "e.duckdb"
+    empty.write_text("")
+    with pytest.raises(ValueError, match="empty.jsonl: no prompts"):
+        run_eval(_config(setup, db=db, prompts=empty))
+    bad = runner.invoke(app, ["eval", "--prompts", str(empty), "--db", str(db)])
+    assert bad.exit_code == 2 and "no prompts" in " ".join(bad.output.split())
+    with pytest.raises(ValueError, match="not in split 'test'"):
+        run_eval(_config(setup, db=db, categories=("prose",)))
+    with pytest.raises(ValueError, match="static:best: .*campaign 't' has no capture run"):
+        run_eval(_config(setup, db=db, policies=("static:best",)))
+    assert not db.exists()
+    db.write_bytes(setup["db"].read_bytes())
+    before = db.read_bytes()
+    with pytest.raises(ValueError, match="no prompts"):
+        run_eval(_config(setup, db=db, prompts=empty, resume=True))
+    assert db.read_bytes() == before

@@ -42,3 +42,38 @@ def test_export_of_one_campaign_and_errors(tmp_path):
         export_store(db, tmp_path / "z", campaign="z")
     with pytest.raises(StoreError, match="parquet or csv"):
         export_store(db, tmp_path / "z", fmt="xlsx")
+
+
+def test_an_older_store_is_refused_and_nothing_is_written(tmp_path):
+    from hybridspec.workbench import schema
+
+    db = tmp_path / "v1.duckdb"
+    con = duckdb.connect(str(db))  # a store as hybridspec with schema version 1 wrote it
+    con.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY, applied_at TIMESTAMP)")
+    for statement in schema.MIGRATIONS[1]:
+        con.execute(statement)
+    con.execute("INSERT INTO schema_version VALUES (1, now())")
+    con.close()
+    with pytest.raises(StoreError, match=rf"v1.duckdb has schema version 1; .*schema {schema.SCHEMA_VERSION}"):
+        export_store(db, tmp_path / "out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v1.duckdb"]
+
+
+def test_a_failed_export_leaves_the_output_as_it_was(tmp_path, monkeypatch):
+    from hybridspec.workbench import export
+
+    db = _store(tmp_path / "s.duckdb")
+    monkeypatch.setattr(export, "KEYS", {**KEYS, "no_such_table": ()})  # COPY fails after every other table
+    with pytest.raises(duckdb.Error, match="no_such_table"):
+        export_store(db, tmp_path / "new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.duckdb"]  # no directory, no staging files
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "runs.parquet").write_text("earlier export")
+    with pytest.raises(duckdb.Error, match="no_such_table"):
+        export_store(db, tmp_path / "old")
+    assert [p.name for p in (tmp_path / "old").iterdir()] == ["runs.parquet"]
+    assert (tmp_path / "old" / "runs.parquet").read_text() == "earlier export"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old", "s.duckdb"]
+    monkeypatch.setattr(export, "KEYS", KEYS)
+    export_store(db, tmp_path / "old")  # into an existing directory: every table's file replaced
+    assert len(list((tmp_path / "old").iterdir())) == len(KEYS) + 1

@@ -11,9 +11,9 @@ from hybridspec.workbench.store import RunSpec, Store, StoreError, check_writabl
 
 
 def _spec(name="c", pass_name="stage0", shard_count=1, **kw) -> RunSpec:
+    kw = {"params": {"samples": 3, "lengths": [1, 2]}, **kw}
     return RunSpec(name=name, pass_name=pass_name, model_id="m" * 64, drafter_id="d" * 64, device="cpu",
-                   dtype="float32", backend="torch", params={"samples": 3, "lengths": [1, 2]},
-                   versions=software_versions(), shard_count=shard_count, **kw)
+                   dtype="float32", backend="torch", versions=software_versions(), shard_count=shard_count, **kw)
 
 
 def _timings(run_id: str, u: int, n: int = 3) -> dict:
@@ -92,7 +92,7 @@ def test_run_names_resume_and_overwrite(tmp_path):
             store.check_name_free("c", "stage0", 0, resume=False, overwrite=False)
         assert store.start_run(_spec(), resume=True) == run and store.done_units(run) == {"u=1"}
         changed = RunSpec(**{**_spec().__dict__, "params": {"samples": 4, "lengths": [1, 2]}})
-        with pytest.raises(StoreError, match="its params is"):
+        with pytest.raises(StoreError, match="its params.samples is 3, this invocation's is 4"):
             store.start_run(changed, resume=True)
         store.start_run(changed, overwrite=True)
         assert store.done_units(run) == set() and store.counts(run)["stage0_timings"] == 0
@@ -205,3 +205,94 @@ def test_resolve_campaign_takes_the_only_one(tmp_path):
     with pytest.raises(StoreError, match="--name .*'calib', 'other'"):
         resolve_campaign(path, None)
     assert resolve_campaign(path, None, fallback="default") == "default"
+
+
+def _shard(path, index: int, count: int = 2, **kw) -> str:
+    """A store holding shard `index` of run c/stage0 (one unit per shard), finished."""
+    with Store(path) as store:
+        run = store.start_run(_spec(shard_count=count, **kw), index)
+        store.commit_unit(run, f"u={index + 1}", _timings(run, index + 1), index)
+        store.finish_shard(run, index)
+    return run
+
+
+def test_a_refused_merge_writes_nothing(tmp_path):
+    good = tmp_path / "good.duckdb"
+    _shard(good, 0)
+    (tmp_path / "garbage.duckdb").write_bytes(b"garbage!")
+    out = tmp_path / "out.duckdb"
+    with pytest.raises(StoreError, match="nope.duckdb: no such store"):
+        merge_stores(out, [tmp_path / "nope.duckdb"])
+    assert not out.exists()
+    with pytest.raises(StoreError, match="garbage.duckdb"):  # the first input is fine, the second is not
+        merge_stores(out, [good, tmp_path / "garbage.duckdb"])
+    assert not out.exists()
+    conflicting = tmp_path / "conflicting.duckdb"
+    _shard(conflicting, 1, threads=2)
+    with pytest.raises(StoreError, match="has threads 2, .*good.duckdb has None"):  # two inputs disagree
+        merge_stores(out, [good, conflicting])
+    assert not out.exists()
+    merge_stores(out, [good])
+    before = out.read_bytes()
+    for inputs in ([conflicting], [tmp_path / "nope.duckdb"], [good, tmp_path / "garbage.duckdb"]):
+        with pytest.raises(StoreError):
+            merge_stores(out, inputs)
+        assert out.read_bytes() == before  # an existing output is left as it was
+
+
+def test_merge_refuses_an_older_or_damaged_input_before_writing(tmp_path):
+    import duckdb
+
+    old = tmp_path / "v1.duckdb"
+    con = duckdb.connect(str(old))
+    con.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY, applied_at TIMESTAMP)")
+    for statement in schema.MIGRATIONS[1]:
+        con.execute(statement)
+    con.execute("INSERT INTO schema_version VALUES (1, now())")
+    con.close()
+    good, out = tmp_path / "good.duckdb", tmp_path / "out.duckdb"
+    _shard(good, 0)
+    with pytest.raises(StoreError, match="v1.duckdb has schema version 1"):
+        merge_stores(out, [good, old])
+    assert not out.exists()
+    damaged = tmp_path / "damaged.duckdb"
+    with Store(damaged) as store:
+        run = store.start_run(_spec(shard_count=2), 1)
+        for u in range(1, 60):
+            store.commit_unit(run, f"u={u}", _timings(run, u, n=500), 1)
+    _damage(damaged, "overwritten")
+    with pytest.raises(StoreError, match=rf"{damaged}: (damaged store|cannot open)"):
+        merge_stores(out, [good, damaged])
+    assert not out.exists()
+
+
+def test_timed_runs_are_identified_by_threads_gpu_and_graphs(tmp_path):
+    """A timed pass (fixed, stage0, moe, eval) resumed or merged with another thread count, GPU or
+    --graphs setting is refused naming both values; other passes record threads but are not bound by it."""
+    with Store(tmp_path / "s.duckdb") as store:
+        timed = store.start_run(_spec(threads=1, host_gpu="H100", params={"graphs": True}))
+        for change, message in (({"threads": 2}, "its threads is 1, this invocation's is 2"),
+                                ({"host_gpu": "H200"}, "its host_gpu is 'H100', this invocation's is 'H200'"),
+                                ({"params": {"graphs": False}}, "its params.graphs is True, this invocation's is "
+                                                                "False"),
+                                ({"params": {}}, "its params.graphs is True, this invocation's is absent")):
+            spec = _spec(**{"threads": 1, "host_gpu": "H100", "params": {"graphs": True}, **change})
+            with pytest.raises(StoreError, match=f"cannot resume run 'c' \\(pass stage0\\): {message}"):
+                store.start_run(spec, resume=True)
+        assert store.start_run(_spec(threads=1, host_gpu="H100", params={"graphs": True}), resume=True) == timed
+        capture = store.start_run(_spec(pass_name="capture", threads=1))
+        assert store.start_run(_spec(pass_name="capture", threads=4), resume=True) == capture
+    for index, threads in enumerate((1, 2)):
+        _shard(tmp_path / f"shard{index}.duckdb", index, threads=threads)
+    with pytest.raises(StoreError, match="run 'c' \\(pass stage0\\) has threads 2, .*shard0.duckdb has 1"):
+        merge_stores(tmp_path / "all.duckdb", [tmp_path / "shard0.duckdb", tmp_path / "shard1.duckdb"])
+    assert not (tmp_path / "all.duckdb").exists()
+
+
+def test_a_prompt_is_written_once_per_run(tmp_path):
+    row = {"run_id": "r", "prompt_id": "p", "category": "c", "split": "calib", "prompt_tokens": 3}
+    with Store(tmp_path / "s.duckdb") as store:
+        store.commit_unit("r", "prompt:p", {"prompts": [row]})
+        with pytest.raises(Exception, match="(?i)duplicate|constraint"):  # a second unit with the same prompt
+            store.commit_unit("r", "block=0:prompt:p", {"prompts": [row]})
+        assert store.done_units("r") == {"prompt:p"}
