@@ -163,8 +163,9 @@ def run_demo_workflow(config: DemoConfig, console: Console) -> dict:
     console.print(summary_table(passes, db))
     timings["capture"] = time.monotonic() - t
 
-    t = _step(console, "2/5 fit", f"hybridspec fit --db {db} --run {CAMPAIGN} --out {artifact}")
-    fit, meta = fit_artifact(db, CAMPAIGN, artifact)
+    # a quick campaign may fail a fit-quality check: the demo goes on, and the report shows the check
+    t = _step(console, "2/5 fit", f"hybridspec fit --db {db} --name {CAMPAIGN} --out {artifact} --allow-poor-fit")
+    fit, meta = fit_artifact(db, CAMPAIGN, artifact, allow_poor_fit=True)
     print_fit(console, fit, artifact, meta)
     timings["fit"] = time.monotonic() - t
 

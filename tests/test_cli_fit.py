@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from hybridspec.artifacts.artifact import load_artifact
 from hybridspec.cli import app
+from hybridspec.workbench.store import Store
 from tests.fitters.test_campaign import write_synthetic_store
 
 runner = CliRunner()
@@ -73,11 +74,11 @@ def test_fit_on_pure_noise_exits_non_zero_naming_each_failed_check(stores, tmp_p
     assert relaxed.exit_code == 2 and "not a number" in _flat(relaxed.output)
 
 
-def test_fit_names_the_run_with_name_or_the_hidden_run_or_the_only_campaign(stores, tmp_path):
-    for args in (["--run", "synth"], ["--name", "synth"], []):
+def test_fit_names_the_campaign_with_name_or_the_only_campaign(stores, tmp_path):
+    for args in (["--name", "synth"], []):
         result = runner.invoke(app, ["fit", "--db", str(stores[0]), "--out", str(tmp_path / "a"), *args])
         assert result.exit_code == 0, (args, result.output)
-    assert "--run" not in runner.invoke(app, ["fit", "--help"], terminal_width=200).output
+    assert runner.invoke(app, ["fit", "--db", str(stores[0]), "--out", str(tmp_path / "a"), "--run", "synth"]).exit_code == 2
 
 
 def test_inspect_and_fit_refuse_bad_input(stores, tmp_path):
@@ -139,9 +140,26 @@ def test_a_damaged_store_is_one_line_exit_2_and_nothing_written(stores, tmp_path
 
 
 def test_export_writes_every_table(stores, tmp_path):
-    result = runner.invoke(app, ["export", "--db", str(stores[0]), "--run", "synth", "--format", "csv",
+    result = runner.invoke(app, ["export", "--db", str(stores[0]), "--name", "synth", "--format", "csv",
                                  "--out", str(tmp_path / "x")], terminal_width=200)
     assert result.exit_code == 0, result.output
     assert (tmp_path / "x" / "draft_positions.csv").read_text().count("\n") == 1000 * 15 + 1
     bad = runner.invoke(app, ["export", "--db", str(stores[0]), "--format", "xml", "--out", str(tmp_path / "y")])
     assert bad.exit_code == 2 and "parquet or csv" in bad.output
+
+
+def test_fit_refuses_an_unfinished_or_empty_capture_in_one_line(stores, tmp_path):
+    """A stopped capture and a capture run with rounds but no draft positions: exit 2, one line naming
+    the run (and the command that completes it, or the empty table), nothing written."""
+    stopped, empty = tmp_path / "stopped.duckdb", tmp_path / "empty.duckdb"
+    write_synthetic_store(stopped, n_rounds=200, finished=False)
+    empty.write_bytes(stores[0].read_bytes())
+    with Store(empty) as store:
+        store.con.execute("DELETE FROM draft_positions")
+    out = tmp_path / "a.safetensors"
+    for db, words in ((stopped, f"is unfinished (status 'running'): it stopped before its last unit; complete it with "
+                                f"`hybridspec capture --db {stopped} --name synth --passes capture --resume`"),
+                      (empty, "has 1000 complete rounds but no rows in table draft_positions")):
+        fit = runner.invoke(app, ["fit", "--db", str(db), "--name", "synth", "--out", str(out)], terminal_width=400)
+        assert fit.exit_code == 2 and "the capture run of campaign 'synth'" in _flat(fit.output)
+        assert words in _flat(fit.output) and _one_error_line(fit.output) and not out.exists()

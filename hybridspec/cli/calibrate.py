@@ -1,4 +1,4 @@
-"""Commands that calibrate and analyse: capture, merge, fit, eval, report, inspect, export."""
+"""Commands that calibrate and analyse: capture, merge, fit, eval, estimate, report, inspect, export."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def capture(
             with RichReporter(console) as reporter:
                 summaries = run_campaign(config, reporter)
     except ValueError as exc:  # CaptureConfigError, StoreError, PromptFileError, ConfigError
-        _fail(escape(str(exc)))
+        _fail(str(exc))
     if summaries is not None:  # None: a rank other than 0 under torchrun
         console.print(summary_table(summaries, db))
 
@@ -102,7 +102,6 @@ def fit(
     db: Annotated[Path, typer.Option("--db", help="Calibration store written by `hybridspec capture`.")],
     out: Annotated[Path, typer.Option("--out", help="Artifact file to write.")],
     name: Annotated[Optional[str], typer.Option("--name", help="Campaign (capture's --name); default: the store's only campaign.")] = None,
-    run: Annotated[Optional[str], typer.Option("--run", hidden=True, help="Old name of --name.")] = None,
     allow_poor_fit: Annotated[bool, typer.Option("--allow-poor-fit", help="Write the artifact even when fit-quality checks fail (recorded in it).")] = False,
     threshold: Annotated[Optional[list[str]], typer.Option("--threshold", help=_threshold_help())] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (the summary) instead of tables.")] = False,
@@ -111,19 +110,16 @@ def fit(
 
     Exit 1 with one line per failed fit-quality check (nothing written) unless --allow-poor-fit;
     exit 2 for unusable input."""
-    from ..fitters.campaign import FitError
     from ..fitters.checks import Thresholds
     from ..fitters.export import PoorFitError, fit_artifact
     from ..fitters.fit_output import fit_json, print_fit
     from ..workbench.store import resolve_campaign
 
-    if name is not None and run is not None and name != run:
-        _fail(f"--name {name!r} and --run {run!r} differ (--run is the old name of --name)")
     if not db.is_file():
         _fail(f"--db {db}: no such store")
     try:
         thresholds = Thresholds.parse(threshold or ())
-        campaign = resolve_campaign(db, name or run)
+        campaign = resolve_campaign(db, name)
         result, meta = fit_artifact(db, campaign, out, thresholds=thresholds, allow_poor_fit=allow_poor_fit)
     except PoorFitError as exc:  # the fit without its artifact, then one line per failed check
         if as_json:
@@ -131,10 +127,10 @@ def fit(
             raise typer.Exit(1)
         exc.result.checks = []
         print_fit(console, exc.result, None, None)
-        console.print(f"[bold red]error:[/] {escape(str(exc))}")
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True, highlight=False)
         raise typer.Exit(1)
     except ValueError as exc:  # FitError, StoreError (damaged store), OutputPathError, a bad --threshold
-        _fail(escape(str(exc)))
+        _fail(str(exc))
     if as_json:
         _print_json(fit_json(result, out, meta, result.checks))
         return
@@ -184,7 +180,7 @@ def eval_(
         with RichReporter(err_console if as_json else console) as reporter:  # stdout keeps only the JSON
             result = run_eval(config, reporter)
     except ValueError as exc:  # EvalConfigError, PolicyError, ArtifactError, StoreError, PromptFileError, ConfigError
-        _fail(escape(str(exc)))
+        _fail(str(exc))
     if as_json:
         _print_json(eval_json(result))
         return
@@ -205,54 +201,28 @@ def estimate(
     """Offline estimate of each policy over a capture run's rounds (no model loaded). With --costs:
     the acceptance of --artifact's pair with another target's costs — an estimate for a target whose
     acceptance cannot be measured (random weights), labelled as such."""
-    from ..artifacts.artifact import check_identity, load_artifact
     from ..collectors.eval_output import table1
     from ..collectors.evaluate import parse_policies
-    from ..evaluation.offline import (AVERAGE, ar_step_seconds, default_policies, estimate_from_store,
-                                      find_capture_run, in_policy_order, measured_ar_step, routing_samples)
-    from ..fitters.transfer import transfer_from_store
-    from ..workbench.store import Store, resolve_campaign
+    from ..evaluation.estimate import OtherCosts, estimate_offline
+    from ..evaluation.offline import AVERAGE
 
     if (costs is None) != (costs_db is None):
         _fail("--costs and --costs-db go together (the costs' artifact and the store it was fitted on)")
+    other = OtherCosts(costs, costs_db, costs_name) if costs is not None else None
     try:
-        params, meta = load_artifact(artifact)
-        campaign = resolve_campaign(db, name)
-        sources = {"acceptance": f"{artifact} (campaign {campaign!r} of {db})", "rounds": f"{db}, campaign {campaign!r}"}
-        ar_step = routing = None
-        if costs is not None:
-            cost_params, cost_meta = load_artifact(costs)
-            cost_campaign = resolve_campaign(costs_db, costs_name)
-            with Store(costs_db, read_only=True) as store:
-                store.verify()
-                run = find_capture_run(store, cost_campaign)
-                check_identity(cost_meta, model_id=run["model_id"], drafter_id=run["drafter_id"] or "", source=str(costs))
-                routing = routing_samples(store, cost_campaign, params.draft_len)
-                ar_step = measured_ar_step(store, run)
-            params, iterations = transfer_from_store(db, campaign, params, cost_params)
-            if ar_step is None:
-                ar_step = ar_step_seconds(params)
-            sources.update(costs=f"{costs} (C_tgt, fixed cost, s, η, n̄_all)", routing=f"{costs_db}, campaign "
-                           f"{cost_campaign!r}: routing pass", ar_step=f"{costs_db}: fixed pass, w = 1",
-                           rho=f"solved again over the rounds ({len(iterations)} Dinkelbach steps)")
-        names = list(parse_policies(policies) or default_policies(params.draft_len))
-        with Store(db, read_only=True) as store:
-            store.verify()
-            table = estimate_from_store(store, params, meta, campaign=campaign, policies=names, source=str(artifact),
-                                        ar_step=ar_step, routing=routing)
+        result = estimate_offline(db, artifact, campaign=name, policies=parse_policies(policies), costs=other)
     except ValueError as exc:  # ArtifactError, StoreError, OfflineError, FitError, PolicyError
-        _fail(escape(str(exc)))
-    table = in_policy_order(table, names)
-    kind = "estimate with another target's costs" if costs is not None else "offline estimate"
+        _fail(str(exc))
     if as_json:
-        _print_json({"kind": kind, "rho": params.rho, "sources": sources, "rows": table.to_dicts()})
+        _print_json({"kind": result.kind, "rho": result.rho, "sources": result.sources,
+                     "rows": result.table.to_dicts()})
         return
-    for part in table1(table, tuple(names), f"{kind} (pooled per category; {AVERAGE}: mean over categories)",
-                       console.width):
+    title = f"{result.kind} (pooled per category; {AVERAGE}: mean over categories)"
+    for part in table1(result.table, result.policies, title, console.width):
         console.print(part)
-    for what, where in sources.items():
+    for what, where in result.sources.items():
         console.print(f"[dim]{what}: {escape(where)}[/]")
-    console.print(f"[dim]ρ = {params.rho:.4g} tokens/s[/]")
+    console.print(f"[dim]ρ = {result.rho:.4g} tokens/s[/]")
 
 
 @app.command()
@@ -272,7 +242,7 @@ def report(
         check_output_dir(out)
         result = build_report(db, out, artifact=artifact, campaign=name)
     except ValueError as exc:  # ReportError, ArtifactError, StoreError (damaged store), OutputPathError
-        _fail(escape(str(exc)))
+        _fail(str(exc))
     if as_json:
         _print_json(report_json(result))
         return
@@ -297,7 +267,7 @@ def inspect(
         diagnostics = meta["diagnostics"] if isinstance(meta.get("diagnostics"), dict) else {}
         thresholds = Thresholds.parse(threshold or (), base=diagnostics.get("thresholds"))
     except (ArtifactError, ValueError) as exc:
-        _fail(escape(str(exc)))
+        _fail(str(exc))
     shown = {k: v for k, v in meta.items() if k != "diagnostics"}
     console.print_json(_json.dumps(shown))
     table = Table("w", "C_tgt ms", "n̄_all", title=f"{path.name}: per length")
@@ -322,7 +292,7 @@ def export(
     db: Annotated[Path, typer.Option("--db", help="The store to export.")],
     out: Annotated[Path, typer.Option("--out", help="Directory for one file per table.")],
     fmt: Annotated[str, typer.Option("--format", help="parquet or csv.")] = "parquet",
-    run: Annotated[Optional[str], typer.Option("--run", "--name", help="Only the runs of this name (every pass).")] = None,
+    name: Annotated[Optional[str], typer.Option("--name", help="Only the runs of this campaign (every pass).")] = None,
 ) -> None:
     """Write every table of a store (columns as in docs/store.md) as Parquet or CSV, through DuckDB's COPY."""
     from ..workbench.export import export_store
@@ -330,10 +300,10 @@ def export(
 
     try:
         check_output_dir(out)
-        counts = export_store(db, out, fmt=fmt, campaign=run)
+        counts = export_store(db, out, fmt=fmt, campaign=name)
     except ValueError as exc:  # StoreError, OutputPathError
-        _fail(escape(str(exc)))
+        _fail(str(exc))
     table = Table("table", "rows", f"file ({fmt})", title=f"exported {db} → {out}")
-    for name, rows in counts.items():
-        table.add_row(name, str(rows), str(out / f"{name}.{fmt}"))
+    for table_name, rows in counts.items():
+        table.add_row(table_name, str(rows), str(out / f"{table_name}.{fmt}"))
     console.print(table)

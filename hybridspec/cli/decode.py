@@ -10,9 +10,9 @@ import typer
 from rich.table import Table
 
 from .common import (ArtifactOpt, BackendOpt, DeviceOpt, DrafterOpt, DtypeOpt, ExpertParallelOpt, GraphsOpt, ModelOpt,
-                     PolicyOpt, TensorParallelOpt, _fail, app, console, err_console, missing_extra)
+                     PolicyOpt, TensorParallelOpt, _fail, app, check_device, console, err_console, missing_extra)
 
-SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # torch.Generator.manual_seed's range
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # runtime.sampling's (not imported: --help loads no torch)
 LogLevel = Literal["debug", "info", "warning", "error"]
 
 
@@ -170,10 +170,17 @@ def serve(
 def train_embedded(
     out: Annotated[Path, typer.Option("--out", help="Output directory (target/, drafter/, prompts.jsonl).")],
     recipe: Annotated[str, typer.Option("--recipe", help="full (GPU) or tiny (CPU smoke).")] = "full",
-    device: Annotated[Optional[str], typer.Option("--device")] = None,
-    target_dir: Annotated[Optional[Path], typer.Option("--target-dir", help="Reuse a trained target.")] = None,
-    drafter_init: Annotated[Optional[Path], typer.Option("--drafter-init", help="With --target-dir: continue training this drafter.")] = None,
-    stdlib: Annotated[Optional[Path], typer.Option("--stdlib", help="Standard-library folder to read (default: this interpreter's).")] = None,
+    device: Annotated[Optional[str], typer.Option(
+        "--device", metavar="[cpu|cuda|cuda:N]", callback=check_device,
+        help="Where to train (default: cuda when torch has it, else cpu).")] = None,
+    target_dir: Annotated[Optional[Path], typer.Option(
+        "--target-dir", exists=True, file_okay=False, help="Reuse a trained target.")] = None,
+    drafter_init: Annotated[Optional[Path], typer.Option(
+        "--drafter-init", exists=True, file_okay=False,
+        help="With --target-dir: continue training this drafter.")] = None,
+    stdlib: Annotated[Optional[Path], typer.Option(
+        "--stdlib", exists=True, file_okay=False,
+        help="Standard-library folder to read (default: this interpreter's).")] = None,
     target_minutes: Annotated[Optional[float], typer.Option("--target-minutes", help="Cap on target training time.")] = None,
     drafter_minutes: Annotated[Optional[float], typer.Option("--drafter-minutes", help="Cap on drafter training time.")] = None,
 ) -> None:
@@ -182,5 +189,8 @@ def train_embedded(
 
     options = {"--device": device, "--target-dir": target_dir, "--drafter-init": drafter_init, "--stdlib": stdlib,
                "--target-minutes": target_minutes, "--drafter-minutes": drafter_minutes}
-    train_main(["--out", str(out), "--recipe", recipe]
-               + [str(x) for flag, value in options.items() if value is not None for x in (flag, value)])
+    try:
+        train_main(["--out", str(out), "--recipe", recipe]
+                   + [str(x) for flag, value in options.items() if value is not None for x in (flag, value)])
+    except (ValueError, OSError) as exc:  # a bad corpus, config or output folder: named in the message
+        _fail(str(exc))

@@ -20,35 +20,34 @@ EVAL_HINT = ("run `hybridspec eval --db {db} --name {campaign} --artifact A` to 
              "test prompts")
 
 
-def _length_frame(inputs: ReportInputs) -> tuple[pl.DataFrame, str]:
-    """(series, w, rounds) of executed lengths: eval rounds per policy, else non-capture runs' rounds."""
-    if inputs.has_table("eval_rounds"):
-        several = len(inputs.eval_runs) > 1
-        label = "r.name || ' / ' || e.policy" if several else "e.policy"
-        frame = inputs.frame(f"SELECT {label} AS series, e.w, count(*) AS rounds, min(e.rowid) AS first "
-                             "FROM eval_rounds e JOIN runs r USING (run_id) GROUP BY ALL")
-        if not frame.is_empty():  # policies in the order eval ran them (ar first), then w
-            order = pl.col("first").min().over("series")
-            return frame.sort(order, "w").drop("first"), ""
-    frame = inputs.frame("SELECT r.name || ' / ' || r.pass AS series, x.w, count(*) AS rounds FROM rounds x "
-                         "JOIN runs r USING (run_id) WHERE r.pass <> 'capture' GROUP BY ALL ORDER BY series, x.w")
-    hint = EVAL_HINT.format(db=inputs.db, campaign=inputs.campaign)
-    return frame, f"no eval_rounds in the store, so no per-policy lengths; {hint}"
+def _length_frame(inputs: ReportInputs) -> pl.DataFrame | None:
+    """(series, w, rounds) of the executed lengths of the eval runs, one series per policy (per run
+    and policy when the store holds several eval runs); None without eval rounds. Only `eval`
+    executes the policies' lengths: the capture pass always verifies W."""
+    if not inputs.has_table("eval_rounds"):
+        return None
+    several = len(inputs.eval_runs) > 1
+    label = "r.name || ' / ' || e.policy" if several else "e.policy"
+    frame = inputs.frame(f"SELECT {label} AS series, e.w, count(*) AS rounds, min(e.rowid) AS first "
+                         "FROM eval_rounds e JOIN runs r USING (run_id) GROUP BY ALL")
+    if frame.is_empty():
+        return None
+    order = pl.col("first").min().over("series")  # policies in the order eval ran them (ar first), then w
+    return frame.sort(order, "w").drop("first")
 
 
 def lengths_section(inputs: ReportInputs) -> Section:
     section = Section("lengths", "8. Executed verification lengths")
-    frame, note = _length_frame(inputs)
-    if frame.is_empty():
-        return section.missing(note + "; nor has any non-capture run recorded rounds (the capture run always "
-                                      "verifies W, so it is not shown)")
+    frame = _length_frame(inputs)
+    if frame is None:
+        hint = EVAL_HINT.format(db=inputs.db, campaign=inputs.campaign)
+        return section.missing(f"no eval rounds in the store, so no executed lengths per policy (the capture run "
+                               f"always verifies W); {hint}")
     totals = frame.group_by("series", maintain_order=True).agg(
         rounds=pl.col("rounds").sum(), mean_w=(pl.col("w") * pl.col("rounds")).sum() / pl.col("rounds").sum())
     table = frame.join(totals.select("series", total=pl.col("rounds")), on="series")
     table = table.with_columns(fraction=pl.col("rounds") / pl.col("total")).drop("total")
     section.tables = {"histogram": table, "per_series": totals}
-    if note:
-        section.partial(note + f"; shown instead: rounds of {', '.join(totals['series'])}")
     max_w = int(max(frame["w"].max(), inputs.params.draft_len + 1 if inputs.params else 0))
     section.figures = [Figure("Fraction of rounds per executed length w (the paper's Figure 4)",
                               plots.lengths(table, totals, max_w))]
@@ -57,27 +56,27 @@ def lengths_section(inputs: ReportInputs) -> Section:
 
 
 def chosen_eval_run(eval_runs: list[dict], campaign: str | None) -> dict | None:
-    """The campaign's eval run (eval's --name is the campaign's), else the newest eval run."""
-    named = [r for r in eval_runs if r["name"] == campaign]
-    return (named or eval_runs or [None])[-1]
+    """The campaign's own eval run (eval's --name is the campaign's), else None: another campaign's
+    eval run measured other prompts or another artifact, so it is never shown in its place."""
+    return next((r for r in eval_runs if r["name"] == campaign), None)
 
 
 def policy_section(db: Path, artifact: Path | None, campaign: str | None, eval_runs: list[dict]) -> Section:
-    """Measured vs estimated per policy. Reads the store itself (through evaluation.offline), so
-    it runs after the report's own connection is closed."""
+    """Measured vs estimated per policy, for the report's campaign. Reads the store itself (through
+    evaluation.offline), so it runs after the report's own connection is closed."""
     section = Section("policies", "10. Policies: measured against estimated")
     hint = EVAL_HINT.format(db=db, campaign=campaign)
     run = chosen_eval_run(eval_runs, campaign)
     measured = estimates = None
     if run is None:
-        section.partial(f"no eval run in the store: measured columns missing; {hint}")
+        others = sorted({r["name"] for r in eval_runs})
+        elsewhere = f" (eval runs of other campaigns: {', '.join(map(repr, others))})" if others else ""
+        section.partial(f"no eval run of campaign {campaign!r}{elsewhere}: measured columns missing; {hint}")
     else:
         try:
             measured = measured_table(db, run["name"])
         except ValueError as exc:  # OfflineError: an eval run without usable requests
             section.partial(f"eval run {run['name']!r} unusable: {exc}")
-        if len(eval_runs) > 1:
-            section.partial(f"{len(eval_runs)} eval runs; measured: {run['name']!r}")
     if artifact is None:
         section.partial("no artifact: the offline estimates need --artifact")
     else:

@@ -5,10 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..artifacts.params import PolicyParameters
+from .config import ConfigError
 from .engine import GenerationResult
+from .loading import RANDOM_BLOCK_SIZE, drafter_config, target_config
 from .policies import make_policy, resolve_policy
+from .presets import PRESETS
 from .sampling import SamplingParams
-from .session import Session, check_tensor_parallel, open_session
+from .session import Session, check_tensor_parallel, model_identity, open_session, resolve_pair
 
 
 POLICY_WITHOUT_ARTIFACT = "static:7"  # fastest artifact-free policy on the embedded pair (bench/results/eval.md)
@@ -18,6 +22,38 @@ def default_policy(artifact: Path | None) -> str:
     """The policy `generate` and `serve` use when none is named: `hybridspec` with an artifact,
     else `static:7` (the calibrated policies need one; `static:7` beats `full` and `ar` without)."""
     return "hybridspec" if artifact is not None else POLICY_WITHOUT_ARTIFACT
+
+
+@dataclass(frozen=True)
+class ModelIds:
+    """The content ids of a model pair, computed without loading it (`resolve_policy`'s `ModelPair`)."""
+
+    model_id: str
+    drafter_id: str | None
+
+
+def check_policy(name: str, artifact: Path | None, model: str | None, drafter: str | None, *,
+                 need_drafter: bool = True, seed: int = 0, force: bool = False) -> PolicyParameters | None:
+    """The parameters policy `name` decodes with, every check done before any weights load: the
+    target's config, the pair's content ids (`model_identity`, as `open_session` computes them for
+    the same arguments), the artifact (`resolve_policy`: needed, valid, fitted for this pair unless
+    `force`), then the name and length against the drafter's D read from its config (`make_policy`).
+    ConfigError, PolicyError, ArtifactError (all ValueError)."""
+    model, drafter = resolve_pair(model, drafter)
+    target_config(model)  # neither a model directory, a preset nor a cached repo id: named here
+    if need_drafter and drafter is None and model not in PRESETS:
+        raise ConfigError(f"a speculative policy needs --drafter (a DFlash directory) for {model}")
+    drafter = drafter if need_drafter else None
+    ids = ModelIds(*model_identity(model, drafter, seed=seed, with_drafter=need_drafter))
+    params, _ = resolve_policy(name, artifact, ids, force)
+    if not need_drafter:
+        draft_len = 0
+    elif drafter in (None, "random"):
+        draft_len = RANDOM_BLOCK_SIZE - 1
+    else:
+        draft_len = drafter_config(drafter).draft_len
+    make_policy(name, draft_len, params)
+    return params
 
 
 @dataclass(frozen=True)
@@ -64,8 +100,9 @@ def _prompt(request: GenerateRequest, session: Session) -> list[int]:
 
 
 def run_generate(request: GenerateRequest) -> dict | None:
-    """Load, decode, and summarise as the JSON object `generate --json` prints (None on the ranks
-    other than 0 under torchrun, `tensor_parallel.launch`)."""
+    """Check, load, decode, and summarise as the JSON object `generate --json` prints (None on the
+    ranks other than 0 under torchrun, `tensor_parallel.launch`). The policy and the artifact are
+    checked before any rank starts or any weights load (`check_policy`)."""
     if not -(2**63) <= request.seed < 2**63:
         raise ValueError(f"--seed must be a 64-bit integer, got {request.seed}")
     sampling = SamplingParams(request.temperature, request.top_k, request.top_p, request.seed)
@@ -73,21 +110,24 @@ def run_generate(request: GenerateRequest) -> dict | None:
         raise ValueError(f"--tp must be at least 1, got {request.tp}")
     if (request.prompt is None) == (request.prompt_ids is None):  # before any rank is spawned
         raise ValueError("give exactly one of a prompt text or prompt ids")
+    name = request.policy or default_policy(request.artifact)
+    params = check_policy(name, request.artifact, request.model, request.drafter, need_drafter=name != "ar",
+                          seed=request.seed, force=request.force)
     if request.tp > 1 or request.expert_parallel:
         from .tensor_parallel import launch
 
         check_tensor_parallel(request.model, request.tp, request.expert_parallel)
-        return launch(_generate, request.tp, request.device, request, sampling, True)
-    return _generate(request, sampling, False)
+        return launch(_generate, request.tp, request.device, request, sampling, name, params, True)
+    return _generate(request, sampling, name, params, False)
 
 
-def _generate(request: GenerateRequest, sampling: SamplingParams, tensor_parallel: bool) -> dict:
-    name = request.policy or default_policy(request.artifact)
+def _generate(request: GenerateRequest, sampling: SamplingParams, name: str, params: PolicyParameters | None,
+              tensor_parallel: bool) -> dict:
+    """Load the pair and decode with policy `name` and its `params` (`check_policy`'s)."""
     session = open_session(request.model, request.drafter, need_drafter=name != "ar",
                            device=request.device, dtype=request.dtype, backend=request.backend, seed=request.seed,
                            graphs=request.graphs, tensor_parallel=tensor_parallel,
                            expert_parallel=request.expert_parallel)
-    params, _ = resolve_policy(name, request.artifact, session, request.force)
     draft_len = session.drafter.draft_len if session.drafter is not None else 0
     policy = make_policy(name, draft_len, params, device=request.device)
     result = session.engine.generate(_prompt(request, session), policy=policy, max_new_tokens=request.max_new_tokens,

@@ -11,7 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
-SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # torch.Generator.manual_seed takes a 64-bit integer
+from ..runtime.sampling import SEED_MAX, SEED_MIN
+
 
 
 class RequestError(ValueError):
@@ -69,7 +70,7 @@ class RequestBody(BaseModel):
     model: Text | None = None
     max_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0.0, allow_inf_nan=False)  # OpenAI's default; 0 is greedy
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
     top_k: int = Field(0, ge=-1)  # 0 or -1: off
     stop: Text | list[Text] | None = None
     seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)

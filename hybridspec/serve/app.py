@@ -47,9 +47,18 @@ def _error(message: str, param: str | None, status: int) -> JSONResponse:
     return JSONResponse(error_body(message, param, status), status)
 
 
+def _is_field(part) -> bool:
+    """A part of a pydantic error's `loc` that names a field or an index, not the tag of a validator
+    or of a union member (`function-after[_utf8(), str]`, `list[TextPart]`), which means nothing to a client."""
+    if isinstance(part, int):
+        return True
+    return part != "body" and "[" not in part and not part.startswith("function-")
+
+
 def _validation_param(exc: RequestValidationError) -> tuple[str, str]:
+    """(param, message) of the first error: `messages.0.content: Input should be a valid string`."""
     first = exc.errors()[0] if exc.errors() else {}
-    loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+    loc = [str(x) for x in first.get("loc", ()) if _is_field(x)]
     if first.get("type") == "json_invalid":
         return "body", f"invalid JSON: {first.get('ctx', {}).get('error') or first.get('msg', '')}"
     param = loc[0] if loc else "body"

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..artifacts.params import PolicyParameters
-from ..runtime.generation import default_policy
-from ..runtime.policies import Policy, make_policy, resolve_policy
+from ..runtime.generation import check_policy, default_policy
+from ..runtime.policies import Policy, make_policy
 from ..runtime.sampling import SamplingParams
 from ..runtime.session import Session, open_session
 from ..runtime.tensor_parallel import mirrored
@@ -313,14 +313,14 @@ def open_service(*, artifact: Path | None = None, model: str | None = None, draf
                  policy: str | None = None, device: str = "cpu", dtype: str = "float32", backend: str = "auto",
                  max_context: int = 4096, force: bool = False, model_name: str | None = None,
                  graphs: bool = True, tensor_parallel: bool = False, expert_parallel: bool = False) -> Service:
-    """Load the model, the drafter and the artifact for `serve` (`resolve_policy`: the default policy
-    needs an artifact when it needs parameters; one fitted for another pair is refused unless `force`).
-    Without `policy`: `hybridspec` with an artifact, else `default_policy`'s choice. `tensor_parallel`:
-    on one rank of a process group (`serve/parallel.py`); `expert_parallel`: its experts split whole
-    across the ranks."""
+    """Check the default policy and the artifact, then load the model and the drafter for `serve`
+    (`check_policy`, before any weights load: the default policy needs an artifact when it needs
+    parameters; one fitted for another pair is refused unless `force`). Without `policy`: `hybridspec`
+    with an artifact, else `default_policy`'s choice. `tensor_parallel`: on one rank of a process
+    group (`serve/parallel.py`); `expert_parallel`: its experts split whole across the ranks."""
     policy = policy or default_policy(artifact)
+    params = check_policy(policy, artifact, model, drafter, force=force)
     session = open_session(model, drafter, device=device, dtype=dtype, backend=backend, max_context=max_context,
                            graphs=graphs, tensor_parallel=tensor_parallel, expert_parallel=expert_parallel)
-    params, _ = resolve_policy(policy, artifact, session, force)
     name = model_name or (model if model is not None else EMBEDDED_NAME)
     return Service(session, params=params, policy=policy, model_name=name, tensor_parallel=tensor_parallel)

@@ -125,7 +125,7 @@ COMMIT_KERNEL_ERRORS = {
     "k has dtype torch.float16": lambda a: a.update(k=a["k"].half()),
     "states has strides": lambda a: a.update(
         states=a["states"].transpose(-1, -2).contiguous().transpose(-1, -2)),
-    "accepted is on meta": lambda a: a.update(accepted=a["accepted"].to("meta")),
+    "tensors on several devices": lambda a: a.update(accepted=a["accepted"].to("meta")),
 }
 
 

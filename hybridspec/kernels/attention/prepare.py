@@ -12,6 +12,7 @@ from torch import Tensor
 
 from hybridspec.kernels import pdl
 from hybridspec.kernels.attention.reference import check_prepare_args
+from hybridspec.kernels.interpreter import check_device
 from hybridspec.kernels.pdl import wait_then_release
 
 
@@ -91,6 +92,8 @@ def norm_rope_store(q: Tensor, k: Tensor, v: Tensor, q_weight: Tensor, k_weight:
                     ("sin", sin), ("key", key), ("value", value)):
         if t.stride(-1) != 1:
             raise ValueError(f"norm_rope_store: {name} must be contiguous in its last dimension (stride {t.stride()})")
+    check_device("norm_rope_store", q=q, k=k, v=v, q_weight=q_weight, k_weight=k_weight, cos=cos, sin=sin, key=key,
+                 value=value, position=position)
     if not (q.dtype == k.dtype == v.dtype == key.dtype == value.dtype):
         raise ValueError(f"norm_rope_store: q, k, v and the cache must share a dtype, got {q.dtype}, {k.dtype}, "
                          f"{v.dtype}, {key.dtype}, {value.dtype}")

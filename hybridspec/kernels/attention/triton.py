@@ -34,7 +34,7 @@ from hybridspec.kernels.attention.combine import launch_combine
 from hybridspec.kernels.attention.prepare import norm_rope_store
 from hybridspec.kernels.attention.reference import check_attention_args
 from hybridspec.kernels.attention.split import launch_split
-from hybridspec.kernels.interpreter import interpreted
+from hybridspec.kernels.interpreter import check_device, interpreted
 
 __all__ = ["block_attention", "gated_attention", "layout", "norm_rope_store"]
 
@@ -80,6 +80,9 @@ def _attention(q: Tensor, gate: Tensor | None, key: Tensor, value: Tensor, posit
     for name, t in (("q", q), ("gate", gate), ("key", key), ("value", value)):
         if t is not None and t.stride(-1) != 1:
             raise ValueError(f"attention: {name} must be contiguous in its last dimension (stride {t.stride()})")
+    check_device("attention", q=q, gate=gate, key=key, value=value, position=position)
+    if not (q.dtype == key.dtype == value.dtype) or (gate is not None and gate.dtype != q.dtype):
+        raise ValueError(f"attention: q {q.dtype}, key {key.dtype}, value {value.dtype} and gate must share a dtype")
     B, T, H, D = q.shape
     S, H_kv = key.shape[1], key.shape[2]
     lay = layout(B, T, H, H_kv, D, S, q.element_size(), q.device)

@@ -12,6 +12,8 @@ are what the Triton kernels need beyond it (T <= MAX_TOKENS, float inputs, a con
 import torch
 from torch import Tensor
 
+from hybridspec.kernels.interpreter import check_device
+
 MAX_TOKENS = 16  # the verification window W of the Triton kernels; longer prefill chunks use the reference
 MAX_KEY_DIM = 256  # one [BT, BK] key tile per program
 INPUT_DTYPES = (torch.bfloat16, torch.float32)
@@ -128,19 +130,13 @@ def check_dtype(fn: str, name: str, x: Tensor, allowed: tuple[torch.dtype, ...])
         raise ValueError(f"{fn}: {name} has dtype {x.dtype}, expected one of {list(allowed)}")
 
 
-def check_layout(fn: str, tensors: dict[str, Tensor], *, interpreted: bool) -> None:
+def check_layout(fn: str, tensors: dict[str, Tensor]) -> None:
     """Same device for all (CUDA, or CPU when the kernels are interpreted); last dim contiguous."""
-    names = list(tensors)
-    device = tensors[names[0]].device
+    check_device(fn, **tensors)
     for name, x in tensors.items():
-        if x.device != device:
-            raise ValueError(f"{fn}: {name} is on {x.device}, expected {device} like {names[0]}")
         if x.shape[-1] > 1 and x.stride(-1) != 1:
             raise ValueError(f"{fn}: {name} has strides {tuple(x.stride())}, "
                              "expected a contiguous last dimension (stride 1)")
-    if device.type != "cuda" and not interpreted:
-        raise ValueError(f"{fn}: tensors are on {device}; the Triton kernels need CUDA tensors "
-                         "(CPU tensors only with TRITON_INTERPRET=1 set before import)")
 
 
 def check_sizes(fn: str, T: int, dk: int) -> None:

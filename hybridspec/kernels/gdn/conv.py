@@ -17,6 +17,7 @@ from torch import Tensor
 
 from hybridspec.kernels import pdl
 from hybridspec.kernels.gdn.tiles import conv_silu_tile
+from hybridspec.kernels.interpreter import check_device
 from hybridspec.kernels.pdl import wait_then_release
 
 
@@ -49,6 +50,10 @@ def causal_conv_silu(x: Tensor, state: Tensor, weight: Tensor, *, x_out: Tensor 
                          f"x {tuple(x.shape)} (expected [{B}, {C}, {K - 1}] and [{C}, 1, {K}])")
     if x.stride(-1) != 1 or (x_out is not None and (x_out.shape != x.shape or x_out.stride(-1) != 1)):
         raise ValueError("causal conv: x and x_out must be [B, T, C] with unit channel stride")
+    check_device("causal conv", x=x, state=state, weight=weight, x_out=x_out)
+    if not (x.dtype == state.dtype == weight.dtype) or (x_out is not None and x_out.dtype != x.dtype):
+        raise ValueError(f"causal conv: x {x.dtype}, state {state.dtype}, weight {weight.dtype} and x_out must share "
+                         "a dtype")
     y = torch.empty((B, T, C), dtype=x.dtype, device=x.device)
     bt = min(16, triton.next_power_of_2(max(T, 1)))
     bc = 128

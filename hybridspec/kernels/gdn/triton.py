@@ -30,7 +30,6 @@ from hybridspec.kernels.gdn.checks import (
 )
 from hybridspec.kernels.gdn.commit import launch_commit
 from hybridspec.kernels.gdn.conv import causal_conv_silu
-from hybridspec.kernels.interpreter import interpreted
 from hybridspec.kernels.gdn.reference import gdn_commit as reference_commit
 from hybridspec.kernels.gdn.tuning import SHIPPED, CommitTuning, Tuning, VerifyTuning
 from hybridspec.kernels.gdn.verify_recurrent import launch_verify_recurrent
@@ -61,8 +60,7 @@ def gdn_verify(q, k, v, g, beta, state, scale, *, z_out=None, g_out=None,
     o = torch.empty(B, T, HV, dv, dtype=v.dtype, device=v.device)  # [B, T, HV, dv]
     z = z_out if z_out is not None else torch.empty(B, T, HV, dv, device=v.device)
     g_cum = g_out if g_out is not None else torch.empty(B, T, HV, device=v.device)
-    check_layout(fn, dict(q=q, k=k, v=v, g=g, beta=beta, state=state, z_out=z, g_out=g_cum),
-                 interpreted=interpreted())
+    check_layout(fn, dict(q=q, k=k, v=v, g=g, beta=beta, state=state, z_out=z, g_out=g_cum))
 
     launch = tuning.verify[T]
     _LAUNCHERS[launch.method](q, k, v, g, beta, state, scale, o, z, g_cum, launch)
@@ -101,7 +99,7 @@ def gdn_verify_gated(q, k, v, a, b, A_log, dt_bias, state, scale, *, z_out=None,
         check_dtype(fn, "pending g_cum", pending[2], (torch.float32,))
         tensors.update(pending_z=pending[0], pending_k=pending[1], pending_g_cum=pending[2],
                        accepted=pending[3])
-    check_layout(fn, tensors if k_out is None else dict(tensors, k_out=k_out), interpreted=interpreted())
+    check_layout(fn, tensors if k_out is None else dict(tensors, k_out=k_out))
     check_raw_keys(fn, k, k_out, raw_keys)
     if pending is not None and pending[0].shape[1] > MAX_TOKENS:
         reference_commit(state[None], *(x[None] for x in pending[:3]), pending[3])
@@ -129,6 +127,6 @@ def gdn_commit(states, z, k, g_cum, accepted, *, tuning: Tuning = SHIPPED) -> No
     check_dtype(fn, "z", z, INPUT_DTYPES)
     check_dtype(fn, "k", k, INPUT_DTYPES)
     check_dtype(fn, "g_cum", g_cum, (torch.float32,))
-    check_layout(fn, dict(states=states, z=z, k=k, g_cum=g_cum, accepted=accepted), interpreted=interpreted())
+    check_layout(fn, dict(states=states, z=z, k=k, g_cum=g_cum, accepted=accepted))
 
     launch_commit(states, z, k, g_cum, accepted, tuning.commit[T])

@@ -16,7 +16,7 @@ import torch
 import triton
 from torch import Tensor
 
-from hybridspec.kernels.interpreter import interpreted
+from hybridspec.kernels.interpreter import check_device, interpreted
 from hybridspec.kernels.moe.checks import SharedExpert, check_moe_args
 from hybridspec.kernels.moe.down import column_tiles, launch_down
 from hybridspec.kernels.moe.down_rows import launch_down_rows
@@ -36,9 +36,7 @@ def _check_layout(x: Tensor, gate_up: Tensor, down: Tensor, shared: SharedExpert
     for name, t in weights.items():
         if t.dtype != x.dtype:
             raise ValueError(f"moe_experts: {name} has dtype {t.dtype}, x has {x.dtype}")
-    if x.device.type != "cuda" and not interpreted():
-        raise ValueError(f"moe_experts: tensors are on {x.device}; the Triton kernels need CUDA tensors "
-                         "(CPU tensors only with TRITON_INTERPRET=1 set before import)")
+    check_device("moe_experts", x=x)
     if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(f"moe_experts: dtype {x.dtype} (float32, bfloat16 or float16)")
 

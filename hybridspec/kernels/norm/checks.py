@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from hybridspec.kernels.interpreter import interpreted
+from hybridspec.kernels.interpreter import check_device
 
 MAX_N = 16384
 
@@ -28,9 +28,7 @@ def check_norm_args(x: Tensor, weight: Tensor) -> int:
         raise ValueError(f"rms norm: rows of {n} elements (at most {MAX_N})")
     if weight.stride(0) != 1:
         raise ValueError(f"rms norm: weight must be contiguous (stride {weight.stride()})")
-    if x.device.type != "cuda" and not interpreted():
-        raise ValueError(f"rms norm: tensors are on {x.device}; the Triton kernels need CUDA tensors "
-                         "(CPU tensors only with TRITON_INTERPRET=1 set before import)")
+    check_device("rms norm", x=x, weight=weight)
     return n
 
 

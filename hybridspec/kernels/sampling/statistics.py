@@ -19,7 +19,7 @@ import triton.language as tl
 from torch import Tensor
 
 from hybridspec.kernels import pdl
-from hybridspec.kernels.interpreter import interpreted
+from hybridspec.kernels.interpreter import check_device
 from hybridspec.kernels.pdl import wait_then_release
 from hybridspec.kernels.sampling import BLOCK_V
 from hybridspec.kernels.sampling.blocks import arrive_with_block, load_blocks
@@ -62,9 +62,7 @@ def draft_statistics(logits: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     if logits.dim() != 2 or logits.stride(1) != 1 or not logits.shape[1]:
         raise ValueError(f"draft_statistics: logits must be [D, V] with V ≥ 1 and unit column stride, got "
                          f"{tuple(logits.shape)} strides {logits.stride()}")
-    if logits.device.type != "cuda" and not interpreted():
-        raise ValueError(f"draft_statistics: logits are on {logits.device}; the Triton kernel needs CUDA tensors "
-                         "(CPU tensors only with TRITON_INTERPRET=1 set before import)")
+    check_device("draft_statistics", logits=logits)
     rows, V = logits.shape
     nb = triton.cdiv(V, BLOCK_V)
     device = logits.device

@@ -1,0 +1,53 @@
+"""Sections 8 and 10 on a synthetic store (no model): the policy table measures the report's own
+campaign's eval run only (another campaign's is named, never shown in its place), and the executed
+lengths come from eval rounds only (the capture pass always verifies W)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from hybridspec.fitters.export import fit_artifact
+from hybridspec.report import build_report
+from hybridspec.report.runs import chosen_eval_run
+from hybridspec.workbench.store import Store
+from tests.fitters.test_campaign import _spec, write_synthetic_store
+
+
+def test_the_eval_run_is_the_campaigns_own_or_none():
+    runs = [{"name": "a"}, {"name": "t"}, {"name": "b"}]
+    assert chosen_eval_run(runs, "t") is runs[1]
+    assert chosen_eval_run(runs, "z") is None and chosen_eval_run([], "t") is None
+    assert chosen_eval_run(runs, None) is None  # a store without calibration runs has no campaign
+
+
+@pytest.fixture(scope="module")
+def foreign_eval(tmp_path_factory):
+    """The report of campaign `synth`, whose store also holds an eval run of campaign `other`."""
+    root = tmp_path_factory.mktemp("foreign_eval")
+    db, artifact = root / "s.duckdb", root / "a.safetensors"
+    write_synthetic_store(db, n_rounds=300)
+    with Store(db) as store:
+        store.start_run(dataclasses.replace(_spec("eval"), name="other"))
+        for (run_id,) in store.query("SELECT run_id FROM runs"):  # fit reads finished runs only
+            store.finish_shard(run_id, 0)
+    fit_artifact(db, "synth", artifact, allow_poor_fit=True)
+    return build_report(db, root / "page", artifact=artifact)
+
+
+def test_another_campaigns_eval_run_is_named_not_measured(foreign_eval):
+    section = foreign_eval.section("policies")
+    assert foreign_eval.campaign == "synth" and section.status == "partial"
+    assert "no eval run of campaign 'synth' (eval runs of other campaigns: 'other')" in section.note
+    assert "hybridspec eval --db" in section.note and "--name synth" in section.note
+    columns = section.tables["policies"].columns
+    assert "tps" in columns and not any(c.endswith("_measured") for c in columns)  # estimated only
+    assert section.headline.endswith("estimated only")
+
+
+def test_without_eval_rounds_the_lengths_section_says_so(foreign_eval):
+    section = foreign_eval.section("lengths")
+    assert section.status == "missing" and not section.tables
+    assert "no eval rounds in the store" in section.note and "capture run always verifies W" in section.note
+    assert "hybridspec eval --db" in section.note

@@ -1,0 +1,142 @@
+"""How the CLI fails: one line on stderr, exit 2, the user's text printed as given (no markup
+escaped twice), before any model loads; `python -m hybridspec` fails as the `hybridspec` entry
+point does."""
+
+from __future__ import annotations
+
+import dataclasses
+import runpy
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from hybridspec.cli import app
+from hybridspec.runtime import session
+
+runner = CliRunner()
+
+
+def _one_line_error(result, *needles: str) -> str:
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr
+    assert all(n in lines[0] for n in needles), lines[0]
+    return lines[0]
+
+
+@pytest.fixture
+def no_loading(monkeypatch):
+    def loaded(*args, **kwargs):
+        pytest.fail("a model was loaded before the policy and the artifact were checked")
+
+    monkeypatch.setattr(session, "load_target", loaded)
+    monkeypatch.setattr(session, "load_drafter", loaded)
+
+
+def test_markup_in_a_message_is_printed_as_given(tmp_path):
+    result = runner.invoke(app, ["capture", "--split", "[red]x", "--db", str(tmp_path / "c.duckdb")])
+    line = _one_line_error(result, "--split '[red]x'")
+    assert "\\" not in line
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--policy", "hybridspec", "--artifact", "nope.safetensors"], "nope.safetensors: no such artifact file"),
+    (["--policy", "sometimes"], "unknown policy 'sometimes'"),
+    (["--policy", "static:99"], "static:99: length must be in 2"),
+])
+def test_generate_checks_policy_and_artifact_before_loading(no_loading, args, message):
+    _one_line_error(runner.invoke(app, ["generate", "--prompt-ids", "1,2", *args]), message)
+
+
+def test_serve_checks_the_artifact_before_loading(no_loading):
+    _one_line_error(runner.invoke(app, ["serve", "--artifact", "nope.safetensors"]), "no such artifact file")
+
+
+def test_estimate_refuses_empty_policies_as_eval_does(tmp_path):
+    for command in (["estimate", "--artifact", str(tmp_path / "a.safetensors")], ["eval", "--quick"]):
+        result = runner.invoke(app, [*command, "--db", str(tmp_path / "s.duckdb"), "--policies", " , "])
+        _one_line_error(result, "--policies is empty")
+
+
+def test_fit_has_no_run_option_and_its_poor_fit_line_goes_to_stderr(tmp_path):
+    from hybridspec.workbench.store import Store
+    from tests.fitters.test_campaign import write_synthetic_store
+
+    db, out = tmp_path / "noise.duckdb", tmp_path / "a.safetensors"
+    write_synthetic_store(db, n_rounds=500, noise=True)
+    with Store(db) as store:
+        for (run_id,) in store.query("SELECT run_id FROM runs"):  # fit reads finished runs only
+            store.finish_shard(run_id, 0)
+    old = runner.invoke(app, ["fit", "--db", str(db), "--run", "synth", "--out", str(out)])
+    assert old.exit_code == 2 and "No such option: --run" in old.output
+    result = runner.invoke(app, ["fit", "--db", str(db), "--name", "synth", "--out", str(out)], terminal_width=200)
+    assert result.exit_code == 1 and not out.exists()
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "nothing written" in errors[0] and "cost_r2" in result.stderr, result.stderr
+    assert "error:" not in result.stdout and "log-loss" in result.stdout  # the fit's tables stay on stdout
+
+
+def test_train_embedded_checks_device_and_folders_before_training(monkeypatch, tmp_path):
+    import hybridspec.training.embedded as embedded
+
+    calls = []
+    monkeypatch.setattr(embedded, "main", lambda argv: calls.append(argv))
+    _one_line_error(runner.invoke(app, ["train-embedded", "--out", str(tmp_path), "--device", "cudax"]),
+                    "--device 'cudax'", "cpu, cuda, cuda:N")
+    for flag in ("--stdlib", "--target-dir", "--drafter-init"):
+        missing = runner.invoke(app, ["train-embedded", "--out", str(tmp_path), flag, str(tmp_path / "none")],
+                                env={"COLUMNS": "400", "TERMINAL_WIDTH": "400"})
+        assert missing.exit_code == 2 and flag in missing.output and "does not exist" in missing.output
+    assert calls == []
+    ok = runner.invoke(app, ["train-embedded", "--out", str(tmp_path / "o"), "--recipe", "tiny", "--stdlib",
+                             str(tmp_path), "--device", "cpu"])
+    assert ok.exit_code == 0, ok.output
+    assert calls == [["--out", str(tmp_path / "o"), "--recipe", "tiny", "--device", "cpu", "--stdlib", str(tmp_path)]]
+
+
+def test_train_embedded_errors_are_one_line(monkeypatch, tmp_path):
+    import hybridspec.training.embedded as embedded
+
+    def fails(argv):
+        raise ValueError(f"{tmp_path}: no Python files to read")
+
+    monkeypatch.setattr(embedded, "main", fails)
+    _one_line_error(runner.invoke(app, ["train-embedded", "--out", str(tmp_path / "o"), "--stdlib", str(tmp_path)]),
+                    "no Python files to read")
+
+
+def test_python_dash_m_gives_the_missing_extra_hint(monkeypatch, capsys):
+    for module in ("hybridspec.serve.app", "hybridspec.serve.service", "hybridspec.serve", "hybridspec.__main__"):
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    monkeypatch.setitem(sys.modules, "fastapi", None)  # `import fastapi` raises ModuleNotFoundError
+    monkeypatch.setattr(sys, "argv", ["hybridspec", "serve"])
+    with pytest.raises(SystemExit) as info:
+        runpy.run_module("hybridspec", run_name="__main__")
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "pip install 'hybridspec[serve]'" in err
+
+
+def test_the_demo_prints_the_fit_command_it_runs(monkeypatch, tmp_path):
+    import hybridspec.demo as demo
+    from rich.console import Console
+
+    class Stop(Exception):
+        pass
+
+    seen = {}
+    monkeypatch.setattr(demo, "run_campaign", lambda config, reporter: [])
+    monkeypatch.setattr(demo, "summary_table", lambda passes, db: "")
+
+    def fit(db, name, out, **options):
+        seen.update(name=name, **options)
+        raise Stop
+
+    monkeypatch.setattr(demo, "fit_artifact", fit)
+    console = Console(record=True, width=400)
+    with pytest.raises(Stop):
+        demo.run_demo_workflow(dataclasses.replace(demo.DemoConfig(), out=tmp_path), console)
+    text = console.export_text()
+    assert seen == {"name": demo.CAMPAIGN, "allow_poor_fit": True}
+    assert f"--name {demo.CAMPAIGN} " in text and text.rstrip().endswith("--allow-poor-fit") and "--run" not in text
