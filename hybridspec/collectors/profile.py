@@ -94,9 +94,7 @@ class ProfilePass:
         self.context_tokens = len(context)
         cache = target.new_cache(max_len=len(context) + 2 * W, tokens_per_pass=max(64, W))
         target.prefill(torch.tensor([context], device=ctx.device), cache)
-        target.flush(cache)
-        cache.null_commit(W)  # the static round form: every pass folds the same (null) pending commit
-        cache.fixed_pending, cache.key_span = W, cache.max_len
+        target.enter_static(cache, W)
         self.cache = cache
         self.block = torch.zeros(1, W, dtype=torch.long, device=ctx.device)
         self.generator = torch.Generator().manual_seed(ctx.config.seed)

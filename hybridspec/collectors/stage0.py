@@ -42,9 +42,7 @@ class Stage0Pass:
         W = ctx.max_length
         cache = target.new_cache(max_len=len(context) + W + 1, tokens_per_pass=64)
         target.prefill(torch.tensor([context], device=ctx.device), cache)
-        target.flush(cache)
-        cache.null_commit(W)  # the round's static form: Layer 0 folds the same (null) pending commit each call
-        cache.fixed_pending, cache.key_span = W, cache.max_len
+        target.enter_static(cache, W)  # Layer 0 folds the same (null) pending commit each call
         self.cache = cache
         gen = torch.Generator().manual_seed(ctx.config.seed)
         self.tokens = torch.randint(0, target.cfg.vocab_size, (1, W), generator=gen).to(ctx.device)

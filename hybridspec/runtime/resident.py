@@ -239,10 +239,7 @@ class ResidentDecoder:
                       torch.zeros(1, W, k, dtype=dtype, device=self.device))
 
     def _enter_static(self, span: int) -> None:
-        cache = self.cache
-        self.target.flush(cache)
-        cache.null_commit(span)
-        cache.fixed_pending, cache.key_span = span, cache.max_len
+        self.target.enter_static(self.cache, span)
         if self.drafter is not None and self.drafter.ctx_k is not None:
             self.drafter.key_span = self.drafter.ctx_k.shape[2]
 

@@ -26,9 +26,7 @@ def test_graph_pass_equals_eager_pass_at_every_layer(model, dtype, w):
         gen = torch.Generator().manual_seed(w)
         prompt = torch.randint(0, target.cfg.vocab_size, (1, 120), generator=gen).cuda()
         target.prefill(prompt, cache)
-        target.flush(cache)
-        cache.null_commit(16)  # a commit of nothing: every pass starts from the same state
-        cache.fixed_pending, cache.key_span = 16, cache.max_len
+        target.enter_static(cache, 16)  # a commit of nothing: every pass starts from the same state
         block = torch.randint(0, target.cfg.vocab_size, (1, w), generator=gen).cuda()
         eager = pass_outputs(target, cache, block, graph=False)
         graph = pass_outputs(target, cache, block, graph=True)

@@ -38,9 +38,7 @@ def test_a_replayed_stage0_equals_the_eager_call(u):
     cache = target.new_cache(max_len=128, tokens_per_pass=64)
     gen = torch.Generator().manual_seed(u)
     target.prefill(torch.randint(0, target.cfg.vocab_size, (1, 40), generator=gen).cuda(), cache)
-    target.flush(cache)
-    cache.null_commit(16)
-    cache.fixed_pending, cache.key_span = 16, cache.max_len
+    target.enter_static(cache, 16)
     tokens = torch.randint(0, target.cfg.vocab_size, (1, u), generator=gen).cuda()
     out = {}
 

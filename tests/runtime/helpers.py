@@ -69,9 +69,7 @@ def prefilled_cache(target, prompt: list[int], W: int, capacity: int | None = No
     cache = Engine(target, None, max_context=capacity or len(prompt) + 2 * W, resident=False).cache
     cache.reset()
     target.prefill(torch.tensor([prompt], device=device), cache)
-    target.flush(cache)
-    cache.null_commit(W)
-    cache.fixed_pending, cache.key_span = W, cache.max_len
+    target.enter_static(cache, W)
     return cache
 
 

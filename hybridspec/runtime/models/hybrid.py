@@ -247,6 +247,14 @@ class HybridTarget(nn.Module):
             self._gdn_commit(cache.ssm[lo:hi], *cache.pending_span(lo, hi))
         cache.mark_committed()
 
+    def enter_static(self, cache: TargetCache, span: int) -> None:
+        """The round's static form, as the resident round and the timed passes run it: the pending
+        commit flushed, then a null one over `span` round tokens (every pass folds a commit of the
+        same shape), and attention over the whole key cache under its device-side mask."""
+        self.flush(cache)
+        cache.null_commit(span)
+        cache.fixed_pending, cache.key_span = span, cache.max_len
+
     # ---------------------------------------------------------------- prefill
     @torch.no_grad()
     def prefill(self, tokens: Tensor, cache: TargetCache, *, all_logits: bool = False) -> PassOutput:
