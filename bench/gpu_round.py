@@ -128,9 +128,9 @@ def gdn_verify_state_after_wait():
 # REPLAY: its own op wrapped by `replayed`), or {python module: {attribute: value}} set on that module
 VARIANTS = {
     "shipped": {},
-    "two-step-topk": {moe_router: {"ROUTER_TILES": moe_router.ROUTER_TILES._replace(packed_rows=0)}},
+    "two-step-topk": {moe_router: {"ROUTER_TILES": moe_router.ROUTER_TILES.replace(packed_rows=0)}},
     # the router of one or two tokens by the tile form, not the register-slice one
-    "router-tiles": {moe_router: {"ROUTER_TILES": moe_router.ROUTER_TILES._replace(rows_tokens=0)}},
+    "router-tiles": {moe_router: {"ROUTER_TILES": moe_router.ROUTER_TILES.replace(rows_tokens=0)}},
     "prepare-ref": {GatedAttention: {"prepare_op": attention_reference.norm_rope_store}},
     "no-pdl": {pdl: {"ENABLED": False}},  # the kernels of `kernels/pdl.py` launched without PDL
     "torch-sampling": {resident: {"FUSED_SAMPLING": False}},  # the point-mass rule's torch form

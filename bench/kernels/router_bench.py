@@ -46,14 +46,14 @@ def shapes(model: str) -> tuple[int, int, int]:
 IMPLS = {
     "fused": lambda x, w, k: triton_router.router(x, w, k, True, x.dtype),
     "fused-tiles": lambda x, w, k: triton_router.router(x, w, k, True, x.dtype,
-                                                        tiles=triton_router.ROUTER_TILES._replace(rows_tokens=0)),
+                                                        tiles=triton_router.ROUTER_TILES.replace(rows_tokens=0)),
     "linear+topk": lambda x, w, k: triton_router.router_topk(F.linear(x, w), k, True, x.dtype),
     "reference": lambda x, w, k: reference.router(x, w, k, True, x.dtype),
 }
 
 
 SWEEP = {  # the register-slice form's launch shapes beside the shipped one (the tail's reductions in fewer warps)
-    name: triton_router.ROUTER_TILES._replace(**fields)
+    name: triton_router.ROUTER_TILES.replace(**fields)
     for name, fields in (("rows-w1", {"rows_warps": 1}), ("rows-w2", {"rows_warps": 2}),
                          ("rows-be2-w1", {"rows_be": 2, "rows_warps": 1}),
                          ("rows-be4-w2", {"rows_be": 4, "rows_warps": 2}),

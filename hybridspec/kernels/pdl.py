@@ -7,9 +7,9 @@ previous kernel has finished and its writes are visible, then lets the next kern
 (which no kernel writes) may be read before the wait, and so may what a kernel two or more launches
 back wrote: every kernel here waits before it releases the next, so when a kernel starts, the one
 before its predecessor has finished. The results are unchanged; only the gaps between launches
-shrink. `ENABLED` switches it for every kernel that takes its options here (`bench/gpu_round.py
---variants shipped,no-pdl` measures it in whole rounds; the GDN verify kernels choose it per tuning
-row instead, `gdn/launch.py`)."""
+shrink. `ENABLED` switches it for every kernel (`bench/gpu_round.py --variants shipped,no-pdl`
+measures it in whole rounds); the GDN verify kernels may also leave it off per tuning row
+(`gdn/launch.py`)."""
 
 from __future__ import annotations
 
@@ -37,10 +37,10 @@ def available(x: Tensor) -> bool:
     return x.is_cuda and not interpreted() and _capable(x.device.index)
 
 
-def options(x: Tensor) -> dict:
-    """Launch options for a kernel taking `USE_GDC`: programmatic dependent launch where enabled and
-    available."""
-    if ENABLED and available(x):
+def options(x: Tensor, enabled: bool = True) -> dict:
+    """Launch options for a kernel taking `USE_GDC`: programmatic dependent launch where enabled (by
+    the caller and by `ENABLED`) and available."""
+    if enabled and ENABLED and available(x):
         return dict(USE_GDC=True, launch_pdl=True)
     return dict(USE_GDC=False)
 

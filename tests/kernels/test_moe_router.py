@@ -71,7 +71,7 @@ def test_one_launch_router_matches_the_reference(tokens, experts, top_k, hidden)
 
 
 TILES = [moe_router.ROUTER_TILES, moe_router.RouterTiles(SPLIT=8, warps=1, tail_rows="call"),
-         moe_router.ROUTER_TILES._replace(packed_rows=16), moe_router.ROUTER_TILES._replace(packed_rows=0)]
+         moe_router.ROUTER_TILES.replace(packed_rows=16), moe_router.ROUTER_TILES.replace(packed_rows=0)]
 
 
 @pytest.mark.parametrize("tokens", [1, 2, 16])
@@ -83,8 +83,8 @@ def test_packed_and_two_step_argmax_choose_the_same_experts_and_weights(tokens, 
     x = torch.randint(-2, 3, (tokens, 64), generator=g).to(torch.bfloat16)
     weight = torch.randint(-1, 2, (experts // 2, 64), generator=g).repeat_interleave(2, 0).to(torch.bfloat16)
     base = moe_router.ROUTER_TILES  # experts 2i and 2i + 1 are twins: the top expert's twin ties with it
-    packed = moe_router.router(x, weight, top_k, True, torch.float32, tiles=base._replace(packed_rows=16))
-    two_step = moe_router.router(x, weight, top_k, True, torch.float32, tiles=base._replace(packed_rows=0))
+    packed = moe_router.router(x, weight, top_k, True, torch.float32, tiles=base.replace(packed_rows=16))
+    two_step = moe_router.router(x, weight, top_k, True, torch.float32, tiles=base.replace(packed_rows=0))
     assert torch.equal(packed[0], two_step[0]) and torch.equal(packed[1], two_step[1])
     chosen = torch.nn.functional.linear(x.float(), weight.float()).gather(1, packed[0])  # [tokens, k] logits
     assert bool((chosen[:, 1:] == chosen[:, :-1]).any()), "no tie among the chosen: the test lost its point"
@@ -143,7 +143,7 @@ def test_register_slice_router_matches_the_reference_and_is_batch_invariant(bloc
     for n in (0, 1):
         alone = moe_router.router(xb[n : n + 1], weight.to(torch.bfloat16), top_k, True, torch.bfloat16, tiles=tiles)
         assert torch.equal(alone[0], together[0][n : n + 1]) and torch.equal(alone[1], together[1][n : n + 1])
-    tile_ids = moe_router.router(x, weight, top_k, True, torch.float32, tiles=tiles._replace(rows_tokens=0))[0]
+    tile_ids = moe_router.router(x, weight, top_k, True, torch.float32, tiles=tiles.replace(rows_tokens=0))[0]
     assert torch.equal(tile_ids, ids)
 
 
@@ -175,3 +175,10 @@ def test_a_norm_the_register_slice_form_does_not_take_is_refused():
     x, weight = torch.randn(3, 64), torch.randn(16, 64)
     with pytest.raises(ValueError, match="norm_router"):
         moe_router.router(x, weight, 2, True, torch.float32, norm=(torch.zeros(64), 1e-6, None, x, x))
+
+
+@pytest.mark.parametrize("fields, message", (({"tail_rows": "calls"}, "tail_rows must be"), ({"BE": 24}, "BE must be"),
+                                             ({"warps": 0}, "warps must be"), ({"packed_rows": -1}, "must be ≥ 0")))
+def test_router_tiles_refuse_a_launch_shape_the_kernel_cannot_take(fields, message):
+    with pytest.raises(ValueError, match=message):
+        moe_router.ROUTER_TILES.replace(**fields)

@@ -12,11 +12,8 @@ BLOCK_T = 16  # tokens padded to the smallest tl.dot tile
 
 
 def launch_options(pdl: bool, x: Tensor) -> dict:
-    """Launch with programmatic dependent launch where the tuning asks for it and it is available
-    (`kernels/pdl.py`)."""
-    if pdl and pdl_launch.available(x):
-        return dict(USE_GDC=True, launch_pdl=True)
-    return dict(USE_GDC=False)
+    """Launch with programmatic dependent launch where the tuning asks for it (`kernels/pdl.py`)."""
+    return pdl_launch.options(x, enabled=pdl)
 
 
 def key_block(dk: int) -> int:

@@ -29,7 +29,8 @@ lower expert id. A token's result depends on its own logits only (batch invarian
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import dataclasses
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -48,7 +49,8 @@ from hybridspec.kernels.tiles import dot_bt
 FUSED_TOKENS, FUSED_EXPERTS = 16, 256  # calls the one-launch router takes
 
 
-class RouterTiles(NamedTuple):
+@dataclasses.dataclass(frozen=True)
+class RouterTiles:
     """Launch shape of the one-launch router: experts per program, spans of the hidden dimension,
     hidden columns per step, warps per program, whether the last program's softmax / top-k
     tile has one row per token of the call rounded up to a power of two (`tail_rows="call"`) or
@@ -64,11 +66,25 @@ class RouterTiles(NamedTuple):
     SPLIT: int = 4
     BK: int = 128
     warps: int = 4
-    tail_rows: str = "fixed"
+    tail_rows: Literal["fixed", "call"] = "fixed"
     packed_rows: int = 0
     rows_tokens: int = 0
     rows_be: int = 1
     rows_warps: int = 4
+
+    def __post_init__(self) -> None:
+        if self.tail_rows not in ("fixed", "call"):
+            raise ValueError(f"RouterTiles.tail_rows must be 'fixed' or 'call', got {self.tail_rows!r}")
+        for name in ("BE", "SPLIT", "BK", "warps", "rows_be", "rows_warps"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"RouterTiles.{name} must be a power of two, got {value}")
+        if self.packed_rows < 0 or self.rows_tokens < 0:
+            raise ValueError(f"RouterTiles: packed_rows and rows_tokens must be ≥ 0, got {self.packed_rows}, "
+                             f"{self.rows_tokens}")
+
+    def replace(self, **fields) -> "RouterTiles":
+        return dataclasses.replace(self, **fields)
 
 
 # `bench/results/router_notes.md`
