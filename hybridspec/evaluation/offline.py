@@ -13,7 +13,7 @@ runtime's own rules (`runtime.policies`), applied round by round; the estimated 
     ar                                       the mean measured ar step of the campaign's fixed pass
                                              (its w = 1 rows), one token per round
 
-A store whose fixed pass has no w = 1 rows (written before they existed) falls back to
+A store whose fixed pass has no w = 1 rows falls back to
 fixed + C_tgt(1), C_tgt(1) the quadratic through C_tgt(2…4) extrapolated (3 C(2) − 3 C(3) + C(4),
 floored at 0). That estimate is slow: the fixed cost was fitted on speculative rounds and includes
 the drafter's pass, which an ar step does not run, so every estimated SR is then biased upward.

@@ -19,8 +19,7 @@ saved artifact. Each check names its number and its threshold:
                          costs, `estimate --costs`, not for deciding)
     rho_converged        Dinkelbach's iteration for ρ reached its fixed point
 
-A check whose number the artifact does not record (fitted by an older hybridspec) is `unknown`,
-which is not a failure.
+A check whose number the artifact does not record is `unknown`, which is not a failure.
 """
 
 from __future__ import annotations
@@ -163,7 +162,7 @@ def _log_loss_check(metrics: dict, margin: float, z: float) -> Check:
                      "held-out log-loss not recorded")
     se = _number(metrics.get("full_vs_raw", {}).get("se"))
     detail = f"held-out log-loss of the calibrated model {full:.3f}"
-    if se is None or not np.isfinite(se):  # not recorded (an older fit) or one row: the plain comparison
+    if se is None or not np.isfinite(se):  # not recorded, or one row: the plain comparison
         return Check("acceptance_log_loss", "reliability", _verdict(full <= raw + margin), full,
                      f"≤ raw confidence's {raw:.3f} + {margin:g}", detail)
     rows = metrics["full_vs_raw"].get("rows")
@@ -175,7 +174,7 @@ def _log_loss_check(metrics: dict, margin: float, z: float) -> Check:
 def _rho_check(diagnostics: dict) -> Check:
     iterations = diagnostics.get("dinkelbach") or []
     converged = diagnostics.get("dinkelbach_converged")
-    if converged is None and iterations:  # older artifacts: the last step's change of ρ says
+    if converged is None and iterations:  # not recorded: the last step's change of ρ says
         last = iterations[-1]
         converged = last.get("converged",
                              abs(last["next_rho"] - last["rho"]) <= RHO_TOLERANCE * max(1.0, abs(last["rho"])))
