@@ -78,7 +78,8 @@ def test_fit_names_the_campaign_with_name_or_the_only_campaign(stores, tmp_path)
     for args in (["--name", "synth"], []):
         result = runner.invoke(app, ["fit", "--db", str(stores[0]), "--out", str(tmp_path / "a"), *args])
         assert result.exit_code == 0, (args, result.output)
-    assert runner.invoke(app, ["fit", "--db", str(stores[0]), "--out", str(tmp_path / "a"), "--run", "synth"]).exit_code == 2
+    old = runner.invoke(app, ["fit", "--db", str(stores[0]), "--out", str(tmp_path / "a"), "--run", "synth"])
+    assert old.exit_code == 2
 
 
 def test_inspect_and_fit_refuse_bad_input(stores, tmp_path):

@@ -1,4 +1,6 @@
-"""`@triton.jit` helpers shared by the GDN kernels (inlined into each kernel that calls them).
+"""The GDN kernels' `@triton.jit` helpers (inlined into each kernel that calls them): the gates,
+the pending commit's tiles and fold, the token-by-token recurrence, the conv tile, and the split
+kernel's bf16 products.
 
 Tiles follow fla's prefixes: `p_` pointers, `b_` block values, `o_` offsets, `m_` masks, `i_`
 program ids; compile-time constants are UPPERCASE. BJ is the previous round's length rounded up
@@ -68,6 +70,8 @@ def fold_rows(b_s, b_pz, b_pk, b_pg, b_m, BJ: tl.constexpr):
         b_kj = tl.sum(tl.where(o_j[:, None] == j, b_pk, 0.0), axis=0)  # [BK]
         b_s += b_zj[:, None] * b_kj[None, :]
     return b_s
+
+
 @triton.jit
 def recurrent_steps(b_s, b_Q, b_K, b_V, b_G, b_B, T: tl.constexpr, BT: tl.constexpr):
     """Eq. 1 token by token on BV rows of the state, S_0 = b_s [BV, BK] in registers: per token i,
@@ -99,7 +103,6 @@ def recurrent_steps(b_s, b_Q, b_K, b_V, b_G, b_B, T: tl.constexpr, BT: tl.conste
     return b_o, b_z, b_gc
 
 
-
 @triton.jit
 def conv_silu_tile(p_x, p_cs, p_cw, o_t, o_c, m_t, m_c, stride_x_t, stride_cs_c, stride_cs_k, stride_cw_c,
                    stride_cw_k, K: tl.constexpr):
@@ -125,7 +128,7 @@ def conv_silu_tile(p_x, p_cs, p_cw, o_t, o_c, m_t, m_c, stride_x_t, stride_cs_c,
 
 
 @triton.jit
-def dot_bt(b_a, b_b, WIDEN: tl.constexpr):
+def dot_bt_bf16(b_a, b_b, WIDEN: tl.constexpr):
     """A B^T of two bf16 tiles, fp32 sums of exact products: a bf16 tensor-core product, or (WIDEN,
     under the interpreter, whose tl.dot multiplies bf16 tiles as raw 16-bit integers)
     the same product of the values widened to fp32, exact as well."""

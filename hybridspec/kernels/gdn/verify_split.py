@@ -39,7 +39,7 @@ import triton.language as tl
 from hybridspec.kernels.gdn.launch import BLOCK_T, launch_options, verify_arguments
 from hybridspec.kernels.interpreter import interpreted
 from hybridspec.kernels.gdn.tiles import (
-    dot_bt,
+    dot_bt_bf16,
     log_decay,
     pending_tiles,
     pending_weights,
@@ -119,7 +119,7 @@ def split_dot(b_a, b_s1, b_s2, WIDEN: tl.constexpr):
     """A S^T for bf16 A [BT, BK] (exact in bf16) and S = S_1 + S_2 [BV, BK] in bf16 pieces
     (`split_bf16`): each piece's product with A is exact in fp32, and the two products are
     independent (no accumulator chain between them)."""
-    return dot_bt(b_a, b_s1, WIDEN) + dot_bt(b_a, b_s2, WIDEN)
+    return dot_bt_bf16(b_a, b_s1, WIDEN) + dot_bt_bf16(b_a, b_s2, WIDEN)
 
 
 @triton.jit
@@ -134,13 +134,14 @@ def fold_tiles(b_s, b_decay, b_wz, b_pk, PIECES: tl.constexpr, WIDEN: tl.constex
     if PIECES:
         b_z1, b_z2 = split_bf16(b_wz)
         if b_pk.dtype == tl.bfloat16:
-            if WIDEN:  # the interpreter: the same exact products, widened (`dot_bt`)
-                return b_decay * b_s + (dot_bt(b_z1, tl.trans(b_pk), WIDEN) + dot_bt(b_z2, tl.trans(b_pk), WIDEN))
+            if WIDEN:  # the interpreter: the same exact products, widened (`dot_bt_bf16`)
+                return b_decay * b_s + (dot_bt_bf16(b_z1, tl.trans(b_pk), WIDEN)
+                                        + dot_bt_bf16(b_z2, tl.trans(b_pk), WIDEN))
             return tl.dot(b_z2, b_pk, acc=tl.dot(b_z1, b_pk, acc=b_decay * b_s))
         b_k1, b_k2 = split_bf16(b_pk)
         if WIDEN:
-            return b_decay * b_s + (dot_bt(b_z1, tl.trans(b_k1), WIDEN) + dot_bt(b_z1, tl.trans(b_k2), WIDEN)
-                                    + dot_bt(b_z2, tl.trans(b_k1), WIDEN))
+            return b_decay * b_s + (dot_bt_bf16(b_z1, tl.trans(b_k1), WIDEN) + dot_bt_bf16(b_z1, tl.trans(b_k2), WIDEN)
+                                    + dot_bt_bf16(b_z2, tl.trans(b_k1), WIDEN))
         # one accumulator chain: no adds outside the tensor cores (each warp has 8 tiles in flight)
         return tl.dot(b_z2, b_k1, acc=tl.dot(b_z1, b_k2, acc=tl.dot(b_z1, b_k1, acc=b_decay * b_s)))
     return tl.dot(b_wz, b_pk.to(tl.float32), acc=b_decay * b_s, input_precision="tf32x3")
@@ -184,7 +185,7 @@ def gdn_verify_split_kernel(
     FOLD: the previous round's commit (Eq. 7) on these rows first (`fold_tiles`), stored in place
     and verified from. USE_GDC: launched with programmatic dependent launch; EARLY_STATE: S_0, the
     pending factors and the gate weights loaded before its wait (as `verify_recurrent`). WIDEN:
-    interpreted (`dot_bt`)."""
+    interpreted (`dot_bt_bf16`)."""
     if USE_GDC and not EARLY_STATE:
         wait_then_release()
     i_bh, i_v = tl.program_id(0), tl.program_id(1)
@@ -238,8 +239,8 @@ def gdn_verify_split_kernel(
 
     # state-independent: K K^T, Q K^T [BT, BT]
     if PIECES:
-        b_kk = dot_bt(b_k, b_k, WIDEN)
-        b_qk = dot_bt(b_q, b_k, WIDEN)
+        b_kk = dot_bt_bf16(b_k, b_k, WIDEN)
+        b_qk = dot_bt_bf16(b_q, b_k, WIDEN)
     else:
         b_kk = tl.dot(b_k, tl.trans(b_k), input_precision="tf32x3")
         b_qk = tl.dot(b_q, tl.trans(b_k), input_precision="tf32x3")

@@ -1,6 +1,7 @@
 """A product of a few tokens by a dense weight, each program holding a [BN, K] slice of the weight
 in registers: one load of the whole slice, no shared-memory pipeline and no tensor cores, so every
-program's bytes are in flight at once and the launch streams its weights from its PDL wait on (`bench/results/linear_notes.md`).
+program's bytes are in flight at once and the launch streams its weights from its PDL wait on
+(`bench/results/linear_notes.md`).
 
     x [T, K] (rows contiguous)   weight [R, K] (contiguous)   y [T, R]
     grid: ceil(R / BN) programs; y[t, r] = sum_c x[t, c] · W[r, c] in fp32, rounded to y's dtype

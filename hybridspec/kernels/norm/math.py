@@ -1,5 +1,6 @@
 """The offset norm's arithmetic as `@triton.jit` helpers, shared by the norm kernel (`offset.py`)
-and by the register-slice router of one or two tokens, which normalises its input rows itself (`kernels/moe/router_rows.py`).
+and by the register-slice router of one or two tokens, which normalises its input rows itself
+(`kernels/moe/router_rows.py`).
 Each rounds where `reference.py` rounds; masked entries must be 0."""
 
 from __future__ import annotations
