@@ -12,6 +12,7 @@ import polars as pl
 from ..evaluation.offline import compare_with_measured, estimate_policies
 from ..evaluation.tables import measured_table
 from ..fitters.campaign import store_digest
+from ..fitters.capture_rounds import unfinished_run
 from . import plots
 from .inputs import ReportInputs
 from .result import Figure, Section
@@ -136,6 +137,9 @@ def metadata_section(inputs: ReportInputs) -> Section:
         _check_identity(section, inputs)
     else:
         section.partial(inputs.missing_artifact("the artifact's metadata"))
+    for row in inputs.runs.values():
+        if (unfinished := unfinished_run(inputs.store, row)) is not None:
+            section.partial(f"{unfinished}; the sections built on it show what it wrote so far")
     if runs.is_empty():
         return section.missing(f"{inputs.db} holds no runs")
     section.figures = [Figure("Wall-clock duration of each run", plots.runs(section.tables["runs"]))]

@@ -51,3 +51,11 @@ def test_without_eval_rounds_the_lengths_section_says_so(foreign_eval):
     assert section.status == "missing" and not section.tables
     assert "no eval rounds in the store" in section.note and "capture run always verifies W" in section.note
     assert "hybridspec eval --db" in section.note
+
+
+def test_an_unfinished_calibration_run_is_named_in_the_runs_section(tmp_path):
+    db = tmp_path / "s.duckdb"
+    write_synthetic_store(db, n_rounds=300, finished=False)
+    section = build_report(db, tmp_path / "page").section("metadata")
+    assert section.status == "partial"
+    assert "is unfinished (status 'running')" in section.note and "--resume" in section.note
