@@ -81,7 +81,8 @@ def test_train_embedded_checks_device_and_folders_before_training(monkeypatch, t
     import hybridspec.training.embedded as embedded
 
     calls = []
-    monkeypatch.setattr(embedded, "main", lambda argv: calls.append(argv))
+    monkeypatch.setattr(embedded, "train_embedded",
+                        lambda out, recipe, device, **kw: calls.append((out, recipe, device, kw)))
     _one_line_error(runner.invoke(app, ["train-embedded", "--out", str(tmp_path), "--device", "cudax"]),
                     "--device 'cudax'", "cpu, cuda, cuda:N")
     for flag in ("--stdlib", "--target-dir", "--drafter-init"):
@@ -92,16 +93,22 @@ def test_train_embedded_checks_device_and_folders_before_training(monkeypatch, t
     ok = runner.invoke(app, ["train-embedded", "--out", str(tmp_path / "o"), "--recipe", "tiny", "--stdlib",
                              str(tmp_path), "--device", "cpu"])
     assert ok.exit_code == 0, ok.output
-    assert calls == [["--out", str(tmp_path / "o"), "--recipe", "tiny", "--device", "cpu", "--stdlib", str(tmp_path)]]
+    [(out, recipe, device, kw)] = calls
+    assert (out, recipe, device) == (tmp_path / "o", embedded.RECIPES["tiny"], "cpu") and kw["stdlib"] == tmp_path
+    for args, message in ((["--recipe", "huge"], "unknown recipe 'huge' (recipes: full, tiny)"),
+                          (["--target-minutes", "0"], "--target-minutes must be a positive number of minutes"),
+                          (["--drafter-init", str(tmp_path)], "--drafter-init needs --target-dir")):
+        _one_line_error(runner.invoke(app, ["train-embedded", "--out", str(tmp_path / "o"), *args]), message)
+    assert len(calls) == 1
 
 
 def test_train_embedded_errors_are_one_line(monkeypatch, tmp_path):
     import hybridspec.training.embedded as embedded
 
-    def fails(argv):
+    def fails(*args, **kwargs):
         raise ValueError(f"{tmp_path}: no Python files to read")
 
-    monkeypatch.setattr(embedded, "main", fails)
+    monkeypatch.setattr(embedded, "train_embedded", fails)
     _one_line_error(runner.invoke(app, ["train-embedded", "--out", str(tmp_path / "o"), "--stdlib", str(tmp_path)]),
                     "no Python files to read")
 

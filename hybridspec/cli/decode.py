@@ -185,12 +185,18 @@ def train_embedded(
     drafter_minutes: Annotated[Optional[float], typer.Option("--drafter-minutes", help="Cap on drafter training time.")] = None,
 ) -> None:
     """Train the embedded default pair from a Python standard library (this interpreter's by default)."""
-    from ..training.embedded import main as train_main
+    import torch
 
-    options = {"--device": device, "--target-dir": target_dir, "--drafter-init": drafter_init, "--stdlib": stdlib,
-               "--target-minutes": target_minutes, "--drafter-minutes": drafter_minutes}
+    from ..training.embedded import recipe_for
+    from ..training.embedded import train_embedded as train
+
+    if drafter_init is not None and target_dir is None:
+        _fail("--drafter-init needs --target-dir (the target it was trained against)")
     try:
-        train_main(["--out", str(out), "--recipe", recipe]
-                   + [str(x) for flag, value in options.items() if value is not None for x in (flag, value)])
-    except (ValueError, OSError) as exc:  # a bad corpus, config or output folder: named in the message
+        plan = recipe_for(recipe, target_minutes=target_minutes, drafter_minutes=drafter_minutes,
+                          continued=drafter_init is not None)
+        train(out, plan, device or ("cuda" if torch.cuda.is_available() else "cpu"),
+              log=lambda m: console.print(m, markup=False, highlight=False), target_dir=target_dir, stdlib=stdlib,
+              drafter_init=drafter_init)
+    except (ValueError, OSError) as exc:  # a bad recipe, corpus, config or output folder: named in the message
         _fail(str(exc))

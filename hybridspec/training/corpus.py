@@ -63,4 +63,6 @@ def build_corpus(*, held_out_fraction: float = 0.1, max_files: int | None = None
             continue  # a few test files are deliberately not UTF-8
         rel = path.relative_to(root).as_posix()
         files.append(SourceFile(rel, text, is_held_out(rel, held_out_fraction)))
+    if not files:
+        raise ValueError(f"standard library folder {root} holds no readable .py files")
     return Corpus(str(root), version, tuple(files))

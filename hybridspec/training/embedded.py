@@ -124,7 +124,7 @@ def train_embedded(out: Path, recipe: Recipe, device: str, log=print, *, target_
     target to continue training instead of a fresh one; `deadline` (a `time.time()` value): the
     drafter's training loop ends by then, whatever its time limit."""
     out = Path(out)
-    (out / "target").mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     corpus = build_corpus(held_out_fraction=recipe.held_out_fraction, max_files=recipe.max_files, root=stdlib)
     log(f"corpus: {corpus.summary()}")
@@ -141,6 +141,7 @@ def train_embedded(out: Path, recipe: Recipe, device: str, log=print, *, target_
     shape = replace(recipe.target, vocab_size=tokenizer.get_vocab_size())
     if target_dir is None:
         target, target_record = train_target(shape, recipe.target_train, train, held, eos_id, device, log)
+        (out / "target").mkdir(exist_ok=True)
         _save_target(target, out / "target")
         tokenizer.save(str(out / "target" / "tokenizer.json"))
     else:
@@ -194,6 +195,31 @@ def _device_name(device: str) -> str:
     return torch.cuda.get_device_name() if torch.device(device).type == "cuda" else platform.processor() or "cpu"
 
 
+def recipe_for(name: str, *, target_minutes: float | None = None, drafter_minutes: float | None = None,
+               continued: bool = False, drafter_shape: list[str] = (), drafter_set: list[str] = ()) -> Recipe:
+    """Recipe `name` with the command line's changes: time caps (minutes), a second drafter stage
+    (`continued`: fresh greedy data from another seed, twice the sequences, half the peak lr), and
+    KEY=VALUE overrides of the drafter's shape and settings. ValueError naming what is wrong."""
+    if name not in RECIPES:
+        raise ValueError(f"unknown recipe {name!r} (recipes: {', '.join(sorted(RECIPES))})")
+    recipe = RECIPES[name]
+    for flag, minutes in (("--target-minutes", target_minutes), ("--drafter-minutes", drafter_minutes)):
+        if minutes is not None and not minutes > 0:
+            raise ValueError(f"{flag} must be a positive number of minutes, got {minutes}")
+    if target_minutes is not None:
+        recipe = replace(recipe, target_train=replace(recipe.target_train, time_limit_s=60 * target_minutes))
+    if drafter_minutes is not None:
+        recipe = replace(recipe, drafter_train=replace(recipe.drafter_train, time_limit_s=60 * drafter_minutes))
+    if continued:
+        if drafter_shape:
+            raise ValueError("--drafter-shape cannot reshape a drafter continued from --drafter-init")
+        d = recipe.drafter_train
+        recipe = replace(recipe, drafter_train=replace(d, seed=d.seed + 1, lr=d.lr / 2,
+                                                       distill_sequences=2 * d.distill_sequences))
+    return replace(recipe, drafter=override(recipe.drafter, list(drafter_shape), "--drafter-shape"),
+                   drafter_train=override(recipe.drafter_train, list(drafter_set), "--drafter-set"))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -213,30 +239,18 @@ def main(argv: list[str] | None = None) -> None:
                         help="stop drafter training so that this command ends within this many minutes")
     args = parser.parse_args(argv)
     started = time.time()
-    recipe = RECIPES[args.recipe]
-    if args.target_minutes:
-        recipe = replace(recipe, target_train=replace(recipe.target_train, time_limit_s=60 * args.target_minutes))
-    if args.drafter_minutes:
-        recipe = replace(recipe, drafter_train=replace(recipe.drafter_train, time_limit_s=60 * args.drafter_minutes))
-    if args.prompts_only:
-        if args.target_dir is None:
-            parser.error("--prompts-only needs --target-dir (its tokenizer.json)")
-        write_prompts(args.out, args.target_dir, recipe, stdlib=args.stdlib)
-        return
-    if args.drafter_init:
-        if args.target_dir is None:
-            parser.error("--drafter-init needs --target-dir (the target it was trained against)")
-        # a second stage: fresh greedy data (another seed), twice the sequences, half the peak lr
-        d = recipe.drafter_train
-        recipe = replace(recipe, drafter_train=replace(d, seed=d.seed + 1, lr=d.lr / 2,
-                                                       distill_sequences=2 * d.distill_sequences))
-        if args.drafter_shape:
-            parser.error("--drafter-shape cannot reshape a drafter continued from --drafter-init")
+    if (args.prompts_only or args.drafter_init) and args.target_dir is None:
+        parser.error(f"{'--prompts-only' if args.prompts_only else '--drafter-init'} needs --target-dir (its "
+                     "tokenizer.json and the target it was trained against)")
     try:
-        recipe = replace(recipe, drafter=override(recipe.drafter, args.drafter_shape, "--drafter-shape"),
-                         drafter_train=override(recipe.drafter_train, args.drafter_set, "--drafter-set"))
+        recipe = recipe_for(args.recipe, target_minutes=args.target_minutes, drafter_minutes=args.drafter_minutes,
+                            continued=args.drafter_init is not None, drafter_shape=args.drafter_shape,
+                            drafter_set=args.drafter_set)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.prompts_only:
+        write_prompts(args.out, args.target_dir, recipe, stdlib=args.stdlib)
+        return
     # the final held-out evaluation, saving and the prompt set take well under WALL_RESERVE_S
     deadline = started + 60 * args.wall_minutes - WALL_RESERVE_S if args.wall_minutes else None
     train_embedded(args.out, recipe, args.device, log=lambda m: print(m, flush=True), target_dir=args.target_dir,
