@@ -171,5 +171,5 @@ def check_identity(meta: dict, *, model_id: str, drafter_id: str, force: bool = 
     """Refuse an artifact fitted for another model or drafter, naming both ids (unless forced)."""
     for what, want, got in (("model", meta["model_id"], model_id), ("drafter", meta["drafter_id"], drafter_id)):
         if want != got and not force:
-            raise ArtifactError(f"{source} was fitted for {what} {want}, but the loaded {what} is {got} "
+            raise ArtifactError(f"{source} was fitted for {what} {want}, but this {what} is {got} "
                                 "(pass --force to use it anyway)")

@@ -87,7 +87,7 @@ def test_invalid_contents_are_refused_on_save_and_named():
 
 def test_identity_check_names_both_ids(tmp_path):
     meta = _save(tmp_path / "a.safetensors")
-    with pytest.raises(ArtifactError, match="model sha256:aaa, but the loaded model is sha256:xyz"):
+    with pytest.raises(ArtifactError, match="model sha256:aaa, but this model is sha256:xyz"):
         check_identity(meta, model_id="sha256:xyz", drafter_id="sha256:bbb")
     check_identity(meta, model_id="sha256:xyz", drafter_id="sha256:bbb", force=True)
     check_identity(meta, **IDS)

@@ -37,7 +37,7 @@ def test_calibrated_policies_need_an_artifact():
 def test_an_artifact_for_another_pair_is_refused_unless_forced(artifact):
     params, meta = resolve_policy("hybridspec", artifact, Pair("sha256:m", "sha256:d"))
     assert params.draft_len == 15 and meta["drafter_id"] == "sha256:d"
-    with pytest.raises(ArtifactError, match="sha256:d, but the loaded drafter is sha256:other"):
+    with pytest.raises(ArtifactError, match="sha256:d, but this drafter is sha256:other"):
         resolve_policy("full", artifact, Pair("sha256:m", "sha256:other"))
     assert resolve_policy("full", artifact, Pair("sha256:m", "sha256:other"), force=True)[0] is not None
     assert resolve_policy("ar", artifact, Pair("sha256:other", None))[0] is not None  # no drafter runs
