@@ -25,7 +25,7 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 `variant`): `shipped`, an op family put back on its PyTorch reference or its previous form, a
 switch turned off, or a form on trial (`VARIANTS`: `two-step-topk`, `prepare-ref`, `no-pdl`,
 `torch-sampling`, `library-linear`, `moe-tiles`, `router-tiles`, `library-head`, `gdn-v8w1`,
-`gdn-state-after-wait`, `library-fp32-products`; `a+b` both at once), or a step taken
+`gdn-state-after-wait`; `a+b` both at once), or a step taken
 out of the captured passes to bound what removing it could save (`free-norms`, `free-post-norms`,
 `free-gated-norm`, `free-conv`, `free-router`, `free-experts`, `free-projections`, `free-attention`,
 `free-gdn-verify`, `free-head`; only their verification rows mean anything), to measure a kernel or a launch mode
@@ -68,7 +68,6 @@ from hybridspec.kernels import pdl  # noqa: E402
 from hybridspec.kernels.attention import reference as attention_reference  # noqa: E402
 from hybridspec.kernels.gdn.tuning import SHIPPED as GDN_SHIPPED  # noqa: E402
 from hybridspec.kernels.gdn.tuning import VerifyTuning  # noqa: E402
-from hybridspec.kernels.linear import triton as linear_triton  # noqa: E402
 from hybridspec.kernels.moe import router as moe_router  # noqa: E402
 from hybridspec.kernels.moe import triton as moe_triton  # noqa: E402
 from hybridspec.kernels.moe.tuning import MoETuning  # noqa: E402
@@ -137,7 +136,6 @@ VARIANTS = {
     # the mixers' projections of one or two tokens by the library product, not `kernels/linear`'s
     "library-linear": {GatedDeltaNet: {"linear_op": F.linear}, GatedAttention: {"linear_op": F.linear}},
     # fp32 products of three to 16 tokens by the library (shipped: `kernels/linear`'s register-slice kernel)
-    "library-fp32-products": {linear_triton: {"FP32_TOKENS": linear_triton.SMALL_TOKENS}},
     # the experts of one or two tokens by the tile kernels, not the register-slice ones
     "moe-tiles": {moe_triton: {"MOE_TUNING": MappingProxyType({64: MoETuning()})}},
     # the GDN recurrent verification of one or two tokens by programs of 8 value rows (shipped: 4), one warp
