@@ -116,7 +116,8 @@ def gdn_case(T, device):
 
     passes = [(bf16(1, T, CONV), bf16(1, T, HV), bf16(1, T, HV), bf16(1, T, HV, DV)) for _ in range(3)]
     weights = (bf16(CONV, 1, 4, scale=0.5), (0.5 * torch.randn(HV, generator=gen)).to(device),
-               torch.randn(HV, generator=gen).to(device), (1 + 0.1 * torch.randn(DV, generator=gen)).to(device))
+               torch.randn(HV, generator=gen).to(device),
+               (1 + 0.1 * torch.randn(DV, generator=gen)).to(torch.bfloat16).to(device))  # the gate's dtype
     state = (0.1 * torch.randn(1, HV, DV, DK, generator=gen)).to(device)
     buffers = (bf16(1, CONV, 3), state, torch.zeros(2, 1, T, HV, DV, device=device),
                torch.zeros(2, 1, T, HK, DK, device=device, dtype=torch.bfloat16),
