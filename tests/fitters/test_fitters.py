@@ -103,6 +103,18 @@ def test_flat_or_noisy_costs_warn():
     assert any("not positive" in m for m in falling.warnings_)
 
 
+def _monotone_optimum(w, latency) -> float:
+    """The least squared error over quadratics with L'(0) ≥ 0, L'(16) ≥ 0 when the plain fit breaks
+    one: the optimum then lies on L'(0) = 0, L'(16) = 0 or both (a constant), each an
+    equality-constrained least squares solved by substitution b = −2c·x."""
+    candidates = [np.array([latency.mean(), 0.0, 0.0])]
+    for x in (0.0, 16.0):
+        (a, c), *_ = np.linalg.lstsq(np.column_stack((np.ones_like(w), w * w - 2 * x * w)), latency, rcond=None)
+        candidates.append(np.array([a, -2 * x * c, c]))
+    feasible = [z for z in candidates if z[1] >= -1e-12 and z[1] + 32 * z[2] >= -1e-12]
+    return min(_sse(z, w, latency) for z in feasible)
+
+
 def _sse(coef, w, y):
     return float(np.sum((y - (coef[0] + coef[1] * w + coef[2] * w * w)) ** 2))
 
@@ -127,14 +139,8 @@ def test_stalled_timings_refit_as_non_decreasing_and_rho_converges():
     assert cost.constrained_ and any("non-decreasing" in m for m in cost.warnings_)
     grid = np.linspace(2, 16, 141)
     assert np.all(np.diff(cost.fixed_cost_ + cost.cost(grid)) >= -1e-12)
-    # oracle: the plain fit is infeasible, so the optimum has L'(0) = 0, L'(16) = 0 or both (a constant);
-    # each is an equality-constrained least squares solved by substitution b = -2c·x
-    candidates = [np.array([latency.mean(), 0.0, 0.0])]
-    for x in (0.0, 16.0):
-        (a, c), *_ = np.linalg.lstsq(np.column_stack((np.ones_like(w), w * w - 2 * x * w)), latency, rcond=None)
-        candidates.append(np.array([a, -2 * x * c, c]))
-    feasible = [z for z in candidates if z[1] >= -1e-12 and z[1] + 32 * z[2] >= -1e-12]
-    assert _sse(cost.coef_, w, latency) == pytest.approx(min(_sse(z, w, latency) for z in feasible), rel=1e-9)
+    # the plain fit is infeasible, so the optimum has L'(0) = 0, L'(16) = 0 or both (a constant)
+    assert _sse(cost.coef_, w, latency) == pytest.approx(_monotone_optimum(w, latency), rel=1e-9)
     # ρ converges on the refitted curve, and to a throughput between the shortest and longest length's
     prefix = np.clip(rng.uniform(0.2, 1.0, (300, 15)).cumprod(axis=1), 0, 1)
     rho, _ = dinkelbach(prefix, cost.table(16), cost.fixed_cost_, range(2, 17))
@@ -178,13 +184,7 @@ def test_the_refitted_cost_of_every_length_is_non_negative():
     assert np.all(table[2:] >= 0) and np.all(np.diff(table[2:]) >= -1e-15)
     grid = np.linspace(0, 16, 161)
     assert np.all(cost.cost(grid) >= -1e-15) and np.all(np.diff(cost.fixed_cost_ + cost.cost(grid)) >= -1e-15)
-    # oracle: the optimum over L'(0) ≥ 0, L'(16) ≥ 0, L(2) ≥ 0 lies on L'(0) = 0 (b = 0) or L'(16) = 0
-    candidates = [np.array([latency.mean(), 0.0, 0.0])]
-    for x in (0.0, 16.0):
-        (a, c), *_ = np.linalg.lstsq(np.column_stack((np.ones_like(w), w * w - 2 * x * w)), latency, rcond=None)
-        candidates.append(np.array([a, -2 * x * c, c]))
-    feasible = [z for z in candidates if z[1] >= -1e-12 and z[1] + 32 * z[2] >= -1e-12]
-    assert _sse(cost.coef_, w, latency) == pytest.approx(min(_sse(z, w, latency) for z in feasible), rel=1e-9)
+    assert _sse(cost.coef_, w, latency) == pytest.approx(_monotone_optimum(w, latency), rel=1e-9)
 
 
 def test_a_plain_fit_below_its_value_at_zero_is_refitted():

@@ -6,6 +6,7 @@ import pytest
 from hybridspec.workbench.export import export_store
 from hybridspec.workbench.schema import KEYS
 from hybridspec.workbench.store import RunSpec, Store, StoreError
+from tests.workbench.test_store import write_version_1_store
 
 
 def _store(path):
@@ -48,12 +49,7 @@ def test_an_older_store_is_refused_and_nothing_is_written(tmp_path):
     from hybridspec.workbench import schema
 
     db = tmp_path / "v1.duckdb"
-    con = duckdb.connect(str(db))  # a store as hybridspec with schema version 1 wrote it
-    con.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY, applied_at TIMESTAMP)")
-    for statement in schema.MIGRATIONS[1]:
-        con.execute(statement)
-    con.execute("INSERT INTO schema_version VALUES (1, now())")
-    con.close()
+    write_version_1_store(db)
     with pytest.raises(StoreError, match=rf"v1.duckdb has schema version 1; .*schema {schema.SCHEMA_VERSION}"):
         export_store(db, tmp_path / "out")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["v1.duckdb"]

@@ -33,17 +33,20 @@ def test_new_store_has_every_table_and_the_current_version(tmp_path):
         assert again.query("SELECT count(*) FROM schema_version") == [(schema.SCHEMA_VERSION,)]
 
 
-def test_a_version_1_store_is_upgraded_in_place(tmp_path):
+def write_version_1_store(path, *statements: str) -> None:
+    """A store as hybridspec with schema version 1 wrote it, then `statements` run in it."""
     import duckdb
 
-    path = tmp_path / "v1.duckdb"
-    con = duckdb.connect(str(path))  # a store as hybridspec with schema version 1 wrote it
+    con = duckdb.connect(str(path))
     con.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY, applied_at TIMESTAMP)")
-    for statement in schema.MIGRATIONS[1]:
+    for statement in (*schema.MIGRATIONS[1], "INSERT INTO schema_version VALUES (1, now())", *statements):
         con.execute(statement)
-    con.execute("INSERT INTO schema_version VALUES (1, now())")
-    con.execute("INSERT INTO stage0_timings VALUES ('r', 3, 0, 12.5, 8)")
     con.close()
+
+
+def test_a_version_1_store_is_upgraded_in_place(tmp_path):
+    path = tmp_path / "v1.duckdb"
+    write_version_1_store(path, "INSERT INTO stage0_timings VALUES ('r', 3, 0, 12.5, 8)")
     with Store(path, read_only=True) as old:  # reading does not migrate
         assert old.version == 1
     with Store(path) as store:
@@ -241,15 +244,8 @@ def test_a_refused_merge_writes_nothing(tmp_path):
 
 
 def test_merge_refuses_an_older_or_damaged_input_before_writing(tmp_path):
-    import duckdb
-
     old = tmp_path / "v1.duckdb"
-    con = duckdb.connect(str(old))
-    con.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY, applied_at TIMESTAMP)")
-    for statement in schema.MIGRATIONS[1]:
-        con.execute(statement)
-    con.execute("INSERT INTO schema_version VALUES (1, now())")
-    con.close()
+    write_version_1_store(old)
     good, out = tmp_path / "good.duckdb", tmp_path / "out.duckdb"
     _shard(good, 0)
     with pytest.raises(StoreError, match="v1.duckdb has schema version 1"):
