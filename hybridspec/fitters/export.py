@@ -30,9 +30,10 @@ class PoorFitError(FitError):
 
 
 def fit_artifact(db: Path, name: str, out: Path, *, thresholds: Thresholds | None = None,
-                 allow_poor_fit: bool = True) -> tuple[CampaignFit, dict]:
+                 allow_poor_fit: bool) -> tuple[CampaignFit, dict]:
     """Fit the campaign `name` of the store `db`, check the fit and write the artifact to `out`;
-    (fit, metadata). `out` is checked before fitting."""
+    (fit, metadata). `out` is checked before fitting. `allow_poor_fit`: write it even when a check
+    fails (PoorFitError otherwise); the caller says which, as `fit --allow-poor-fit` does."""
     check_output_file(out)
     thresholds = thresholds or Thresholds()
     result = fit_campaign(db, name)
