@@ -165,6 +165,10 @@ class Service:
         self.policies: dict[str, Policy] = {}
         self.default_policy_name = policy
         self.default_policy = self.policy(policy)  # fails at start-up on a bad default
+        # the default policy's greedy graphs are captured now, not in the first request's time; a
+        # tensor-parallel group captures in its first request, which every rank runs
+        if not tensor_parallel:
+            session.engine.prepare(self.default_policy)
         self.lock = asyncio.Lock()  # FIFO: waiters are woken in arrival order
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self.metrics = ServerMetrics(model_name, max_length=self.draft_len + 1)

@@ -70,3 +70,14 @@ def test_validation_errors_name_the_field_plainly(client, path, body, param, mes
     assert response.status_code == 400, response.text
     assert response.json() == {"error": {"message": message, "type": "invalid_request_error", "param": param,
                                          "code": 400}}
+
+
+def test_the_default_policy_is_prepared_at_start_up(monkeypatch):
+    """`serve` captures the default policy's greedy graphs before it listens (a no-op without a
+    resident round, as on CPU): the first request does not pay for them."""
+    from hybridspec.runtime.engine import Engine
+
+    prepared = []
+    monkeypatch.setattr(Engine, "prepare", lambda self, policy, sampling=None: prepared.append(policy))
+    service = open_service(model="random-tiny", policy="static:4", max_context=64)
+    assert prepared == [service.default_policy] and service.default_policy.name == "static:4"
