@@ -12,3 +12,12 @@ def dot_bt(b_a, b_b, acc, PRECISION: tl.constexpr, WIDEN: tl.constexpr):
     if WIDEN:
         return tl.dot(b_a.to(tl.float32), tl.trans(b_b.to(tl.float32)), acc, input_precision="ieee")
     return tl.dot(b_a, tl.trans(b_b), acc, input_precision=PRECISION)
+
+
+@triton.jit
+def last_to_arrive(counter_ptr, programs):
+    """Count this program in at `counter_ptr` (int32); True in the one that arrives last of
+    `programs`, which then sees every other program's stores made before they arrived (the
+    barrier orders each program's threads, the acquire-release add orders the programs)."""
+    tl.debug_barrier()  # every thread's stores made before the release below
+    return tl.atomic_add(counter_ptr, 1, sem="acq_rel") == programs - 1

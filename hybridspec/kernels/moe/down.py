@@ -28,7 +28,7 @@ from hybridspec.kernels.moe.checks import down_operands
 from hybridspec.kernels.moe.tiles import assignment_expert
 from hybridspec.kernels.moe.tuning import step_width
 from hybridspec.kernels.pdl import wait_then_release
-from hybridspec.kernels.tiles import dot_bt
+from hybridspec.kernels.tiles import dot_bt, last_to_arrive
 
 
 @triton.jit
@@ -76,9 +76,7 @@ def _moe_down_kernel(act_ptr, d_ptr, sd_ptr, ids_ptr, arrivals_ptr, y_ptr, out_p
         acc = _down_products(p_a, p_d, m_ok, h_ok, IS, BM, BH, BK, PRECISION, WIDEN)
         tl.store(y_ptr + o_m[:, None] * stride_yn + K * stride_yk + o_h[None, :], acc,
                  mask=m_ok[:, None] & h_ok[None, :])
-    tl.debug_barrier()  # every thread's rows of y stored before the release below
-    arrived = tl.atomic_add(arrivals_ptr + i_t, 1, sem="acq_rel")  # every program row arrives
-    if arrived == N * K + (IS > 0) - 1:  # the last program of this column tile
+    if last_to_arrive(arrivals_ptr + i_t, N * K + (IS > 0)):  # the last program of this column tile
         total = tl.zeros([BM, BH], dtype=tl.float32)
         for j in tl.static_range(K + (IS > 0)):
             y_ok = m_ok

@@ -44,7 +44,7 @@ from hybridspec.kernels.moe.router_topk import check_top_k, router_topk
 from hybridspec.kernels.moe.router_rows import launch_router_rows
 from hybridspec.kernels.moe.tiles import route_partials
 from hybridspec.kernels.pdl import wait_then_release
-from hybridspec.kernels.tiles import dot_bt
+from hybridspec.kernels.tiles import dot_bt, last_to_arrive
 
 FUSED_TOKENS, FUSED_EXPERTS = 16, 256  # calls the one-launch router takes
 
@@ -113,9 +113,7 @@ def _router_fused_kernel(x_ptr, r_ptr, part_ptr, counter_ptr, logits_ptr, ids_pt
                       other=0.0)  # [BE, BK]
         acc = dot_bt(b_x, b_r, acc, PRECISION, WIDEN)
     tl.store(part_ptr + (i_s * N + o_m[:, None]) * E + o_e[None, :], acc, mask=m_ok[:, None] & e_ok[None, :])
-    tl.debug_barrier()  # every thread's partial logits stored before the release below
-    arrived = tl.atomic_add(counter_ptr, 1, sem="acq_rel")
-    if arrived == tl.num_programs(0) * SPLIT - 1:  # the last program: softmax and top-k of every token
+    if last_to_arrive(counter_ptr, tl.num_programs(0) * SPLIT):  # the last program: softmax and top-k of every token
         route_partials(part_ptr, logits_ptr, ids_ptr, w_ptr, N, E, SPLIT, K, RENORMALIZE, BLOCK_E, BLOCK_K, TAIL_M,
                        PACKED)
         tl.atomic_xchg(counter_ptr, 0)  # every program has arrived: ready for the next call

@@ -29,6 +29,7 @@ from hybridspec.kernels import pdl
 from hybridspec.kernels.moe.tiles import route_partials
 from hybridspec.kernels.norm.math import offset_rms, residual_sum
 from hybridspec.kernels.pdl import wait_then_release
+from hybridspec.kernels.tiles import last_to_arrive
 
 
 @triton.jit
@@ -58,9 +59,7 @@ def _router_rows_kernel(x_ptr, r_ptr, part_ptr, counter_ptr, logits_ptr, ids_ptr
             if tl.program_id(0) == 0:
                 tl.store(h_ptr + m * stride_h + o_c, b_x, mask=c_ok)
         tl.store(part_ptr + m * E + o_e, tl.sum(b_r.to(tl.float32) * b_x.to(tl.float32)[None, :], 1), mask=e_ok)
-    tl.debug_barrier()  # every thread's logits stored before the release below
-    arrived = tl.atomic_add(counter_ptr, 1, sem="acq_rel")
-    if arrived == tl.num_programs(0) - 1:  # the last program: softmax and top-k of every token
+    if last_to_arrive(counter_ptr, tl.num_programs(0)):  # the last program: softmax and top-k of every token
         route_partials(part_ptr, logits_ptr, ids_ptr, w_ptr, N, E, 1, K, RENORMALIZE, BLOCK_E, BLOCK_K, TAIL_M,
                        PACKED)
         tl.atomic_xchg(counter_ptr, 0)  # every program has arrived: ready for the next call

@@ -10,6 +10,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from hybridspec.kernels.tiles import last_to_arrive
+
 
 @triton.jit
 def arrive_with_block(part_ptr, index_ptr, arrivals_ptr, i_row, i_b, NB, first, second, third, index, PROGRAMS):
@@ -20,8 +22,7 @@ def arrive_with_block(part_ptr, index_ptr, arrivals_ptr, i_row, i_b, NB, first, 
     tl.store(p_part + 1, second)
     tl.store(p_part + 2, third)
     tl.store(index_ptr + i_row * NB + i_b, index)
-    tl.debug_barrier()  # every thread's stores made before the release below
-    return tl.atomic_add(arrivals_ptr, 1, sem="acq_rel") == PROGRAMS - 1
+    return last_to_arrive(arrivals_ptr, PROGRAMS)
 
 
 @triton.jit

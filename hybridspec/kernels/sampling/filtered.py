@@ -30,6 +30,7 @@ from hybridspec.kernels.sampling.candidates import KMAX, launch_candidates
 from hybridspec.kernels.sampling.checks import check_rule_args
 from hybridspec.kernels.sampling.draws import position_key, uniform
 from hybridspec.kernels.sampling.reference import ACCEPT_LANE
+from hybridspec.kernels.tiles import last_to_arrive
 
 
 @triton.jit
@@ -72,9 +73,7 @@ def _filtered_rule_kernel(draft_ptr, value_ptr, id_ptr, top_k_ptr, top_p_ptr, se
     fastest = tl.max(race, 0)
     tl.store(winner_ptr + i_w, tl.min(tl.where(race == fastest, s_v, V), 0))
     tl.store(kept_ptr + i_w, kept.to(tl.int32))
-    tl.debug_barrier()  # every thread's stores made before the release below
-    arrived = tl.atomic_add(arrivals_ptr, 1, sem="acq_rel")
-    if arrived == W - 1:  # the last program: the accepted count and its row's winner
+    if last_to_arrive(arrivals_ptr, W):  # the last program: the accepted count and its row's winner
         o_r = tl.arange(0, WP)
         b_kept = tl.load(kept_ptr + o_r, mask=o_r < W - 1, other=1, cache_modifier=".cg")
         accepted = tl.min(tl.where((o_r < W - 1) & (b_kept == 0), o_r, W - 1), 0)
