@@ -139,6 +139,10 @@ class Graphs:
         self.graphs[key] = graph
         self.captures += 1
 
+    def forget(self) -> None:
+        """Drop every graph (the next replay of a key needs a new capture); the capture count stays."""
+        self.graphs.clear()
+
     def replay(self, key: tuple) -> None:
         graph = self.graphs.get(key)
         if graph is None:
@@ -209,7 +213,7 @@ class ResidentDecoder:
     def _forget_graphs(self) -> None:
         self.prepared.clear()
         if self.graphs is not None:
-            self.graphs.graphs.clear()
+            self.graphs.forget()
 
     def begin(self, policy: Policy, anchor: int, remaining: int, sampling: SamplingParams = SamplingParams()) -> None:
         """Switch a prefilled request to resident rounds: positions, budget and sampling parameters
