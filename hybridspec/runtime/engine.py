@@ -30,6 +30,8 @@ from .policies import Policy
 from .resident import Report, ResidentDecoder
 from .sampling import SamplingParams, choose, verify_greedy, verify_point_mass
 
+LAUNCH_AHEAD = True  # off: every resident round collected before the next is launched (`bench/gpu_round.py`)
+
 
 @dataclass
 class RoundRecord:
@@ -175,17 +177,15 @@ class Engine:
         eos = set(eos_ids)
         if resident is not None and last not in eos and produced < max_new_tokens:
             resident.begin(given, last, max_new_tokens - produced, sampling)
+            yield from _resident_rounds(resident, policy, max_new_tokens - produced, eos)
+            return
         while last not in eos and produced < max_new_tokens:
             remaining = max_new_tokens - produced
-            if resident is not None:
-                new, record = _resident_record(resident.round(remaining), policy)
-            elif policy.speculative:
+            if policy.speculative:
                 new, record = self._speculative_round(last, policy, remaining, sampling, record_routing)
             else:
                 new, record = self._autoregressive_step(last, sampling)
-            new, cut = _truncate(new, remaining, eos)
-            record.truncated = record.truncated or cut or new[-1] in eos
-            record.emitted = len(new)
+            new = _emitted(new, record, remaining, eos)
             last, produced = new[-1], produced + len(new)
             yield new, record
 
@@ -250,6 +250,36 @@ class Engine:
 
     def _ids(self, ids: list[int]) -> Tensor:
         return torch.tensor([ids], dtype=torch.long, device=self.device)
+
+
+def _resident_rounds(resident: ResidentDecoder, policy: Policy, remaining: int,
+                     eos: set[int]) -> Iterator[tuple[list[int], RoundRecord]]:
+    """Resident rounds until EOS or the budget: each launched before the previous one's report is
+    read wherever the budget makes it certain to run, so that the host's reading, truncation and
+    yield overlap the GPU's next round. A round launched after the one that emits EOS is
+    collected and dropped (its commit stays in the caches, which the next request resets)."""
+    launched = resident.launch(remaining)
+    while True:
+        ahead = None
+        if LAUNCH_AHEAD and resident.next_round_certain(launched, remaining):
+            ahead = resident.launch(remaining - launched.w)
+        new, record = _resident_record(resident.collect(launched), policy)
+        new = _emitted(new, record, remaining, eos)
+        remaining -= len(new)
+        yield new, record
+        if new[-1] in eos or remaining == 0:
+            if ahead is not None:
+                resident.collect(ahead)  # the host's lengths follow the device's
+            return
+        launched = ahead if ahead is not None else resident.launch(remaining)
+
+
+def _emitted(new: list[int], record: RoundRecord, remaining: int, eos: set[int]) -> list[int]:
+    """A round's tokens truncated (`_truncate`), with the record's emitted count and truncation."""
+    new, cut = _truncate(new, remaining, eos)
+    record.truncated = record.truncated or cut or new[-1] in eos
+    record.emitted = len(new)
+    return new
 
 
 def _resident_record(report: Report, policy: Policy) -> tuple[list[int], RoundRecord]:

@@ -11,7 +11,9 @@ One round, by policy (the graphs are captured by `prepare`, before the request's
                  resume(w)    Stage 1 on w → accept → commit                  2 graphs
 
 and then one copy of the round's report (emitted tokens, their count, w0, w, the draft) to the
-host. `w_rem` (the longest length the output budget allows) is kept on the device. Acceptance is
+host. `launch` enqueues a round and its report's copy, `collect` waits for the report: the engine
+launches the next round before it collects the last wherever the budget makes that round certain
+(`next_round_certain`), so the host's reading of one round overlaps the GPU's next. `w_rem` (the longest length the output budget allows) is kept on the device. Acceptance is
 greedy, or the point-mass rule with keyed draws (`sampling.point_mass`: the request's seed, the
 sampling parameters and the positions are device values; on the triton backend one or two launches
 from the logits, `kernels/sampling`, unless a filter needs a sort), so sampled requests run the same
@@ -80,7 +82,8 @@ class Buffers:
     top_p: Tensor  # [1] fp32
     report: Tensor  # [4 + W + 3D + W·k] fp32: m, w0, w_c, w, emitted tokens [W], drafts, confidence,
     #                  entropy [D], Layer 0's expert ids of the round's Stage-0 tokens [W, k] (−1 past them)
-    host_report: Tensor  # the same, pinned host memory on CUDA
+    host_reports: Tensor  # [2, size]: two host copies (pinned on CUDA), so that one round's report is
+    # read while the next round's is copied
     stage0: Stage0 | None = None  # static copies of Stage 0's retained values (hybridspec)
 
     @classmethod
@@ -95,7 +98,16 @@ class Buffers:
                    seed=torch.zeros(1, **long), inv_temperature=torch.ones(1, device=device),
                    top_k=torch.zeros(1, **long), top_p=torch.ones(1, device=device),
                    report=torch.zeros(size, device=device),
-                   host_report=torch.zeros(size, pin_memory=pinned))
+                   host_reports=torch.zeros(2, size, pin_memory=pinned))
+
+
+@dataclass
+class Launched:
+    """A round whose device work is enqueued and whose report is on its way to the host."""
+
+    w: int  # its verification length (1 for ar)
+    timer: "_Timer"
+    slot: int  # the host copy of the report it fills (`Buffers.host_reports`)
 
 
 @dataclass
@@ -183,6 +195,7 @@ class ResidentDecoder:
         self.policy: Policy | None = None
         self.mode = "greedy"  # `sampling_mode` of the request being decoded (or the graphs being captured)
         self.span = 1  # round tokens a pending commit covers (W, or 1 for ar)
+        self._report_slot = 0  # the host copy of the report the next launch fills
 
     # ------------------------------------------------------------ set-up
     def prepare(self, policy: Policy, sampling: SamplingParams = SamplingParams()) -> Policy:
@@ -249,8 +262,14 @@ class ResidentDecoder:
 
     # ------------------------------------------------------------ one round
     def round(self, remaining: int) -> Report:
-        """Run one round; `remaining` is the host's copy of the output budget (it chooses a fixed
-        policy's length near the end of the output without a read)."""
+        """Run one round and read its report."""
+        return self.collect(self.launch(remaining))
+
+    def launch(self, remaining: int) -> "Launched":
+        """Enqueue one round and the copy of its report to the host; nothing waits for the device
+        but a nominal policy's read of w. `remaining`: the output budget, or a lower bound of it
+        that gives a fixed policy the same length (it chooses that length near the end of the
+        output without a read)."""
         policy, timer = self.policy, _Timer(self.device)
         if not policy.speculative:
             self._launch(("step",), self._step)
@@ -267,7 +286,18 @@ class ResidentDecoder:
             phase = "resume" if policy.corrects_routing else "verify"
             self._launch((phase, w), lambda: self._finish(w))
             timer.mark(phase)
-        return self._read_report(w, timer)
+        slot, self._report_slot = self._report_slot, 1 - self._report_slot
+        self.buffers.host_reports[slot].copy_(self.buffers.report, non_blocking=True)
+        timer.close()
+        return Launched(w, timer, slot)
+
+    def next_round_certain(self, launched: "Launched", remaining: int) -> bool:
+        """Whether the round after `launched` (launched with budget `remaining`) runs, with the
+        length it gets once the report is read, whatever `launched` emits short of EOS: the
+        budget past its w tokens covers one more token, and a fixed policy's whole length. Such a
+        round can be launched before `launched` is collected, with budget `remaining − w`."""
+        need = self.policy.length if isinstance(self.policy, FixedPolicy) else 1
+        return remaining - launched.w >= need
 
     def _launch(self, key: tuple, run: Callable[[], None], *, commits: bool = True) -> None:
         """Run a phase eagerly, or replay its graph and then do on the host what running it would
@@ -392,11 +422,12 @@ class ResidentDecoder:
         buf.remaining.sub_(m)
 
     # ------------------------------------------------------------ host side
-    def _read_report(self, w: int, timer: "_Timer") -> Report:
-        buf = self.buffers
-        buf.host_report.copy_(buf.report, non_blocking=True)
+    def collect(self, launched: "Launched") -> Report:
+        """Wait for a launched round's report (the round's one synchronisation) and advance the
+        host's lengths by its m."""
+        timer = launched.timer
         timer.finish()
-        values = buf.host_report.tolist()
+        values = self.buffers.host_reports[launched.slot].tolist()
         m = int(values[0])
         self.cache.length += m
         if self.drafter is not None and self.policy.speculative:
@@ -459,6 +490,7 @@ class _Timer:
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
         self.marks: list[tuple[str, object]] = [("start", self._now())]
+        self.done = None  # the event after the report's copy (`close`)
         self.seconds: dict[str, float] = {}
 
     def _now(self):
@@ -471,11 +503,15 @@ class _Timer:
     def mark(self, phase: str) -> None:
         self.marks.append((phase, self._now()))
 
+    def close(self) -> None:
+        """Mark the end of the round's work, its report's copy included: what `finish` waits for."""
+        self.done = self._now()
+
     def finish(self) -> None:
         """Wait for the round and its report's copy (the one host synchronisation) and turn the
         marks into seconds."""
         if self.cuda:
-            self._now().synchronize()
+            self.done.synchronize()
         for (_, a), (phase, b) in zip(self.marks, self.marks[1:]):
             self.seconds[phase] = (a.elapsed_time(b) / 1e3) if self.cuda else b - a
         first, last = self.marks[0][1], self.marks[-1][1]

@@ -94,6 +94,9 @@ class RecordedGraphs:
         self.graphs[key] = (run, self.decoder.policy)
         self.captures += 1
 
+    def forget(self):
+        self.graphs.clear()
+
     def replay(self, key):
         run, policy = self.graphs[key]
         decoder, cache = self.decoder, self.decoder.cache
@@ -186,6 +189,56 @@ def test_resident_rounds_stop_at_eos_and_the_output_limit(session, engines, refe
             got = resident.generate(prompt, policy=policy, max_new_tokens=limit)
             assert got.token_ids == out[:limit]
             assert all(r.w <= max(2, limit) or r.w == 1 for r in got.rounds)
+
+
+@pytest.mark.parametrize("name", ("ar", "static:4", "hybridspec"))
+def test_each_certain_round_is_launched_before_the_last_report_is_read(session, reference, name, monkeypatch):
+    """Round i + 1 is launched before round i's report is read exactly where the budget past
+    round i's w tokens makes it certain (`next_round_certain`); none is launched past the budget;
+    after an EOS the round launched ahead is collected, so the host's lengths equal the device's
+    positions."""
+    engine = Engine(session.target, session.drafter, max_context=256, resident=True, graphs=False)
+    resident, D = engine.resident, session.drafter.draft_len
+    policy = make_policy(name, D, policy_parameters(D))
+    need = policy.length if name.startswith("static") else 1
+    log = []
+    launch, collect = resident.launch, resident.collect
+
+    def logged_launch(remaining):
+        log.append(("launch", launched := launch(remaining)))
+        return launched
+
+    def logged_collect(launched):
+        log.append(("collect", launched))
+        return collect(launched)
+
+    monkeypatch.setattr(resident, "launch", logged_launch)
+    monkeypatch.setattr(resident, "collect", logged_collect)
+    prompts, outs = reference
+    stopped = 0
+    for prompt, out in zip(prompts, outs):
+        eos = next((t for i, t in enumerate(out) if i >= 5 and t not in out[:i]), None)
+        for eos_ids in ((), (eos,)) if eos is not None else ((),):
+            log.clear()
+            got = engine.generate(prompt, policy=policy, max_new_tokens=TOKENS, eos_ids=eos_ids)
+            assert got.token_ids == (out if not eos_ids else out[: out.index(eos) + 1])
+            launched = [x for kind, x in log if kind == "launch"]
+            collected = [x for kind, x in log if kind == "collect"]
+            assert collected == launched  # each collected once, in launch order
+            ends_early = bool(eos_ids) and len(got.token_ids) < TOKENS
+            remaining = TOKENS - 1
+            for i, record in enumerate(got.rounds):
+                certain = remaining - launched[i].w >= need
+                if i + 1 < len(launched):
+                    ahead = log.index(("launch", launched[i + 1])) < log.index(("collect", launched[i]))
+                    assert ahead == certain, (i, remaining, launched[i].w)
+                remaining -= record.emitted
+            last_certain = TOKENS - 1 - sum(r.emitted for r in got.rounds[:-1]) - launched[len(got.rounds) - 1].w >= need
+            assert len(launched) == len(got.rounds) + (ends_early and last_certain)
+            stopped += ends_early and last_certain
+            assert int(engine.cache.position[0]) == engine.cache.length
+            assert name == "ar" or int(resident.drafter.position[0]) == resident.drafter.length
+    assert stopped  # some EOS came with a round launched after it
 
 
 def test_device_selector_equals_host_selector():
