@@ -44,6 +44,7 @@ class TargetCache:
     conv_in: Tensor  # [n_gdn, B, T_max, conv_dim]   … and conv inputs of the tokens in flight
     accepted: Tensor  # [B] long, m of the pending commit
     position: Tensor  # [B] long, committed tokens, on the device
+    conv_columns: Tensor  # [K-1] long: 0 … K−2, the window columns past m that a commit keeps
     length: int = 0  # committed tokens, the host's copy
     key_span: int | None = None  # keys attention reads: None → length + T (host-known), else this static span
     fixed_pending: int | None = None  # round tokens a pending commit covers: None → pending_tokens
@@ -160,4 +161,5 @@ class TargetCache:
             conv_in=torch.zeros(n_gdn, batch, tokens_per_pass, cfg.gdn_conv_dim, dtype=dtype, device=device),
             accepted=torch.ones(batch, dtype=torch.long, device=device),
             position=torch.zeros(batch, dtype=torch.long, device=device),
+            conv_columns=torch.arange(cfg.linear_conv_kernel_dim - 1, device=device),
         )

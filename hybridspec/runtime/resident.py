@@ -75,7 +75,7 @@ class Buffers:
     w0: Tensor  # [1] long
     w_c: Tensor  # [1] long   after the routing correction
     w: Tensor  # [1] long   executed length: min(w_c, w_rem)
-    remaining: Tensor  # [1] long   output budget (tokens still to emit)
+    remaining: Tensor  # [1] long   output budget (tokens still to emit) of a speculative request
     seed: Tensor  # [1] long   the request's sampling seed, and its parameters (`sampling.sampling_probs`)
     inv_temperature: Tensor  # [1] fp32
     top_k: Tensor  # [1] long
@@ -241,6 +241,8 @@ class ResidentDecoder:
         buf = self.buffers
         buf.anchor.fill_(anchor)
         buf.remaining.fill_(remaining)
+        if not policy.speculative:
+            buf.report[:4].fill_(1)  # an `ar` round's m, w0, w_c and w (`_step` writes its token)
         if not sampling.greedy:
             buf.seed.fill_(sampling.seed)
             buf.inv_temperature.fill_(1.0 / sampling.temperature)
@@ -333,17 +335,17 @@ class ResidentDecoder:
         return point_mass(drafts, probs, buf.seed, start)
 
     def _step(self) -> None:
-        """ar: one token through the target, its argmax (or sample) the next anchor."""
+        """ar: one token through the target, its argmax (or sample) the next anchor and the report's
+        token; the report's (m, w0, w_c, w) = 1 are `begin`'s, and no budget is kept on the device
+        (nothing of `ar` reads it)."""
         buf, target, cache = self.buffers, self.target, self.cache
-        out = target.forward_pass(buf.anchor.view(1, 1), cache)
+        out = target.forward_pass(buf.anchor.view(1, 1), cache, features=False)
         if self.mode == "greedy":
-            token = torch.argmax(out.logits[0, 0]).view(1)
+            torch.argmax(out.logits[0, 0], dim=0, keepdim=True, out=buf.anchor)
         else:
-            _, token = self._accept(buf.block[0, :0], out.logits[0, :1])
+            buf.anchor.copy_(self._accept(buf.block[0, :0], out.logits[0, :1])[1])
         target.commit(cache, 1, self.one)
-        buf.report[:5].copy_(torch.cat((self.one, self.one, self.one, self.one, token)).float())
-        buf.anchor.copy_(token)
-        buf.remaining.sub_(1)
+        buf.report[4:5].copy_(buf.anchor)
 
     def _draft(self) -> None:
         buf = self.buffers

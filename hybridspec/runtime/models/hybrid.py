@@ -180,8 +180,10 @@ class HybridTarget(nn.Module):
         return Stage0(u, residual, moe_input, ids, weights)
 
     @torch.no_grad()
-    def stage1(self, s0: Stage0, w: int, cache: TargetCache, *, record_routing: bool = False) -> PassOutput:
-        """Resume at the Layer-0 experts for the first w ≤ u tokens; reads no retained value beyond w."""
+    def stage1(self, s0: Stage0, w: int, cache: TargetCache, *, record_routing: bool = False,
+               features: bool = True) -> PassOutput:
+        """Resume at the Layer-0 experts for the first w ≤ u tokens; reads no retained value beyond w.
+        features: whether the pass returns the drafter's features (None otherwise)."""
         if not 1 <= w <= s0.tokens:
             raise ValueError(f"stage1 length w={w} must be in 1..{s0.tokens} (the Stage-0 length)")
         rope = self._rope(cache)
@@ -191,7 +193,7 @@ class HybridTarget(nn.Module):
         delta = layer0.reduce(layer0.mlp.run_experts(s0.moe_input[:, :w], ids, weights))
         x = s0.residual[:, :w]
         routing = [ids] if record_routing else None
-        taps = set(self.feature_layers)
+        taps = set(self.feature_layers) if features else set()
         outputs = {}
         for index in range(1, len(self.layers)):
             layer = self.layers[index]
@@ -209,9 +211,11 @@ class HybridTarget(nn.Module):
         feats = torch.cat([outputs[i] for i in self.feature_layers], dim=-1) if taps else None
         return PassOutput(w, logits, feats, routing)
 
-    def forward_pass(self, tokens: Tensor, cache: TargetCache, *, record_routing: bool = False) -> PassOutput:
+    def forward_pass(self, tokens: Tensor, cache: TargetCache, *, record_routing: bool = False,
+                     features: bool = True) -> PassOutput:
         """Unsplit verification of all tokens [B, T] (nothing committed)."""
-        return self.stage1(self.stage0(tokens, cache), tokens.shape[1], cache, record_routing=record_routing)
+        return self.stage1(self.stage0(tokens, cache), tokens.shape[1], cache, record_routing=record_routing,
+                           features=features)
 
     # ---------------------------------------------------------------- commit
     @torch.no_grad()
@@ -228,9 +232,8 @@ class HybridTarget(nn.Module):
         cache.defer_commit(w, accepted)
         # the conv windows keep the last K−1 inputs before token m: window columns m … m+K−2
         window = torch.cat((cache.conv, cache.conv_in[:, :, :w].transpose(-1, -2)), dim=-1)  # [n, B, C, K−1+w]
-        keep = cache.conv.shape[-1]
-        index = cache.accepted.view(1, -1, 1, 1) + torch.arange(keep, device=window.device)  # [1, B, 1, K−1]
-        cache.conv.copy_(window.gather(-1, index.expand(*window.shape[:-1], keep)))
+        index = cache.accepted.view(1, -1, 1, 1) + cache.conv_columns  # [1, B, 1, K−1]
+        torch.gather(window, -1, index.expand(cache.conv.shape), out=cache.conv)
         cache.position.add_(cache.accepted)
         if isinstance(accepted, int):
             cache.length += accepted
