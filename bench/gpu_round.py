@@ -24,7 +24,7 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 `--variants a,b` runs steps 1–4 for each variant on the same loaded model (rows and checks tagged
 `variant`): `shipped`, an op family put back on its PyTorch reference or its previous form, a
 switch turned off, or a form on trial (`VARIANTS`: `two-step-topk`, `prepare-ref`, `no-pdl`,
-`torch-sampling`, `sync-rounds`, `library-linear`, `moe-tiles`, `router-tiles`, `library-head`,
+`torch-sampling`, `library-linear`, `moe-tiles`, `router-tiles`, `library-head`,
 `gdn-v8w1`, `gdn-state-after-wait`; `a+b` both at once), or a step taken
 out of the captured passes to bound what removing it could save (`free-norms`, `free-post-norms`,
 `free-gated-norm`, `free-conv`, `free-router`, `free-experts`, `free-projections`, `free-attention`,
@@ -71,7 +71,6 @@ from hybridspec.kernels.gdn.tuning import VerifyTuning  # noqa: E402
 from hybridspec.kernels.moe import router as moe_router  # noqa: E402
 from hybridspec.kernels.moe import triton as moe_triton  # noqa: E402
 from hybridspec.kernels.moe.tuning import MoETuning  # noqa: E402
-from hybridspec.runtime import engine as engine_module  # noqa: E402
 from hybridspec.runtime import resident  # noqa: E402
 from hybridspec.runtime.engine import Engine  # noqa: E402
 from hybridspec.runtime.layers.attention import GatedAttention  # noqa: E402
@@ -134,8 +133,6 @@ VARIANTS = {
     "prepare-ref": {GatedAttention: {"prepare_op": attention_reference.norm_rope_store}},
     "no-pdl": {pdl: {"ENABLED": False}},  # the kernels of `kernels/pdl.py` launched without PDL
     "torch-sampling": {resident: {"FUSED_SAMPLING": False}},  # the point-mass rule's torch form
-    # every resident round's report read before the next round is launched (shipped: launched ahead)
-    "sync-rounds": {engine_module: {"LAUNCH_AHEAD": False}},
     # the mixers' projections of one or two tokens by the library product, not `kernels/linear`'s
     "library-linear": {GatedDeltaNet: {"linear_op": F.linear}, GatedAttention: {"linear_op": F.linear}},
     # the experts of one or two tokens by the tile kernels, not the register-slice ones

@@ -30,8 +30,6 @@ from .policies import Policy
 from .resident import Report, ResidentDecoder
 from .sampling import SamplingParams, choose, verify_greedy, verify_point_mass
 
-LAUNCH_AHEAD = True  # off: every resident round collected before the next is launched (`bench/gpu_round.py`)
-
 
 @dataclass
 class RoundRecord:
@@ -261,7 +259,7 @@ def _resident_rounds(resident: ResidentDecoder, policy: Policy, remaining: int,
     launched = resident.launch(remaining)
     while True:
         ahead = None
-        if LAUNCH_AHEAD and resident.next_round_certain(launched, remaining):
+        if resident.next_round_certain(launched, remaining):
             ahead = resident.launch(remaining - launched.w)
         new, record = _resident_record(resident.collect(launched), policy)
         new = _emitted(new, record, remaining, eos)
