@@ -241,6 +241,22 @@ def test_each_certain_round_is_launched_before_the_last_report_is_read(session, 
     assert stopped  # some EOS came with a round launched after it
 
 
+@pytest.mark.parametrize("name", ("ar", "full", "hybridspec"))
+def test_a_request_closed_with_a_round_in_flight_leaves_the_next_request_exact(session, engines, reference, name):
+    """A client that stops reading (the stream closed after two rounds, the third launched ahead and
+    never collected) leaves nothing that changes the next request's tokens or positions."""
+    _, resident = engines
+    policy = make_policy(name, session.drafter.draft_len, policy_parameters(session.drafter.draft_len))
+    prompts, outs = reference
+    steps = resident.stream(prompts[0], policy=policy, max_new_tokens=TOKENS)
+    for _ in range(3):  # the prefill's anchor, then two rounds
+        next(steps)
+    steps.close()
+    got = resident.generate(prompts[1], policy=policy, max_new_tokens=TOKENS)
+    assert got.token_ids == outs[1]
+    assert int(resident.cache.position[0]) == resident.cache.length
+
+
 def test_device_selector_equals_host_selector():
     """Eq. 5 and Eq. 6 on the device (tensors in, tensors out) against the host forms (ints)."""
     D, E, k = 15, 32, 4
