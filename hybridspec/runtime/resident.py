@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from ..kernels.finish import reference as finish_reference
 from ..kernels.sampling import KERNEL_TOP_K
 from .cache import TargetCache
 from .drafter import DFlashDrafter
@@ -53,15 +54,6 @@ from .policies import FixedPolicy, HybridSpecPolicy, NominalPolicy, Policy
 from .sampling import SamplingParams, point_mass, sampling_probs
 
 FUSED_SAMPLING = True  # off: the torch form on every backend (`bench/gpu_round.py --variants torch-sampling`)
-
-
-def accept_greedy(draft: Tensor, logits: Tensor) -> tuple[Tensor, Tensor]:
-    """Greedy acceptance on the device: draft [w−1], logits [w, V] → (A [1] long, y [w]) with
-    y_i the target argmax after (x0, d1 … d_{i−1}) and A the number of leading drafts equal to it."""
-    y = torch.argmax(logits, dim=-1)  # [w]
-    matches = (draft == y[:-1]).long()
-    accepted = torch.cumprod(matches, 0).sum(0, keepdim=True)  # [1]
-    return accepted, y
 
 
 @dataclass
@@ -76,6 +68,7 @@ class Buffers:
     w_c: Tensor  # [1] long   after the routing correction
     w: Tensor  # [1] long   executed length: min(w_c, w_rem)
     remaining: Tensor  # [1] long   output budget (tokens still to emit) of a speculative request
+    m: Tensor  # [1] long   tokens the round commits (A + 1)
     seed: Tensor  # [1] long   the request's sampling seed, and its parameters (`sampling.sampling_probs`)
     inv_temperature: Tensor  # [1] fp32
     top_k: Tensor  # [1] long
@@ -95,6 +88,7 @@ class Buffers:
         return cls(anchor=torch.zeros(1, **long), block=torch.zeros(1, W, **long),
                    confidence=torch.zeros(D, device=device), entropy=torch.zeros(D, device=device),
                    w0=torch.zeros(1, **long), w_c=torch.zeros(1, **long), w=torch.zeros(1, **long), remaining=torch.zeros(1, **long),
+                   m=torch.ones(1, **long),
                    seed=torch.zeros(1, **long), inv_temperature=torch.ones(1, device=device),
                    top_k=torch.zeros(1, **long), top_p=torch.ones(1, device=device),
                    report=torch.zeros(size, device=device),
@@ -185,6 +179,12 @@ class ResidentDecoder:
             raise ValueError("CUDA graphs need a CUDA device")
         self.graphs = Graphs() if graphs else None
         self.fused_select = target.backend != "torch"  # Eq. 5 and 6 as one launch (`kernels/select`)
+        # acceptance, the report, the anchor and the budget as one launch (`kernels/finish`)
+        self.finish_round = finish_reference.finish_round
+        if target.backend != "torch":
+            from ..kernels.finish.triton import finish_round
+
+            self.finish_round = finish_round
         # sampling's point-mass rule from the logits in one or two launches (`kernels/sampling`)
         self.fused_sampling = target.backend != "torch" and FUSED_SAMPLING
         D = drafter.draft_len if drafter is not None else 0
@@ -315,12 +315,9 @@ class ResidentDecoder:
 
     # ------------------------------------------------------------ device work (captured)
     def _accept(self, drafts: Tensor, logits: Tensor) -> tuple[Tensor, Tensor]:
-        """drafts [w−1], logits [w, V] of the pass → (A [1], x_new [1]): greedy acceptance, or the
+        """drafts [w−1], logits [w, V] of the pass → (A [1], x_new [1]) of a sampled request: the
         point-mass rule with the request's keyed draws (row 0 decides the token at position + 1;
-        called before the commit advances the position)."""
-        if self.mode == "greedy":
-            accepted, y = accept_greedy(drafts, logits)
-            return accepted, y.gather(0, accepted)
+        called before the commit advances the position). Greedy rounds take the argmax instead."""
         buf = self.buffers
         start = self.cache.position[:1] + 1
         if self.mode == "sample" and self.fused_sampling:
@@ -407,21 +404,16 @@ class ResidentDecoder:
             s0 = target.stage0(buf.block[:, :w], cache)
             out = target.stage1(s0, w, cache)
             layer0 = s0.expert_ids[0]  # [w, k]
-        W = self.policy.max_length
         drafts = buf.block[0, 1:]  # [D]
-        accepted, x_new = self._accept(drafts[: w - 1], out.logits[0])
-        m = accepted + 1  # [1]
-        target.commit(cache, w, m)
-        self.drafter.extend(out.features, m)
-        # emitted: d1 … dA then x_new at index A (positions past it unused)
-        index = torch.arange(W, device=drafts.device)
-        emitted = torch.where(index < accepted, torch.cat((drafts, x_new)), x_new)  # [W]
-        head = torch.cat((m, buf.w0, buf.w_c, buf.w)).float()
-        unused = torch.full((W - layer0.shape[0], layer0.shape[1]), -1, dtype=layer0.dtype, device=layer0.device)
-        layer0 = torch.cat((layer0, unused)).flatten()
-        buf.report.copy_(torch.cat((head, emitted.float(), drafts.float(), buf.confidence, buf.entropy, layer0.float())))
-        buf.anchor.copy_(x_new)
-        buf.remaining.sub_(m)
+        if self.mode == "greedy":
+            y, accepted, x_new = torch.argmax(out.logits[0], dim=-1), None, None  # y [w]
+        else:
+            y, (accepted, x_new) = None, self._accept(drafts[: w - 1], out.logits[0])
+        # m = A + 1, the report, the next anchor and the budget
+        self.finish_round(drafts, w, y, accepted, x_new, (buf.w0, buf.w_c, buf.w), buf.confidence, buf.entropy,
+                          layer0, buf.report, buf.anchor, buf.remaining, buf.m)
+        target.commit(cache, w, buf.m)
+        self.drafter.extend(out.features, buf.m)
 
     # ------------------------------------------------------------ host side
     def collect(self, launched: "Launched") -> Report:

@@ -13,7 +13,8 @@ import torch
 from hybridspec.kernels.sampling import KERNEL_TOP_K
 from hybridspec.runtime.engine import Engine
 from hybridspec.runtime.policies import make_policy
-from hybridspec.runtime.resident import accept_greedy, sampling_mode
+from hybridspec.kernels.finish.reference import accept_greedy
+from hybridspec.runtime.resident import sampling_mode
 from hybridspec.runtime.sampling import SamplingParams
 from hybridspec.runtime.sampling import verify_greedy
 from hybridspec.runtime.session import open_session
