@@ -13,8 +13,9 @@ One round, by policy (the graphs are captured by `prepare`, before the request's
 and then one copy of the round's report (emitted tokens, their count, w0, w, the draft) to the
 host. `launch` enqueues a round and its report's copy, `collect` waits for the report: the engine
 launches the next round before it collects the last wherever the budget makes that round certain
-(`next_round_certain`), so the host's reading of one round overlaps the GPU's next. `w_rem` (the longest length the output budget allows) is kept on the device. Acceptance is
-greedy, or the point-mass rule with keyed draws (`sampling.point_mass`: the request's seed, the
+(`next_round_certain`), so the host's reading of one round overlaps the GPU's next. `w_rem` (the
+longest length the output budget allows) is kept on the device. Acceptance is greedy, or the
+point-mass rule with keyed draws (`sampling.point_mass`: the request's seed, the
 sampling parameters and the positions are device values; on the triton backend one or two launches
 from the logits, `kernels/sampling`, unless a filter needs a sort), so sampled requests run the same
 graphs' shapes; each sampling mode (`sampling_mode`) has its own graphs.
