@@ -264,10 +264,6 @@ class ResidentDecoder:
             self.drafter.key_span = self.drafter.ctx_k.shape[2]
 
     # ------------------------------------------------------------ one round
-    def round(self, remaining: int) -> Report:
-        """Run one round and read its report."""
-        return self.collect(self.launch(remaining))
-
     def launch(self, remaining: int) -> "Launched":
         """Enqueue one round and the copy of its report to the host; nothing waits for the device
         but a nominal policy's read of w. `remaining`: the output budget, or a lower bound of it
@@ -439,7 +435,7 @@ class ResidentDecoder:
                       rest[D : 2 * D], rest[2 * D : 3 * D], timer.seconds, layer0)
 
     def _capture_all(self, policy: Policy, mode: str) -> None:
-        """Capture every graph `round` can launch for this policy and sampling mode, for both
+        """Capture every graph `launch` can replay for this policy and sampling mode, for both
         factor slots, each in the host state the round reaches it in (every GDN layer waiting for a
         commit; Layer 0's already folded by Stage 0 before a `resume`)."""
         cache, drafter, buf = self.cache, self.drafter, self.buffers

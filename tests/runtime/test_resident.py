@@ -13,7 +13,7 @@ import torch
 from hybridspec.kernels.sampling import KERNEL_TOP_K
 from hybridspec.runtime.engine import Engine
 from hybridspec.runtime.policies import make_policy
-from hybridspec.kernels.finish.reference import accept_greedy
+from hybridspec.kernels.finish.reference import greedy_accepted
 from hybridspec.runtime.resident import sampling_mode
 from hybridspec.runtime.sampling import SamplingParams
 from hybridspec.runtime.sampling import verify_greedy
@@ -289,7 +289,7 @@ def test_device_acceptance_equals_host_acceptance():
             logits = torch.randn(w, 11, generator=gen)
             y = logits.argmax(-1)
             draft = torch.where(torch.rand(w - 1, generator=gen) < 0.8, y[:-1], (y[:-1] + 1) % 11)
-            accepted, y_dev = accept_greedy(draft, logits)
+            accepted, y_dev = greedy_accepted(draft, y), y
             A, x_new = verify_greedy(draft, logits)
             assert int(accepted) == A and int(y_dev[A]) == x_new
 

@@ -11,13 +11,6 @@ import torch
 from torch import Tensor
 
 
-def accept_greedy(draft: Tensor, logits: Tensor) -> tuple[Tensor, Tensor]:
-    """Greedy acceptance on the device: draft [w−1], logits [w, V] → (A [1] long, y [w]) with
-    y_i the target argmax after (x0, d1 … d_{i−1}) and A the number of leading drafts equal to it."""
-    y = torch.argmax(logits, dim=-1)  # [w]
-    return greedy_accepted(draft, y), y
-
-
 def greedy_accepted(draft: Tensor, y: Tensor) -> Tensor:
     """A [1] long: the number of leading drafts d_i (draft [w−1]) equal to the target's y_i (y [w])."""
     matches = (draft == y[:-1]).long()
