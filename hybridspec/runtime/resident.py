@@ -55,6 +55,7 @@ from .policies import FixedPolicy, HybridSpecPolicy, NominalPolicy, Policy
 from .sampling import SamplingParams, point_mass, sampling_probs
 
 FUSED_SAMPLING = True  # off: the torch form on every backend (`bench/gpu_round.py --variants torch-sampling`)
+FUSED_FINISH = True  # off: the round's end by its torch reference (`bench/gpu_round.py --variants torch-finish`)
 
 
 @dataclass
@@ -182,7 +183,7 @@ class ResidentDecoder:
         self.fused_select = target.backend != "torch"  # Eq. 5 and 6 as one launch (`kernels/select`)
         # acceptance, the report, the anchor and the budget as one launch (`kernels/finish`)
         self.finish_round = finish_reference.finish_round
-        if target.backend != "torch":
+        if target.backend != "torch" and FUSED_FINISH:
             from ..kernels.finish.triton import finish_round
 
             self.finish_round = finish_round
