@@ -356,20 +356,24 @@ def drafter_bytes(drafter, context: int) -> int:
     return total
 
 
-def round_routing(engine: Engine, prompt, W: int, rounds: int = 6) -> list[list[torch.Tensor]]:
+def round_routing(engine: Engine, prompt, W: int, rounds: int = 6) -> tuple[list[list[torch.Tensor]], list[list[int]]]:
     """The routing of `rounds` of `full`'s decoding rounds of W tokens (the host path records it):
-    per round, each MoE layer's ids [W, k]. Decoding rounds verify the drafter's tokens, which may
-    route to fewer distinct experts than the random block of the verification rows."""
-    routings = []
+    per round, each MoE layer's ids [W, k], and the round's W input tokens (its anchor, then the
+    drafts). Decoding rounds verify the drafter's tokens, which may route to fewer distinct experts
+    than the random block of the verification rows."""
+    routings, blocks = [], []
     steps = engine.stream(prompt, policy=make_policy("full", engine.drafter.draft_len),
                           max_new_tokens=(rounds + 1) * W, record_routing=True)
-    for _, record in steps:
+    anchor = None
+    for emitted, record in steps:
         if record is not None and record.w == W and record.expert_ids:
             routings.append(record.expert_ids)
+            blocks.append([anchor, *record.draft_tokens[: W - 1]])
             if len(routings) == rounds:
                 break
+        anchor = emitted[-1]
     steps.close()
-    return routings
+    return routings, blocks
 
 
 def mean_distinct(routings: list[list[torch.Tensor]]) -> float:
@@ -411,26 +415,54 @@ def verification_rows(session, model: str, context_prompt, widths, bandwidth: fl
     block = torch.randint(0, target.cfg.vocab_size, (1, W), generator=gen).cuda()
     rows = []
     for w in widths:
-        routing = target.forward_pass(block[:, :w], cache, record_routing=True).expert_ids
-        cache.pending = [True] * len(cache.pending)
-        graph = torch.cuda.CUDAGraph()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            target.forward_pass(block[:, :w], cache)
-        torch.cuda.current_stream().wait_stream(stream)
-        cache.pending = [True] * len(cache.pending)
-        with torch.cuda.graph(graph):
-            target.forward_pass(block[:, :w], cache)
-        cache.pending = [True] * len(cache.pending)
-        us = median_us(graph, 1, samples=7, replays=10)
-        floor_us = pass_bytes(target, cache, routing, len(context_prompt)) / bandwidth * 1e6
+        us, floor_us, distinct = timed_pass(target, cache, block[:, :w], len(context_prompt), bandwidth)
         rows.append(dict(model=model, path="graph", policy=f"verify:{w}", w=w, ms_per_round=round(us / 1e3, 3),
-                         floor_ms=round(floor_us / 1e3, 3), ratio=round(us / floor_us, 2),
-                         distinct_experts=mean_distinct([routing])))
+                         floor_ms=round(floor_us / 1e3, 3), ratio=round(us / floor_us, 2), distinct_experts=distinct))
         log(f"  verify {model} w={w:2d} {us / 1e3:8.3f} ms  floor {floor_us / 1e3:7.3f} ms  ×{us / floor_us:.2f}")
-        del graph
     return rows
+
+
+def drafted_verification_rows(session, model: str, context_prompt, blocks: list[list[int]], bandwidth: float,
+                              capacity: int | None = None) -> list[dict]:
+    """The verification pass of W tokens timed on the blocks decoding drafted (`round_routing`) instead
+    of a random block, after the same prefill: what the `full` round's verification costs with the
+    drafts' routing (the round's time less this is the drafter's pass and the round's own steps).
+    One row, the mean over the blocks."""
+    if not blocks:
+        return []
+    target = session.target
+    W = len(blocks[0])
+    cache = prefilled_cache(target, context_prompt, W, capacity)
+    timed = [timed_pass(target, cache, torch.tensor([block], device="cuda"), len(context_prompt), bandwidth)
+             for block in blocks]
+    us, floor_us = statistics.mean(t[0] for t in timed), statistics.mean(t[1] for t in timed)
+    distinct = round(statistics.mean(t[2] for t in timed), 1)
+    log(f"  verify {model} drafted w={W:2d} {us / 1e3:8.3f} ms  floor {floor_us / 1e3:7.3f} ms  ×{us / floor_us:.2f}  "
+        f"({distinct} distinct experts per layer, {len(blocks)} blocks)")
+    return [dict(model=model, path="graph", policy=f"verify drafted:{W}", w=W, ms_per_round=round(us / 1e3, 3),
+                 floor_ms=round(floor_us / 1e3, 3), ratio=round(us / floor_us, 2), distinct_experts=distinct,
+                 passes=len(blocks))]
+
+
+def timed_pass(target, cache, block: torch.Tensor, context: int, bandwidth: float) -> tuple[float, float, float]:
+    """One verification pass of `block` [1, w] captured as a CUDA graph over `cache` (nothing
+    committed): (median µs per replay, the floor in µs from its own routing, its distinct experts
+    per MoE layer)."""
+    routing = target.forward_pass(block, cache, record_routing=True).expert_ids
+    cache.pending = [True] * len(cache.pending)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        target.forward_pass(block, cache)
+    torch.cuda.current_stream().wait_stream(stream)
+    cache.pending = [True] * len(cache.pending)
+    with torch.cuda.graph(graph):
+        target.forward_pass(block, cache)
+    cache.pending = [True] * len(cache.pending)
+    us = median_us(graph, 1, samples=7, replays=10)
+    del graph
+    return us, pass_bytes(target, cache, routing, context) / bandwidth * 1e6, mean_distinct([routing])
 
 
 FAMILIES = (("gdn", ("gdn_", "conv1d", "conv_")), ("moe", ("_moe_", "_router_", "topk", "sort", "scatter")),
@@ -634,7 +666,8 @@ def run(args, variants: list[str], command: str) -> None:
                 rows += verification_rows(session, model, prompts[0], (1, 2, 4, 8, 12, 16), bandwidth,
                                           args.capacity)
                 W = session.drafter.draft_len + 1
-                routings = round_routing(runs["eager"], prompts[0], W)  # the host path records routing
+                routings, blocks = round_routing(runs["eager"], prompts[0], W)  # the host path records routing
+                rows += drafted_verification_rows(session, model, prompts[0], blocks, bandwidth, args.capacity)
                 rows += round_floor_rows(session, model, rows, args.context, bandwidth, routings,
                                          session.target.new_cache(max_len=engine_context(args),
                                                                   tokens_per_pass=W))
