@@ -40,7 +40,7 @@ UNSUPPORTED: dict[str, Any] = {
     "best_of": 1, "echo": False, "logprobs": None, "top_logprobs": None, "suffix": None, "min_p": 0,
     "min_tokens": 0, "tools": None, "tool_choice": None, "functions": None, "function_call": None,
     "response_format": None, "guided_json": None, "guided_regex": None, "guided_choice": None,
-    "prediction": None, "audio": None, "stop_token_ids": None,
+    "prediction": None, "audio": None,
 }
 _OFF_EQUIVALENTS = (None, {}, [], False, "none", "auto", {"type": "text"})  # also "off" for the fields above
 
@@ -77,6 +77,8 @@ class RequestBody(BaseModel):
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
+    stop_token_ids: list[int] = Field(default_factory=list)  # vLLM's: tokens that end the request, as EOS does
+    ignore_eos: bool = False  # vLLM's: decode past the model's EOS (to max_tokens or a stop)
     policy: Text | None = None  # extension: one of the engine's policy names
     spec_decode_stats: bool = False  # extension: add the request's round statistics to the response
 
@@ -86,6 +88,11 @@ class RequestBody(BaseModel):
         if n != 1:
             raise ValueError("only n = 1 is supported (batch size one)")
         return n
+
+    @field_validator("stop_token_ids", mode="before")
+    @classmethod
+    def _token_ids(cls, ids):
+        return [] if ids is None else ids
 
     @field_validator("stop")
     @classmethod

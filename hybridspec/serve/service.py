@@ -41,6 +41,7 @@ class StreamRequest:
     policy: str
     max_tokens: int
     sampling: SamplingParams
+    end_ids: tuple[int, ...]  # the tokens that end it: the model's EOS (unless ignore_eos) and its stop_token_ids
 
 
 class Decoding:
@@ -48,10 +49,11 @@ class Decoding:
     `advance` and `close` run in the worker thread only."""
 
     def __init__(self, service: Service, prompt_ids: list[int], policy_name: str, max_tokens: int,
-                 sampling: SamplingParams, stops: list[str], arrived: float):
+                 sampling: SamplingParams, stops: list[str], arrived: float, end_ids: tuple[int, ...]):
         self.service, self.prompt_ids, self.stops, self.arrived = service, prompt_ids, stops or [], arrived
+        self.end_ids = end_ids
         self.labels = {"model_name": service.model_name, "policy": policy_name}
-        self.steps = service.steps(StreamRequest(prompt_ids, policy_name, max_tokens, sampling))
+        self.steps = service.steps(StreamRequest(prompt_ids, policy_name, max_tokens, sampling, end_ids))
         self.ids: list[int] = []
         self.text, self.sent = "", 0  # visible text; characters already handed out
         self.finish_reason: str | None = None
@@ -64,8 +66,8 @@ class Decoding:
         """Run the prefill or one round; sets `finish_reason` when done."""
         step = next(self.steps, None)
         if step is None:
-            eos = bool(self.ids) and self.ids[-1] in self.service.session.eos_ids
-            self.finish_reason = "stop" if eos else "length"
+            ended = bool(self.ids) and self.ids[-1] in self.end_ids
+            self.finish_reason = "stop" if ended else "length"
             return
         new, record = step
         if record is None:  # the prefill's anchor: the first token
@@ -74,7 +76,7 @@ class Decoding:
             self._count_round(record)
         start = len(self.ids)
         self.ids.extend(new)
-        self.text = self.service.visible_text(self.ids)
+        self.text = self.service.visible_text(self.ids, self.end_ids)
         if self.stops and self._stop_within(start):
             self.finish_reason = "stop"
 
@@ -100,7 +102,7 @@ class Decoding:
         if _first_stop(self.text, self.stops) is None:
             return False
         for k in range(start + 1, len(self.ids) + 1):
-            text = self.service.visible_text(self.ids[:k])
+            text = self.service.visible_text(self.ids[:k], self.end_ids)
             at = _first_stop(text, self.stops)
             if at is not None:
                 self.ids, self.text = self.ids[:k], text[:at]
@@ -191,11 +193,14 @@ class Service:
     def engine_steps(self, request: StreamRequest) -> Iterator:
         return self.session.engine.stream(request.prompt_ids, policy=self.policy(request.policy),
                                           max_new_tokens=request.max_tokens, sampling=request.sampling,
-                                          eos_ids=self.session.eos_ids)
+                                          eos_ids=request.end_ids)
 
-    def visible_text(self, ids: list[int]) -> str:
+    def visible_text(self, ids: list[int], end_ids: tuple[int, ...] = ()) -> str:
+        """The text of `ids` without the model's EOS tokens and the request's other ending tokens
+        (`end_ids`): a token that ends a request is not part of its text, as a stop sequence is not."""
         codec = self.session.codec
-        return codec.decode([i for i in ids if i not in self.session.eos_ids]) if codec else ""
+        hidden = set(self.session.eos_ids) | set(end_ids)
+        return codec.decode([i for i in ids if i not in hidden]) if codec else ""
 
     async def encode(self, text: str, param: str) -> list[int]:
         """Token ids of `text`, tokenized in a thread (the tokenizer releases the GIL)."""
@@ -248,6 +253,9 @@ class Service:
             raise RequestError(str(exc), "policy") from None
         if body.stop and self.session.codec is None:
             raise RequestError("stop sequences need a tokenizer", "stop")
+        if any(not 0 <= i < vocab for i in body.stop_token_ids):
+            raise RequestError(f"stop_token_ids must be token ids in 0 … {vocab - 1}", "stop_token_ids")
+        end_ids = tuple(dict.fromkeys((*(() if body.ignore_eos else self.session.eos_ids), *body.stop_token_ids)))
         seed = body.seed if body.seed is not None else random.randrange(2**31)
         temperature = body.temperature if body.temperature >= SAMPLING_EPS else 0.0  # as vLLM: greedy below it
         try:
@@ -255,7 +263,7 @@ class Service:
         except ValueError as exc:
             raise RequestError(str(exc), None) from None
         arrived = time.monotonic() if arrived is None else arrived
-        return Decoding(self, prompt_ids, name, max_tokens or room, sampling, body.stop, arrived)
+        return Decoding(self, prompt_ids, name, max_tokens or room, sampling, body.stop, arrived, end_ids)
 
     def discard(self, decoding: Decoding) -> None:
         """Count a decoding that will not run (or not run on) as cancelled, behind any round in flight."""

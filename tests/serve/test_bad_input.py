@@ -94,7 +94,7 @@ def test_bad_bodies_get_400_naming_the_field(server, path, body, param):
     ("presence_penalty", 1.0), ("frequency_penalty", -0.5), ("repetition_penalty", 1.2), ("logit_bias", {"5": 10}),
     ("best_of", 2), ("echo", True), ("logprobs", 2), ("top_logprobs", 3), ("suffix", "x"), ("min_p", 0.1),
     ("min_tokens", 4), ("tools", [{"type": "function"}]), ("tool_choice", "required"),
-    ("response_format", {"type": "json_object"}), ("stop_token_ids", [3]), ("n", 2),
+    ("response_format", {"type": "json_object"}), ("n", 2),
 ])
 def test_unsupported_sampling_fields_are_refused_by_name(server, field, value):
     for path, body in ((COMPLETION, {"prompt": PROMPT}), (CHAT, {"messages": [{"role": "user", "content": "x"}]})):

@@ -95,6 +95,37 @@ def test_stop_sequence_cuts_text(client):
     assert "".join(c.choices[0].text for c in streamed) == out.choices[0].text
 
 
+def test_stop_token_ids_and_ignore_eos(tmp_path):
+    """A stop token id ends the request as EOS does (in every policy, mid-round included) and stays
+    out of the text; ignore_eos decodes past EOS. The model's EOS is set to a token that its greedy
+    output emits, so that both paths are taken."""
+    service = open_service(max_context=256)
+    codec = service.session.codec
+    with live_server(service) as (base, _):
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0, timeout=60)
+
+        def complete(**extra):
+            return client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0,
+                                             extra_body=extra).choices[0]
+
+        ids = run_generate(GenerateRequest(prompt=PROMPT, policy="ar", max_new_tokens=12))["token_ids"]
+        j = next(i for i in range(2, len(ids)) if ids[i] not in ids[:i])  # a token's first appearance
+        for policy in ("ar", "full", "static:4"):
+            out = complete(policy=policy, stop_token_ids=[ids[j]])
+            assert (out.finish_reason, out.text) == ("stop", codec.decode(ids[:j])), policy
+        assert complete(stop_token_ids=[ids[j]]).finish_reason == "stop"
+        service.session.eos_ids = (ids[j],)
+        assert (complete().finish_reason, complete().text) == ("stop", codec.decode(ids[:j]))
+        past = complete(ignore_eos=True)
+        assert past.finish_reason == "length"
+        assert past.text == codec.decode([i for i in ids if i != ids[j]])
+        usage = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0,
+                                          extra_body={"stop_token_ids": [ids[j]], "ignore_eos": True}).usage
+        assert usage.completion_tokens == j + 1  # a stop token id still ends it
+        bad = httpx.post(f"{base}/v1/completions", json={"prompt": PROMPT, "stop_token_ids": [10**9]})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "stop_token_ids"
+
+
 def test_models_health_and_auth(server, client):
     assert [m.id for m in client.models.list()] == [MODEL]
     assert httpx.get(f"{server}/health").status_code == 200
