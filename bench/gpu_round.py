@@ -404,36 +404,33 @@ def round_floor_rows(session, model: str, rows: list[dict], context: int, bandwi
                  passes=len(routings), floor_ms_random_block=round(verify["floor_ms"] + drafter_ms, 3))]
 
 
-def verification_rows(session, model: str, context_prompt, widths, bandwidth: float,
-                      capacity: int | None = None) -> list[dict]:
-    """One target pass of w tokens as a CUDA graph after a prefill of the context (in a cache of
-    `capacity` positions, default the context and 2 W), vs its floor."""
+def verification_rows(session, model: str, cache, context: int, widths, bandwidth: float) -> list[dict]:
+    """One target pass of w tokens as a CUDA graph over `cache` (a prefill of `context` tokens,
+    room for max(widths) per pass), vs its floor."""
     target = session.target
     W = max(widths)
-    cache = prefilled_cache(target, context_prompt, W, capacity)
     gen = torch.Generator().manual_seed(1)
     block = torch.randint(0, target.cfg.vocab_size, (1, W), generator=gen).cuda()
     rows = []
     for w in widths:
-        us, floor_us, distinct = timed_pass(target, cache, block[:, :w], len(context_prompt), bandwidth)
+        us, floor_us, distinct = timed_pass(target, cache, block[:, :w], context, bandwidth)
         rows.append(dict(model=model, path="graph", policy=f"verify:{w}", w=w, ms_per_round=round(us / 1e3, 3),
                          floor_ms=round(floor_us / 1e3, 3), ratio=round(us / floor_us, 2), distinct_experts=distinct))
         log(f"  verify {model} w={w:2d} {us / 1e3:8.3f} ms  floor {floor_us / 1e3:7.3f} ms  ×{us / floor_us:.2f}")
     return rows
 
 
-def drafted_verification_rows(session, model: str, context_prompt, blocks: list[list[int]], bandwidth: float,
-                              capacity: int | None = None) -> list[dict]:
+def drafted_verification_rows(session, model: str, cache, context: int, blocks: list[list[int]],
+                              bandwidth: float) -> list[dict]:
     """The verification pass of W tokens timed on the blocks decoding drafted (`round_routing`) instead
-    of a random block, after the same prefill: what the `full` round's verification costs with the
-    drafts' routing (the round's time less this is the drafter's pass and the round's own steps).
-    One row, the mean over the blocks."""
+    of a random block, over the same prefilled cache as `verification_rows`: what the `full` round's
+    verification costs with the drafts' routing (the round's time less this is the drafter's pass
+    and the round's own steps). One row, the mean over the blocks."""
     if not blocks:
         return []
     target = session.target
     W = len(blocks[0])
-    cache = prefilled_cache(target, context_prompt, W, capacity)
-    timed = [timed_pass(target, cache, torch.tensor([block], device="cuda"), len(context_prompt), bandwidth)
+    timed = [timed_pass(target, cache, torch.tensor([block], device="cuda"), context, bandwidth)
              for block in blocks]
     us, floor_us = statistics.mean(t[0] for t in timed), statistics.mean(t[1] for t in timed)
     distinct = round(statistics.mean(t[2] for t in timed), 1)
@@ -663,14 +660,15 @@ def run(args, variants: list[str], command: str) -> None:
                     rows += decode_rows(session, model, runs, prompts[0], policies, args.tokens, args.eager_tokens,
                                         sampling)
             if not embedded and not args.no_verification:
-                rows += verification_rows(session, model, prompts[0], (1, 2, 4, 8, 12, 16), bandwidth,
-                                          args.capacity)
-                W = session.drafter.draft_len + 1
+                W, widths = session.drafter.draft_len + 1, (1, 2, 4, 8, 12, 16)
+                # a prefill of the context in a cache of `capacity` positions (default the context and 2
+                # passes), for the random block's widths and the drafted blocks
+                cache = prefilled_cache(session.target, prompts[0], max(W, *widths), args.capacity)
+                rows += verification_rows(session, model, cache, len(prompts[0]), widths, bandwidth)
                 routings, blocks = round_routing(runs["eager"], prompts[0], W)  # the host path records routing
-                rows += drafted_verification_rows(session, model, prompts[0], blocks, bandwidth, args.capacity)
-                rows += round_floor_rows(session, model, rows, args.context, bandwidth, routings,
-                                         session.target.new_cache(max_len=engine_context(args),
-                                                                  tokens_per_pass=W))
+                rows += drafted_verification_rows(session, model, cache, len(prompts[0]), blocks, bandwidth)
+                rows += round_floor_rows(session, model, rows, args.context, bandwidth, routings, cache)
+                del cache
             result["rows"] += [dict(row, variant=variant, layout=layout) for row in rows]
             for module, attr, op in undo:
                 setattr(module, attr, op)

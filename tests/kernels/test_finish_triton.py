@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hybridspec.kernels.finish import reference
-from hybridspec.kernels.finish.triton import finish_round
-
 pytest.importorskip("triton")
+
+from hybridspec.kernels.finish import reference  # noqa: E402
+from hybridspec.kernels.finish.triton import finish_round  # noqa: E402
+
 D = 15
 
 
