@@ -25,6 +25,7 @@ from torch import Tensor
 
 from .drafter import DFlashDrafter, DraftOutput
 from .backends import device_resident, drafter_ops
+from .logprobs import MAX_TOP_LOGPROBS, TokenLogprobs, token_logprobs
 from .models.hybrid import HybridTarget, PassOutput
 from .policies import Policy
 from .resident import Report, ResidentDecoder
@@ -46,11 +47,20 @@ class RoundRecord:
     layer0_experts: Tensor | None = None  # [u, k] expert ids of the Stage-0 tokens
     expert_ids: list[Tensor] | None = None  # per MoE layer [w, k], when routing is recorded
     seconds: dict[str, float] = field(default_factory=dict)
+    logprobs: TokenLogprobs | None = None  # of the emitted tokens, when the request asks for them
 
     @classmethod
-    def autoregressive(cls, seconds: dict[str, float]) -> "RoundRecord":
+    def autoregressive(cls, seconds: dict[str, float], logprobs: TokenLogprobs | None = None) -> "RoundRecord":
         """An `ar` step: one token verified, emitted and committed."""
-        return cls(w0=None, u=1, w=1, accepted=0, accepted_full=None, emitted=1, truncated=False, seconds=seconds)
+        return cls(w0=None, u=1, w=1, accepted=0, accepted_full=None, emitted=1, truncated=False, seconds=seconds,
+                   logprobs=logprobs)
+
+
+@dataclass
+class PrefillRecord:
+    """What the prefill's step leaves beside the first token: its logprobs, when asked for."""
+
+    logprobs: TokenLogprobs | None = None
 
 
 @dataclass
@@ -60,6 +70,7 @@ class GenerationResult:
     rounds: list[RoundRecord]
     prefill_seconds: float
     decode_seconds: float  # after the prefill-produced anchor
+    logprobs: TokenLogprobs | None = None  # of every generated token, when asked for
 
     @property
     def decode_tokens(self) -> int:
@@ -111,23 +122,24 @@ class Engine:
         self.resident = ResidentDecoder(target, drafter, self.cache, graphs=graphs) if resident else None
         self._policies: dict[str, tuple[Policy, Policy]] = {}  # host rounds: name → (as given, on the device)
 
-    def prepare(self, policy: Policy, sampling: SamplingParams = SamplingParams()) -> None:
-        """Capture the policy's CUDA graphs for this kind of sampling now (a server does this at
-        start-up; otherwise the first such request of each policy does it before its prefill)."""
+    def prepare(self, policy: Policy, sampling: SamplingParams = SamplingParams(), *, logprobs: bool = False) -> None:
+        """Capture the policy's CUDA graphs for this kind of sampling (with logprobs or without) now
+        (a server does this at start-up; otherwise the first such request of each policy does it
+        before its prefill)."""
         if self.resident is not None:
-            self.resident.prepare(policy, sampling)
+            self.resident.prepare(policy, sampling, logprobs=logprobs)
 
     # ---------------------------------------------------------------- public
     def generate(self, prompt_ids: list[int], *, policy: Policy, max_new_tokens: int,
                  sampling: SamplingParams = SamplingParams(), eos_ids: tuple[int, ...] = (),
-                 record_routing: bool = False) -> GenerationResult:
+                 record_routing: bool = False, logprobs: int | None = None) -> GenerationResult:
         self.check(prompt_ids, policy=policy, max_new_tokens=max_new_tokens)
         if not record_routing:  # graph capture is start-up work, not the prefill's
-            self.prepare(policy, sampling)
+            self.prepare(policy, sampling, logprobs=logprobs is not None)
         steps = self.stream(prompt_ids, policy=policy, max_new_tokens=max_new_tokens, sampling=sampling,
-                            eos_ids=eos_ids, record_routing=record_routing)
+                            eos_ids=eos_ids, record_routing=record_routing, logprobs=logprobs)
         start = self.clock.now()
-        tokens = next(steps)[0]  # the prefill-produced anchor
+        tokens, prefill = next(steps)  # the prefill-produced anchor
         decode_start = self.clock.now()
         rounds: list[RoundRecord] = []
         for new, record in steps:
@@ -135,7 +147,13 @@ class Engine:
             rounds.append(record)
         end = self.clock.now()
         reason = "eos" if tokens[-1] in set(eos_ids) else "length"
-        return GenerationResult(tokens, reason, rounds, decode_start - start, end - decode_start)
+        lps = None
+        if logprobs is not None:
+            lps = TokenLogprobs()
+            for part in (prefill, *rounds):
+                lps.chosen += part.logprobs.chosen
+                lps.top += part.logprobs.top
+        return GenerationResult(tokens, reason, rounds, decode_start - start, end - decode_start, lps)
 
     def check(self, prompt_ids: list[int], *, policy: Policy, max_new_tokens: int) -> None:
         """Raise ValueError when the request cannot run (empty prompt, context, missing drafter)."""
@@ -154,14 +172,19 @@ class Engine:
 
     def stream(self, prompt_ids: list[int], *, policy: Policy, max_new_tokens: int,
                sampling: SamplingParams = SamplingParams(), eos_ids: tuple[int, ...] = (),
-               record_routing: bool = False) -> Iterator[tuple[list[int], RoundRecord | None]]:
-        """Decode round by round: yields ([anchor], None) after the prefill, then (emitted ids, record)
-        per round. Closing the generator early stops decoding (the next request resets the cache)."""
+               record_routing: bool = False,
+               logprobs: int | None = None) -> Iterator[tuple[list[int], RoundRecord | PrefillRecord]]:
+        """Decode round by round: yields ([anchor], PrefillRecord) after the prefill, then (emitted
+        ids, record) per round. `logprobs`: each record carries its tokens' logprobs with that many
+        alternatives (`logprobs.py`; at most MAX_TOP_LOGPROBS). Closing the generator early stops
+        decoding (the next request resets the cache)."""
         self.check(prompt_ids, policy=policy, max_new_tokens=max_new_tokens)
+        if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"logprobs must be in 0 … {MAX_TOP_LOGPROBS}, got {logprobs}")
         resident = self.resident if self.resident is not None and not record_routing else None
         given = policy
         if resident is not None:  # graphs are captured before this request's caches are filled
-            policy = resident.prepare(given, sampling)
+            policy = resident.prepare(given, sampling, logprobs=logprobs is not None)
         else:
             policy = self._on_device(given)
         self.cache.reset()
@@ -171,18 +194,19 @@ class Engine:
             self.drafter.reset(self.cache.max_len)
             self.drafter.extend(out.features)
         last, produced = choose(out.logits[0, -1], sampling, len(prompt_ids)), 1
-        yield [last], None
+        first = token_logprobs(out.logits[0, -1:], [last], logprobs) if logprobs is not None else None
+        yield [last], PrefillRecord(first)
         eos = set(eos_ids)
         if resident is not None and last not in eos and produced < max_new_tokens:
-            resident.begin(given, last, max_new_tokens - produced, sampling)
+            resident.begin(given, last, max_new_tokens - produced, sampling, logprobs=logprobs)
             yield from _resident_rounds(resident, policy, max_new_tokens - produced, eos)
             return
         while last not in eos and produced < max_new_tokens:
             remaining = max_new_tokens - produced
             if policy.speculative:
-                new, record = self._speculative_round(last, policy, remaining, sampling, record_routing)
+                new, record = self._speculative_round(last, policy, remaining, sampling, record_routing, logprobs)
             else:
-                new, record = self._autoregressive_step(last, sampling)
+                new, record = self._autoregressive_step(last, sampling, logprobs)
             new = _emitted(new, record, remaining, eos)
             last, produced = new[-1], produced + len(new)
             yield new, record
@@ -195,17 +219,18 @@ class Engine:
         return self._policies[policy.name][1]
 
     # ---------------------------------------------------------------- steps
-    def _autoregressive_step(self, anchor: int, sampling) -> tuple[list[int], RoundRecord]:
+    def _autoregressive_step(self, anchor: int, sampling, logprobs: int | None) -> tuple[list[int], RoundRecord]:
         t0 = self.clock.now()
         position = self.cache.length + 1  # of the token this pass decides (the anchor's is cache.length)
         out = self.target.forward_pass(self._ids([anchor]), self.cache)
         self.target.commit(self.cache, 1, 1)
         token = choose(out.logits[0, 0], sampling, position)
-        record = RoundRecord.autoregressive({"total": self.clock.now() - t0})
+        lps = token_logprobs(out.logits[0, :1], [token], logprobs) if logprobs is not None else None
+        record = RoundRecord.autoregressive({"total": self.clock.now() - t0}, lps)
         return [token], record
 
-    def _speculative_round(self, anchor: int, policy: Policy, remaining: int, sampling,
-                           record_routing: bool) -> tuple[list[int], RoundRecord]:
+    def _speculative_round(self, anchor: int, policy: Policy, remaining: int, sampling, record_routing: bool,
+                           logprobs: int | None) -> tuple[list[int], RoundRecord]:
         clock, target, W = self.clock, self.target, policy.max_length
         t0 = clock.now()
         position = self.cache.length + 1  # of the token the pass's first row decides
@@ -228,6 +253,8 @@ class Engine:
         target.commit(self.cache, w, accepted + 1)
         self.drafter.extend(out.features[:, : accepted + 1])
         t_end = clock.now()
+        tokens = [*draft.tokens[:accepted].tolist(), x_new]
+        lps = token_logprobs(out.logits[0, : accepted + 1], tokens, logprobs) if logprobs is not None else None
         record = RoundRecord(
             w0=w0, u=u, w=w, accepted=accepted, accepted_full=accepted if w == W else None, emitted=0,
             truncated=w < w_c,  # the output budget shortened the round
@@ -236,8 +263,9 @@ class Engine:
             expert_ids=[ids[0].cpu() for ids in out.expert_ids] if out.expert_ids else None,
             seconds={"draft": t_draft - t0, "select": t_select - t_draft, "stage0": t_stage0 - t_select,
                      "stage1": t_stage1 - t_stage0, "commit": t_end - t_stage1, "total": t_end - t0},
+            logprobs=lps,
         )
-        return [*draft.tokens[:accepted].tolist(), x_new], record
+        return tokens, record
 
     @staticmethod
     def _accept(draft: DraftOutput, out: PassOutput, w: int, sampling: SamplingParams, position: int) -> tuple[int, int]:
@@ -273,10 +301,12 @@ def _resident_rounds(resident: ResidentDecoder, policy: Policy, remaining: int,
 
 
 def _emitted(new: list[int], record: RoundRecord, remaining: int, eos: set[int]) -> list[int]:
-    """A round's tokens truncated (`_truncate`), with the record's emitted count and truncation."""
+    """A round's tokens truncated (`_truncate`), with the record's emitted count, truncation and logprobs."""
     new, cut = _truncate(new, remaining, eos)
     record.truncated = record.truncated or cut or new[-1] in eos
     record.emitted = len(new)
+    if record.logprobs is not None:
+        record.logprobs = record.logprobs.head(len(new))
     return new
 
 
@@ -284,7 +314,7 @@ def _resident_record(report: Report, policy: Policy) -> tuple[list[int], RoundRe
     """A resident round's report as the host round's (tokens, record); Stage 0 ran the whole block
     (u = W) under the routing correction."""
     if not policy.speculative:
-        return report.tokens, RoundRecord.autoregressive(report.seconds)
+        return report.tokens, RoundRecord.autoregressive(report.seconds, report.logprobs)
     W = policy.max_length
     u = W if policy.corrects_routing else report.w
     record = RoundRecord(
@@ -292,7 +322,8 @@ def _resident_record(report: Report, policy: Policy) -> tuple[list[int], RoundRe
         accepted_full=report.accepted if report.w == W else None, emitted=0,
         truncated=report.w < report.w_c,  # the output budget shortened the round
         draft_tokens=report.draft_tokens, confidence=report.confidence, entropy=report.entropy,
-        layer0_experts=torch.tensor(report.layer0_experts, dtype=torch.long), seconds=report.seconds)
+        layer0_experts=torch.tensor(report.layer0_experts, dtype=torch.long), seconds=report.seconds,
+        logprobs=report.logprobs)
     return report.tokens, record
 
 

@@ -50,6 +50,7 @@ from ..kernels.sampling import KERNEL_TOP_K
 from .cache import TargetCache
 from .drafter import DFlashDrafter
 from .graphs import Graphs, PhaseTimer
+from .logprobs import MAX_TOP_LOGPROBS, TokenLogprobs, from_rows, logprob_rows
 from .models.hybrid import HybridTarget, Stage0
 from .policies import FixedPolicy, HybridSpecPolicy, NominalPolicy, Policy
 from .sampling import SamplingParams, point_mass, sampling_probs
@@ -79,14 +80,17 @@ class Buffers:
     #                  entropy [D], Layer 0's expert ids of the round's Stage-0 tokens [W, k] (−1 past them)
     host_reports: Tensor  # [2, size]: two host copies (pinned on CUDA), so that one round's report is
     # read while the next round's is copied
+    logprobs: Tensor  # [W, 1 + 2·top] fp32: `logprobs.logprob_rows` of the round's rows (requests that ask)
+    host_logprobs: Tensor  # [2, W, 1 + 2·top]: its host copies, as `host_reports`
     stage0: Stage0 | None = None  # static copies of Stage 0's retained values (hybridspec)
 
     @classmethod
-    def allocate(cls, draft_len: int, experts_per_token: int, device: torch.device) -> "Buffers":
+    def allocate(cls, draft_len: int, experts_per_token: int, top: int, device: torch.device) -> "Buffers":
         W, D = draft_len + 1, draft_len
         long = dict(dtype=torch.long, device=device)
         size = 4 + W + 3 * D + W * experts_per_token
         pinned = device.type == "cuda"
+        rows = (W, 1 + 2 * top)
         return cls(anchor=torch.zeros(1, **long), block=torch.zeros(1, W, **long),
                    confidence=torch.zeros(D, device=device), entropy=torch.zeros(D, device=device),
                    w0=torch.zeros(1, **long), w_c=torch.zeros(1, **long), w=torch.zeros(1, **long), remaining=torch.zeros(1, **long),
@@ -94,7 +98,8 @@ class Buffers:
                    seed=torch.zeros(1, **long), inv_temperature=torch.ones(1, device=device),
                    top_k=torch.zeros(1, **long), top_p=torch.ones(1, device=device),
                    report=torch.zeros(size, device=device),
-                   host_reports=torch.zeros(2, size, pin_memory=pinned))
+                   host_reports=torch.zeros(2, size, pin_memory=pinned),
+                   logprobs=torch.zeros(rows, device=device), host_logprobs=torch.zeros(2, *rows, pin_memory=pinned))
 
 
 @dataclass
@@ -120,6 +125,7 @@ class Report:
     entropy: list[float] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
     layer0_experts: list[list[int]] = field(default_factory=list)  # [u][k]: Stage 0's tokens
+    logprobs: TokenLogprobs | None = None  # of `tokens`, when the request asks for them
 
 
 def sampling_mode(sampling: SamplingParams) -> str:
@@ -154,21 +160,25 @@ class ResidentDecoder:
         # sampling's point-mass rule from the logits in one or two launches (`kernels/sampling`)
         self.fused_sampling = target.backend != "torch" and FUSED_SAMPLING
         D = drafter.draft_len if drafter is not None else 0
-        self.buffers = Buffers.allocate(D, target.cfg.num_experts_per_tok, self.device)
+        self.top = min(MAX_TOP_LOGPROBS, target.cfg.vocab_size)  # alternatives the graphs compute
+        self.buffers = Buffers.allocate(D, target.cfg.num_experts_per_tok, self.top, self.device)
         self.one = torch.ones(1, dtype=torch.long, device=self.device)
-        self.prepared: dict[tuple[str, str], tuple[Policy, Policy]] = {}  # (policy name, sampling mode) → (as prepared, its device copy)
+        # (policy name, sampling mode, logprobs) → (as prepared, its device copy)
+        self.prepared: dict[tuple[str, str, bool], tuple[Policy, Policy]] = {}
         self.captured_with: tuple[int, ...] = ()  # `_outside_buffers()` when the graphs were captured
         self.policy: Policy | None = None
         self.mode = "greedy"  # `sampling_mode` of the request being decoded (or the graphs being captured)
+        self.with_logprobs = False  # whether its rounds compute logprobs (graphs of their own)
+        self.logprobs: int | None = None  # the alternatives per token the request asks for
         self.span = 1  # round tokens a pending commit covers (W, or 1 for ar)
         self._report_slot = 0  # the host copy of the report the next launch fills
 
     # ------------------------------------------------------------ set-up
-    def prepare(self, policy: Policy, sampling: SamplingParams = SamplingParams()) -> Policy:
+    def prepare(self, policy: Policy, sampling: SamplingParams = SamplingParams(), *, logprobs: bool = False) -> Policy:
         """The policy's device copy; with graphs, capture every graph it can launch for this kind
-        of sampling (`sampling_mode`; run once before the first such request: the warm-ups
-        overwrite the caches)."""
-        key = (policy.name, sampling_mode(sampling))
+        of sampling (`sampling_mode`), with logprobs or without (run once before the first such
+        request: the warm-ups overwrite the caches)."""
+        key = (policy.name, sampling_mode(sampling), logprobs)
         if self.prepared and self._outside_buffers() != self.captured_with:
             self._forget_graphs()  # a larger cache elsewhere moved tables the graphs read
         if key in self.prepared and self.prepared[key][0] is policy:
@@ -177,7 +187,7 @@ class ResidentDecoder:
         if isinstance(policy, HybridSpecPolicy) and self.buffers.stage0 is None:
             self.buffers.stage0 = self._stage0_buffers(policy.max_length)
         if self.graphs is not None:
-            self._capture_all(on_device, key[1])
+            self._capture_all(on_device, key[1], logprobs)
         self.prepared[key] = (policy, on_device)
         return on_device
 
@@ -194,14 +204,16 @@ class ResidentDecoder:
         if self.graphs is not None:
             self.graphs.forget()
 
-    def begin(self, policy: Policy, anchor: int, remaining: int, sampling: SamplingParams = SamplingParams()) -> None:
+    def begin(self, policy: Policy, anchor: int, remaining: int, sampling: SamplingParams = SamplingParams(),
+              logprobs: int | None = None) -> None:
         """Switch a prefilled request to resident rounds: positions, budget and sampling parameters
-        on the device, the pending commit flushed and replaced by a null one over the round span."""
-        key = (policy.name, sampling_mode(sampling))
+        on the device, the pending commit flushed and replaced by a null one over the round span.
+        `logprobs`: the alternatives per token the request asks for (None: no logprobs)."""
+        key = (policy.name, sampling_mode(sampling), logprobs is not None)
         if self.prepared.get(key, (None,))[0] is not policy:
-            raise RuntimeError(f"policy {policy.name!r} was not prepared for {key[1]} decoding before its "
-                               "request's prefill")
-        self.policy, self.mode = self.prepared[key][1], key[1]
+            what = f"{key[1]} decoding{' with logprobs' if key[2] else ''}"
+            raise RuntimeError(f"policy {policy.name!r} was not prepared for {what} before its request's prefill")
+        self.policy, self.mode, self.with_logprobs, self.logprobs = self.prepared[key][1], key[1], key[2], logprobs
         self.span = 1 if not policy.speculative else policy.max_length
         self._enter_static(self.span)
         buf = self.buffers
@@ -252,6 +264,8 @@ class ResidentDecoder:
             timer.mark(phase)
         slot, self._report_slot = self._report_slot, 1 - self._report_slot
         self.buffers.host_reports[slot].copy_(self.buffers.report, non_blocking=True)
+        if self.with_logprobs:
+            self.buffers.host_logprobs[slot].copy_(self.buffers.logprobs, non_blocking=True)
         timer.close()
         return Launched(w, timer, slot)
 
@@ -269,7 +283,7 @@ class ResidentDecoder:
         if self.graphs is None:
             run()
             return
-        self.graphs.replay((self.policy.name, self.mode, *key, self.cache.slot))
+        self.graphs.replay((self.policy.name, self.mode, self.with_logprobs, *key, self.cache.slot))
         if commits:
             self.cache.flip(self.span)  # the host half of the commit: the next pass writes the other slot
         elif isinstance(self.policy, HybridSpecPolicy):
@@ -305,6 +319,8 @@ class ResidentDecoder:
             buf.anchor.copy_(self._accept(buf.block[0, :0], out.logits[0, :1])[1])
         target.commit(cache, 1, self.one)
         buf.report[4:5].copy_(buf.anchor)
+        if self.with_logprobs:
+            buf.logprobs[:1].copy_(logprob_rows(out.logits[0, :1], buf.anchor, self.top))
 
     def _draft(self) -> None:
         buf = self.buffers
@@ -374,6 +390,8 @@ class ResidentDecoder:
         # m = A + 1, the report, the next anchor and the budget
         self.finish_round(drafts, w, y, accepted, x_new, (buf.w0, buf.w_c, buf.w), buf.confidence, buf.entropy,
                           layer0, buf.report, buf.anchor, buf.remaining, buf.m)
+        if self.with_logprobs:  # rows past m decided nothing emitted; the host reads the first m
+            buf.logprobs[:w].copy_(logprob_rows(out.logits[0], buf.report[4 : 4 + w].long(), self.top))
         target.commit(cache, w, buf.m)
         self.drafter.extend(out.features, buf.m)
 
@@ -388,8 +406,11 @@ class ResidentDecoder:
         self.cache.length += m
         if self.drafter is not None and self.policy.speculative:
             self.drafter.length += m
+        logprobs = None
+        if self.logprobs is not None:
+            logprobs = from_rows(self.buffers.host_logprobs[launched.slot, :m].tolist(), self.logprobs)
         if not self.policy.speculative:
-            return Report(0, [int(values[4])], None, None, 1, seconds=timer.seconds)
+            return Report(0, [int(values[4])], None, None, 1, seconds=timer.seconds, logprobs=logprobs)
         W, D = self.policy.max_length, self.drafter.draft_len
         tokens = [int(x) for x in values[4 : 4 + m]]
         rest = values[4 + W :]
@@ -397,15 +418,16 @@ class ResidentDecoder:
         ids = [int(x) for x in rest[3 * D : 3 * D + W * k]]
         layer0 = [row for row in (ids[i : i + k] for i in range(0, W * k, k)) if row[0] >= 0]
         return Report(m - 1, tokens, int(values[1]), int(values[2]), int(values[3]), [int(x) for x in rest[:D]],
-                      rest[D : 2 * D], rest[2 * D : 3 * D], timer.seconds, layer0)
+                      rest[D : 2 * D], rest[2 * D : 3 * D], timer.seconds, layer0, logprobs)
 
-    def _capture_all(self, policy: Policy, mode: str) -> None:
-        """Capture every graph `launch` can replay for this policy and sampling mode, for both
+    def _capture_all(self, policy: Policy, mode: str, logprobs: bool) -> None:
+        """Capture every graph `launch` can replay for this policy, sampling mode and logprobs, for both
         factor slots, each in the host state the round reaches it in (every GDN layer waiting for a
         commit; Layer 0's already folded by Stage 0 before a `resume`)."""
         cache, drafter, buf = self.cache, self.drafter, self.buffers
         previous, self.policy = self.policy, policy
         previous_mode, self.mode = self.mode, mode
+        previous_logprobs, self.with_logprobs = self.with_logprobs, logprobs
         self.span = 1 if not policy.speculative else policy.max_length
         if not policy.speculative:
             plan = [(("step",), self._step, False)]
@@ -435,6 +457,6 @@ class ResidentDecoder:
 
                 restore()
                 # keyed by policy too: policies share phase names ("select", "verify") but not code
-                self.graphs.capture((policy.name, mode, *key, slot), run, restore)
+                self.graphs.capture((policy.name, mode, logprobs, *key, slot), run, restore)
         cache.reset()
-        self.policy, self.mode = previous, previous_mode
+        self.policy, self.mode, self.with_logprobs = previous, previous_mode, previous_logprobs

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
+from ..runtime.logprobs import MAX_TOP_LOGPROBS
 from ..runtime.sampling import SEED_MAX, SEED_MIN
 
 
@@ -37,7 +38,7 @@ Text = Annotated[str, AfterValidator(_utf8)]
 # other value is answered 400 naming the field rather than silently ignored.
 UNSUPPORTED: dict[str, Any] = {
     "presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1, "logit_bias": None,
-    "best_of": 1, "echo": False, "logprobs": None, "top_logprobs": None, "suffix": None, "min_p": 0,
+    "best_of": 1, "echo": False, "suffix": None, "min_p": 0, "prompt_logprobs": None,
     "min_tokens": 0, "tools": None, "tool_choice": None, "functions": None, "function_call": None,
     "response_format": None, "guided_json": None, "guided_regex": None, "guided_choice": None,
     "prediction": None, "audio": None,
@@ -82,6 +83,10 @@ class RequestBody(BaseModel):
     policy: Text | None = None  # extension: one of the engine's policy names
     spec_decode_stats: bool = False  # extension: add the request's round statistics to the response
 
+    def logprob_count(self) -> int | None:
+        """The alternatives per output token of the logprobs asked for; None: no logprobs."""
+        return None
+
     @field_validator("n")
     @classmethod
     def _one(cls, n: int) -> int:
@@ -105,6 +110,10 @@ class RequestBody(BaseModel):
 
 class CompletionRequest(RequestBody):
     prompt: Text | list[int] | list[Text]
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)  # alternatives per token (0: the token's own only)
+
+    def logprob_count(self) -> int | None:
+        return self.logprobs
 
 
 class TextPart(BaseModel):
@@ -120,3 +129,10 @@ class ChatMessage(BaseModel):
 class ChatRequest(RequestBody):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    def logprob_count(self) -> int | None:
+        if self.top_logprobs and not self.logprobs:
+            raise RequestError("top_logprobs needs logprobs: true", "top_logprobs")
+        return (self.top_logprobs or 0) if self.logprobs else None

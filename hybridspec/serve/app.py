@@ -14,6 +14,7 @@ event when the engine fails mid-stream.
 from __future__ import annotations
 
 import hmac
+import itertools
 import json
 import logging
 import time
@@ -27,7 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
 from .api import ChatRequest, CompletionRequest, RequestBody, RequestError, refuse_unsupported
-from .service import Decoding, Service
+from .service import Decoding, Service, TokenLogprob
 
 access_log = logging.getLogger("hybridspec.access")
 error_log = logging.getLogger("hybridspec.serve")
@@ -158,6 +159,33 @@ class _ClosingStream(StreamingResponse):
             await self.body_iterator.aclose()
 
 
+LOGPROB_FLOOR = -9999.0  # what a log-probability of −inf is sent as (JSON has no infinity), as vLLM
+
+
+def _finite(logprob: float) -> float:
+    return max(logprob, LOGPROB_FLOOR)
+
+
+def completion_logprobs(service: Service, entries: list[TokenLogprob], offset: int) -> dict:
+    """The `logprobs` of a completion choice (OpenAI's legacy form) for `entries`, whose first token's
+    text starts at character `offset` of the completion's token texts."""
+    tokens = [service.token_text(e.token) for e in entries]
+    offsets = list(itertools.accumulate((len(t) for t in tokens[:-1]), initial=offset)) if tokens else []
+    return {"tokens": tokens, "token_logprobs": [_finite(e.logprob) for e in entries],
+            "top_logprobs": [{service.token_text(i): _finite(v) for i, v in e.top} for e in entries],
+            "text_offset": offsets}
+
+
+def chat_logprobs(service: Service, entries: list[TokenLogprob]) -> dict:
+    """The `logprobs` of a chat choice for `entries`: per token its text, log-probability, UTF-8
+    bytes and alternatives."""
+    def item(token: int, logprob: float) -> dict:
+        text = service.token_text(token)
+        return {"token": text, "logprob": _finite(logprob), "bytes": list(text.encode("utf-8"))}
+
+    return {"content": [item(e.token, e.logprob) | {"top_logprobs": [item(i, v) for i, v in e.top]} for e in entries]}
+
+
 def _sse(obj: dict | str) -> str:
     return f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n"
 
@@ -167,32 +195,46 @@ async def _respond(service: Service, decoding: Decoding, body: RequestBody, chat
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     base = {"id": rid, "created": int(time.time()), "model": service.model_name}
     stats = lambda: {"spec_decode_stats": decoding.stats()} if body.spec_decode_stats else {}  # noqa: E731
+    asked = decoding.logprobs is not None
+    offset = [0]  # a completion's text_offset of the next token
+
+    def logprobs(entries: list[TokenLogprob]) -> dict | None:
+        if not asked:
+            return None
+        if chat:
+            return chat_logprobs(service, entries)
+        out = completion_logprobs(service, entries, offset[0])
+        offset[0] += sum(len(t) for t in out["tokens"])
+        return out
+
     if not body.stream:
-        text = "".join([t async for t in service.run(decoding, request.is_disconnected)])
+        deltas = [d async for d in service.run(decoding, request.is_disconnected)]
         if decoding.finish_reason is None:  # the client went away; nobody reads this
             return _error("the client closed the request", None, CLIENT_CLOSED)
+        text, entries = "".join(d.text for d in deltas), [e for d in deltas for e in d.logprobs]
         choice = ({"index": 0, "message": {"role": "assistant", "content": text}} if chat
-                  else {"index": 0, "text": text, "logprobs": None})
-        choice["finish_reason"] = decoding.finish_reason
+                  else {"index": 0, "text": text})
+        choice |= {"logprobs": logprobs(entries), "finish_reason": decoding.finish_reason}
         obj = "chat.completion" if chat else "text_completion"
         return JSONResponse({**base, "object": obj, "choices": [choice], "usage": decoding.usage(), **stats()})
     obj = "chat.completion.chunk" if chat else "text_completion"
     include_usage = body.stream_options is not None and body.stream_options.include_usage
 
-    def chunk(text: str | None, finish: str | None, first: bool = False) -> dict:
+    def chunk(text: str | None, finish: str | None, first: bool = False, entries: list | None = None) -> dict:
+        lps = logprobs(entries) if entries else None
         if chat:
             delta = ({"role": "assistant", "content": ""} if first else {}) | ({"content": text} if text else {})
-            choice = {"index": 0, "delta": delta, "finish_reason": finish}
+            choice = {"index": 0, "delta": delta, "logprobs": lps, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": text or "", "logprobs": lps, "finish_reason": finish}
         return {**base, "object": obj, "choices": [choice]} | ({"usage": None} if include_usage else {})
 
     async def events():
         try:
             if chat:
                 yield _sse(chunk(None, None, first=True))
-            async for text in service.run(decoding, request.is_disconnected):
-                yield _sse(chunk(text, None))
+            async for delta in service.run(decoding, request.is_disconnected):
+                yield _sse(chunk(delta.text, None, entries=delta.logprobs))
             if decoding.finish_reason is None:  # the client went away
                 return
             yield _sse(chunk(None, decoding.finish_reason) | stats())

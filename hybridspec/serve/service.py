@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..artifacts.params import PolicyParameters
+from ..runtime.engine import PrefillRecord
 from ..runtime.generation import check_policy, default_policy
+from ..runtime.logprobs import TokenLogprobs
 from ..runtime.policies import Policy, make_policy
 from ..runtime.sampling import SamplingParams
 from ..runtime.session import Session, open_session
@@ -42,6 +44,25 @@ class StreamRequest:
     max_tokens: int
     sampling: SamplingParams
     end_ids: tuple[int, ...]  # the tokens that end it: the model's EOS (unless ignore_eos) and its stop_token_ids
+    logprobs: int | None = None  # alternatives per token of the logprobs it asks for (None: none)
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One output token's log-probability and its `top` alternatives (id, log-probability)."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+@dataclass(frozen=True)
+class Delta:
+    """What a request hands out after a round: text, and the logprobs of the tokens decoded since the
+    last delta (they may run ahead of the text, which holds back what may become a stop sequence)."""
+
+    text: str
+    logprobs: list[TokenLogprob]
 
 
 class Decoding:
@@ -49,13 +70,17 @@ class Decoding:
     `advance` and `close` run in the worker thread only."""
 
     def __init__(self, service: Service, prompt_ids: list[int], policy_name: str, max_tokens: int,
-                 sampling: SamplingParams, stops: list[str], arrived: float, end_ids: tuple[int, ...]):
+                 sampling: SamplingParams, stops: list[str], arrived: float, end_ids: tuple[int, ...],
+                 logprobs: int | None = None):
         self.service, self.prompt_ids, self.stops, self.arrived = service, prompt_ids, stops or [], arrived
         self.end_ids = end_ids
         self.labels = {"model_name": service.model_name, "policy": policy_name}
-        self.steps = service.steps(StreamRequest(prompt_ids, policy_name, max_tokens, sampling, end_ids))
+        request = StreamRequest(prompt_ids, policy_name, max_tokens, sampling, end_ids, logprobs)
+        self.steps = service.steps(request)
         self.ids: list[int] = []
         self.text, self.sent = "", 0  # visible text; characters already handed out
+        self.logprobs = TokenLogprobs() if logprobs is not None else None  # of `ids`
+        self.logprobs_sent = 0  # tokens whose logprobs were handed out
         self.finish_reason: str | None = None
         self.rounds, self.decode_tokens, self.draft_tokens, self.accepted_tokens = 0, 0, 0, 0
         self.verification: dict[int, int] = {}
@@ -70,12 +95,15 @@ class Decoding:
             self.finish_reason = "stop" if ended else "length"
             return
         new, record = step
-        if record is None:  # the prefill's anchor: the first token
+        if isinstance(record, PrefillRecord):  # the prefill's anchor: the first token
             self.service.metrics.time_to_first_token.labels(**self.labels).observe(time.monotonic() - self.arrived)
         else:
             self._count_round(record)
         start = len(self.ids)
         self.ids.extend(new)
+        if self.logprobs is not None:
+            self.logprobs.chosen += record.logprobs.chosen
+            self.logprobs.top += record.logprobs.top
         self.text = self.service.visible_text(self.ids, self.end_ids)
         if self.stops and self._stop_within(start):
             self.finish_reason = "stop"
@@ -106,21 +134,29 @@ class Decoding:
             at = _first_stop(text, self.stops)
             if at is not None:
                 self.ids, self.text = self.ids[:k], text[:at]
+                if self.logprobs is not None:  # only this round's tokens are cut: earlier ones never held a stop
+                    self.logprobs = self.logprobs.head(k)
                 return True
         return False  # pragma: no cover (the full list matched above)
 
-    def delta(self) -> str:
+    def delta(self) -> Delta:
         """Text not yet handed out, holding back what may still become a stop sequence or a
-        partial UTF-8 character."""
+        partial UTF-8 character, and the logprobs of the tokens not yet handed out."""
         end = len(self.text)
         if self.finish_reason is None:
             end -= max((len(s) - 1 for s in self.stops), default=0)
             while end > self.sent and self.text[end - 1] == "\ufffd":
                 end -= 1
-        if end <= self.sent:
-            return ""
-        out, self.sent = self.text[self.sent:end], end
-        return out
+        text = ""
+        if end > self.sent:
+            text, self.sent = self.text[self.sent:end], end
+        logprobs: list[TokenLogprob] = []
+        if self.logprobs is not None:
+            lps, done = self.logprobs, self.logprobs_sent
+            logprobs = [TokenLogprob(token, lps.chosen[i], lps.top[i])
+                        for i, token in enumerate(self.ids[done:], start=done)]
+            self.logprobs_sent = len(self.ids)
+        return Delta(text, logprobs)
 
     def close(self) -> None:
         """Stop decoding (cancels the remaining rounds) and add this request to the metrics."""
@@ -193,7 +229,13 @@ class Service:
     def engine_steps(self, request: StreamRequest) -> Iterator:
         return self.session.engine.stream(request.prompt_ids, policy=self.policy(request.policy),
                                           max_new_tokens=request.max_tokens, sampling=request.sampling,
-                                          eos_ids=request.end_ids)
+                                          eos_ids=request.end_ids, logprobs=request.logprobs)
+
+    def token_text(self, token: int) -> str:
+        """One token's text, as logprobs name it (`token_id:N` for a model without a tokenizer, as
+        vLLM's `return_tokens_as_token_ids`)."""
+        codec = self.session.codec
+        return codec.decode([token]) if codec is not None else f"token_id:{token}"
 
     def visible_text(self, ids: list[int], end_ids: tuple[int, ...] = ()) -> str:
         """The text of `ids` without the model's EOS tokens and the request's other ending tokens
@@ -263,7 +305,8 @@ class Service:
         except ValueError as exc:
             raise RequestError(str(exc), None) from None
         arrived = time.monotonic() if arrived is None else arrived
-        return Decoding(self, prompt_ids, name, max_tokens or room, sampling, body.stop, arrived, end_ids)
+        return Decoding(self, prompt_ids, name, max_tokens or room, sampling, body.stop, arrived, end_ids,
+                        body.logprob_count())
 
     def discard(self, decoding: Decoding) -> None:
         """Count a decoding that will not run (or not run on) as cancelled, behind any round in flight."""
@@ -287,7 +330,7 @@ class Service:
                 waiter.add_done_callback(lambda f: None if f.cancelled() or f.exception() else self.lock.release())
 
     async def run(self, decoding: Decoding, abandoned: Abandoned | None = None):
-        """Async generator of text deltas; waits its turn, then runs each round in the worker thread.
+        """Async generator of `Delta`s; waits its turn, then runs each round in the worker thread.
         Leaving early (client gone: `abandoned()` or the generator closed) closes the decoding,
         which cancels the remaining rounds and counts the request as cancelled."""
         loop = asyncio.get_running_loop()
@@ -311,9 +354,9 @@ class Service:
                 except Exception:
                     decoding.failed = True
                     raise
-                text = decoding.delta()
-                if text:
-                    yield text
+                delta = decoding.delta()
+                if delta.text or delta.logprobs:
+                    yield delta
             await loop.run_in_executor(self.executor, decoding.close)
         finally:
             self.metrics.running.dec()

@@ -93,3 +93,22 @@ def test_sampled_graph_rounds_equal_host_rounds(sessions, prompts, policy, top_k
         want = host.generate(ids, policy=chosen, max_new_tokens=TOKENS, sampling=sampling).token_ids
         got = tri.engine.generate(ids, policy=chosen, max_new_tokens=TOKENS, sampling=sampling).token_ids
         assert got == want, f"{policy}: prompt {i}"
+
+
+@pytest.mark.parametrize("policy", ("ar", "full", "hybridspec"))
+def test_graph_round_logprobs_equal_host_rounds(sessions, prompts, policy):
+    """Logprobs computed inside the captured rounds (`logprobs.logprob_rows` in the graphs, their
+    own host copy per round) equal the host rounds' for the same tokens, greedy and sampled."""
+    from hybridspec.runtime.engine import Engine
+    from hybridspec.runtime.sampling import SamplingParams
+
+    tri, _ = sessions
+    host = Engine(tri.target, tri.drafter, max_context=tri.engine.max_context, resident=False)
+    chosen = make_policy(policy, DRAFT_LEN, hand_parameters(), device="cuda")
+    for sampling in (SamplingParams(), SamplingParams(temperature=1.0, seed=5)):
+        want = host.generate(prompts[0], policy=chosen, max_new_tokens=TOKENS, sampling=sampling, logprobs=5)
+        got = tri.engine.generate(prompts[0], policy=chosen, max_new_tokens=TOKENS, sampling=sampling, logprobs=5)
+        assert got.token_ids == want.token_ids
+        torch.testing.assert_close(torch.tensor(got.logprobs.chosen), torch.tensor(want.logprobs.chosen),
+                                   atol=1e-4, rtol=0)
+        assert [[i for i, _ in t] for t in got.logprobs.top][:4] == [[i for i, _ in t] for t in want.logprobs.top][:4]

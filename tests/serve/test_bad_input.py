@@ -78,6 +78,10 @@ SURROGATE = '"\\ud800"'  # JSON text of a lone surrogate
     (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "messages"),
     (CHAT, {"messages": [{"role": "user", "content": None}]}, "messages"),
     (COMPLETION, {"prompt": PROMPT, "temperature": float("nan")}, "temperature"),
+    (COMPLETION, {"prompt": PROMPT, "logprobs": 21}, "logprobs"),
+    (COMPLETION, {"prompt": PROMPT, "logprobs": -1, "stream": True}, "logprobs"),
+    (CHAT, {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}, "top_logprobs"),
+    (CHAT, {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     (COMPLETION, "[1, 2]", "body"),
     (COMPLETION, b'{"prompt": "\xff\xfe"}', "body"),  # not UTF-8: the body cannot be parsed
     (COMPLETION, "[" * 10_000 + "]" * 10_000, "body"),  # deeper than the JSON parser's recursion
@@ -92,7 +96,7 @@ def test_bad_bodies_get_400_naming_the_field(server, path, body, param):
 
 @pytest.mark.parametrize("field, value", [
     ("presence_penalty", 1.0), ("frequency_penalty", -0.5), ("repetition_penalty", 1.2), ("logit_bias", {"5": 10}),
-    ("best_of", 2), ("echo", True), ("logprobs", 2), ("top_logprobs", 3), ("suffix", "x"), ("min_p", 0.1),
+    ("best_of", 2), ("echo", True), ("prompt_logprobs", 1), ("suffix", "x"), ("min_p", 0.1),
     ("min_tokens", 4), ("tools", [{"type": "function"}]), ("tool_choice", "required"),
     ("response_format", {"type": "json_object"}), ("n", 2),
 ])

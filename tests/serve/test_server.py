@@ -126,6 +126,61 @@ def test_stop_token_ids_and_ignore_eos(tmp_path):
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "stop_token_ids"
 
 
+def test_logprobs_completions_and_chat(client):
+    """Logprobs, streamed or not, cover exactly the completion's tokens (a stop sequence cuts them
+    with the tokens); a speculative policy gives the `ar` decoding's log-probabilities (raw, so
+    the same under temperature); greedy tokens are their own first alternative."""
+    def complete(policy, **extra):
+        return client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0, logprobs=3,
+                                         extra_body={"policy": policy, **extra})
+
+    spec, ar = complete("hybridspec"), complete("ar")
+    for out in (spec, ar):
+        lp = out.choices[0].logprobs
+        assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == out.usage.completion_tokens
+        assert all(len(top) == 3 and max(top.values()) == pytest.approx(v, abs=1e-6)
+                   for top, v in zip(lp.top_logprobs, lp.token_logprobs))
+        assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    assert spec.choices[0].logprobs.tokens == ar.choices[0].logprobs.tokens
+    assert spec.choices[0].logprobs.token_logprobs == pytest.approx(ar.choices[0].logprobs.token_logprobs, abs=2e-4)
+    hot = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=1.5, seed=3, logprobs=0,
+                                    extra_body={"policy": "ar"}).choices[0].logprobs
+    assert all(v <= 0 for v in hot.token_logprobs) and all(top == {} for top in hot.top_logprobs)
+
+    streamed = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0, logprobs=3,
+                                         stream=True, extra_body={"policy": "hybridspec"})
+    tokens, values, offsets = [], [], []
+    for chunk in streamed:
+        if chunk.choices and chunk.choices[0].logprobs is not None:
+            tokens += chunk.choices[0].logprobs.tokens
+            values += chunk.choices[0].logprobs.token_logprobs
+            offsets += chunk.choices[0].logprobs.text_offset
+    want = spec.choices[0].logprobs
+    assert (tokens, values, offsets) == (want.tokens, want.token_logprobs, want.text_offset)
+
+    stop = spec.choices[0].text[4:7]  # a stop sequence inside the output: fewer tokens, as many logprobs
+    cut = complete("hybridspec", stop=[stop])
+    assert cut.choices[0].finish_reason == "stop"
+    assert len(cut.choices[0].logprobs.tokens) == cut.usage.completion_tokens < spec.usage.completion_tokens
+    assert cut.choices[0].logprobs.tokens == want.tokens[: cut.usage.completion_tokens]
+
+    messages = [{"role": "user", "content": "Say something."}]
+    chat = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0,
+                                          logprobs=True, top_logprobs=2)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens
+    for entry in content:
+        assert entry.bytes == list(entry.token.encode("utf-8")) and len(entry.top_logprobs) == 2
+        assert (entry.top_logprobs[0].token, entry.top_logprobs[0].logprob) == (entry.token, entry.logprob)
+    plain = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0)
+    assert plain.choices[0].logprobs is None
+    assert plain.choices[0].message.content == chat.choices[0].message.content
+    chunks = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0,
+                                            logprobs=True, stream=True)
+    got = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [(e.token, e.logprob, e.top_logprobs) for e in got] == [(e.token, e.logprob, []) for e in content]
+
+
 def test_models_health_and_auth(server, client):
     assert [m.id for m in client.models.list()] == [MODEL]
     assert httpx.get(f"{server}/health").status_code == 200

@@ -1,0 +1,57 @@
+"""Log-probabilities of emitted tokens, for requests that ask for them (`logprobs`, `top_logprobs`).
+
+They are the target's raw log-probabilities, log softmax of its logits before temperature, top-k
+and top-p (vLLM's default, `raw_logprobs`): the same whatever the sampling parameters, and those of
+the row of the verification pass that decided the token. Every emitted token has its own row (d_i
+is decided by row i − 1, x_new by row A), so a speculative round's logprobs are those an `ar`
+decoding of the same tokens would give, up to the rounding of the different pass shapes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+MAX_TOP_LOGPROBS = 20  # the most alternatives a request may ask for per token (OpenAI's and vLLM's limit)
+
+
+@dataclass
+class TokenLogprobs:
+    """Per emitted token: its log-probability and the `top` most likely tokens with theirs."""
+
+    chosen: list[float] = field(default_factory=list)
+    top: list[list[tuple[int, float]]] = field(default_factory=list)  # [token][rank]: (id, logprob)
+
+    def __len__(self) -> int:
+        return len(self.chosen)
+
+    def head(self, n: int) -> "TokenLogprobs":
+        """The first n tokens' (a round cut short by EOS or the output limit)."""
+        return TokenLogprobs(self.chosen[:n], self.top[:n])
+
+
+def logprob_rows(logits: Tensor, tokens: Tensor, top: int) -> Tensor:
+    """logits [n, V], tokens [n] long (the token each row decided), top ≤ MAX_TOP_LOGPROBS →
+    [n, 1 + 2·top] fp32: per row the token's log-probability, the top log-probabilities in
+    descending order, then their token ids (as fp32: exact below 2^24). Device ops only, so the
+    resident round computes it inside its graphs."""
+    logp = torch.log_softmax(logits.float(), dim=-1)  # [n, V]
+    chosen = logp.gather(1, tokens.view(-1, 1))  # [n, 1]
+    values, ids = torch.topk(logp, top, dim=-1) if top else (logp[:, :0], tokens.view(-1, 1)[:, :0])
+    return torch.cat((chosen, values, ids.float()), dim=1)
+
+
+def from_rows(rows: list[list[float]], top: int) -> TokenLogprobs:
+    """The host's `TokenLogprobs` of `logprob_rows`' rows (read back as lists), keeping `top` alternatives
+    of the rows' own (rows may carry more: the resident round computes MAX_TOP_LOGPROBS)."""
+    width = (len(rows[0]) - 1) // 2 if rows else 0
+    return TokenLogprobs([row[0] for row in rows],
+                         [[(int(row[1 + width + r]), row[1 + r]) for r in range(top)] for row in rows])
+
+
+def token_logprobs(logits: Tensor, tokens: list[int], top: int) -> TokenLogprobs:
+    """logits [n, V] of the rows that decided `tokens` (n of them) → their `TokenLogprobs`."""
+    ids = torch.tensor(tokens, dtype=torch.long, device=logits.device)
+    return from_rows(logprob_rows(logits, ids, top).tolist(), top)
