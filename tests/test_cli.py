@@ -37,6 +37,21 @@ def test_generate_json_fields_and_ar_equality(tmp_path):
         assert spec["random_weights"] is True
 
 
+def test_generate_logprobs_json_and_table():
+    """--logprobs K: every generated token's log-probability and K alternatives, the same under any
+    policy up to rounding; greedy tokens are their own first alternative. The table prints them."""
+    args = ["--prompt", "def add(a, b):", "--max-new-tokens", "10", "--logprobs", "2"]
+    ar, full = (_json([*args, "--policy", policy]) for policy in ("ar", "full"))
+    assert [e["id"] for e in ar["logprobs"]] == ar["token_ids"] == full["token_ids"]
+    for a, f in zip(ar["logprobs"], full["logprobs"]):
+        assert len(a["top"]) == 2 and a["top"][0][0] == a["id"] and a["logprob"] == pytest.approx(a["top"][0][1])
+        assert f["logprob"] == pytest.approx(a["logprob"], abs=2e-4)
+    assert "logprobs" not in _json(["--prompt", "x", "--max-new-tokens", "2", "--policy", "ar"])
+    shown = runner.invoke(app, ["generate", *args, "--policy", "ar"])
+    assert shown.exit_code == 0 and "logprobs" in shown.stdout and f"{ar['logprobs'][0]['logprob']:.4f}" in shown.stdout
+    assert runner.invoke(app, ["generate", *args[:-1], "21"]).exit_code == 2
+
+
 def test_artifact_for_another_model_is_refused_unless_forced(tmp_path):
     save_artifact(tmp_path / "p.safetensors", policy_parameters(), model_id="sha256:other", drafter_id="sha256:d",
                   device="cpu", store_digest="none", diagnostics={})

@@ -40,6 +40,8 @@ def generate(
     top_p: Annotated[float, typer.Option("--top-p")] = 1.0,
     top_k: Annotated[int, typer.Option("--top-k", min=0)] = 0,
     seed: Annotated[int, typer.Option("--seed", min=SEED_MIN, max=SEED_MAX, help="A 64-bit integer.")] = 0,
+    logprobs: Annotated[Optional[int], typer.Option(
+        "--logprobs", min=0, max=20, help="Print each token's log-probability and this many alternatives.")] = None,
     device: DeviceOpt = "cpu",
     dtype: DtypeOpt = "float32",
     backend: BackendOpt = "auto",
@@ -56,7 +58,7 @@ def generate(
     request = GenerateRequest(model=model, drafter=drafter, prompt=prompt, prompt_ids=prompt_ids, policy=policy,
                               artifact=artifact, max_new_tokens=max_new_tokens, temperature=temperature,
                               top_p=top_p, top_k=top_k, seed=seed, device=device, dtype=dtype, backend=backend, graphs=graphs,
-                              force=force, tp=tp, expert_parallel=expert_parallel)
+                              force=force, tp=tp, expert_parallel=expert_parallel, logprobs=logprobs)
     try:
         summary = run_generate(request)
     except ValueError as exc:  # ConfigError, PolicyError, ArtifactError, bad sampling values
@@ -81,6 +83,12 @@ def _print_summary(summary: dict) -> None:
                   f"{summary['acceptance_length']:.2f}", f"{summary['mean_verification_length']:.2f}",
                   f"{summary['decode_seconds']:.3f}", f"{summary['decode_tokens_per_second']:.1f}")
     console.print(table)
+    if "logprobs" in summary:
+        lps = Table("token", "id", "logprob", "alternatives (id: logprob)", title="logprobs")
+        for entry in summary["logprobs"]:
+            top = "  ".join(f"{i}: {v:.3f}" for i, v in entry["top"])
+            lps.add_row(repr(entry["text"]), str(entry["id"]), f"{entry['logprob']:.4f}", top)
+        console.print(lps)
 
 
 @app.command()

@@ -76,6 +76,7 @@ class GenerateRequest:
     graphs: bool = True  # False: the resident round without CUDA graphs
     tp: int = 1  # tensor-parallel ranks (spawned, or this process one of torchrun's; `tensor_parallel.launch`)
     expert_parallel: bool = False  # with tp > 1: the experts split whole across the ranks
+    logprobs: int | None = None  # each token's log-probability and this many alternatives (`logprobs.py`)
 
 
 def _prompt(request: GenerateRequest, session: Session) -> list[int]:
@@ -129,7 +130,7 @@ def _generate(request: GenerateRequest, sampling: SamplingParams, name: str, par
     draft_len = session.drafter.draft_len if session.drafter is not None else 0
     policy = make_policy(name, draft_len, params, device=request.device)
     result = session.engine.generate(_prompt(request, session), policy=policy, max_new_tokens=request.max_new_tokens,
-                                     sampling=sampling, eos_ids=session.eos_ids)
+                                     sampling=sampling, eos_ids=session.eos_ids, logprobs=request.logprobs)
     return summarize(result, session, name)
 
 
@@ -148,4 +149,11 @@ def summarize(result: GenerationResult, session: Session, policy: str) -> dict:
         "prefill_seconds": result.prefill_seconds,
         "decode_seconds": seconds,
         "decode_tokens_per_second": result.decode_tokens / seconds if seconds > 0 else 0.0,
-    }
+    } | ({"logprobs": _logprobs(result, session)} if result.logprobs is not None else {})
+
+
+def _logprobs(result: GenerationResult, session: Session) -> list[dict]:
+    """Per generated token: its id, text, log-probability and alternatives [[id, logprob], …]."""
+    lps, codec = result.logprobs, session.codec
+    return [{"id": token, "text": codec.decode([token]) if codec else "", "logprob": lps.chosen[i],
+             "top": [list(pair) for pair in lps.top[i]]} for i, token in enumerate(result.token_ids)]

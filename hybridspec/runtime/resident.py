@@ -18,7 +18,9 @@ longest length the output budget allows) is kept on the device. Acceptance is gr
 point-mass rule with keyed draws (`sampling.point_mass`: the request's seed, the
 sampling parameters and the positions are device values; on the triton backend one or two launches
 from the logits, `kernels/sampling`, unless a filter needs a sort), so sampled requests run the same
-graphs' shapes; each sampling mode (`sampling_mode`) has its own graphs.
+graphs' shapes; each sampling mode (`sampling_mode`) has its own graphs. A request that asks for
+logprobs runs graphs of its own, which also write `logprobs.logprob_rows` of the pass's rows to a
+buffer copied to the host beside the report.
 
 Stage 0 runs over the whole block (u = W) rather than u = min(w0 + 1, w_rem), so that the round
 needs one read (w) instead of two (u, then w): GDN and routing are causal, so the first u rows of
