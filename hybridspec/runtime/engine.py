@@ -25,7 +25,7 @@ from torch import Tensor
 
 from .drafter import DFlashDrafter, DraftOutput
 from .backends import device_resident, drafter_ops
-from .logprobs import MAX_TOP_LOGPROBS, TokenLogprobs, token_logprobs
+from .logprobs import MAX_TOP_LOGPROBS, TokenLogprobs, from_rows, logprob_rows, token_logprobs
 from .models.hybrid import HybridTarget, PassOutput
 from .policies import Policy
 from .resident import Report, ResidentDecoder
@@ -58,9 +58,11 @@ class RoundRecord:
 
 @dataclass
 class PrefillRecord:
-    """What the prefill's step leaves beside the first token: its logprobs, when asked for."""
+    """What the prefill's step leaves beside the first token: its logprobs, and the prompt's (of
+    prompt tokens 1 … T − 1, each decided by the row before it), when asked for."""
 
     logprobs: TokenLogprobs | None = None
+    prompt_logprobs: TokenLogprobs | None = None
 
 
 @dataclass
@@ -172,15 +174,17 @@ class Engine:
 
     def stream(self, prompt_ids: list[int], *, policy: Policy, max_new_tokens: int,
                sampling: SamplingParams = SamplingParams(), eos_ids: tuple[int, ...] = (),
-               record_routing: bool = False,
-               logprobs: int | None = None) -> Iterator[tuple[list[int], RoundRecord | PrefillRecord]]:
+               record_routing: bool = False, logprobs: int | None = None,
+               prompt_logprobs: int | None = None) -> Iterator[tuple[list[int], RoundRecord | PrefillRecord]]:
         """Decode round by round: yields ([anchor], PrefillRecord) after the prefill, then (emitted
         ids, record) per round. `logprobs`: each record carries its tokens' logprobs with that many
-        alternatives (`logprobs.py`; at most MAX_TOP_LOGPROBS). Closing the generator early stops
-        decoding (the next request resets the cache)."""
+        alternatives (`logprobs.py`; at most MAX_TOP_LOGPROBS); `prompt_logprobs`: the prefill's
+        record carries the prompt's. Closing the generator early stops decoding (the next request
+        resets the cache)."""
         self.check(prompt_ids, policy=policy, max_new_tokens=max_new_tokens)
-        if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
-            raise ValueError(f"logprobs must be in 0 … {MAX_TOP_LOGPROBS}, got {logprobs}")
+        for name, count in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
+            if count is not None and not 0 <= count <= MAX_TOP_LOGPROBS:
+                raise ValueError(f"{name} must be in 0 … {MAX_TOP_LOGPROBS}, got {count}")
         resident = self.resident if self.resident is not None and not record_routing else None
         given = policy
         if resident is not None:  # graphs are captured before this request's caches are filled
@@ -189,13 +193,20 @@ class Engine:
             policy = self._on_device(given)
         self.cache.reset()
         prompt = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
-        out = self.target.prefill(prompt, self.cache)
+        rows: list[Tensor] = []  # logprob_rows of the prompt's rows, chunk by chunk
+
+        def keep(logits: Tensor, start: int) -> None:  # row j decides prompt token j + 1
+            decided = prompt[0, start + 1 : start + 1 + logits.shape[1]]
+            rows.append(logprob_rows(logits[0, : decided.shape[0]], decided, prompt_logprobs))
+
+        out = self.target.prefill(prompt, self.cache, each_chunk=keep if prompt_logprobs is not None else None)
         if policy.speculative:
             self.drafter.reset(self.cache.max_len)
             self.drafter.extend(out.features)
         last, produced = choose(out.logits[0, -1], sampling, len(prompt_ids)), 1
         first = token_logprobs(out.logits[0, -1:], [last], logprobs) if logprobs is not None else None
-        yield [last], PrefillRecord(first)
+        of_prompt = from_rows(torch.cat(rows).tolist(), prompt_logprobs) if prompt_logprobs is not None else None
+        yield [last], PrefillRecord(first, of_prompt)
         eos = set(eos_ids)
         if resident is not None and last not in eos and produced < max_new_tokens:
             resident.begin(given, last, max_new_tokens - produced, sampling, logprobs=logprobs)

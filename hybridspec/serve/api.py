@@ -87,6 +87,10 @@ class RequestBody(BaseModel):
         """The alternatives per output token of the logprobs asked for; None: no logprobs."""
         return None
 
+    def prompt_logprob_count(self) -> int | None:
+        """The alternatives per prompt token of the prompt logprobs asked for; None: none."""
+        return None
+
     @field_validator("n")
     @classmethod
     def _one(cls, n: int) -> int:
@@ -111,9 +115,13 @@ class RequestBody(BaseModel):
 class CompletionRequest(RequestBody):
     prompt: Text | list[int] | list[Text]
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)  # alternatives per token (0: the token's own only)
+    echo: bool = False  # the prompt's text before the completion's, and with logprobs the prompt's logprobs
 
     def logprob_count(self) -> int | None:
         return self.logprobs
+
+    def prompt_logprob_count(self) -> int | None:
+        return self.logprobs if self.echo else None
 
 
 class TextPart(BaseModel):

@@ -162,8 +162,8 @@ class _ClosingStream(StreamingResponse):
 LOGPROB_FLOOR = -9999.0  # what a log-probability of −inf is sent as (JSON has no infinity), as vLLM
 
 
-def _finite(logprob: float) -> float:
-    return max(logprob, LOGPROB_FLOOR)
+def _finite(logprob: float | None) -> float | None:
+    return None if logprob is None else max(logprob, LOGPROB_FLOOR)
 
 
 def completion_logprobs(service: Service, entries: list[TokenLogprob], offset: int) -> dict:
@@ -172,7 +172,8 @@ def completion_logprobs(service: Service, entries: list[TokenLogprob], offset: i
     tokens = [service.token_text(e.token) for e in entries]
     offsets = list(itertools.accumulate((len(t) for t in tokens[:-1]), initial=offset)) if tokens else []
     return {"tokens": tokens, "token_logprobs": [_finite(e.logprob) for e in entries],
-            "top_logprobs": [{service.token_text(i): _finite(v) for i, v in e.top} for e in entries],
+            "top_logprobs": [None if e.top is None else {service.token_text(i): _finite(v) for i, v in e.top}
+                             for e in entries],
             "text_offset": offsets}
 
 
@@ -190,7 +191,10 @@ def _sse(obj: dict | str) -> str:
     return f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n"
 
 
-async def _respond(service: Service, decoding: Decoding, body: RequestBody, chat: bool, request: Request):
+async def _respond(service: Service, decoding: Decoding, body: RequestBody, chat: bool, request: Request,
+                   echo: str = ""):
+    """The response to a validated request: JSON, or an SSE stream; `echo` (the prompt's text)
+    goes before the completion's."""
     request.state.decoding = decoding  # for the access log and the cancellation count
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     base = {"id": rid, "created": int(time.time()), "model": service.model_name}
@@ -211,7 +215,7 @@ async def _respond(service: Service, decoding: Decoding, body: RequestBody, chat
         deltas = [d async for d in service.run(decoding, request.is_disconnected)]
         if decoding.finish_reason is None:  # the client went away; nobody reads this
             return _error("the client closed the request", None, CLIENT_CLOSED)
-        text, entries = "".join(d.text for d in deltas), [e for d in deltas for e in d.logprobs]
+        text, entries = echo + "".join(d.text for d in deltas), [e for d in deltas for e in d.logprobs]
         choice = ({"index": 0, "message": {"role": "assistant", "content": text}} if chat
                   else {"index": 0, "text": text})
         choice |= {"logprobs": logprobs(entries), "finish_reason": decoding.finish_reason}
@@ -230,14 +234,16 @@ async def _respond(service: Service, decoding: Decoding, body: RequestBody, chat
         return {**base, "object": obj, "choices": [choice]} | ({"usage": None} if include_usage else {})
 
     async def events():
+        pending = echo  # sent with the first chunk
         try:
             if chat:
                 yield _sse(chunk(None, None, first=True))
             async for delta in service.run(decoding, request.is_disconnected):
-                yield _sse(chunk(delta.text, None, entries=delta.logprobs))
+                yield _sse(chunk(pending + delta.text, None, entries=delta.logprobs))
+                pending = ""
             if decoding.finish_reason is None:  # the client went away
                 return
-            yield _sse(chunk(None, decoding.finish_reason) | stats())
+            yield _sse(chunk(pending or None, decoding.finish_reason) | stats())
             if include_usage:
                 yield _sse({**base, "object": obj, "choices": [], "usage": decoding.usage()})
         except Exception:  # the engine failed mid-stream: the status is sent, so an error event says it
@@ -300,7 +306,8 @@ def create_app(service: Service, *, api_key: str | None = None, max_request_byte
         ids = await service.encode(prompt, "prompt") if isinstance(prompt, str) else list(prompt)
         max_tokens = body.max_tokens if body.max_tokens is not None else 16
         decoding = service.start(body, ids, max_tokens, "prompt", arrived)
-        return await _respond(service, decoding, body, False, request)
+        echo = (prompt if isinstance(prompt, str) else service.visible_text(ids)) if body.echo else ""
+        return await _respond(service, decoding, body, False, request, echo)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request):

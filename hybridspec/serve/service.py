@@ -45,15 +45,17 @@ class StreamRequest:
     sampling: SamplingParams
     end_ids: tuple[int, ...]  # the tokens that end it: the model's EOS (unless ignore_eos) and its stop_token_ids
     logprobs: int | None = None  # alternatives per token of the logprobs it asks for (None: none)
+    prompt_logprobs: int | None = None  # the same of the prompt's tokens
 
 
 @dataclass(frozen=True)
 class TokenLogprob:
-    """One output token's log-probability and its `top` alternatives (id, log-probability)."""
+    """One token's log-probability and its `top` alternatives (id, log-probability); None for the
+    prompt's first token, which no row decides."""
 
     token: int
-    logprob: float
-    top: list[tuple[int, float]]
+    logprob: float | None
+    top: list[tuple[int, float]] | None
 
 
 @dataclass(frozen=True)
@@ -71,16 +73,17 @@ class Decoding:
 
     def __init__(self, service: Service, prompt_ids: list[int], policy_name: str, max_tokens: int,
                  sampling: SamplingParams, stops: list[str], arrived: float, end_ids: tuple[int, ...],
-                 logprobs: int | None = None):
+                 logprobs: int | None = None, prompt_logprobs: int | None = None):
         self.service, self.prompt_ids, self.stops, self.arrived = service, prompt_ids, stops or [], arrived
         self.end_ids = end_ids
         self.labels = {"model_name": service.model_name, "policy": policy_name}
-        request = StreamRequest(prompt_ids, policy_name, max_tokens, sampling, end_ids, logprobs)
+        request = StreamRequest(prompt_ids, policy_name, max_tokens, sampling, end_ids, logprobs, prompt_logprobs)
         self.steps = service.steps(request)
         self.ids: list[int] = []
         self.text, self.sent = "", 0  # visible text; characters already handed out
         self.logprobs = TokenLogprobs() if logprobs is not None else None  # of `ids`
         self.logprobs_sent = 0  # tokens whose logprobs were handed out
+        self.prompt_logprobs: list[TokenLogprob] = []  # the prompt's, until handed out
         self.finish_reason: str | None = None
         self.rounds, self.decode_tokens, self.draft_tokens, self.accepted_tokens = 0, 0, 0, 0
         self.verification: dict[int, int] = {}
@@ -97,6 +100,10 @@ class Decoding:
         new, record = step
         if isinstance(record, PrefillRecord):  # the prefill's anchor: the first token
             self.service.metrics.time_to_first_token.labels(**self.labels).observe(time.monotonic() - self.arrived)
+            if record.prompt_logprobs is not None:
+                lps = record.prompt_logprobs
+                self.prompt_logprobs = [TokenLogprob(self.prompt_ids[0], None, None)] + [
+                    TokenLogprob(token, lps.chosen[i], lps.top[i]) for i, token in enumerate(self.prompt_ids[1:])]
         else:
             self._count_round(record)
         start = len(self.ids)
@@ -150,11 +157,11 @@ class Decoding:
         text = ""
         if end > self.sent:
             text, self.sent = self.text[self.sent:end], end
-        logprobs: list[TokenLogprob] = []
+        logprobs, self.prompt_logprobs = self.prompt_logprobs, []
         if self.logprobs is not None:
             lps, done = self.logprobs, self.logprobs_sent
-            logprobs = [TokenLogprob(token, lps.chosen[i], lps.top[i])
-                        for i, token in enumerate(self.ids[done:], start=done)]
+            logprobs += [TokenLogprob(token, lps.chosen[i], lps.top[i])
+                         for i, token in enumerate(self.ids[done:], start=done)]
             self.logprobs_sent = len(self.ids)
         return Delta(text, logprobs)
 
@@ -229,7 +236,8 @@ class Service:
     def engine_steps(self, request: StreamRequest) -> Iterator:
         return self.session.engine.stream(request.prompt_ids, policy=self.policy(request.policy),
                                           max_new_tokens=request.max_tokens, sampling=request.sampling,
-                                          eos_ids=request.end_ids, logprobs=request.logprobs)
+                                          eos_ids=request.end_ids, logprobs=request.logprobs,
+                                          prompt_logprobs=request.prompt_logprobs)
 
     def token_text(self, token: int) -> str:
         """One token's text, as logprobs name it (`token_id:N` for a model without a tokenizer, as
@@ -306,7 +314,7 @@ class Service:
             raise RequestError(str(exc), None) from None
         arrived = time.monotonic() if arrived is None else arrived
         return Decoding(self, prompt_ids, name, max_tokens or room, sampling, body.stop, arrived, end_ids,
-                        body.logprob_count())
+                        body.logprob_count(), body.prompt_logprob_count())
 
     def discard(self, decoding: Decoding) -> None:
         """Count a decoding that will not run (or not run on) as cancelled, behind any round in flight."""

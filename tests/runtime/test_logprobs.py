@@ -104,3 +104,22 @@ def test_logprobs_beyond_the_limit_are_refused(session, engines):
     policy = make_policy("ar", session.drafter.draft_len)
     with pytest.raises(ValueError, match="logprobs must be in"):
         engines["host"].generate([1, 2], policy=policy, max_new_tokens=2, logprobs=MAX_TOP_LOGPROBS + 1)
+
+
+def test_prompt_logprobs_over_several_prefill_chunks(session, engines):
+    """The prompt's logprobs, taken chunk by chunk in the prefill (a prompt over two chunks), equal
+    the oracle's rows for prompt tokens 1 … T − 1; the decoding is unchanged."""
+    engine = engines["host"]
+    prompt = session.codec.encode(PROMPT * 16)[:150]
+    assert len(prompt) == 150 > 2 * engine.cache.max_tokens_per_pass
+    policy = make_policy("full", session.drafter.draft_len)
+    steps = engine.stream(prompt, policy=policy, max_new_tokens=4, prompt_logprobs=2)
+    first, record = next(steps)
+    rest = [t for new, _ in steps for t in new]
+    got = record.prompt_logprobs
+    want = oracle(session, engine, prompt[:1], prompt[1:])  # rows 0 … T − 2 decide tokens 1 … T − 1
+    assert len(got) == len(prompt) - 1
+    torch.testing.assert_close(torch.tensor(got.chosen), want.gather(1, torch.tensor(prompt[1:])[:, None])[:, 0],
+                               atol=ATOL, rtol=0)
+    assert [[i for i, _ in top] for top in got.top] == want.topk(2, dim=-1).indices.tolist()
+    assert first + rest == engine.generate(prompt, policy=policy, max_new_tokens=4).token_ids

@@ -96,13 +96,18 @@ def test_bad_bodies_get_400_naming_the_field(server, path, body, param):
 
 @pytest.mark.parametrize("field, value", [
     ("presence_penalty", 1.0), ("frequency_penalty", -0.5), ("repetition_penalty", 1.2), ("logit_bias", {"5": 10}),
-    ("best_of", 2), ("echo", True), ("prompt_logprobs", 1), ("suffix", "x"), ("min_p", 0.1),
+    ("best_of", 2), ("prompt_logprobs", 1), ("suffix", "x"), ("min_p", 0.1),
     ("min_tokens", 4), ("tools", [{"type": "function"}]), ("tool_choice", "required"),
     ("response_format", {"type": "json_object"}), ("n", 2),
 ])
 def test_unsupported_sampling_fields_are_refused_by_name(server, field, value):
     for path, body in ((COMPLETION, {"prompt": PROMPT}), (CHAT, {"messages": [{"role": "user", "content": "x"}]})):
         _assert_error(_post(server, path, {**body, "max_tokens": 1, field: value}), 400, field)
+
+
+def test_echo_is_refused_on_chat_only(server):
+    _assert_error(_post(server, CHAT, {"messages": [{"role": "user", "content": "x"}], "echo": True}), 400, "echo")
+    assert _post(server, COMPLETION, {"prompt": PROMPT, "max_tokens": 1, "echo": True}).status_code == 200
 
 
 def test_fields_at_their_off_value_seed_and_stop_keep_working(server):

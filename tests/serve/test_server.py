@@ -181,6 +181,33 @@ def test_logprobs_completions_and_chat(client):
     assert [(e.token, e.logprob, e.top_logprobs) for e in got] == [(e.token, e.logprob, []) for e in content]
 
 
+def test_echo_with_logprobs_scores_the_prompt(client):
+    """echo: the prompt's text before the completion's and, with logprobs, the prompt's logprobs
+    (none for its first token) before the completion's, as an evaluation harness scores a text;
+    a token-id prompt echoes its decoded text. Streamed, the same in pieces."""
+    ids = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=1, temperature=0, logprobs=1,
+                                    extra_body={"policy": "ar"})
+    out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3, temperature=0, logprobs=1, echo=True,
+                                    extra_body={"policy": "full"})
+    choice, n_prompt = out.choices[0], out.usage.prompt_tokens
+    assert choice.text.startswith(PROMPT)
+    lp = choice.logprobs
+    assert len(lp.tokens) == n_prompt + out.usage.completion_tokens
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(v is not None and v <= 0 for v in lp.token_logprobs[1:])
+    assert "".join(lp.tokens[:n_prompt]) == PROMPT  # the embedded tokenizer's pieces join to the text
+    assert lp.tokens[n_prompt] == ids.choices[0].logprobs.tokens[0]
+    assert lp.token_logprobs[n_prompt] == pytest.approx(ids.choices[0].logprobs.token_logprobs[0], abs=2e-4)
+    assert lp.text_offset[n_prompt] == len(PROMPT)
+    plain = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3, temperature=0, echo=True)
+    assert plain.choices[0].text == choice.text and plain.choices[0].logprobs is None
+    streamed = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3, temperature=0, logprobs=1,
+                                         echo=True, stream=True, extra_body={"policy": "full"})
+    pieces = [c.choices[0] for c in streamed if c.choices]
+    assert "".join(p.text for p in pieces) == choice.text
+    assert [v for p in pieces if p.logprobs for v in p.logprobs.token_logprobs] == lp.token_logprobs
+
+
 def test_models_health_and_auth(server, client):
     assert [m.id for m in client.models.list()] == [MODEL]
     assert httpx.get(f"{server}/health").status_code == 200

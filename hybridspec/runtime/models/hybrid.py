@@ -260,16 +260,21 @@ class HybridTarget(nn.Module):
 
     # ---------------------------------------------------------------- prefill
     @torch.no_grad()
-    def prefill(self, tokens: Tensor, cache: TargetCache, *, all_logits: bool = False) -> PassOutput:
+    def prefill(self, tokens: Tensor, cache: TargetCache, *, all_logits: bool = False,
+                each_chunk: Callable[[Tensor, int], None] | None = None) -> PassOutput:
         """Run and commit a prompt [B, T] in chunks of the round-buffer size.
 
-        Returns the last token's logits (all tokens' with `all_logits`) and every token's features."""
+        Returns the last token's logits (all tokens' with `all_logits`) and every token's features.
+        `each_chunk(logits [B, c, V], start)` sees every chunk's logits (rows start … start + c − 1)
+        before they are dropped (prompt logprobs without holding [T, V])."""
         chunk = cache.max_tokens_per_pass
         logits, features = [], []
         for start in range(0, tokens.shape[1], chunk):
             part = tokens[:, start : start + chunk]
             out = self.forward_pass(part, cache)
             self.commit(cache, part.shape[1], part.shape[1])
+            if each_chunk is not None:
+                each_chunk(out.logits, start)
             logits.append(out.logits if all_logits else out.logits[:, -1:])
             if out.features is not None:
                 features.append(out.features)
