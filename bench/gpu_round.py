@@ -72,7 +72,7 @@ from hybridspec.kernels.moe import router as moe_router  # noqa: E402
 from hybridspec.kernels.moe import triton as moe_triton  # noqa: E402
 from hybridspec.kernels.moe.tuning import MoETuning  # noqa: E402
 from hybridspec.runtime import resident  # noqa: E402
-from hybridspec.runtime.engine import Engine  # noqa: E402
+from hybridspec.runtime.engine import Engine, RoundRecord  # noqa: E402
 from hybridspec.runtime.layers.attention import GatedAttention  # noqa: E402
 from hybridspec.runtime.layers.gdn import GatedDeltaNet  # noqa: E402
 from hybridspec.runtime.layers.moe import Router, SparseMoE  # noqa: E402
@@ -366,7 +366,7 @@ def round_routing(engine: Engine, prompt, W: int, rounds: int = 6) -> tuple[list
                           max_new_tokens=(rounds + 1) * W, record_routing=True)
     anchor = None
     for emitted, record in steps:
-        if record is not None and record.w == W and record.expert_ids:
+        if isinstance(record, RoundRecord) and record.w == W and record.expert_ids:
             routings.append(record.expert_ids)
             blocks.append([anchor, *record.draft_tokens[: W - 1]])
             if len(routings) == rounds:
