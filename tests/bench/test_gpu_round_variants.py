@@ -93,3 +93,19 @@ def test_a_replayed_op_runs_outside_capture_and_returns_its_last_output_during_c
     assert len(calls) == 2
     with pytest.raises(KeyError):  # a shape never run eagerly: nothing to return
         replayed(gpu_round.torch.zeros(4, 3), None, 1e-6)
+
+
+def test_round_routing_returns_the_full_rounds_routing_and_blocks():
+    """`round_routing` (the drafted verification row's input) keeps the rounds of W tokens of a
+    `full` decoding: per round each MoE layer's ids [W, k], and its block, the anchor then the drafts."""
+    from hybridspec.runtime.engine import Engine
+    from hybridspec.runtime.session import open_session
+
+    session = open_session()
+    engine = Engine(session.target, session.drafter, max_context=512, resident=False)
+    W = session.drafter.draft_len + 1
+    routings, blocks = gpu_round.round_routing(engine, session.codec.encode("def fibonacci(n):\n    "), W, rounds=3)
+    assert len(routings) == len(blocks) == 3
+    k = session.target.cfg.num_experts_per_tok
+    assert all(ids.shape == (W, k) for layers in routings for ids in layers)
+    assert all(len(block) == W and block[0] is not None for block in blocks)
