@@ -376,6 +376,31 @@ def round_routing(engine: Engine, prompt, W: int, rounds: int = 6) -> tuple[list
     return routings, blocks
 
 
+def round_trace_rows(model: str, runs: dict[str, Engine], prompt, W: int, tokens: int = 64) -> list[dict]:
+    """Round by round of one `full` decoding of `tokens` tokens: the graph round's event time, its w
+    and A, and the distinct experts per MoE layer of its verified block (from the host path's
+    routing of the same tokens). Whether a round's time follows its routing or its place in the
+    decoding (the rounds before the budget's tail, or the tail's)."""
+    policy = make_policy("full", W - 1)
+    runs["graph"].generate(prompt, policy=policy, max_new_tokens=8)  # graphs captured, kernels compiled
+    graph = runs["graph"].generate(prompt, policy=policy, max_new_tokens=tokens)
+    host = runs["eager"].generate(prompt, policy=policy, max_new_tokens=tokens, record_routing=True)
+    if graph.token_ids != host.token_ids:
+        raise RuntimeError("the graph and host decodings differ: no trace")
+    rows = []
+    for i, (g, h) in enumerate(zip(graph.rounds, host.rounds)):
+        rows.append(dict(model=model, path="graph", policy="trace:full", round=i, w=g.w, accepted=g.accepted,
+                         ms_per_round=round(g.seconds["total"] * 1e3, 3), distinct_experts=mean_distinct([h.expert_ids]),
+                         distinct_drafts=len(set(h.draft_tokens[: g.w - 1]))))
+    head, tail = [r for r in rows if r["w"] == W], [r for r in rows if r["w"] < W]
+    for name, part in (("w = W", head), ("tail", tail)):
+        if part:
+            log(f"  trace {model} full {name:6s} {len(part):3d} rounds  "
+                f"{statistics.median(r['ms_per_round'] for r in part):7.3f} ms median  "
+                f"{statistics.mean(r['distinct_experts'] for r in part):5.1f} distinct experts per layer")
+    return rows
+
+
 def mean_distinct(routings: list[list[torch.Tensor]]) -> float:
     """Distinct experts per MoE layer, averaged over layers and passes."""
     counts = [int(ids.unique().numel()) for routing in routings for ids in routing]
@@ -669,6 +694,7 @@ def run(args, variants: list[str], command: str) -> None:
                 rows += drafted_verification_rows(session, model, cache, len(prompts[0]), blocks, bandwidth)
                 rows += round_floor_rows(session, model, rows, args.context, bandwidth, routings, cache)
                 del cache
+                rows += round_trace_rows(model, runs, prompts[0], W)
             result["rows"] += [dict(row, variant=variant, layout=layout) for row in rows]
             for module, attr, op in undo:
                 setattr(module, attr, op)

@@ -109,3 +109,20 @@ def test_round_routing_returns_the_full_rounds_routing_and_blocks():
     k = session.target.cfg.num_experts_per_tok
     assert all(ids.shape == (W, k) for layers in routings for ids in layers)
     assert all(len(block) == W and block[0] is not None for block in blocks)
+
+
+def test_round_trace_rows_follow_the_decoding():
+    """`round_trace_rows` gives one row per round of a `full` decoding, the graph path's (here the
+    resident round run eagerly) beside the host path's routing: w = W before the budget's tail."""
+    from hybridspec.runtime.engine import Engine
+    from hybridspec.runtime.session import open_session
+
+    session = open_session()
+    t, d = session.target, session.drafter
+    runs = {"graph": Engine(t, d, max_context=512, resident=True, graphs=False),
+            "eager": Engine(t, d, max_context=512, resident=False)}
+    W = d.draft_len + 1
+    rows = gpu_round.round_trace_rows("embedded", runs, session.codec.encode("def fibonacci(n):\n    "), W, tokens=40)
+    assert [r["round"] for r in rows] == list(range(len(rows))) and rows[0]["w"] == W
+    assert sum(r["accepted"] + 1 for r in rows) == 39  # every token after the prefill's
+    assert all(0 < r["distinct_experts"] <= session.target.cfg.num_experts for r in rows)
