@@ -260,3 +260,13 @@ def test_the_parallel_layout_reaches_generate_and_serve(monkeypatch):
     assert (seen["world"], seen["options"]["expert_parallel"]) == (2, True)
     result = runner.invoke(app, ["serve", "--expert-parallel"])
     assert result.exit_code == 2 and "needs --tp 2 or more" in " ".join(result.output.split())
+
+
+def test_generate_penalties_reach_the_engine():
+    """--presence-penalty and friends change the greedy output, the same under `full` as under `ar`."""
+    args = ["--prompt", "def add(a, b):", "--max-new-tokens", "16"]
+    plain = _json([*args, "--policy", "ar"])["token_ids"]
+    ar, full = (_json([*args, "--policy", policy, "--presence-penalty", "1.5", "--repetition-penalty", "1.3"])["token_ids"]
+                for policy in ("ar", "full"))
+    assert ar == full != plain
+    assert runner.invoke(app, ["generate", *args, "--presence-penalty", "3"]).exit_code == 2

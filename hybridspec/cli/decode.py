@@ -40,6 +40,9 @@ def generate(
     top_p: Annotated[float, typer.Option("--top-p")] = 1.0,
     top_k: Annotated[int, typer.Option("--top-k", min=0)] = 0,
     seed: Annotated[int, typer.Option("--seed", min=SEED_MIN, max=SEED_MAX, help="A 64-bit integer.")] = 0,
+    presence_penalty: Annotated[float, typer.Option("--presence-penalty", min=-2.0, max=2.0)] = 0.0,
+    frequency_penalty: Annotated[float, typer.Option("--frequency-penalty", min=-2.0, max=2.0)] = 0.0,
+    repetition_penalty: Annotated[float, typer.Option("--repetition-penalty", min=0.0, max=2.0)] = 1.0,
     logprobs: Annotated[Optional[int], typer.Option(
         "--logprobs", min=0, max=20, help="Print each token's log-probability and this many alternatives.")] = None,
     device: DeviceOpt = "cpu",
@@ -58,7 +61,9 @@ def generate(
     request = GenerateRequest(model=model, drafter=drafter, prompt=prompt, prompt_ids=prompt_ids, policy=policy,
                               artifact=artifact, max_new_tokens=max_new_tokens, temperature=temperature,
                               top_p=top_p, top_k=top_k, seed=seed, device=device, dtype=dtype, backend=backend, graphs=graphs,
-                              force=force, tp=tp, expert_parallel=expert_parallel, logprobs=logprobs)
+                              force=force, tp=tp, expert_parallel=expert_parallel, logprobs=logprobs,
+                              presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                              repetition_penalty=repetition_penalty)
     try:
         summary = run_generate(request)
     except ValueError as exc:  # ConfigError, PolicyError, ArtifactError, bad sampling values

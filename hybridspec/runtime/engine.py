@@ -26,8 +26,9 @@ from torch import Tensor
 from .drafter import DFlashDrafter, DraftOutput
 from .backends import device_resident, drafter_ops
 from .logprobs import MAX_TOP_LOGPROBS, TokenLogprobs, from_rows, logprob_rows, token_logprobs
-from .models.hybrid import HybridTarget, PassOutput
+from .models.hybrid import HybridTarget
 from .policies import Policy
+from .penalties import PenaltyState, penalized
 from .resident import Report, ResidentDecoder
 from .sampling import SamplingParams, choose, verify_greedy, verify_point_mass
 
@@ -121,7 +122,10 @@ class Engine:
             resident = cuda and device_resident(target.backend)
         if graphs is None:
             graphs = resident and cuda
-        self.resident = ResidentDecoder(target, drafter, self.cache, graphs=graphs) if resident else None
+        # the request's token history for presence, frequency and repetition penalties (`penalties.py`)
+        self.penalties = PenaltyState.allocate(target.cfg.vocab_size, self.device)
+        self.resident = (ResidentDecoder(target, drafter, self.cache, graphs=graphs, penalties=self.penalties)
+                         if resident else None)
         self._policies: dict[str, tuple[Policy, Policy]] = {}  # host rounds: name → (as given, on the device)
 
     def prepare(self, policy: Policy, sampling: SamplingParams = SamplingParams(), *, logprobs: bool = False) -> None:
@@ -203,7 +207,11 @@ class Engine:
         if policy.speculative:
             self.drafter.reset(self.cache.max_len)
             self.drafter.extend(out.features)
-        last, produced = choose(out.logits[0, -1], sampling, len(prompt_ids)), 1
+        if sampling.penalized:
+            self.penalties.begin(prompt_ids, sampling.presence_penalty, sampling.frequency_penalty,
+                                 sampling.repetition_penalty)
+        last, produced = choose(self._penalized(out.logits[0, -1:], None, sampling)[0], sampling, len(prompt_ids)), 1
+        self._record([last], sampling)
         first = token_logprobs(out.logits[0, -1:], [last], logprobs) if logprobs is not None else None
         of_prompt = from_rows(torch.cat(rows).tolist(), prompt_logprobs) if prompt_logprobs is not None else None
         yield [last], PrefillRecord(first, of_prompt)
@@ -235,7 +243,8 @@ class Engine:
         position = self.cache.length + 1  # of the token this pass decides (the anchor's is cache.length)
         out = self.target.forward_pass(self._ids([anchor]), self.cache)
         self.target.commit(self.cache, 1, 1)
-        token = choose(out.logits[0, 0], sampling, position)
+        token = choose(self._penalized(out.logits[0, :1], None, sampling)[0], sampling, position)
+        self._record([token], sampling)
         lps = token_logprobs(out.logits[0, :1], [token], logprobs) if logprobs is not None else None
         record = RoundRecord.autoregressive({"total": self.clock.now() - t0}, lps)
         return [token], record
@@ -260,7 +269,9 @@ class Engine:
         w = min(w_c, w_rem)
         out = target.stage1(s0, w, self.cache, record_routing=record_routing)
         t_stage1 = clock.now()
-        accepted, x_new = self._accept(draft, out, w, sampling, position)
+        accepted, x_new = self._accept(draft, self._penalized(out.logits[0], draft.tokens, sampling), w, sampling,
+                                       position)
+        self._record([*draft.tokens[:accepted].tolist(), x_new], sampling)
         target.commit(self.cache, w, accepted + 1)
         self.drafter.extend(out.features[:, : accepted + 1])
         t_end = clock.now()
@@ -279,11 +290,22 @@ class Engine:
         return tokens, record
 
     @staticmethod
-    def _accept(draft: DraftOutput, out: PassOutput, w: int, sampling: SamplingParams, position: int) -> tuple[int, int]:
-        proposed, logits = draft.tokens[: w - 1], out.logits[0]  # [w−1], [w, V]
+    def _accept(draft: DraftOutput, logits: Tensor, w: int, sampling: SamplingParams, position: int) -> tuple[int, int]:
+        proposed = draft.tokens[: w - 1]  # [w−1]; logits [w, V]
         if sampling.greedy:
             return verify_greedy(proposed, logits)
         return verify_point_mass(proposed, logits, sampling, position)
+
+    def _penalized(self, logits: Tensor, drafts: Tensor | None, sampling: SamplingParams) -> Tensor:
+        """logits [w, V] under the request's penalties (row i after drafts d_1 … d_i), or as they are."""
+        if not sampling.penalized:
+            return logits
+        drafts = drafts if drafts is not None else torch.zeros(0, dtype=torch.long, device=logits.device)
+        return penalized(logits, drafts.to(logits.device), self.penalties)
+
+    def _record(self, tokens: list[int], sampling: SamplingParams) -> None:
+        if sampling.penalized:
+            self.penalties.record(torch.tensor(tokens, dtype=torch.long, device=self.device))
 
     def _ids(self, ids: list[int]) -> Tensor:
         return torch.tensor([ids], dtype=torch.long, device=self.device)

@@ -77,6 +77,9 @@ class GenerateRequest:
     tp: int = 1  # tensor-parallel ranks (spawned, or this process one of torchrun's; `tensor_parallel.launch`)
     expert_parallel: bool = False  # with tp > 1: the experts split whole across the ranks
     logprobs: int | None = None  # each token's log-probability and this many alternatives (`logprobs.py`)
+    presence_penalty: float = 0.0  # `penalties.py`
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
 
 
 def _prompt(request: GenerateRequest, session: Session) -> list[int]:
@@ -104,7 +107,8 @@ def run_generate(request: GenerateRequest) -> dict | None:
     """Check, load, decode, and summarise as the JSON object `generate --json` prints (None on the
     ranks other than 0 under torchrun, `tensor_parallel.launch`). The policy and the artifact are
     checked before any rank starts or any weights load (`check_policy`)."""
-    sampling = SamplingParams(request.temperature, request.top_k, request.top_p, request.seed)
+    sampling = SamplingParams(request.temperature, request.top_k, request.top_p, request.seed, request.presence_penalty,
+                              request.frequency_penalty, request.repetition_penalty)
     if request.tp < 1:
         raise ValueError(f"--tp must be at least 1, got {request.tp}")
     if (request.prompt is None) == (request.prompt_ids is None):  # before any rank is spawned

@@ -54,6 +54,7 @@ from .drafter import DFlashDrafter
 from .graphs import Graphs, PhaseTimer
 from .logprobs import MAX_TOP_LOGPROBS, TokenLogprobs, from_rows, logprob_rows
 from .models.hybrid import HybridTarget, Stage0
+from .penalties import PenaltyState, penalized
 from .policies import FixedPolicy, HybridSpecPolicy, NominalPolicy, Policy
 from .sampling import SamplingParams, point_mass, sampling_probs
 
@@ -146,8 +147,9 @@ class ResidentDecoder:
     """Decoding rounds whose decisions stay on the device (see the module docstring)."""
 
     def __init__(self, target: HybridTarget, drafter: DFlashDrafter | None, cache: TargetCache, *,
-                 graphs: bool):
+                 graphs: bool, penalties: PenaltyState):
         self.target, self.drafter, self.cache = target, drafter, cache
+        self.penalties = penalties  # the request's token history, which the engine begins (`penalties.py`)
         self.device = cache.key.device
         if graphs and self.device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device")
@@ -165,12 +167,13 @@ class ResidentDecoder:
         self.top = min(MAX_TOP_LOGPROBS, target.cfg.vocab_size)  # alternatives the graphs compute
         self.buffers = Buffers.allocate(D, target.cfg.num_experts_per_tok, self.top, self.device)
         self.one = torch.ones(1, dtype=torch.long, device=self.device)
-        # (policy name, sampling mode, logprobs) → (as prepared, its device copy)
-        self.prepared: dict[tuple[str, str, bool], tuple[Policy, Policy]] = {}
+        # (policy name, sampling mode, logprobs, penalties) → (as prepared, its device copy)
+        self.prepared: dict[tuple[str, str, bool, bool], tuple[Policy, Policy]] = {}
         self.captured_with: tuple[int, ...] = ()  # `_outside_buffers()` when the graphs were captured
         self.policy: Policy | None = None
         self.mode = "greedy"  # `sampling_mode` of the request being decoded (or the graphs being captured)
         self.with_logprobs = False  # whether its rounds compute logprobs (graphs of their own)
+        self.with_penalties = False  # whether its rounds apply penalties (graphs of their own)
         self.logprobs: int | None = None  # the alternatives per token the request asks for
         self.span = 1  # round tokens a pending commit covers (W, or 1 for ar)
         self._report_slot = 0  # the host copy of the report the next launch fills
@@ -178,9 +181,9 @@ class ResidentDecoder:
     # ------------------------------------------------------------ set-up
     def prepare(self, policy: Policy, sampling: SamplingParams = SamplingParams(), *, logprobs: bool = False) -> Policy:
         """The policy's device copy; with graphs, capture every graph it can launch for this kind
-        of sampling (`sampling_mode`), with logprobs or without (run once before the first such
-        request: the warm-ups overwrite the caches)."""
-        key = (policy.name, sampling_mode(sampling), logprobs)
+        of sampling (`sampling_mode`), with logprobs or without, with penalties or without (run once
+        before the first such request: the warm-ups overwrite the caches)."""
+        key = (policy.name, sampling_mode(sampling), logprobs, sampling.penalized)
         if self.prepared and self._outside_buffers() != self.captured_with:
             self._forget_graphs()  # a larger cache elsewhere moved tables the graphs read
         if key in self.prepared and self.prepared[key][0] is policy:
@@ -189,7 +192,7 @@ class ResidentDecoder:
         if isinstance(policy, HybridSpecPolicy) and self.buffers.stage0 is None:
             self.buffers.stage0 = self._stage0_buffers(policy.max_length)
         if self.graphs is not None:
-            self._capture_all(on_device, key[1], logprobs)
+            self._capture_all(on_device, key[1:])
         self.prepared[key] = (policy, on_device)
         return on_device
 
@@ -211,11 +214,12 @@ class ResidentDecoder:
         """Switch a prefilled request to resident rounds: positions, budget and sampling parameters
         on the device, the pending commit flushed and replaced by a null one over the round span.
         `logprobs`: the alternatives per token the request asks for (None: no logprobs)."""
-        key = (policy.name, sampling_mode(sampling), logprobs is not None)
+        key = (policy.name, sampling_mode(sampling), logprobs is not None, sampling.penalized)
         if self.prepared.get(key, (None,))[0] is not policy:
-            what = f"{key[1]} decoding{' with logprobs' if key[2] else ''}"
+            what = f"{key[1]} decoding{' with logprobs' if key[2] else ''}{' with penalties' if key[3] else ''}"
             raise RuntimeError(f"policy {policy.name!r} was not prepared for {what} before its request's prefill")
-        self.policy, self.mode, self.with_logprobs, self.logprobs = self.prepared[key][1], key[1], key[2], logprobs
+        self.policy, self.mode, self.with_logprobs, self.with_penalties = self.prepared[key][1], *key[1:]
+        self.logprobs = logprobs
         self.span = 1 if not policy.speculative else policy.max_length
         self._enter_static(self.span)
         buf = self.buffers
@@ -285,13 +289,22 @@ class ResidentDecoder:
         if self.graphs is None:
             run()
             return
-        self.graphs.replay((self.policy.name, self.mode, self.with_logprobs, *key, self.cache.slot))
+        self.graphs.replay((self.policy.name, *self._flavour(), *key, self.cache.slot))
         if commits:
             self.cache.flip(self.span)  # the host half of the commit: the next pass writes the other slot
         elif isinstance(self.policy, HybridSpecPolicy):
             self.cache.mark_committed(0)  # Stage 0 folded Layer 0's pending commit
 
+    def _flavour(self) -> tuple[str, bool, bool]:
+        """What beside the policy and the phase selects a graph: sampling mode, logprobs, penalties."""
+        return self.mode, self.with_logprobs, self.with_penalties
+
     # ------------------------------------------------------------ device work (captured)
+    def _logits(self, logits: Tensor, drafts: Tensor) -> Tensor:
+        """A pass's logits [w, V] as acceptance reads them: under the request's penalties (row i
+        after drafts d_1 … d_i), or as they are."""
+        return penalized(logits, drafts, self.penalties) if self.with_penalties else logits
+
     def _accept(self, drafts: Tensor, logits: Tensor) -> tuple[Tensor, Tensor]:
         """drafts [w−1], logits [w, V] of the pass → (A [1], x_new [1]) of a sampled request: the
         point-mass rule with the request's keyed draws (row 0 decides the token at position + 1;
@@ -315,12 +328,15 @@ class ResidentDecoder:
         (nothing of `ar` reads it)."""
         buf, target, cache = self.buffers, self.target, self.cache
         out = target.forward_pass(buf.anchor.view(1, 1), cache, features=False)
+        logits = self._logits(out.logits[0, :1], buf.block[0, :0])  # [1, V]
         if self.mode == "greedy":
-            torch.argmax(out.logits[0, 0], dim=0, keepdim=True, out=buf.anchor)
+            torch.argmax(logits[0], dim=0, keepdim=True, out=buf.anchor)
         else:
-            buf.anchor.copy_(self._accept(buf.block[0, :0], out.logits[0, :1])[1])
+            buf.anchor.copy_(self._accept(buf.block[0, :0], logits)[1])
         target.commit(cache, 1, self.one)
         buf.report[4:5].copy_(buf.anchor)
+        if self.with_penalties:
+            self.penalties.record(buf.anchor)
         if self.with_logprobs:
             buf.logprobs[:1].copy_(logprob_rows(out.logits[0, :1], buf.anchor, self.top))
 
@@ -385,15 +401,18 @@ class ResidentDecoder:
             out = target.stage1(s0, w, cache)
             layer0 = s0.expert_ids[0]  # [w, k]
         drafts = buf.block[0, 1:]  # [D]
+        logits = self._logits(out.logits[0], drafts)  # [w, V]
         if self.mode == "greedy":
-            y, accepted, x_new = torch.argmax(out.logits[0], dim=-1), None, None  # y [w]
+            y, accepted, x_new = torch.argmax(logits, dim=-1), None, None  # y [w]
         else:
-            y, (accepted, x_new) = None, self._accept(drafts[: w - 1], out.logits[0])
+            y, (accepted, x_new) = None, self._accept(drafts[: w - 1], logits)
         # m = A + 1, the report, the next anchor and the budget
         self.finish_round(drafts, w, y, accepted, x_new, (buf.w0, buf.w_c, buf.w), buf.confidence, buf.entropy,
                           layer0, buf.report, buf.anchor, buf.remaining, buf.m)
         if self.with_logprobs:  # rows past m decided nothing emitted; the host reads the first m
             buf.logprobs[:w].copy_(logprob_rows(out.logits[0], buf.report[4 : 4 + w].long(), self.top))
+        if self.with_penalties:
+            self.penalties.record(buf.report[4 : 4 + w].long(), buf.m)
         target.commit(cache, w, buf.m)
         self.drafter.extend(out.features, buf.m)
 
@@ -422,14 +441,14 @@ class ResidentDecoder:
         return Report(m - 1, tokens, int(values[1]), int(values[2]), int(values[3]), [int(x) for x in rest[:D]],
                       rest[D : 2 * D], rest[2 * D : 3 * D], timer.seconds, layer0, logprobs)
 
-    def _capture_all(self, policy: Policy, mode: str, logprobs: bool) -> None:
-        """Capture every graph `launch` can replay for this policy, sampling mode and logprobs, for both
+    def _capture_all(self, policy: Policy, flavour: tuple[str, bool, bool]) -> None:
+        """Capture every graph `launch` can replay for this policy and flavour (`_flavour`), for both
         factor slots, each in the host state the round reaches it in (every GDN layer waiting for a
         commit; Layer 0's already folded by Stage 0 before a `resume`)."""
         cache, drafter, buf = self.cache, self.drafter, self.buffers
         previous, self.policy = self.policy, policy
-        previous_mode, self.mode = self.mode, mode
-        previous_logprobs, self.with_logprobs = self.with_logprobs, logprobs
+        previous_flavour = self._flavour()
+        self.mode, self.with_logprobs, self.with_penalties = flavour
         self.span = 1 if not policy.speculative else policy.max_length
         if not policy.speculative:
             plan = [(("step",), self._step, False)]
@@ -459,6 +478,7 @@ class ResidentDecoder:
 
                 restore()
                 # keyed by policy too: policies share phase names ("select", "verify") but not code
-                self.graphs.capture((policy.name, mode, logprobs, *key, slot), run, restore)
+                self.graphs.capture((policy.name, *flavour, *key, slot), run, restore)
         cache.reset()
-        self.policy, self.mode, self.with_logprobs = previous, previous_mode, previous_logprobs
+        self.policy = previous
+        self.mode, self.with_logprobs, self.with_penalties = previous_flavour

@@ -37,7 +37,7 @@ Text = Annotated[str, AfterValidator(_utf8)]
 # OpenAI and vLLM fields this server does not implement, with the value that means "off": any
 # other value is answered 400 naming the field rather than silently ignored.
 UNSUPPORTED: dict[str, Any] = {
-    "presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1, "logit_bias": None,
+    "logit_bias": None,
     "best_of": 1, "echo": False, "suffix": None, "min_p": 0, "prompt_logprobs": None,
     "min_tokens": 0, "tools": None, "tool_choice": None, "functions": None, "function_call": None,
     "response_format": None, "guided_json": None, "guided_regex": None, "guided_choice": None,
@@ -73,6 +73,9 @@ class RequestBody(BaseModel):
     temperature: float = Field(1.0, ge=0.0, allow_inf_nan=False)  # OpenAI's default; 0 is greedy
     top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
     top_k: int = Field(0, ge=-1)  # 0 or -1: off
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0, allow_inf_nan=False)  # `runtime/penalties.py`
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
+    repetition_penalty: float = Field(1.0, gt=0.0, le=2.0, allow_inf_nan=False)  # vLLM's
     stop: Text | list[Text] | None = None
     seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     n: int = 1

@@ -309,7 +309,8 @@ class Service:
         seed = body.seed if body.seed is not None else random.randrange(2**31)
         temperature = body.temperature if body.temperature >= SAMPLING_EPS else 0.0  # as vLLM: greedy below it
         try:
-            sampling = SamplingParams(temperature, max(body.top_k, 0), body.top_p, seed)
+            sampling = SamplingParams(temperature, max(body.top_k, 0), body.top_p, seed, body.presence_penalty,
+                                      body.frequency_penalty, body.repetition_penalty)
         except ValueError as exc:
             raise RequestError(str(exc), None) from None
         arrived = time.monotonic() if arrived is None else arrived

@@ -32,9 +32,9 @@ def _min_p_over_q(draft, logits, params, position):
 def test_chi_square_rejects_a_broken_rule(target, exact, monkeypatch):
     original = engine_module.Engine._accept
 
-    def broken(draft, out, w, sampling, position):
+    def broken(draft, logits, w, sampling, position):
         _min_p_over_q.confidence = draft.confidence.tolist()
-        return _min_p_over_q(draft.tokens[: w - 1], out.logits[0], sampling, position)
+        return _min_p_over_q(draft.tokens[: w - 1], logits, sampling, position)
 
     monkeypatch.setattr(engine_module.Engine, "_accept", staticmethod(broken))
     assert _p_value(_sample(target, "hybridspec"), exact) < 1e-6

@@ -79,6 +79,9 @@ SURROGATE = '"\\ud800"'  # JSON text of a lone surrogate
     (CHAT, {"messages": [{"role": "user", "content": None}]}, "messages"),
     (COMPLETION, {"prompt": PROMPT, "temperature": float("nan")}, "temperature"),
     (COMPLETION, {"prompt": PROMPT, "logprobs": 21}, "logprobs"),
+    (COMPLETION, {"prompt": PROMPT, "presence_penalty": 2.5}, "presence_penalty"),
+    (CHAT, {"messages": [{"role": "user", "content": "x"}], "frequency_penalty": -3}, "frequency_penalty"),
+    (COMPLETION, {"prompt": PROMPT, "repetition_penalty": 0}, "repetition_penalty"),
     (COMPLETION, {"prompt": PROMPT, "logprobs": -1, "stream": True}, "logprobs"),
     (CHAT, {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}, "top_logprobs"),
     (CHAT, {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
@@ -95,7 +98,7 @@ def test_bad_bodies_get_400_naming_the_field(server, path, body, param):
 
 
 @pytest.mark.parametrize("field, value", [
-    ("presence_penalty", 1.0), ("frequency_penalty", -0.5), ("repetition_penalty", 1.2), ("logit_bias", {"5": 10}),
+    ("logit_bias", {"5": 10}),
     ("best_of", 2), ("prompt_logprobs", 1), ("suffix", "x"), ("min_p", 0.1),
     ("min_tokens", 4), ("tools", [{"type": "function"}]), ("tool_choice", "required"),
     ("response_format", {"type": "json_object"}), ("n", 2),
@@ -227,7 +230,7 @@ BAD = [  # (path, body, headers, status)
     (COMPLETION, {"prompt": PROMPT, "seed": 2**70, "stream": True}, {}, 400),
     (COMPLETION, '{"prompt": ' + SURROGATE + '}', {}, 400),
     (CHAT, {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, {}, 400),
-    (COMPLETION, {"prompt": PROMPT, "presence_penalty": 1.0}, {}, 400),
+    (COMPLETION, {"prompt": PROMPT, "presence_penalty": 3.0}, {}, 400),
     (COMPLETION, "{not json", {}, 400),
     (COMPLETION, {"prompt": "x" * CAP}, {}, 413),
     (COMPLETION, {"prompt": PROMPT}, {"Authorization": "Bearer wrong"}, 401),

@@ -208,6 +208,19 @@ def test_echo_with_logprobs_scores_the_prompt(client):
     assert [v for p in pieces if p.logprobs for v in p.logprobs.token_logprobs] == lp.token_logprobs
 
 
+def test_penalties_change_the_output_and_keep_speculation_exact(client):
+    """presence/frequency/repetition penalties apply under greedy decoding; every policy emits the
+    `ar` tokens under them (each verification row penalised for its own history)."""
+    def complete(policy, **extra):
+        return client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=16, temperature=0,
+                                         extra_body={"policy": policy, **extra}).choices[0].text
+
+    penalties = dict(presence_penalty=1.0, frequency_penalty=0.5, repetition_penalty=1.2)
+    ar = complete("ar", **penalties)
+    assert ar != complete("ar")
+    assert complete("hybridspec", **penalties) == complete("full", **penalties) == ar
+
+
 def test_models_health_and_auth(server, client):
     assert [m.id for m in client.models.list()] == [MODEL]
     assert httpx.get(f"{server}/health").status_code == 200

@@ -1,0 +1,111 @@
+"""Presence, frequency and repetition penalties (runtime/penalties.py):
+
+- `penalized` row by row equals vLLM's definitions applied to each row's own history (a loop
+  over the output so far plus the drafts before the row);
+- every policy emits `ar`'s tokens under penalties, greedy (host and resident rounds), and the
+  resident rounds emit the host rounds' tokens when sampling;
+- `ar` under penalties equals a teacher-forced oracle: each token the argmax of the penalised
+  logits of its own history."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hybridspec.runtime.engine import Engine
+from hybridspec.runtime.penalties import PenaltyState, penalized
+from hybridspec.runtime.policies import make_policy
+from hybridspec.runtime.sampling import SamplingParams
+from hybridspec.runtime.session import open_session
+from tests.runtime.helpers import policy_parameters
+
+PROMPT = "def fibonacci(n):\n    "
+TOKENS = 32
+PENALTIES = dict(presence_penalty=0.8, frequency_penalty=0.3, repetition_penalty=1.3)
+
+
+def naive_row(logits: torch.Tensor, prompt: list[int], history: list[int], p: dict) -> torch.Tensor:
+    """vLLM's penalties for one row [V] whose history (output so far) is `history`."""
+    out = logits.clone().float()
+    for v in set(prompt) | set(history):
+        out[v] = out[v] / p["repetition_penalty"] if out[v] > 0 else out[v] * p["repetition_penalty"]
+    for v in set(history):
+        out[v] -= p["frequency_penalty"] * history.count(v) + p["presence_penalty"]
+    return out
+
+
+def test_penalized_rows_follow_their_own_history():
+    torch.manual_seed(0)
+    V, w = 50, 6
+    state = PenaltyState.allocate(V, "cpu")
+    prompt, output = [3, 7, 7, 11], [7, 20, 20, 4]
+    state.begin(prompt, PENALTIES["presence_penalty"], PENALTIES["frequency_penalty"], PENALTIES["repetition_penalty"])
+    state.record(torch.tensor(output))
+    state.record(torch.tensor([9, 9, 9]), torch.tensor([1]))  # only the first of them counts
+    output = output + [9]
+    drafts = torch.tensor([20, 33, 3, 20, 41, 5])  # more than w − 1: the rows read only the first w − 1
+    logits = torch.randn(w, V) * 3
+    got = penalized(logits, drafts, state)
+    for i in range(w):
+        want = naive_row(logits[i], prompt, output + drafts[:i].tolist(), PENALTIES)
+        torch.testing.assert_close(got[i], want, msg=f"row {i}")
+
+
+@pytest.fixture(scope="module")
+def session():
+    return open_session()
+
+
+@pytest.fixture(scope="module")
+def engines(session):
+    return {"host": Engine(session.target, session.drafter, max_context=256, resident=False),
+            "resident": Engine(session.target, session.drafter, max_context=256, resident=True, graphs=False)}
+
+
+@pytest.fixture(scope="module")
+def greedy_ar(session, engines):
+    prompt = session.codec.encode(PROMPT)
+    ar = make_policy("ar", session.drafter.draft_len)
+    sampling = SamplingParams(**PENALTIES)
+    return prompt, engines["host"].generate(prompt, policy=ar, max_new_tokens=TOKENS, sampling=sampling).token_ids
+
+
+def test_ar_under_penalties_equals_the_teacher_forced_oracle(session, engines, greedy_ar):
+    prompt, tokens = greedy_ar
+    engine = engines["host"]
+    plain = engine.generate(prompt, policy=make_policy("ar", session.drafter.draft_len), max_new_tokens=TOKENS)
+    assert plain.token_ids != tokens  # the penalties change this output
+    engine.cache.reset()
+    ids = torch.tensor([prompt + tokens])
+    logits = session.target.prefill(ids, engine.cache, all_logits=True).logits[0, len(prompt) - 1 : -1]
+    engine.cache.reset()
+    for i, token in enumerate(tokens):
+        assert int(naive_row(logits[i], prompt, tokens[:i], PENALTIES).argmax()) == token, f"token {i}"
+
+
+@pytest.mark.parametrize("path", ("host", "resident"))
+@pytest.mark.parametrize("name", ("ar", "full", "static:4", "hybridspec"))
+def test_every_policy_emits_ar_tokens_under_penalties(session, engines, greedy_ar, path, name):
+    prompt, want = greedy_ar
+    policy = make_policy(name, session.drafter.draft_len, policy_parameters(session.drafter.draft_len))
+    got = engines[path].generate(prompt, policy=policy, max_new_tokens=TOKENS, sampling=SamplingParams(**PENALTIES))
+    assert got.token_ids == want
+    if name == "full":
+        assert max(r.accepted for r in got.rounds) >= 2  # drafts were accepted under the penalties
+
+
+@pytest.mark.parametrize("name", ("ar", "full", "hybridspec"))
+def test_sampled_resident_rounds_equal_host_rounds_under_penalties(session, engines, name):
+    prompt = session.codec.encode(PROMPT)
+    policy = make_policy(name, session.drafter.draft_len, policy_parameters(session.drafter.draft_len))
+    sampling = SamplingParams(0.8, 0, 1.0, 7, **PENALTIES)
+    runs = [engines[path].generate(prompt, policy=policy, max_new_tokens=TOKENS, sampling=sampling).token_ids
+            for path in ("host", "resident")]
+    assert runs[0] == runs[1]
+
+
+def test_penalty_values_are_checked():
+    with pytest.raises(ValueError, match="presence_penalty"):
+        SamplingParams(presence_penalty=2.5)
+    with pytest.raises(ValueError, match="repetition_penalty"):
+        SamplingParams(repetition_penalty=0.0)
