@@ -208,8 +208,7 @@ class Engine:
             self.drafter.reset(self.cache.max_len)
             self.drafter.extend(out.features)
         if sampling.penalized:
-            self.penalties.begin(prompt_ids, sampling.presence_penalty, sampling.frequency_penalty,
-                                 sampling.repetition_penalty)
+            self.penalties.begin(prompt_ids, sampling, tuple(eos_ids))
         last, produced = choose(self._penalized(out.logits[0, -1:], None, sampling)[0], sampling, len(prompt_ids)), 1
         self._record([last], sampling)
         first = token_logprobs(out.logits[0, -1:], [last], logprobs) if logprobs is not None else None

@@ -1,10 +1,12 @@
-"""Presence, frequency and repetition penalties (OpenAI's and vLLM's), exact under speculation.
-
-vLLM's definitions, applied to the target's logits before greedy choice or sampling:
+"""What a request changes in the target's logits before greedy choice or sampling, exact under
+speculation: vLLM's penalties, OpenAI's logit bias and vLLM's min_tokens, in this order:
 
     repetition r   on every token seen in the prompt or the output: l / r where l > 0, l · r elsewhere
     frequency  f   l − f · c_v, c_v the times token v occurs in the output so far
     presence   p   l − p · [c_v > 0]
+    logit bias b   l + b_v
+    min_tokens n   l = −∞ for the request's end tokens (EOS, stop_token_ids) while the token decided
+                   is among the first n of the output
 
 A verification row decides the token after the anchor and the drafts before it, so its history is
 the output so far plus those drafts: row i counts d_1 … d_i on top of the request's counts. The
@@ -21,6 +23,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .sampling import SamplingParams
+
 
 @dataclass
 class PenaltyState:
@@ -31,21 +35,33 @@ class PenaltyState:
     presence: Tensor  # [1] fp32
     frequency: Tensor  # [1] fp32
     repetition: Tensor  # [1] fp32
+    bias: Tensor  # [V] fp32: the logit bias
+    end: Tensor  # [V] bool: the request's end tokens
+    min_tokens: Tensor  # [1] fp32
 
     @classmethod
     def allocate(cls, vocab: int, device) -> "PenaltyState":
-        return cls(torch.zeros(vocab, device=device), torch.zeros(vocab, dtype=torch.bool, device=device),
-                   torch.zeros(1, device=device), torch.zeros(1, device=device), torch.ones(1, device=device))
+        def zeros(n: int, **kw) -> Tensor:
+            return torch.zeros(n, device=device, **kw)
 
-    def begin(self, prompt: list[int] | Tensor, presence: float, frequency: float, repetition: float) -> None:
-        """Reset for a request: its prompt, no output yet, its penalty values."""
-        self.counts.zero_()
-        self.prompt_seen.zero_()
-        ids = torch.as_tensor(prompt, dtype=torch.long, device=self.counts.device)
-        self.prompt_seen[ids] = True
-        self.presence.fill_(presence)
-        self.frequency.fill_(frequency)
-        self.repetition.fill_(repetition)
+        return cls(zeros(vocab), zeros(vocab, dtype=torch.bool), zeros(1), zeros(1), torch.ones(1, device=device),
+                   zeros(vocab), zeros(vocab, dtype=torch.bool), zeros(1))
+
+    def begin(self, prompt: list[int], sampling: SamplingParams, end_ids: tuple[int, ...] = ()) -> None:
+        """Reset for a request: its prompt, no output yet, its sampling parameters' values."""
+        device = self.counts.device
+        for tensor in (self.counts, self.prompt_seen, self.bias, self.end):
+            tensor.zero_()
+        self.prompt_seen[torch.tensor(prompt, dtype=torch.long, device=device)] = True
+        self.presence.fill_(sampling.presence_penalty)
+        self.frequency.fill_(sampling.frequency_penalty)
+        self.repetition.fill_(sampling.repetition_penalty)
+        if sampling.logit_bias:
+            ids, values = zip(*sampling.logit_bias)
+            self.bias[torch.tensor(ids, device=device)] = torch.tensor(values, device=device)
+        if end_ids:
+            self.end[torch.tensor(end_ids, dtype=torch.long, device=device)] = True
+        self.min_tokens.fill_(sampling.min_tokens)
 
     def record(self, tokens: Tensor, m: Tensor | int | None = None) -> None:
         """Count emitted tokens [n] long; with m ([1] long or int), only the first m of them."""
@@ -67,4 +83,6 @@ def penalized(logits: Tensor, drafts: Tensor, state: PenaltyState) -> Tensor:
     seen = state.prompt_seen | (counts > 0)
     out = logits.float()
     out = torch.where(seen, torch.where(out > 0, out / state.repetition, out * state.repetition), out)
-    return out - state.frequency * counts - state.presence * (counts > 0).float()
+    out = out - state.frequency * counts - state.presence * (counts > 0).float() + state.bias
+    index = state.counts.sum() + torch.arange(w, device=logits.device)  # [w]: output index each row decides
+    return out.masked_fill((index < state.min_tokens)[:, None] & state.end, float("-inf"))

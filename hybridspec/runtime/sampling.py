@@ -37,6 +37,8 @@ class SamplingParams:
     presence_penalty: float = 0.0  # `penalties.py`: also under greedy decoding
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs, bias in [−100, 100]
+    min_tokens: int = 0  # the end tokens are masked until the output has this many tokens
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -52,6 +54,10 @@ class SamplingParams:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
         if not 0 < self.repetition_penalty <= 2:
             raise ValueError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
+        if any(not -100 <= bias <= 100 for _, bias in self.logit_bias):
+            raise ValueError("logit_bias values must be in [-100, 100]")
+        if self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be ≥ 0, got {self.min_tokens}")
 
     @property
     def greedy(self) -> bool:
@@ -59,8 +65,9 @@ class SamplingParams:
 
     @property
     def penalized(self) -> bool:
-        """Whether a penalty changes the logits (`penalties.py`)."""
-        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+        """Whether a penalty, a logit bias or min_tokens changes the logits (`penalties.py`)."""
+        return (self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+                or bool(self.logit_bias) or self.min_tokens > 0)
 
     @property
     def filtered(self) -> bool:

@@ -37,9 +37,7 @@ Text = Annotated[str, AfterValidator(_utf8)]
 # OpenAI and vLLM fields this server does not implement, with the value that means "off": any
 # other value is answered 400 naming the field rather than silently ignored.
 UNSUPPORTED: dict[str, Any] = {
-    "logit_bias": None,
-    "best_of": 1, "echo": False, "suffix": None, "min_p": 0, "prompt_logprobs": None,
-    "min_tokens": 0, "tools": None, "tool_choice": None, "functions": None, "function_call": None,
+    "best_of": 1, "echo": False, "suffix": None, "min_p": 0, "prompt_logprobs": None, "tools": None, "tool_choice": None, "functions": None, "function_call": None,
     "response_format": None, "guided_json": None, "guided_regex": None, "guided_choice": None,
     "prediction": None, "audio": None,
 }
@@ -76,6 +74,8 @@ class RequestBody(BaseModel):
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0, allow_inf_nan=False)  # `runtime/penalties.py`
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
     repetition_penalty: float = Field(1.0, gt=0.0, le=2.0, allow_inf_nan=False)  # vLLM's
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100, allow_inf_nan=False)]] | None = None  # id → bias
+    min_tokens: int = Field(0, ge=0)  # vLLM's: no end token before this many output tokens
     stop: Text | list[Text] | None = None
     seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     n: int = 1
@@ -100,6 +100,15 @@ class RequestBody(BaseModel):
         if n != 1:
             raise ValueError("only n = 1 is supported (batch size one)")
         return n
+
+    def logit_bias_pairs(self, vocab: int) -> tuple[tuple[int, float], ...]:
+        """`logit_bias` as (token id, bias) pairs, each id checked against the vocabulary."""
+        pairs = []
+        for key, bias in (self.logit_bias or {}).items():
+            if not key.strip().lstrip("-").isdigit() or not 0 <= int(key) < vocab:
+                raise RequestError(f"logit_bias keys must be token ids in 0 … {vocab - 1}, got {key!r}", "logit_bias")
+            pairs.append((int(key), bias))
+        return tuple(pairs)
 
     @field_validator("stop_token_ids", mode="before")
     @classmethod

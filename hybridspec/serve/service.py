@@ -303,14 +303,17 @@ class Service:
             raise RequestError(str(exc), "policy") from None
         if body.stop and self.session.codec is None:
             raise RequestError("stop sequences need a tokenizer", "stop")
+        if body.min_tokens > (max_tokens or room):
+            raise RequestError(f"min_tokens ({body.min_tokens}) exceeds max_tokens ({max_tokens or room})", "min_tokens")
         if any(not 0 <= i < vocab for i in body.stop_token_ids):
             raise RequestError(f"stop_token_ids must be token ids in 0 … {vocab - 1}", "stop_token_ids")
         end_ids = tuple(dict.fromkeys((*(() if body.ignore_eos else self.session.eos_ids), *body.stop_token_ids)))
         seed = body.seed if body.seed is not None else random.randrange(2**31)
         temperature = body.temperature if body.temperature >= SAMPLING_EPS else 0.0  # as vLLM: greedy below it
+        logit_bias = body.logit_bias_pairs(vocab)
         try:
             sampling = SamplingParams(temperature, max(body.top_k, 0), body.top_p, seed, body.presence_penalty,
-                                      body.frequency_penalty, body.repetition_penalty)
+                                      body.frequency_penalty, body.repetition_penalty, logit_bias, body.min_tokens)
         except ValueError as exc:
             raise RequestError(str(exc), None) from None
         arrived = time.monotonic() if arrived is None else arrived

@@ -39,7 +39,8 @@ def test_penalized_rows_follow_their_own_history():
     V, w = 50, 6
     state = PenaltyState.allocate(V, "cpu")
     prompt, output = [3, 7, 7, 11], [7, 20, 20, 4]
-    state.begin(prompt, PENALTIES["presence_penalty"], PENALTIES["frequency_penalty"], PENALTIES["repetition_penalty"])
+    bias = ((5, 2.5), (9, -1.0))
+    state.begin(prompt, SamplingParams(**PENALTIES, logit_bias=bias, min_tokens=7), end_ids=(2, 33))
     state.record(torch.tensor(output))
     state.record(torch.tensor([9, 9, 9]), torch.tensor([1]))  # only the first of them counts
     output = output + [9]
@@ -48,7 +49,12 @@ def test_penalized_rows_follow_their_own_history():
     got = penalized(logits, drafts, state)
     for i in range(w):
         want = naive_row(logits[i], prompt, output + drafts[:i].tolist(), PENALTIES)
+        for token, value in bias:
+            want[token] += value
+        if len(output) + i < 7:  # the token decided is among the first min_tokens: no end token
+            want[[2, 33]] = float("-inf")
         torch.testing.assert_close(got[i], want, msg=f"row {i}")
+    assert got[1, 33] == float("-inf") and got[3, 33] > float("-inf")  # five output tokens: rows 0, 1 masked
 
 
 @pytest.fixture(scope="module")
@@ -104,8 +110,33 @@ def test_sampled_resident_rounds_equal_host_rounds_under_penalties(session, engi
     assert runs[0] == runs[1]
 
 
+@pytest.mark.parametrize("name", ("ar", "full", "hybridspec"))
+def test_min_tokens_and_logit_bias_keep_every_policy_on_ar(session, engines, name):
+    """min_tokens holds back an end token that greedy decoding would emit early; logit_bias moves
+    the argmax; every policy emits `ar`'s tokens under both, host and resident rounds alike."""
+    prompt = session.codec.encode(PROMPT)
+    ar = make_policy("ar", session.drafter.draft_len)
+    free = engines["host"].generate(prompt, policy=ar, max_new_tokens=TOKENS).token_ids
+    end = free[3]
+    early = engines["host"].generate(prompt, policy=ar, max_new_tokens=TOKENS, eos_ids=(end,)).token_ids
+    assert len(early) == free.index(end) + 1 < 12
+    policy = make_policy(name, session.drafter.draft_len, policy_parameters(session.drafter.draft_len))
+    held = SamplingParams(min_tokens=12)
+    want = engines["host"].generate(prompt, policy=ar, max_new_tokens=TOKENS, eos_ids=(end,), sampling=held).token_ids
+    assert len(want) > 12 and end not in want[:12]
+    biased = SamplingParams(logit_bias=((free[5], 100.0),))
+    want_biased = engines["host"].generate(prompt, policy=ar, max_new_tokens=8, sampling=biased).token_ids
+    assert want_biased == [free[5]] * 8
+    for path in ("host", "resident"):
+        got = engines[path].generate(prompt, policy=policy, max_new_tokens=TOKENS, eos_ids=(end,), sampling=held)
+        assert got.token_ids == want, path
+        assert engines[path].generate(prompt, policy=policy, max_new_tokens=8, sampling=biased).token_ids == want_biased
+
+
 def test_penalty_values_are_checked():
     with pytest.raises(ValueError, match="presence_penalty"):
         SamplingParams(presence_penalty=2.5)
     with pytest.raises(ValueError, match="repetition_penalty"):
         SamplingParams(repetition_penalty=0.0)
+    with pytest.raises(ValueError, match="logit_bias"):
+        SamplingParams(logit_bias=((1, 101.0),))

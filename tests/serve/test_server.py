@@ -220,6 +220,20 @@ def test_penalties_change_the_output_and_keep_speculation_exact(client):
     assert ar != complete("ar")
     assert complete("hybridspec", **penalties) == complete("full", **penalties) == ar
 
+    def usage_and_tokens(policy, **extra):
+        out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0, logprobs=0,
+                                        extra_body={"policy": policy, **extra})
+        return out.usage.completion_tokens, out.choices[0].logprobs.tokens, out.choices[0].finish_reason
+
+    forced = {"logit_bias": {"100": 100}}  # token 100 wins every row
+    n, tokens, _ = usage_and_tokens("full", **forced)
+    assert n == 8 and len(set(tokens)) == 1
+    # token 100 also ends the request, but not among the first 3 output tokens
+    assert usage_and_tokens("full", **forced, stop_token_ids=[100])[0::2] == (1, "stop")
+    for policy in ("ar", "full", "hybridspec"):
+        n, tokens, reason = usage_and_tokens(policy, **forced, stop_token_ids=[100], min_tokens=3)
+        assert (n, reason) == (4, "stop") and tokens[0] != tokens[3], policy
+
 
 def test_models_health_and_auth(server, client):
     assert [m.id for m in client.models.list()] == [MODEL]
