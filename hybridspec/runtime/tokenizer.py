@@ -31,12 +31,31 @@ class TextCodec:
         self.chat_template = chat_template
         self.special_tokens = dict(special_tokens or {})
         self.source = source
+        self._byte_map: dict[str, int] | None = None  # byte-level tokenizers: char → byte (`token_bytes`)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def token_bytes(self, token: int) -> bytes:
+        """One token's own bytes, which may be part of a UTF-8 character: through the byte map of a
+        byte-level tokenizer (GPT-2's, as Qwen's), else the UTF-8 of its decoded text."""
+        if self._byte_map is None:
+            decoder = json.loads(self.tokenizer.to_str()).get("decoder") or {}
+            byte_level = decoder.get("type") == "ByteLevel" or any(
+                d.get("type") == "ByteLevel" for d in decoder.get("decoders", []))
+            if byte_level:
+                from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+                self._byte_map = {char: byte for byte, char in bytes_to_unicode().items()}
+            else:
+                self._byte_map = {}
+        piece = self.tokenizer.id_to_token(token)
+        if not self._byte_map or piece is None:
+            return self.decode([token]).encode("utf-8")
+        return b"".join(bytes([self._byte_map[c]]) if c in self._byte_map else c.encode("utf-8") for c in piece)
 
     def render_chat(self, messages: list[dict]) -> str:
         """The prompt text of OpenAI-style `messages` ({"role", "content"}; a content list keeps its text

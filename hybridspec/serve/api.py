@@ -37,7 +37,7 @@ Text = Annotated[str, AfterValidator(_utf8)]
 # OpenAI and vLLM fields this server does not implement, with the value that means "off": any
 # other value is answered 400 naming the field rather than silently ignored.
 UNSUPPORTED: dict[str, Any] = {
-    "best_of": 1, "echo": False, "suffix": None, "min_p": 0, "prompt_logprobs": None, "tools": None, "tool_choice": None, "functions": None, "function_call": None,
+    "best_of": 1, "echo": False, "top_logprobs": None, "suffix": None, "min_p": 0, "prompt_logprobs": None, "tools": None, "tool_choice": None, "functions": None, "function_call": None,
     "response_format": None, "guided_json": None, "guided_regex": None, "guided_choice": None,
     "prediction": None, "audio": None,
 }
@@ -126,7 +126,7 @@ class RequestBody(BaseModel):
 
 class CompletionRequest(RequestBody):
     prompt: Text | list[int] | list[Text]
-    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)  # alternatives per token (0: the token's own only)
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS, strict=True)  # alternatives per token (0: none)
     echo: bool = False  # the prompt's text before the completion's, and with logprobs the prompt's logprobs
 
     def logprob_count(self) -> int | None:
@@ -149,8 +149,8 @@ class ChatMessage(BaseModel):
 class ChatRequest(RequestBody):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    logprobs: bool | None = False  # null: off, as vLLM reads it
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS, strict=True)
 
     def logprob_count(self) -> int | None:
         if self.top_logprobs and not self.logprobs:

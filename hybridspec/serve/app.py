@@ -163,17 +163,20 @@ LOGPROB_FLOOR = -9999.0  # what a log-probability of −inf is sent as (JSON has
 
 
 def _finite(logprob: float | None) -> float | None:
-    return None if logprob is None else max(logprob, LOGPROB_FLOOR)
+    if logprob is None:
+        return None
+    return logprob if logprob >= LOGPROB_FLOOR else LOGPROB_FLOOR  # NaN too: JSON has none
 
 
 def completion_logprobs(service: Service, entries: list[TokenLogprob], offset: int) -> dict:
     """The `logprobs` of a completion choice (OpenAI's legacy form) for `entries`, whose first token's
-    text starts at character `offset` of the completion's token texts."""
+    text starts at character `offset` of the completion's token texts. Each token's alternatives
+    include the token itself, as vLLM gives them (up to logprobs + 1)."""
     tokens = [service.token_text(e.token) for e in entries]
     offsets = list(itertools.accumulate((len(t) for t in tokens[:-1]), initial=offset)) if tokens else []
-    return {"tokens": tokens, "token_logprobs": [_finite(e.logprob) for e in entries],
-            "top_logprobs": [None if e.top is None else {service.token_text(i): _finite(v) for i, v in e.top}
-                             for e in entries],
+    top = [None if e.top is None else
+           {service.token_text(i): _finite(v) for i, v in [*e.top, (e.token, e.logprob)]} for e in entries]
+    return {"tokens": tokens, "token_logprobs": [_finite(e.logprob) for e in entries], "top_logprobs": top,
             "text_offset": offsets}
 
 
@@ -181,8 +184,7 @@ def chat_logprobs(service: Service, entries: list[TokenLogprob]) -> dict:
     """The `logprobs` of a chat choice for `entries`: per token its text, log-probability, UTF-8
     bytes and alternatives."""
     def item(token: int, logprob: float) -> dict:
-        text = service.token_text(token)
-        return {"token": text, "logprob": _finite(logprob), "bytes": list(text.encode("utf-8"))}
+        return {"token": service.token_text(token), "logprob": _finite(logprob), "bytes": list(service.token_bytes(token))}
 
     return {"content": [item(e.token, e.logprob) | {"top_logprobs": [item(i, v) for i, v in e.top]} for e in entries]}
 
@@ -306,7 +308,7 @@ def create_app(service: Service, *, api_key: str | None = None, max_request_byte
         ids = await service.encode(prompt, "prompt") if isinstance(prompt, str) else list(prompt)
         max_tokens = body.max_tokens if body.max_tokens is not None else 16
         decoding = service.start(body, ids, max_tokens, "prompt", arrived)
-        echo = (prompt if isinstance(prompt, str) else service.visible_text(ids)) if body.echo else ""
+        echo = (prompt if isinstance(prompt, str) else service.prompt_text(ids)) if body.echo else ""
         return await _respond(service, decoding, body, False, request, echo)
 
     @app.post("/v1/chat/completions")

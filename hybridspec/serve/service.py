@@ -217,6 +217,7 @@ class Service:
         self.lock = asyncio.Lock()  # FIFO: waiters are woken in arrival order
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self.metrics = ServerMetrics(model_name, max_length=self.draft_len + 1)
+        self._token_bytes: dict[int, bytes] = {}  # `token_bytes`, kept: logprobs name the same tokens often
         self.created = int(time.time())
 
     def policy(self, name: str) -> Policy:
@@ -239,11 +240,26 @@ class Service:
                                           eos_ids=request.end_ids, logprobs=request.logprobs,
                                           prompt_logprobs=request.prompt_logprobs)
 
+    def token_bytes(self, token: int) -> bytes:
+        """One token's own bytes (`TextCodec.token_bytes`; its id's text for a model without a tokenizer)."""
+        if token not in self._token_bytes:
+            codec = self.session.codec
+            self._token_bytes[token] = codec.token_bytes(token) if codec else f"token_id:{token}".encode()
+        return self._token_bytes[token]
+
     def token_text(self, token: int) -> str:
-        """One token's text, as logprobs name it (`token_id:N` for a model without a tokenizer, as
+        """One token's text as logprobs name it: its bytes as UTF-8, or as OpenAI writes a token that
+        is part of a character, `bytes:\\xNN…` (`token_id:N` for a model without a tokenizer, as
         vLLM's `return_tokens_as_token_ids`)."""
-        codec = self.session.codec
-        return codec.decode([token]) if codec is not None else f"token_id:{token}"
+        raw = self.token_bytes(token)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+
+    def prompt_text(self, ids: list[int]) -> str:
+        """A token-id prompt's text as `echo` gives it: every token, special ones included."""
+        return self.session.codec.decode(ids) if self.session.codec else ""
 
     def visible_text(self, ids: list[int], end_ids: tuple[int, ...] = ()) -> str:
         """The text of `ids` without the model's EOS tokens and the request's other ending tokens

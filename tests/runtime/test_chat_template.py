@@ -56,3 +56,19 @@ def test_a_template_that_raises_is_named(tmp_path):
     (tmp_path / "chat_template.jinja").write_text("{{ raise_exception('roles must alternate') }}")
     with pytest.raises(ChatTemplateError, match="roles must alternate"):
         load_codec(tmp_path).render_chat([{"role": "user", "content": "hi"}])
+
+
+def test_token_bytes_join_to_the_text_for_byte_level_tokens():
+    """A byte-level tokenizer splits a character over tokens: each token's own bytes (not its
+    decoded text, which is a replacement character) join to the text's UTF-8; the server names
+    such a token as OpenAI does, `bytes:\\xNN…`."""
+    from hybridspec.runtime.session import open_session
+    from hybridspec.serve.service import Service
+
+    session = open_session()
+    text = "naïve 😀 日本 <|endoftext|>"
+    ids = session.codec.encode(text)
+    assert b"".join(session.codec.token_bytes(i) for i in ids) == text.encode("utf-8")
+    partial = next(i for i in ids if session.codec.decode([i]) == "\ufffd")
+    name = Service(session, params=None, policy="ar", model_name="m").token_text(partial)
+    assert name.startswith("bytes:\\x") and len(name) == len("bytes:") + 4 * len(session.codec.token_bytes(partial))

@@ -79,6 +79,7 @@ SURROGATE = '"\\ud800"'  # JSON text of a lone surrogate
     (CHAT, {"messages": [{"role": "user", "content": None}]}, "messages"),
     (COMPLETION, {"prompt": PROMPT, "temperature": float("nan")}, "temperature"),
     (COMPLETION, {"prompt": PROMPT, "logprobs": 21}, "logprobs"),
+    (COMPLETION, {"prompt": PROMPT, "logprobs": True}, "logprobs"),  # a count, not a switch
     (COMPLETION, {"prompt": PROMPT, "presence_penalty": 2.5}, "presence_penalty"),
     (CHAT, {"messages": [{"role": "user", "content": "x"}], "frequency_penalty": -3}, "frequency_penalty"),
     (COMPLETION, {"prompt": PROMPT, "repetition_penalty": 0}, "repetition_penalty"),
@@ -102,7 +103,7 @@ def test_bad_bodies_get_400_naming_the_field(server, path, body, param):
 
 
 @pytest.mark.parametrize("field, value", [
-    ("best_of", 2), ("prompt_logprobs", 1), ("suffix", "x"), ("min_p", 0.1), ("tools", [{"type": "function"}]), ("tool_choice", "required"),
+    ("best_of", 2), ("prompt_logprobs", 1), ("top_logprobs", 3), ("suffix", "x"), ("min_p", 0.1), ("tools", [{"type": "function"}]), ("tool_choice", "required"),
     ("response_format", {"type": "json_object"}), ("n", 2),
 ])
 def test_unsupported_sampling_fields_are_refused_by_name(server, field, value):
@@ -112,6 +113,8 @@ def test_unsupported_sampling_fields_are_refused_by_name(server, field, value):
 
 def test_echo_is_refused_on_chat_only(server):
     _assert_error(_post(server, CHAT, {"messages": [{"role": "user", "content": "x"}], "echo": True}), 400, "echo")
+    off = _post(server, CHAT, {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1, "logprobs": None})
+    assert off.status_code == 200 and off.json()["choices"][0]["logprobs"] is None
     assert _post(server, COMPLETION, {"prompt": PROMPT, "max_tokens": 1, "echo": True}).status_code == 200
 
 

@@ -145,7 +145,8 @@ def test_logprobs_completions_and_chat(client):
     assert spec.choices[0].logprobs.token_logprobs == pytest.approx(ar.choices[0].logprobs.token_logprobs, abs=2e-4)
     hot = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=1.5, seed=3, logprobs=0,
                                     extra_body={"policy": "ar"}).choices[0].logprobs
-    assert all(v <= 0 for v in hot.token_logprobs) and all(top == {} for top in hot.top_logprobs)
+    assert all(v <= 0 for v in hot.token_logprobs)  # logprobs=0: each token's own entry only
+    assert [list(top.items()) for top in hot.top_logprobs] == [[(t, v)] for t, v in zip(hot.tokens, hot.token_logprobs)]
 
     streamed = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0, logprobs=3,
                                          stream=True, extra_body={"policy": "hybridspec"})
