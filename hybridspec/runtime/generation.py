@@ -9,6 +9,7 @@ from ..artifacts.params import PolicyParameters
 from .config import ConfigError
 from .engine import GenerationResult
 from .loading import RANDOM_BLOCK_SIZE, drafter_config, target_config
+from .logprobs import finite
 from .policies import make_policy, resolve_policy
 from .presets import PRESETS
 from .sampling import SamplingParams
@@ -159,5 +160,5 @@ def summarize(result: GenerationResult, session: Session, policy: str) -> dict:
 def _logprobs(result: GenerationResult, session: Session) -> list[dict]:
     """Per generated token: its id, text, log-probability and alternatives [[id, logprob], …]."""
     lps, codec = result.logprobs, session.codec
-    return [{"id": token, "text": codec.decode([token]) if codec else "", "logprob": lps.chosen[i],
-             "top": [list(pair) for pair in lps.top[i]]} for i, token in enumerate(result.token_ids)]
+    return [{"id": token, "text": codec.decode([token]) if codec else "", "logprob": finite(lps.chosen[i]),
+             "top": [[t, finite(v)] for t, v in lps.top[i]]} for i, token in enumerate(result.token_ids)]

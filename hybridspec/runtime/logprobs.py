@@ -15,6 +15,14 @@ import torch
 from torch import Tensor
 
 MAX_TOP_LOGPROBS = 20  # the most alternatives a request may ask for per token (OpenAI's and vLLM's limit)
+LOGPROB_FLOOR = -9999.0  # what a log-probability of −inf (or NaN) is written as in JSON, which has neither (vLLM's)
+
+
+def finite(logprob: float | None) -> float | None:
+    """`logprob` for JSON: −inf and NaN as LOGPROB_FLOOR, None as it is."""
+    if logprob is None:
+        return None
+    return logprob if logprob >= LOGPROB_FLOOR else LOGPROB_FLOOR
 
 
 @dataclass

@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
+from ..runtime.logprobs import finite
 from .api import ChatRequest, CompletionRequest, RequestBody, RequestError, refuse_unsupported
 from .service import Decoding, Service, TokenLogprob
 
@@ -159,15 +160,6 @@ class _ClosingStream(StreamingResponse):
             await self.body_iterator.aclose()
 
 
-LOGPROB_FLOOR = -9999.0  # what a log-probability of −inf is sent as (JSON has no infinity), as vLLM
-
-
-def _finite(logprob: float | None) -> float | None:
-    if logprob is None:
-        return None
-    return logprob if logprob >= LOGPROB_FLOOR else LOGPROB_FLOOR  # NaN too: JSON has none
-
-
 def completion_logprobs(service: Service, entries: list[TokenLogprob], offset: int) -> dict:
     """The `logprobs` of a completion choice (OpenAI's legacy form) for `entries`, whose first token's
     text starts at character `offset` of the completion's token texts. Each token's alternatives
@@ -175,8 +167,8 @@ def completion_logprobs(service: Service, entries: list[TokenLogprob], offset: i
     tokens = [service.token_text(e.token) for e in entries]
     offsets = list(itertools.accumulate((len(t) for t in tokens[:-1]), initial=offset)) if tokens else []
     top = [None if e.top is None else
-           {service.token_text(i): _finite(v) for i, v in [*e.top, (e.token, e.logprob)]} for e in entries]
-    return {"tokens": tokens, "token_logprobs": [_finite(e.logprob) for e in entries], "top_logprobs": top,
+           {service.token_text(i): finite(v) for i, v in [*e.top, (e.token, e.logprob)]} for e in entries]
+    return {"tokens": tokens, "token_logprobs": [finite(e.logprob) for e in entries], "top_logprobs": top,
             "text_offset": offsets}
 
 
@@ -184,7 +176,7 @@ def chat_logprobs(service: Service, entries: list[TokenLogprob]) -> dict:
     """The `logprobs` of a chat choice for `entries`: per token its text, log-probability, UTF-8
     bytes and alternatives."""
     def item(token: int, logprob: float) -> dict:
-        return {"token": service.token_text(token), "logprob": _finite(logprob), "bytes": list(service.token_bytes(token))}
+        return {"token": service.token_text(token), "logprob": finite(logprob), "bytes": list(service.token_bytes(token))}
 
     return {"content": [item(e.token, e.logprob) | {"top_logprobs": [item(i, v) for i, v in e.top]} for e in entries]}
 

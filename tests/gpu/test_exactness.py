@@ -112,7 +112,7 @@ def test_graph_round_logprobs_equal_host_rounds(sessions, prompts, policy):
         torch.testing.assert_close(torch.tensor(got.logprobs.chosen), torch.tensor(want.logprobs.chosen),
                                    atol=1e-4, rtol=0)
         values = [torch.tensor([[v for _, v in t] for t in lps.top]) for lps in (got.logprobs, want.logprobs)]
-        torch.testing.assert_close(*values, atol=1e-4, rtol=0)  # raw: the same whatever the temperature
+        torch.testing.assert_close(*values, atol=1e-4, rtol=0)
         assert [[i for i, _ in t] for t in got.logprobs.top] == [[i for i, _ in t] for t in want.logprobs.top]
 
 

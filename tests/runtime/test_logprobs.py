@@ -123,3 +123,9 @@ def test_prompt_logprobs_over_several_prefill_chunks(session, engines):
                                atol=ATOL, rtol=0)
     assert [[i for i, _ in top] for top in got.top] == want.topk(2, dim=-1).indices.tolist()
     assert first + rest == engine.generate(prompt, policy=policy, max_new_tokens=4).token_ids
+
+
+def test_finite_floors_what_json_cannot_hold():
+    from hybridspec.runtime.logprobs import LOGPROB_FLOOR, finite
+
+    assert [finite(v) for v in (-1.5, float("-inf"), float("nan"), None)] == [-1.5, LOGPROB_FLOOR, LOGPROB_FLOOR, None]
