@@ -17,24 +17,12 @@ from hybridspec.runtime.engine import Engine
 from hybridspec.runtime.logprobs import MAX_TOP_LOGPROBS, from_rows, logprob_rows, token_logprobs
 from hybridspec.runtime.policies import make_policy
 from hybridspec.runtime.sampling import SamplingParams
-from hybridspec.runtime.session import open_session
 from tests.runtime.helpers import policy_parameters
 
 PROMPT = "def fibonacci(n):\n    "
 TOKENS = 24
 TOP = 3
 ATOL = 2e-4  # fp32: pass shapes differ between the oracle's prefill and the rounds
-
-
-@pytest.fixture(scope="module")
-def session():
-    return open_session()
-
-
-@pytest.fixture(scope="module")
-def engines(session):
-    return {"host": Engine(session.target, session.drafter, max_context=256, resident=False),
-            "resident": Engine(session.target, session.drafter, max_context=256, resident=True, graphs=False)}
 
 
 def oracle(session, engine: Engine, prompt: list[int], output: list[int]) -> torch.Tensor:

@@ -12,11 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hybridspec.runtime.engine import Engine
 from hybridspec.runtime.penalties import PenaltyState, penalized
 from hybridspec.runtime.policies import make_policy
 from hybridspec.runtime.sampling import SamplingParams
-from hybridspec.runtime.session import open_session
 from tests.runtime.helpers import policy_parameters
 
 PROMPT = "def fibonacci(n):\n    "
@@ -55,17 +53,6 @@ def test_penalized_rows_follow_their_own_history():
             want[[2, 33]] = float("-inf")
         torch.testing.assert_close(got[i], want, msg=f"row {i}")
     assert got[1, 33] == float("-inf") and got[3, 33] > float("-inf")  # five output tokens: rows 0, 1 masked
-
-
-@pytest.fixture(scope="module")
-def session():
-    return open_session()
-
-
-@pytest.fixture(scope="module")
-def engines(session):
-    return {"host": Engine(session.target, session.drafter, max_context=256, resident=False),
-            "resident": Engine(session.target, session.drafter, max_context=256, resident=True, graphs=False)}
 
 
 @pytest.fixture(scope="module")
