@@ -20,7 +20,9 @@ sampling parameters and the positions are device values; on the triton backend o
 from the logits, `kernels/sampling`, unless a filter needs a sort), so sampled requests run the same
 graphs' shapes; each sampling mode (`sampling_mode`) has its own graphs. A request that asks for
 logprobs runs graphs of its own, which also write `logprobs.logprob_rows` of the pass's rows to a
-buffer copied to the host beside the report.
+buffer copied to the host beside the report; so does one with penalties, a logit bias or
+min_tokens (`penalties.py`), whose graphs read the request's token counts on the device and add
+each round's emitted tokens to them.
 
 Stage 0 runs over the whole block (u = W) rather than u = min(w0 + 1, w_rem), so that the round
 needs one read (w) instead of two (u, then w): GDN and routing are causal, so the first u rows of
