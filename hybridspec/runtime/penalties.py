@@ -1,5 +1,5 @@
 """What a request changes in the target's logits before greedy choice or sampling, exact under
-speculation: vLLM's penalties, OpenAI's logit bias and vLLM's min_tokens, in this order:
+speculation: vLLM's penalties, OpenAI's logit bias, vLLM's min_tokens and min_p, in this order:
 
     repetition r   on every token seen in the prompt or the output: l / r where l > 0, l · r elsewhere
     frequency  f   l − f · c_v, c_v the times token v occurs in the output so far
@@ -7,6 +7,8 @@ speculation: vLLM's penalties, OpenAI's logit bias and vLLM's min_tokens, in thi
     logit bias b   l + b_v
     min_tokens n   l = −∞ for the request's end tokens (EOS, stop_token_ids) while the token decided
                    is among the first n of the output
+    min_p q        l = −∞ where p_v < q · max p at the request's temperature T, i.e. where
+                   l_v < max l + T · ln q (sampled requests; top-k and top-p then cut the rest)
 
 A verification row decides the token after the anchor and the drafts before it, so its history is
 the output so far plus those drafts: row i counts d_1 … d_i on top of the request's counts. The
@@ -18,6 +20,7 @@ inside its graphs.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -38,6 +41,7 @@ class PenaltyState:
     bias: Tensor  # [V] fp32: the logit bias
     end: Tensor  # [V] bool: the request's end tokens
     min_tokens: Tensor  # [1] fp32
+    min_p_margin: Tensor  # [1] fp32: T · ln(min_p), −inf when off
 
     @classmethod
     def allocate(cls, vocab: int, device) -> "PenaltyState":
@@ -45,7 +49,7 @@ class PenaltyState:
             return torch.zeros(n, device=device, **kw)
 
         return cls(zeros(vocab), zeros(vocab, dtype=torch.bool), zeros(1), zeros(1), torch.ones(1, device=device),
-                   zeros(vocab), zeros(vocab, dtype=torch.bool), zeros(1))
+                   zeros(vocab), zeros(vocab, dtype=torch.bool), zeros(1), torch.full((1,), float("-inf"), device=device))
 
     def begin(self, prompt: list[int], sampling: SamplingParams, end_ids: tuple[int, ...] = ()) -> None:
         """Reset for a request: its prompt, no output yet, its sampling parameters' values."""
@@ -62,6 +66,8 @@ class PenaltyState:
         if end_ids:
             self.end[torch.tensor(end_ids, dtype=torch.long, device=device)] = True
         self.min_tokens.fill_(sampling.min_tokens)
+        sampled_min_p = sampling.min_p > 0 and not sampling.greedy
+        self.min_p_margin.fill_(sampling.temperature * math.log(sampling.min_p) if sampled_min_p else float("-inf"))
 
     def record(self, tokens: Tensor, m: Tensor | int | None = None) -> None:
         """Count emitted tokens [n] long; with m ([1] long or int), only the first m of them."""
@@ -85,4 +91,5 @@ def penalized(logits: Tensor, drafts: Tensor, state: PenaltyState) -> Tensor:
     out = torch.where(seen, torch.where(out > 0, out / state.repetition, out * state.repetition), out)
     out = out - state.frequency * counts - state.presence * (counts > 0).float() + state.bias
     index = state.counts.sum() + torch.arange(w, device=logits.device)  # [w]: output index each row decides
-    return out.masked_fill((index < state.min_tokens)[:, None] & state.end, float("-inf"))
+    out = out.masked_fill((index < state.min_tokens)[:, None] & state.end, float("-inf"))
+    return out.masked_fill(out < out.amax(-1, keepdim=True) + state.min_p_margin, float("-inf"))

@@ -39,6 +39,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs, bias in [−100, 100]
     min_tokens: int = 0  # the end tokens are masked until the output has this many tokens
+    min_p: float = 0.0  # sampled requests: tokens below min_p × the most likely one's probability are cut
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -58,6 +59,8 @@ class SamplingParams:
             raise ValueError("logit_bias values must be in [-100, 100]")
         if self.min_tokens < 0:
             raise ValueError(f"min_tokens must be ≥ 0, got {self.min_tokens}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
 
     @property
     def greedy(self) -> bool:
@@ -65,9 +68,9 @@ class SamplingParams:
 
     @property
     def penalized(self) -> bool:
-        """Whether a penalty, a logit bias or min_tokens changes the logits (`penalties.py`)."""
+        """Whether a penalty, a logit bias, min_tokens or min_p changes the logits (`penalties.py`)."""
         return (self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
-                or bool(self.logit_bias) or self.min_tokens > 0)
+                or bool(self.logit_bias) or self.min_tokens > 0 or (self.min_p > 0 and not self.greedy))
 
     @property
     def filtered(self) -> bool:

@@ -37,7 +37,7 @@ Text = Annotated[str, AfterValidator(_utf8)]
 # OpenAI and vLLM fields this server does not implement, with the value that means "off": any
 # other value is answered 400 naming the field rather than silently ignored.
 UNSUPPORTED: dict[str, Any] = {
-    "best_of": 1, "echo": False, "top_logprobs": None, "suffix": None, "min_p": 0, "prompt_logprobs": None, "tools": None, "tool_choice": None, "functions": None, "function_call": None,
+    "best_of": 1, "echo": False, "top_logprobs": None, "suffix": None, "prompt_logprobs": None, "tools": None, "tool_choice": None, "functions": None, "function_call": None,
     "response_format": None, "guided_json": None, "guided_regex": None, "guided_choice": None,
     "prediction": None, "audio": None,
 }
@@ -76,6 +76,7 @@ class RequestBody(BaseModel):
     repetition_penalty: float = Field(1.0, gt=0.0, le=2.0, allow_inf_nan=False)  # vLLM's
     logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100, allow_inf_nan=False)]] | None = None  # id → bias
     min_tokens: int = Field(0, ge=0)  # vLLM's: no end token before this many output tokens
+    min_p: float = Field(0.0, ge=0.0, le=1.0, allow_inf_nan=False)  # vLLM's
     stop: Text | list[Text] | None = None
     seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     n: int = 1

@@ -329,7 +329,8 @@ class Service:
         logit_bias = body.logit_bias_pairs(vocab)
         try:
             sampling = SamplingParams(temperature, max(body.top_k, 0), body.top_p, seed, body.presence_penalty,
-                                      body.frequency_penalty, body.repetition_penalty, logit_bias, body.min_tokens)
+                                      body.frequency_penalty, body.repetition_penalty, logit_bias, body.min_tokens,
+                                      body.min_p)
         except ValueError as exc:
             raise RequestError(str(exc), None) from None
         arrived = time.monotonic() if arrived is None else arrived

@@ -120,6 +120,34 @@ def test_min_tokens_and_logit_bias_keep_every_policy_on_ar(session, engines, nam
         assert engines[path].generate(prompt, policy=policy, max_new_tokens=8, sampling=biased).token_ids == want_biased
 
 
+def test_min_p_cuts_below_its_share_of_the_most_likely_token():
+    torch.manual_seed(1)
+    V, T, q = 40, 0.7, 0.2
+    state = PenaltyState.allocate(V, "cpu")
+    state.begin([1], SamplingParams(temperature=T, min_p=q))
+    logits = torch.randn(3, V) * 2
+    got = penalized(logits, torch.tensor([5, 6]), state)
+    probs = torch.softmax(logits / T, dim=-1)
+    cut = probs < q * probs.amax(-1, keepdim=True)
+    assert torch.equal(torch.isinf(got), cut) and torch.equal(got[~cut], logits[~cut])
+    state.begin([1], SamplingParams(min_p=q))  # greedy: min_p changes nothing
+    assert torch.equal(penalized(logits, torch.tensor([5, 6]), state), logits)
+
+
+@pytest.mark.parametrize("name", ("ar", "full", "hybridspec"))
+def test_min_p_one_samples_the_argmax_under_every_policy(session, engines, greedy_ar, name):
+    """min_p = 1 keeps only the most likely token of each row: sampling at any temperature then
+    emits the greedy tokens, under every policy, host and resident rounds alike."""
+    prompt, _ = greedy_ar
+    ar = make_policy("ar", session.drafter.draft_len)
+    want = engines["host"].generate(prompt, policy=ar, max_new_tokens=TOKENS).token_ids
+    policy = make_policy(name, session.drafter.draft_len, policy_parameters(session.drafter.draft_len))
+    for path in ("host", "resident"):
+        got = engines[path].generate(prompt, policy=policy, max_new_tokens=TOKENS,
+                                     sampling=SamplingParams(1.3, 0, 1.0, 5, min_p=1.0))
+        assert got.token_ids == want, path
+
+
 def test_penalty_values_are_checked():
     with pytest.raises(ValueError, match="presence_penalty"):
         SamplingParams(presence_penalty=2.5)
@@ -127,3 +155,5 @@ def test_penalty_values_are_checked():
         SamplingParams(repetition_penalty=0.0)
     with pytest.raises(ValueError, match="logit_bias"):
         SamplingParams(logit_bias=((1, 101.0),))
+    with pytest.raises(ValueError, match="min_p"):
+        SamplingParams(min_p=1.5)

@@ -84,6 +84,7 @@ SURROGATE = '"\\ud800"'  # JSON text of a lone surrogate
     (CHAT, {"messages": [{"role": "user", "content": "x"}], "frequency_penalty": -3}, "frequency_penalty"),
     (COMPLETION, {"prompt": PROMPT, "repetition_penalty": 0}, "repetition_penalty"),
     (COMPLETION, {"prompt": PROMPT, "logit_bias": {"abc": 1}}, "logit_bias"),
+    (COMPLETION, {"prompt": PROMPT, "min_p": 1.5}, "min_p"),
     (COMPLETION, {"prompt": PROMPT, "logit_bias": {"99999999": 1}}, "logit_bias"),
     (COMPLETION, {"prompt": PROMPT, "logit_bias": {"5": 101}}, "logit_bias"),
     (CHAT, {"messages": [{"role": "user", "content": "x"}], "max_tokens": 4, "min_tokens": 5}, "min_tokens"),
@@ -103,7 +104,7 @@ def test_bad_bodies_get_400_naming_the_field(server, path, body, param):
 
 
 @pytest.mark.parametrize("field, value", [
-    ("best_of", 2), ("prompt_logprobs", 1), ("top_logprobs", 3), ("suffix", "x"), ("min_p", 0.1), ("tools", [{"type": "function"}]), ("tool_choice", "required"),
+    ("best_of", 2), ("prompt_logprobs", 1), ("top_logprobs", 3), ("suffix", "x"), ("tools", [{"type": "function"}]), ("tool_choice", "required"),
     ("response_format", {"type": "json_object"}), ("n", 2),
 ])
 def test_unsupported_sampling_fields_are_refused_by_name(server, field, value):

@@ -226,6 +226,10 @@ def test_penalties_change_the_output_and_keep_speculation_exact(client):
                                         extra_body={"policy": policy, **extra})
         return out.usage.completion_tokens, out.choices[0].logprobs.tokens, out.choices[0].finish_reason
 
+    hot = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=16, temperature=1.5, seed=9,
+                                    extra_body={"policy": "hybridspec", "min_p": 1.0})
+    assert hot.choices[0].text == complete("ar")  # min_p = 1 keeps the argmax alone
+
     forced = {"logit_bias": {"100": 100}}  # token 100 wins every row
     n, tokens, _ = usage_and_tokens("full", **forced)
     assert n == 8 and len(set(tokens)) == 1
