@@ -118,7 +118,7 @@ def test_graph_round_logprobs_equal_host_rounds(sessions, prompts, policy):
 
 @pytest.mark.parametrize("policy", ("ar", "full", "hybridspec"))
 def test_graph_rounds_under_penalties_equal_host_rounds(sessions, prompts, policy):
-    """Presence, frequency and repetition penalties, a logit bias and min_tokens inside the captured
+    """Presence, frequency and repetition penalties, a logit bias, min_tokens and min_p inside the captured
     rounds (the request's token counts advanced on the device) give the host rounds' tokens, greedy
     and sampled."""
     from hybridspec.runtime.engine import Engine
@@ -129,7 +129,7 @@ def test_graph_rounds_under_penalties_equal_host_rounds(sessions, prompts, polic
     chosen = make_policy(policy, DRAFT_LEN, hand_parameters(), device="cuda")
     penalties = dict(presence_penalty=0.8, frequency_penalty=0.3, repetition_penalty=1.3, logit_bias=((7, 1.5),),
                      min_tokens=4)
-    for sampling in (SamplingParams(**penalties), SamplingParams(temperature=1.0, seed=3, **penalties)):
+    for sampling in (SamplingParams(**penalties), SamplingParams(temperature=1.0, seed=3, min_p=0.05, **penalties)):
         kw = dict(policy=chosen, max_new_tokens=TOKENS, sampling=sampling, eos_ids=tri.eos_ids)
         want = host.generate(prompts[1], **kw).token_ids
         got = tri.engine.generate(prompts[1], **kw).token_ids
