@@ -33,6 +33,7 @@ def _utf8(text: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(_utf8)]
+MAX_CHOICES = 16  # the most choices (`n`) one request may ask for
 
 # OpenAI and vLLM fields this server does not implement, with the value that means "off": any
 # other value is answered 400 naming the field rather than silently ignored.
@@ -79,13 +80,13 @@ class RequestBody(BaseModel):
     min_p: float = Field(0.0, ge=0.0, le=1.0, allow_inf_nan=False)  # vLLM's
     stop: Text | list[Text] | None = None
     seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
-    n: int = 1
+    n: int = Field(1, ge=1, le=MAX_CHOICES)  # choices, decoded one after another (batch size one)
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop_token_ids: list[int] = Field(default_factory=list)  # vLLM's: tokens that end the request, as EOS does
     ignore_eos: bool = False  # vLLM's: decode past the model's EOS (to max_tokens or a stop)
     policy: Text | None = None  # extension: one of the engine's policy names
-    spec_decode_stats: bool = False  # extension: add the request's round statistics to the response
+    spec_decode_stats: bool = False  # extension: the round statistics in the response (a list per choice when n > 1)
 
     def logprob_count(self) -> int | None:
         """The alternatives per output token of the logprobs asked for; None: no logprobs."""
@@ -94,13 +95,6 @@ class RequestBody(BaseModel):
     def prompt_logprob_count(self) -> int | None:
         """The alternatives per prompt token of the prompt logprobs asked for; None: none."""
         return None
-
-    @field_validator("n")
-    @classmethod
-    def _one(cls, n: int) -> int:
-        if n != 1:
-            raise ValueError("only n = 1 is supported (batch size one)")
-        return n
 
     def logit_bias_pairs(self, vocab: int) -> tuple[tuple[int, float], ...]:
         """`logit_bias` as (token id, bias) pairs, each id checked against the vocabulary."""

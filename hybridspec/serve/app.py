@@ -19,6 +19,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Callable
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -185,19 +186,23 @@ def _sse(obj: dict | str) -> str:
     return f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n"
 
 
-async def _respond(service: Service, decoding: Decoding, body: RequestBody, chat: bool, request: Request,
-                   echo: str = ""):
-    """The response to a validated request: JSON, or an SSE stream; `echo` (the prompt's text)
-    goes before the completion's."""
-    request.state.decoding = decoding  # for the access log and the cancellation count
+async def _respond(service: Service, choice: Callable[[int], Decoding], body: RequestBody, chat: bool,
+                   request: Request, echo: str = ""):
+    """The response to a validated request: JSON, or an SSE stream. `choice(i)` builds the decoding of
+    choice i (`choice(0)` already built, so validated); the `n` choices decode one after another,
+    each streamed whole before the next. `echo` (the prompt's text) goes before each choice's text."""
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     base = {"id": rid, "created": int(time.time()), "model": service.model_name}
-    stats = lambda: {"spec_decode_stats": decoding.stats()} if body.spec_decode_stats else {}  # noqa: E731
-    asked = decoding.logprobs is not None
-    offset = [0]  # a completion's text_offset of the next token
+    obj = ("chat.completion" if chat else "text_completion") + (".chunk" if body.stream and chat else "")
+    done: list[Decoding] = []
 
-    def logprobs(entries: list[TokenLogprob]) -> dict | None:
-        if not asked:
+    def begin(i: int) -> Decoding:
+        decoding = choice(i)
+        request.state.decoding = decoding  # for the access log and the cancellation count
+        return decoding
+
+    def logprobs(decoding: Decoding, entries: list[TokenLogprob], offset: list[int]) -> dict | None:
+        if decoding.logprobs is None:
             return None
         if chat:
             return chat_logprobs(service, entries)
@@ -205,46 +210,62 @@ async def _respond(service: Service, decoding: Decoding, body: RequestBody, chat
         offset[0] += sum(len(t) for t in out["tokens"])
         return out
 
+    def usage() -> dict:
+        n_prompt, n_out = len(done[0].prompt_ids), sum(len(d.ids) for d in done)
+        return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
+
+    def stats() -> dict:
+        if not body.spec_decode_stats:
+            return {}
+        return {"spec_decode_stats": done[0].stats() if body.n == 1 else [d.stats() for d in done]}
+
     if not body.stream:
-        deltas = [d async for d in service.run(decoding, request.is_disconnected)]
-        if decoding.finish_reason is None:  # the client went away; nobody reads this
-            return _error("the client closed the request", None, CLIENT_CLOSED)
-        text, entries = echo + "".join(d.text for d in deltas), [e for d in deltas for e in d.logprobs]
-        choice = ({"index": 0, "message": {"role": "assistant", "content": text}} if chat
-                  else {"index": 0, "text": text})
-        choice |= {"logprobs": logprobs(entries), "finish_reason": decoding.finish_reason}
-        obj = "chat.completion" if chat else "text_completion"
-        return JSONResponse({**base, "object": obj, "choices": [choice], "usage": decoding.usage(), **stats()})
-    obj = "chat.completion.chunk" if chat else "text_completion"
+        choices = []
+        for i in range(body.n):
+            decoding = begin(i)
+            deltas = [d async for d in service.run(decoding, request.is_disconnected)]
+            if decoding.finish_reason is None:  # the client went away; nobody reads this
+                return _error("the client closed the request", None, CLIENT_CLOSED)
+            done.append(decoding)
+            text, entries = echo + "".join(d.text for d in deltas), [e for d in deltas for e in d.logprobs]
+            item = ({"index": i, "message": {"role": "assistant", "content": text}} if chat
+                    else {"index": i, "text": text})
+            choices.append(item | {"logprobs": logprobs(decoding, entries, [0]),
+                                   "finish_reason": decoding.finish_reason})
+        return JSONResponse({**base, "object": obj, "choices": choices, "usage": usage(), **stats()})
     include_usage = body.stream_options is not None and body.stream_options.include_usage
 
-    def chunk(text: str | None, finish: str | None, first: bool = False, entries: list | None = None) -> dict:
-        lps = logprobs(entries) if entries else None
+    def chunk(i: int, text: str | None, finish: str | None, lps: dict | None = None, first: bool = False) -> dict:
         if chat:
             delta = ({"role": "assistant", "content": ""} if first else {}) | ({"content": text} if text else {})
-            choice = {"index": 0, "delta": delta, "logprobs": lps, "finish_reason": finish}
+            item = {"index": i, "delta": delta, "logprobs": lps, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": lps, "finish_reason": finish}
-        return {**base, "object": obj, "choices": [choice]} | ({"usage": None} if include_usage else {})
+            item = {"index": i, "text": text or "", "logprobs": lps, "finish_reason": finish}
+        return {**base, "object": obj, "choices": [item]} | ({"usage": None} if include_usage else {})
 
     async def events():
-        pending = echo  # sent with the first chunk
+        decoding = None
         try:
-            if chat:
-                yield _sse(chunk(None, None, first=True))
-            async for delta in service.run(decoding, request.is_disconnected):
-                yield _sse(chunk(pending + delta.text, None, entries=delta.logprobs))
-                pending = ""
-            if decoding.finish_reason is None:  # the client went away
-                return
-            yield _sse(chunk(pending or None, decoding.finish_reason) | stats())
+            for i in range(body.n):
+                decoding, pending, offset = begin(i), echo, [0]  # the echo goes with the choice's first chunk
+                if chat:
+                    yield _sse(chunk(i, None, None, first=True))
+                async for delta in service.run(decoding, request.is_disconnected):
+                    lps = logprobs(decoding, delta.logprobs, offset) if delta.logprobs else None
+                    yield _sse(chunk(i, pending + delta.text, None, lps))
+                    pending = ""
+                if decoding.finish_reason is None:  # the client went away
+                    return
+                done.append(decoding)
+                yield _sse(chunk(i, pending or None, decoding.finish_reason) | (stats() if i == body.n - 1 else {}))
             if include_usage:
-                yield _sse({**base, "object": obj, "choices": [], "usage": decoding.usage()})
+                yield _sse({**base, "object": obj, "choices": [], "usage": usage()})
         except Exception:  # the engine failed mid-stream: the status is sent, so an error event says it
             error_log.exception("stream %s failed", rid)
             yield _sse(error_body(INTERNAL, None, 500))
         finally:
-            service.discard(decoding)
+            if decoding is not None:
+                service.discard(decoding)
         yield _sse("[DONE]")
 
     return _ClosingStream(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
@@ -299,17 +320,20 @@ def create_app(service: Service, *, api_key: str | None = None, max_request_byte
             prompt = prompt[0]
         ids = await service.encode(prompt, "prompt") if isinstance(prompt, str) else list(prompt)
         max_tokens = body.max_tokens if body.max_tokens is not None else 16
-        decoding = service.start(body, ids, max_tokens, "prompt", arrived)
+        first = service.start(body, ids, max_tokens, "prompt", arrived)
         echo = (prompt if isinstance(prompt, str) else service.prompt_text(ids)) if body.echo else ""
-        return await _respond(service, decoding, body, False, request, echo)
+        choice = lambda i: first if i == 0 else service.start(body, ids, max_tokens, "prompt", choice=i)  # noqa: E731
+        return await _respond(service, choice, body, False, request, echo)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request):
         arrived = time.monotonic()
         refuse_unsupported(body)
         ids = await service.encode_chat([m.model_dump() for m in body.messages])
-        decoding = service.start(body, ids, body.max_completion_tokens or body.max_tokens, "messages", arrived)
-        return await _respond(service, decoding, body, True, request)
+        max_tokens = body.max_completion_tokens or body.max_tokens
+        first = service.start(body, ids, max_tokens, "messages", arrived)
+        choice = lambda i: first if i == 0 else service.start(body, ids, max_tokens, "messages", choice=i)  # noqa: E731
+        return await _respond(service, choice, body, True, request)
 
     return Gate(app, service, api_key, max_request_bytes)
 

@@ -22,7 +22,7 @@ from ..runtime.engine import PrefillRecord
 from ..runtime.generation import check_policy, default_policy
 from ..runtime.logprobs import TokenLogprobs
 from ..runtime.policies import Policy, make_policy
-from ..runtime.sampling import SamplingParams
+from ..runtime.sampling import SEED_MIN, SamplingParams
 from ..runtime.session import Session, open_session
 from ..runtime.tensor_parallel import mirrored
 from ..runtime.tokenizer import ChatTemplateError, TextCodec
@@ -290,8 +290,9 @@ class Service:
         return self.session.codec
 
     def start(self, body: RequestBody, prompt_ids: list[int], max_tokens: int | None, param: str,
-              arrived: float | None = None) -> Decoding:
-        """Validate against the model and build the request's decoding (nothing runs yet)."""
+              arrived: float | None = None, choice: int = 0) -> Decoding:
+        """Validate against the model and build the decoding of the request's choice `choice`
+        (nothing runs yet); choice i samples with seed + i (a request without a seed: a random one each)."""
         if body.model is not None and body.model != self.model_name:
             raise RequestError(f"the model {body.model!r} does not exist; this server serves {self.model_name!r}",
                                "model", 404)
@@ -325,6 +326,7 @@ class Service:
             raise RequestError(f"stop_token_ids must be token ids in 0 … {vocab - 1}", "stop_token_ids")
         end_ids = tuple(dict.fromkeys((*(() if body.ignore_eos else self.session.eos_ids), *body.stop_token_ids)))
         seed = body.seed if body.seed is not None else random.randrange(2**31)
+        seed = (seed + choice - SEED_MIN) % 2**64 + SEED_MIN  # wraps within the 64-bit seeds
         temperature = body.temperature if body.temperature >= SAMPLING_EPS else 0.0  # as vLLM: greedy below it
         logit_bias = body.logit_bias_pairs(vocab)
         try:

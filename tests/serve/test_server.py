@@ -240,6 +240,26 @@ def test_penalties_change_the_output_and_keep_speculation_exact(client):
         assert (n, reason) == (4, "stop") and tokens[0] != tokens[3], policy
 
 
+def test_n_choices_decode_one_after_another(client):
+    """n choices: choice i samples as a request with seed + i would, streamed or not; the usage
+    counts the prompt once and every choice's tokens; greedy choices are equal."""
+    kw = dict(model=MODEL, prompt=PROMPT, max_tokens=10, temperature=1.0, extra_body={"policy": "hybridspec"})
+    out = client.completions.create(n=3, seed=40, **kw)
+    singles = [client.completions.create(n=1, seed=40 + i, **kw) for i in range(3)]
+    assert [c.index for c in out.choices] == [0, 1, 2]
+    assert [c.text for c in out.choices] == [s.choices[0].text for s in singles]
+    assert out.usage.prompt_tokens == singles[0].usage.prompt_tokens
+    assert out.usage.completion_tokens == sum(s.usage.completion_tokens for s in singles)
+    texts = ["", "", ""]
+    for chunk in client.completions.create(n=3, seed=40, stream=True, **kw):
+        for c in chunk.choices:
+            texts[c.index] += c.text
+    assert texts == [c.text for c in out.choices]
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=6,
+                                          temperature=0, n=2)
+    assert [c.index for c in chat.choices] == [0, 1] and chat.choices[0].message.content == chat.choices[1].message.content
+
+
 def test_models_health_and_auth(server, client):
     assert [m.id for m in client.models.list()] == [MODEL]
     assert httpx.get(f"{server}/health").status_code == 200
@@ -255,7 +275,7 @@ def test_models_health_and_auth(server, client):
     ({"prompt": PROMPT, "temperature": -0.5}, "temperature"),
     ({"prompt": PROMPT, "policy": "bogus"}, "policy"),
     ({"prompt": PROMPT, "policy": "static:1"}, "policy"),
-    ({"prompt": PROMPT, "n": 2}, "n"),
+    ({"prompt": PROMPT, "n": 17}, "n"),
     ({"prompt": "x " * 600, "max_tokens": 2}, "prompt"),
     ({"prompt": PROMPT, "max_tokens": 600}, "max_tokens"),
     ({"prompt": PROMPT, "model": "other"}, "model"),
