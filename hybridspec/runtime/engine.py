@@ -122,7 +122,7 @@ class Engine:
             resident = cuda and device_resident(target.backend)
         if graphs is None:
             graphs = resident and cuda
-        # the request's token history for presence, frequency and repetition penalties (`penalties.py`)
+        # the request's token history and logits changes: penalties, logit bias, min_tokens, min_p (`penalties.py`)
         self.penalties = PenaltyState.allocate(target.cfg.vocab_size, self.device)
         self.resident = (ResidentDecoder(target, drafter, self.cache, graphs=graphs, penalties=self.penalties)
                          if resident else None)
