@@ -270,3 +270,21 @@ def test_generate_penalties_reach_the_engine():
                 for policy in ("ar", "full"))
     assert ar == full != plain
     assert runner.invoke(app, ["generate", *args, "--presence-penalty", "3"]).exit_code == 2
+
+
+def test_serve_prepare_captures_the_named_flavours_at_start_up(monkeypatch):
+    """`serve --prepare` hands each flavour to the engine's capture before the server starts (greedy
+    always first); a bad item is refused before any weights load, naming it."""
+    from hybridspec.runtime.engine import Engine
+    from hybridspec.serve import app as app_module
+
+    calls = []
+    monkeypatch.setattr(Engine, "prepare", lambda self, policy, sampling, *, logprobs=False: calls.append(
+        (policy.name, sampling.temperature, sampling.top_k, sampling.top_p, sampling.penalized, logprobs)))
+    monkeypatch.setattr(app_module, "serve", lambda service, **kw: None)
+    result = runner.invoke(app, ["serve", "--policy", "full", "--prepare", "greedy+logprobs, top-k+penalties"])
+    assert result.exit_code == 0, result.output
+    assert calls == [("full", 0.0, 0, 1.0, False, False), ("full", 0.0, 0, 1.0, False, True),
+                     ("full", 1.0, 20, 1.0, True, False)]
+    bad = runner.invoke(app, ["serve", "--prepare", "sample+fast"])
+    assert bad.exit_code == 2 and "sample+fast" in " ".join(bad.output.split())

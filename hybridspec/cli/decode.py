@@ -145,6 +145,7 @@ def serve(
     force: Annotated[bool, typer.Option("--force", help="Use an artifact fitted for another model/drafter.")] = False,
     tp: TensorParallelOpt = 1,
     expert_parallel: ExpertParallelOpt = False,
+    prepare: Annotated[str, typer.Option("--prepare", help="Also capture these flavours' graphs at start-up, comma-separated: greedy, sample, top-k or filter, each with any of +logprobs, +penalties (default: greedy only; others are captured by their first request).")] = "",
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API (completions, chat, models, health, metrics)."""
     try:
@@ -159,7 +160,8 @@ def serve(
             _fail(f"--api-key-file {api_key_file}: cannot read a key ({type(exc).__name__}: {exc})")
     policy = _policy_note(policy, artifact)
     options = dict(artifact=artifact, model=model, drafter=drafter, policy=policy, device=device, dtype=dtype,
-                   backend=backend, max_context=max_context, force=force, graphs=graphs, model_name=served_model_name)
+                   backend=backend, max_context=max_context, force=force, graphs=graphs, model_name=served_model_name,
+                   prepare=tuple(p for p in prepare.split(",") if p.strip()))
     server = dict(host=host, port=port, api_key=api_key, max_request_bytes=max_request_bytes, log_level=log_level)
     banner = f"serving [bold]{{model}}[/] (policy {policy}) on http://{host}:{port}/v1"
     try:

@@ -10,6 +10,7 @@ so that a long prompt never holds up the event loop (/health, other clients).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -199,21 +200,44 @@ def _first_stop(text: str, stops: list[str]) -> int | None:
     return min(hits) if hits else None
 
 
+PREPARE_SAMPLING = {"greedy": SamplingParams(), "sample": SamplingParams(1.0), "top-k": SamplingParams(1.0, 20),
+                    "filter": SamplingParams(1.0, 0, 0.9)}  # a request of each `resident.sampling_mode`
+PREPARE_EXTRAS = ("logprobs", "penalties")
+
+
+def prepare_flavours(specs: tuple[str, ...]) -> list[tuple[SamplingParams, bool]]:
+    """`serve --prepare` items (`sample`, `greedy+logprobs`, `top-k+penalties+logprobs`, …) → the
+    (sampling, logprobs) whose graphs the server captures at start-up. ValueError names a bad item."""
+    flavours = []
+    for spec in specs:
+        mode, *extras = spec.strip().split("+")
+        if mode not in PREPARE_SAMPLING or any(e not in PREPARE_EXTRAS for e in extras):
+            raise ValueError(f"--prepare {spec!r}: a sampling mode ({', '.join(PREPARE_SAMPLING)}) with any of "
+                             f"+{', +'.join(PREPARE_EXTRAS)}")
+        sampling = PREPARE_SAMPLING[mode]
+        if "penalties" in extras:
+            sampling = dataclasses.replace(sampling, presence_penalty=0.5)
+        flavours.append((sampling, "logprobs" in extras))
+    return flavours
+
+
 class Service:
     """The model, its policies and the FIFO queue in front of the engine."""
 
     def __init__(self, session: Session, *, params: PolicyParameters | None, policy: str, model_name: str,
-                 tensor_parallel: bool = False):
+                 tensor_parallel: bool = False, prepare: tuple[str, ...] = ()):
         self.session, self.params, self.model_name = session, params, model_name
         self.tensor_parallel = tensor_parallel  # every rank runs each engine step (`steps`)
         self.draft_len = session.drafter.draft_len if session.drafter is not None else 0
         self.policies: dict[str, Policy] = {}
         self.default_policy_name = policy
         self.default_policy = self.policy(policy)  # fails at start-up on a bad default
-        # the default policy's greedy graphs are captured now, not in the first request's time; a
-        # tensor-parallel group captures in its first request, which every rank runs
+        # the default policy's greedy graphs, and those of the `prepare` flavours, are captured now, not
+        # in the first such request's time; a tensor-parallel group captures in its first request of
+        # each flavour, which every rank runs
         if not tensor_parallel:
-            session.engine.prepare(self.default_policy)
+            for sampling, logprobs in [(SamplingParams(), False), *prepare_flavours(prepare)]:
+                session.engine.prepare(self.default_policy, sampling, logprobs=logprobs)
         self.lock = asyncio.Lock()  # FIFO: waiters are woken in arrival order
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self.metrics = ServerMetrics(model_name, max_length=self.draft_len + 1)
@@ -398,15 +422,19 @@ class Service:
 def open_service(*, artifact: Path | None = None, model: str | None = None, drafter: str | None = None,
                  policy: str | None = None, device: str = "cpu", dtype: str = "float32", backend: str = "auto",
                  max_context: int = 4096, force: bool = False, model_name: str | None = None,
-                 graphs: bool = True, tensor_parallel: bool = False, expert_parallel: bool = False) -> Service:
+                 graphs: bool = True, tensor_parallel: bool = False, expert_parallel: bool = False,
+                 prepare: tuple[str, ...] = ()) -> Service:
     """Check the default policy and the artifact, then load the model and the drafter for `serve`
     (`check_policy`, before any weights load: the default policy needs an artifact when it needs
     parameters; one fitted for another pair is refused unless `force`). Without `policy`: `hybridspec`
     with an artifact, else `default_policy`'s choice. `tensor_parallel`: on one rank of a process
-    group (`serve/parallel.py`); `expert_parallel`: its experts split whole across the ranks."""
+    group (`serve/parallel.py`); `expert_parallel`: its experts split whole across the ranks;
+    `prepare`: the flavours whose graphs are captured at start-up besides greedy's (`prepare_flavours`)."""
+    prepare_flavours(prepare)  # a bad item fails before any weights load
     policy = policy or default_policy(artifact)
     params = check_policy(policy, artifact, model, drafter, force=force)
     session = open_session(model, drafter, device=device, dtype=dtype, backend=backend, max_context=max_context,
                            graphs=graphs, tensor_parallel=tensor_parallel, expert_parallel=expert_parallel)
     name = model_name or (model if model is not None else EMBEDDED_NAME)
-    return Service(session, params=params, policy=policy, model_name=name, tensor_parallel=tensor_parallel)
+    return Service(session, params=params, policy=policy, model_name=name, tensor_parallel=tensor_parallel,
+                   prepare=prepare)
