@@ -57,9 +57,11 @@ class TextCodec:
             return self.decode([token]).encode("utf-8")
         return b"".join(bytes([self._byte_map[c]]) if c in self._byte_map else c.encode("utf-8") for c in piece)
 
-    def render_chat(self, messages: list[dict]) -> str:
+    def render_chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:
         """The prompt text of OpenAI-style `messages` ({"role", "content"}; a content list keeps its text
-        parts) under the tokenizer's chat template, ending with the assistant's turn opened."""
+        parts; an assistant's `tool_calls` and a tool's `tool_call_id` pass through) under the
+        tokenizer's chat template, with OpenAI-style `tools` when given, ending with the assistant's
+        turn opened."""
         if self.chat_template is None:
             raise ChatTemplateError(f"{self.source}: no chat_template (chat_template.jinja or tokenizer_config.json); "
                                     "use plain completions")
@@ -68,8 +70,8 @@ class TextCodec:
 
         chat = [{**m, "content": _text(m.get("content"))} for m in messages]
         try:
-            rendered, _ = render_jinja_template([chat], chat_template=self.chat_template, add_generation_prompt=True,
-                                                **self.special_tokens)
+            rendered, _ = render_jinja_template([chat], tools=tools, chat_template=self.chat_template,
+                                                add_generation_prompt=True, **self.special_tokens)
         except TemplateError as exc:
             raise ChatTemplateError(f"{self.source}: the chat template refused the messages: {exc}") from exc
         return rendered[0]

@@ -7,9 +7,11 @@ messages are rendered by the model's own chat template (`TextCodec.render_chat`)
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from ..runtime.logprobs import MAX_TOP_LOGPROBS
 from ..runtime.sampling import SEED_MAX, SEED_MIN
@@ -136,9 +138,50 @@ class TextPart(BaseModel):
     text: Text
 
 
+class ToolFunction(BaseModel):
+    name: Text
+    description: Text | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema, rendered by the chat template
+
+
+class Tool(BaseModel):
+    type: Literal["function"]
+    function: ToolFunction
+
+
+class CalledFunction(BaseModel):
+    name: Text
+    arguments: Text  # JSON, as OpenAI sends it back
+
+
+class ToolCall(BaseModel):
+    id: Text | None = None
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class ChatMessage(BaseModel):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: Text | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Text | list[TextPart] | None = None  # None only beside an assistant's tool_calls
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: Text | None = None  # a tool's answer: to which call
+
+    @model_validator(mode="after")
+    def _content(self) -> "ChatMessage":
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise PydanticCustomError("content", "content is required (null only for an assistant message with tool_calls)")
+        return self
+
+    def for_template(self) -> dict:
+        """The message as chat templates read it: an assistant's call arguments as objects (Qwen's
+        templates write them with `tojson`), None fields left out."""
+        message = self.model_dump(exclude_none=True)
+        for call in message.get("tool_calls", []):
+            try:
+                call["function"]["arguments"] = json.loads(call["function"]["arguments"])
+            except json.JSONDecodeError:
+                pass  # a template that wants a string gets it as sent
+        return message
 
 
 class ChatRequest(RequestBody):
@@ -146,6 +189,12 @@ class ChatRequest(RequestBody):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = False  # null: off, as vLLM reads it
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS, strict=True)
+    tools: list[Tool] | None = None  # rendered by the chat template; calls parsed from the output (`tools.py`)
+    tool_choice: Literal["none", "auto"] | None = None  # "required" and named functions: not supported
+
+    def calls_tools(self) -> bool:
+        """Whether the output is parsed for tool calls: tools given and tool_choice not "none"."""
+        return bool(self.tools) and self.tool_choice != "none"
 
     def logprob_count(self) -> int | None:
         if self.top_logprobs and not self.logprobs:

@@ -31,6 +31,7 @@ from starlette.exceptions import HTTPException
 from ..runtime.logprobs import finite
 from .api import ChatRequest, CompletionRequest, RequestBody, RequestError, refuse_unsupported
 from .service import Decoding, Service, TokenLogprob
+from .tools import ToolStream, parse_tool_calls
 
 access_log = logging.getLogger("hybridspec.access")
 error_log = logging.getLogger("hybridspec.serve")
@@ -194,6 +195,7 @@ async def _respond(service: Service, choice: Callable[[int], Decoding], body: Re
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     base = {"id": rid, "created": int(time.time()), "model": service.model_name}
     obj = ("chat.completion" if chat else "text_completion") + (".chunk" if body.stream and chat else "")
+    tools = chat and body.calls_tools()  # the output is parsed for tool calls (`tools.py`)
     done: list[Decoding] = []
 
     def begin(i: int) -> Decoding:
@@ -228,10 +230,16 @@ async def _respond(service: Service, choice: Callable[[int], Decoding], body: Re
                 return _error("the client closed the request", None, CLIENT_CLOSED)
             done.append(decoding)
             text, entries = echo + "".join(d.text for d in deltas), [e for d in deltas for e in d.logprobs]
-            item = ({"index": i, "message": {"role": "assistant", "content": text}} if chat
-                    else {"index": i, "text": text})
-            choices.append(item | {"logprobs": logprobs(decoding, entries, [0]),
-                                   "finish_reason": decoding.finish_reason})
+            finish = decoding.finish_reason
+            if not chat:
+                item = {"index": i, "text": text}
+            elif tools:
+                content, calls = parse_tool_calls(text)
+                message = {"role": "assistant", "content": content} | ({"tool_calls": calls} if calls else {})
+                item, finish = {"index": i, "message": message}, "tool_calls" if calls else finish
+            else:
+                item = {"index": i, "message": {"role": "assistant", "content": text}}
+            choices.append(item | {"logprobs": logprobs(decoding, entries, [0]), "finish_reason": finish})
         return JSONResponse({**base, "object": obj, "choices": choices, "usage": usage(), **stats()})
     include_usage = body.stream_options is not None and body.stream_options.include_usage
 
@@ -248,16 +256,26 @@ async def _respond(service: Service, choice: Callable[[int], Decoding], body: Re
         try:
             for i in range(body.n):
                 decoding, pending, offset = begin(i), echo, [0]  # the echo goes with the choice's first chunk
+                calls = ToolStream() if tools else None  # content until a call may begin; calls at the end
                 if chat:
                     yield _sse(chunk(i, None, None, first=True))
                 async for delta in service.run(decoding, request.is_disconnected):
                     lps = logprobs(decoding, delta.logprobs, offset) if delta.logprobs else None
-                    yield _sse(chunk(i, pending + delta.text, None, lps))
+                    text = calls.feed(delta.text) if calls else delta.text
+                    yield _sse(chunk(i, pending + text, None, lps))
                     pending = ""
                 if decoding.finish_reason is None:  # the client went away
                     return
                 done.append(decoding)
-                yield _sse(chunk(i, pending or None, decoding.finish_reason) | (stats() if i == body.n - 1 else {}))
+                last = chunk(i, pending or None, decoding.finish_reason)
+                if calls:
+                    rest, found = calls.finish()
+                    if found:
+                        last = chunk(i, None, "tool_calls")
+                        last["choices"][0]["delta"] = {"tool_calls": [{"index": k, **call} for k, call in enumerate(found)]}
+                    if rest:
+                        yield _sse(chunk(i, rest, None))
+                yield _sse(last | (stats() if i == body.n - 1 else {}))
             if include_usage:
                 yield _sse({**base, "object": obj, "choices": [], "usage": usage()})
         except Exception:  # the engine failed mid-stream: the status is sent, so an error event says it
@@ -329,7 +347,8 @@ def create_app(service: Service, *, api_key: str | None = None, max_request_byte
     async def chat_completions(body: ChatRequest, request: Request):
         arrived = time.monotonic()
         refuse_unsupported(body)
-        ids = await service.encode_chat([m.model_dump() for m in body.messages])
+        tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.calls_tools() else None
+        ids = await service.encode_chat([m.for_template() for m in body.messages], tools)
         max_tokens = body.max_completion_tokens or body.max_tokens
         first = service.start(body, ids, max_tokens, "messages", arrived)
         choice = lambda i: first if i == 0 else service.start(body, ids, max_tokens, "messages", choice=i)  # noqa: E731

@@ -296,13 +296,14 @@ class Service:
         """Token ids of `text`, tokenized in a thread (the tokenizer releases the GIL)."""
         return await asyncio.to_thread(self._codec(param).encode, text)
 
-    async def encode_chat(self, messages: list[dict]) -> list[int]:
-        """Token ids of chat messages under the model's chat template, rendered and tokenized in a thread."""
+    async def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        """Token ids of chat messages (and tools) under the model's chat template, rendered and
+        tokenized in a thread."""
         codec = self._codec("messages")
 
         def render() -> list[int]:
             try:
-                return codec.encode(codec.render_chat(messages))
+                return codec.encode(codec.render_chat(messages, tools))
             except ChatTemplateError as exc:  # no template, or the template refused the messages
                 raise RequestError(str(exc), "messages") from None
 

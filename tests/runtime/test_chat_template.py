@@ -72,3 +72,27 @@ def test_token_bytes_join_to_the_text_for_byte_level_tokens():
     partial = next(i for i in ids if session.codec.decode([i]) == "\ufffd")
     name = Service(session, params=None, policy="ar", model_name="m").token_text(partial)
     assert name.startswith("bytes:\\x") and len(name) == len("bytes:") + 4 * len(session.codec.token_bytes(partial))
+
+
+TOOLS_TEMPLATE = (
+    "{% if tools %}<tools>{% for t in tools %}{{ t.function.name }}({{ t.function.parameters | tojson }});{% endfor %}"
+    "</tools>\n{% endif %}{% for m in messages %}{{ m.role }}: {{ m.content }}{% for c in m.tool_calls or [] %}"
+    "<call>{{ c.function.name }} {{ c.function.arguments | tojson }}</call>{% endfor %}{{ '|' }}{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}")
+
+
+def test_tools_and_tool_calls_reach_the_chat_template():
+    """`tools` and an assistant's `tool_calls` (arguments parsed from OpenAI's JSON string into an
+    object, as Qwen's templates expect) reach the template; a tool's answer renders as a message."""
+    from hybridspec.serve.api import ChatMessage
+
+    codec = load_codec(EMBEDDED / "target")
+    codec.chat_template = TOOLS_TEMPLATE
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    messages = [ChatMessage(role="user", content="weather?"),
+                ChatMessage(role="assistant", content=None, tool_calls=[call]),
+                ChatMessage(role="tool", tool_call_id="c1", content="sunny")]
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    rendered = codec.render_chat([m.for_template() for m in messages], tools)
+    assert rendered == ('<tools>get_weather({"type": "object"});</tools>\nuser: weather?|assistant: '
+                        '<call>get_weather {"city": "Paris"}</call>|tool: sunny|assistant:')

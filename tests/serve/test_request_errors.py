@@ -57,6 +57,8 @@ def client():
 @pytest.mark.parametrize("path, body, param, message", [
     ("/v1/completions", {"prompt": {"a": 1}}, "prompt", "prompt: Input should be a valid string"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": None}]}, "messages",
+     "messages.0: content is required (null only for an assistant message with tool_calls)"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, "messages",
      "messages.0.content: Input should be a valid string"),
     ("/v1/completions", '{"prompt": "x", "top_p": NaN}', "top_p", "top_p: Input should be a finite number"),
     ("/v1/completions", '{"prompt": "x", "top_p": Infinity}', "top_p", "top_p: Input should be a finite number"),
@@ -78,6 +80,6 @@ def test_the_default_policy_is_prepared_at_start_up(monkeypatch):
     from hybridspec.runtime.engine import Engine
 
     prepared = []
-    monkeypatch.setattr(Engine, "prepare", lambda self, policy, sampling=None: prepared.append(policy))
+    monkeypatch.setattr(Engine, "prepare", lambda self, policy, sampling=None, logprobs=False: prepared.append(policy))
     service = open_service(model="random-tiny", policy="static:4", max_context=64)
     assert prepared == [service.default_policy] and service.default_policy.name == "static:4"

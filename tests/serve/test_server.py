@@ -362,3 +362,40 @@ def test_serve_command_needs_an_artifact_for_calibrated_policies():
 
     result = CliRunner().invoke(app, ["serve", "--policy", "hybridspec"])
     assert result.exit_code == 2 and "needs --artifact" in result.output
+
+
+def test_tool_calls_parsed_from_the_model_text():
+    """With `tools`, a Hermes `<tool_call>` block in the output comes back as OpenAI tool_calls
+    (finish_reason "tool_calls"), streamed or not; tool_choice "none" leaves the text as content; a
+    follow-up with the assistant's call and the tool's answer is accepted. The model's text is
+    scripted (the embedded pair does not call tools): it grows with the tokens decoded."""
+    service = open_service(max_context=256)
+    script = 'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    service.visible_text = lambda ids, end_ids=(): script[: 6 * len(ids)]
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather now",
+                                               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+    kw = dict(model=MODEL, messages=[{"role": "user", "content": "weather?"}], max_tokens=40, temperature=0,
+              tools=tools, extra_body={"ignore_eos": True})
+    with live_server(service) as (base, _):
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0, timeout=60)
+        out = client.chat.completions.create(**kw).choices[0]
+        assert (out.finish_reason, out.message.content) == ("tool_calls", "Checking.")
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in out.message.tool_calls] == \
+            [("get_weather", {"city": "Paris"})]
+        content, calls, finish = "", [], None
+        for chunk in client.chat.completions.create(stream=True, **kw):
+            delta = chunk.choices[0].delta
+            content, calls = content + (delta.content or ""), calls + (delta.tool_calls or [])
+            finish = chunk.choices[0].finish_reason or finish
+        assert (content.strip(), finish) == ("Checking.", "tool_calls") and "<tool_call>" not in content
+        assert [(c.index, c.function.name, json.loads(c.function.arguments)) for c in calls] == \
+            [(0, "get_weather", {"city": "Paris"})]
+        plain = client.chat.completions.create(tool_choice="none", **kw).choices[0]
+        assert (plain.message.content, plain.finish_reason, plain.message.tool_calls) == (script, "length", None)
+        call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+        follow = client.chat.completions.create(model=MODEL, max_tokens=4, temperature=0, tools=tools, messages=[
+            {"role": "user", "content": "weather?"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}])
+        assert follow.choices[0].finish_reason in ("stop", "length", "tool_calls")
+        bad = httpx.post(f"{base}/v1/chat/completions", json={"messages": [{"role": "user", "content": None}]})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages"
