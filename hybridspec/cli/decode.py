@@ -159,9 +159,19 @@ def serve(
         except (OSError, UnicodeDecodeError, IndexError) as exc:
             _fail(f"--api-key-file {api_key_file}: cannot read a key ({type(exc).__name__}: {exc})")
     policy = _policy_note(policy, artifact)
+    flavours = tuple(p for p in prepare.split(",") if p.strip())
+    try:
+        from ..serve.service import prepare_flavours
+
+        prepare_flavours(flavours)
+    except ValueError as exc:
+        _fail(str(exc))
+    if flavours and (tp > 1 or expert_parallel):
+        err_console.print("--prepare has no effect under --tp: a tensor-parallel group captures in each flavour's "
+                          "first request, which every rank runs")
     options = dict(artifact=artifact, model=model, drafter=drafter, policy=policy, device=device, dtype=dtype,
                    backend=backend, max_context=max_context, force=force, graphs=graphs, model_name=served_model_name,
-                   prepare=tuple(p for p in prepare.split(",") if p.strip()))
+                   prepare=flavours)
     server = dict(host=host, port=port, api_key=api_key, max_request_bytes=max_request_bytes, log_level=log_level)
     banner = f"serving [bold]{{model}}[/] (policy {policy}) on http://{host}:{port}/v1"
     try:

@@ -8,6 +8,7 @@ messages are rendered by the model's own chat template (`TextCodec.render_chat`)
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -102,7 +103,7 @@ class RequestBody(BaseModel):
         """`logit_bias` as (token id, bias) pairs, each id checked against the vocabulary."""
         pairs = []
         for key, bias in (self.logit_bias or {}).items():
-            if not key.strip().lstrip("-").isdigit() or not 0 <= int(key) < vocab:
+            if not re.fullmatch(r"\s*-?[0-9]+\s*", key) or not 0 <= int(key) < vocab:
                 raise RequestError(f"logit_bias keys must be token ids in 0 … {vocab - 1}, got {key!r}", "logit_bias")
             pairs.append((int(key), bias))
         return tuple(pairs)

@@ -347,7 +347,7 @@ def create_app(service: Service, *, api_key: str | None = None, max_request_byte
     async def chat_completions(body: ChatRequest, request: Request):
         arrived = time.monotonic()
         refuse_unsupported(body)
-        tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.calls_tools() else None
+        tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None  # "none" too, as vLLM
         ids = await service.encode_chat([m.for_template() for m in body.messages], tools)
         max_tokens = body.max_completion_tokens or body.max_tokens
         first = service.start(body, ids, max_tokens, "messages", arrived)

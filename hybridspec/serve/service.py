@@ -85,6 +85,8 @@ class Decoding:
         self.logprobs = TokenLogprobs() if logprobs is not None else None  # of `ids`
         self.logprobs_sent = 0  # tokens whose logprobs were handed out
         self.prompt_logprobs: list[TokenLogprob] = []  # the prompt's, until handed out
+        self.min_tokens = sampling.min_tokens  # stop sequences count only in the text after these
+        self.stop_begin: int | None = None  # the text's length at min_tokens ids, once reached
         self.finish_reason: str | None = None
         self.rounds, self.decode_tokens, self.draft_tokens, self.accepted_tokens = 0, 0, 0, 0
         self.verification: dict[int, int] = {}
@@ -113,7 +115,7 @@ class Decoding:
             self.logprobs.chosen += record.logprobs.chosen
             self.logprobs.top += record.logprobs.top
         self.text = self.service.visible_text(self.ids, self.end_ids)
-        if self.stops and self._stop_within(start):
+        if self.stops and len(self.ids) > self.min_tokens and self._stop_within(max(start, self.min_tokens)):
             self.finish_reason = "stop"
 
     def _count_round(self, record) -> None:
@@ -134,12 +136,15 @@ class Decoding:
                 m.accepted_per_pos.labels(**labels, position=str(position)).inc()
 
     def _stop_within(self, start: int) -> bool:
-        """Cut ids and text at the first stop sequence, keeping the fewest ids that produce it."""
-        if _first_stop(self.text, self.stops) is None:
+        """Cut ids and text at the first stop sequence past the text of the first min_tokens ids (as
+        vLLM, stop sequences count only after them), keeping the fewest ids that produce it."""
+        if self.stop_begin is None:
+            self.stop_begin = len(self.service.visible_text(self.ids[: self.min_tokens], self.end_ids))
+        if _first_stop(self.text, self.stops, self.stop_begin) is None:
             return False
         for k in range(start + 1, len(self.ids) + 1):
             text = self.service.visible_text(self.ids[:k], self.end_ids)
-            at = _first_stop(text, self.stops)
+            at = _first_stop(text, self.stops, self.stop_begin)
             if at is not None:
                 self.ids, self.text = self.ids[:k], text[:at]
                 if self.logprobs is not None:  # only this round's tokens are cut: earlier ones never held a stop
@@ -195,8 +200,8 @@ class Decoding:
                 "verification_lengths": {str(w): n for w, n in sorted(self.verification.items())}}
 
 
-def _first_stop(text: str, stops: list[str]) -> int | None:
-    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+def _first_stop(text: str, stops: list[str], begin: int = 0) -> int | None:
+    hits = [i for i in (text.find(s, begin) for s in stops) if i >= 0]
     return min(hits) if hits else None
 
 
@@ -210,7 +215,7 @@ def prepare_flavours(specs: tuple[str, ...]) -> list[tuple[SamplingParams, bool]
     (sampling, logprobs) whose graphs the server captures at start-up. ValueError names a bad item."""
     flavours = []
     for spec in specs:
-        mode, *extras = spec.strip().split("+")
+        mode, *extras = (part.strip() for part in spec.split("+"))
         if mode not in PREPARE_SAMPLING or any(e not in PREPARE_EXTRAS for e in extras):
             raise ValueError(f"--prepare {spec!r}: a sampling mode ({', '.join(PREPARE_SAMPLING)}) with any of "
                              f"+{', +'.join(PREPARE_EXTRAS)}")

@@ -7,8 +7,9 @@ Qwen's chat templates (vLLM's `hermes` parser),
 
 become OpenAI `tool_calls` (arguments as a JSON string) and the text before the first call the
 message's content. Text whose blocks are not such JSON objects stays content. Streamed, content
-goes out until a call may begin (`ToolStream` holds back what may be the start of `<tool_call>`);
-the calls go out whole in the last chunk.
+goes out until a call may begin (`ToolStream` holds back what may be the start of `<tool_call>`
+and the space before it); the calls go out whole in the last chunk, and the content streamed is
+the content of the whole text (empty where that is None).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ _BLOCK = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*(?:" + re.escape(CLOSE) + r"|
 
 def parse_tool_calls(text: str) -> tuple[str | None, list[dict]]:
     """(content, tool_calls) of a model's text: no calls, the text as it is; else the text before the
-    first `<tool_call>` (None when empty) and one OpenAI call per block (a block left open at the
+    first `<tool_call>` without its trailing space (None when blank) and one OpenAI call per block (a block left open at the
     end of the text counts, as a model stopped by its budget may leave it)."""
     if OPEN not in text:
         return text, []
@@ -38,8 +39,8 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict]]:
         arguments = call.get("arguments", call.get("parameters", {}))
         calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
                       "function": {"name": call["name"], "arguments": json.dumps(arguments, ensure_ascii=False)}})
-    content = text[: text.index(OPEN)].strip()
-    return content or None, calls
+    content = text[: text.index(OPEN)].rstrip()
+    return (content if content.strip() else None), calls
 
 
 class ToolStream:
@@ -58,6 +59,8 @@ class ToolStream:
                 if OPEN.startswith(self.text[-k:]):
                     end -= k
                     break
+        while end > self.sent and self.text[end - 1].isspace():  # content ends before the space before a call
+            end -= 1
         out, self.sent = self.text[self.sent : max(end, self.sent)], max(end, self.sent)
         return out
 

@@ -260,6 +260,19 @@ def test_n_choices_decode_one_after_another(client):
     assert [c.index for c in chat.choices] == [0, 1] and chat.choices[0].message.content == chat.choices[1].message.content
 
 
+def test_min_tokens_holds_back_stop_sequences_too(client):
+    """As vLLM: a stop sequence in the text of the first min_tokens tokens does not end the request."""
+    kw = dict(model=MODEL, prompt=PROMPT, temperature=0, extra_body={"policy": "full"})
+    free = client.completions.create(max_tokens=12, logprobs=0, **kw).choices[0]
+    tokens, offsets = free.logprobs.tokens, free.logprobs.text_offset
+    i = next(i for i in range(1, 8) if tokens[i].strip() and tokens[i] not in free.text[: offsets[i]])
+    stop = tokens[i]  # its first appearance: a stop there ends the request at token i
+    assert client.completions.create(max_tokens=12, stop=[stop], **kw).usage.completion_tokens == i + 1
+    extra = {**kw["extra_body"], "min_tokens": i + 3}
+    held = client.completions.create(max_tokens=12, stop=[stop], **{**kw, "extra_body": extra})
+    assert held.usage.completion_tokens > i + 3 and held.choices[0].text.startswith(free.text[: offsets[i + 3]])
+
+
 def test_models_health_and_auth(server, client):
     assert [m.id for m in client.models.list()] == [MODEL]
     assert httpx.get(f"{server}/health").status_code == 200
@@ -369,7 +382,11 @@ def test_tool_calls_parsed_from_the_model_text():
     (finish_reason "tool_calls"), streamed or not; tool_choice "none" leaves the text as content; a
     follow-up with the assistant's call and the tool's answer is accepted. The model's text is
     scripted (the embedded pair does not call tools): it grows with the tokens decoded."""
+    from tests.runtime.test_chat_template import TOOLS_TEMPLATE
+
     service = open_service(max_context=256)
+    codec = service.session.codec
+    codec.chat_template = TOOLS_TEMPLATE  # renders tools, calls and tool answers (this service's codec only)
     script = 'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
     service.visible_text = lambda ids, end_ids=(): script[: 6 * len(ids)]
     tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather now",
@@ -387,7 +404,7 @@ def test_tool_calls_parsed_from_the_model_text():
             delta = chunk.choices[0].delta
             content, calls = content + (delta.content or ""), calls + (delta.tool_calls or [])
             finish = chunk.choices[0].finish_reason or finish
-        assert (content.strip(), finish) == ("Checking.", "tool_calls") and "<tool_call>" not in content
+        assert (content, finish) == ("Checking.", "tool_calls")
         assert [(c.index, c.function.name, json.loads(c.function.arguments)) for c in calls] == \
             [(0, "get_weather", {"city": "Paris"})]
         plain = client.chat.completions.create(tool_choice="none", **kw).choices[0]
@@ -396,6 +413,8 @@ def test_tool_calls_parsed_from_the_model_text():
         follow = client.chat.completions.create(model=MODEL, max_tokens=4, temperature=0, tools=tools, messages=[
             {"role": "user", "content": "weather?"}, {"role": "assistant", "content": None, "tool_calls": [call]},
             {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}])
-        assert follow.choices[0].finish_reason in ("stop", "length", "tool_calls")
+        rendered = ('<tools>get_weather({"properties": {"city": {"type": "string"}}, "type": "object"});</tools>\n'
+                    'user: weather?|assistant: <call>get_weather {"city": "Paris"}</call>|tool: sunny|assistant:')
+        assert follow.usage.prompt_tokens == len(codec.encode(rendered))  # tools, the call and the answer rendered
         bad = httpx.post(f"{base}/v1/chat/completions", json={"messages": [{"role": "user", "content": None}]})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages"
