@@ -84,6 +84,7 @@ SURROGATE = '"\\ud800"'  # JSON text of a lone surrogate
     (CHAT, {"messages": [{"role": "user", "content": "x"}], "frequency_penalty": -3}, "frequency_penalty"),
     (COMPLETION, {"prompt": PROMPT, "repetition_penalty": 0}, "repetition_penalty"),
     (COMPLETION, {"prompt": PROMPT, "logit_bias": {"abc": 1}}, "logit_bias"),
+    (COMPLETION, {"prompt": PROMPT, "logit_bias": {"\u00b2": 1}}, "logit_bias"),  # a digit to isdigit, not to int
     (COMPLETION, {"prompt": PROMPT, "min_p": 1.5}, "min_p"),
     (COMPLETION, {"prompt": PROMPT, "logit_bias": {"99999999": 1}}, "logit_bias"),
     (COMPLETION, {"prompt": PROMPT, "logit_bias": {"5": 101}}, "logit_bias"),
