@@ -157,8 +157,7 @@ class Engine:
         if logprobs is not None:
             lps = TokenLogprobs()
             for part in (prefill, *rounds):
-                lps.chosen += part.logprobs.chosen
-                lps.top += part.logprobs.top
+                lps.extend(part.logprobs)
         return GenerationResult(tokens, reason, rounds, decode_start - start, end - decode_start, lps)
 
     def check(self, prompt_ids: list[int], *, policy: Policy, max_new_tokens: int) -> None:
@@ -270,11 +269,11 @@ class Engine:
         t_stage1 = clock.now()
         accepted, x_new = self._accept(draft, self._penalized(out.logits[0], draft.tokens, sampling), w, sampling,
                                        position)
-        self._record([*draft.tokens[:accepted].tolist(), x_new], sampling)
+        tokens = [*draft.tokens[:accepted].tolist(), x_new]
+        self._record(tokens, sampling)
         target.commit(self.cache, w, accepted + 1)
         self.drafter.extend(out.features[:, : accepted + 1])
         t_end = clock.now()
-        tokens = [*draft.tokens[:accepted].tolist(), x_new]
         lps = token_logprobs(out.logits[0, : accepted + 1], tokens, logprobs) if logprobs is not None else None
         record = RoundRecord(
             w0=w0, u=u, w=w, accepted=accepted, accepted_full=accepted if w == W else None, emitted=0,

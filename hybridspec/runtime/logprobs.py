@@ -35,6 +35,11 @@ class TokenLogprobs:
     def __len__(self) -> int:
         return len(self.chosen)
 
+    def extend(self, other: "TokenLogprobs") -> None:
+        """Append `other`'s tokens (the next round's)."""
+        self.chosen += other.chosen
+        self.top += other.top
+
     def head(self, n: int) -> "TokenLogprobs":
         """The first n tokens' (a round cut short by EOS or the output limit)."""
         return TokenLogprobs(self.chosen[:n], self.top[:n])

@@ -20,8 +20,8 @@ sampling parameters and the positions are device values; on the triton backend o
 from the logits, `kernels/sampling`, unless a filter needs a sort), so sampled requests run the same
 graphs' shapes; each sampling mode (`sampling_mode`) has its own graphs. A request that asks for
 logprobs runs graphs of its own, which also write `logprobs.logprob_rows` of the pass's rows to a
-buffer copied to the host beside the report; so does one with penalties, a logit bias or
-min_tokens (`penalties.py`), whose graphs read the request's token counts on the device and add
+buffer copied to the host beside the report; so does one with penalties, a logit bias, min_tokens
+or min_p (`penalties.py`), whose graphs read the request's token counts on the device and add
 each round's emitted tokens to them.
 
 Stage 0 runs over the whole block (u = W) rather than u = min(w0 + 1, w_rem), so that the round
@@ -61,7 +61,6 @@ from .policies import FixedPolicy, HybridSpecPolicy, NominalPolicy, Policy
 from .sampling import SamplingParams, point_mass, sampling_probs
 
 FUSED_SAMPLING = True  # off: the torch form on every backend (`bench/gpu_round.py --variants torch-sampling`)
-FUSED_FINISH = True  # off: the round's end by its torch reference (`bench/gpu_round.py --variants torch-finish`)
 
 
 @dataclass
@@ -159,7 +158,7 @@ class ResidentDecoder:
         self.fused_select = target.backend != "torch"  # Eq. 5 and 6 as one launch (`kernels/select`)
         # acceptance, the report, the anchor and the budget as one launch (`kernels/finish`)
         self.finish_round = finish_reference.finish_round
-        if target.backend != "torch" and FUSED_FINISH:
+        if target.backend != "torch":
             from ..kernels.finish.triton import finish_round
 
             self.finish_round = finish_round

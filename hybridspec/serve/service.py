@@ -112,8 +112,7 @@ class Decoding:
         start = len(self.ids)
         self.ids.extend(new)
         if self.logprobs is not None:
-            self.logprobs.chosen += record.logprobs.chosen
-            self.logprobs.top += record.logprobs.top
+            self.logprobs.extend(record.logprobs)
         self.text = self.service.visible_text(self.ids, self.end_ids)
         if self.stops and len(self.ids) > self.min_tokens and self._stop_within(max(start, self.min_tokens)):
             self.finish_reason = "stop"
