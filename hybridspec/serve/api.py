@@ -41,7 +41,8 @@ MAX_CHOICES = 16  # the most choices (`n`) one request may ask for
 # OpenAI and vLLM fields this server does not implement, with the value that means "off": any
 # other value is answered 400 naming the field rather than silently ignored.
 UNSUPPORTED: dict[str, Any] = {
-    "best_of": 1, "echo": False, "top_logprobs": None, "suffix": None, "prompt_logprobs": None, "tools": None, "tool_choice": None, "functions": None, "function_call": None,
+    "best_of": 1, "echo": False, "top_logprobs": None, "suffix": None, "prompt_logprobs": None, "tools": None,
+    "tool_choice": None, "functions": None, "function_call": None,
     "response_format": None, "guided_json": None, "guided_regex": None, "guided_choice": None,
     "prediction": None, "audio": None,
 }
