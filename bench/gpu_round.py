@@ -32,6 +32,8 @@ out of the captured passes to bound what removing it could save (`free-norms`, `
 against what it replaced side by side in one process. `--capacity N` sizes the engines' caches (and
 the verification rows' cache) for N tokens instead of the context and four times `--tokens`: a
 server's context limit far above the context.
+`--flavours plain,logprobs,penalties,logprobs+penalties` adds graph-path rows per request kind
+(logprobs and penalties run resident graphs of their own) for each policy.
 `--tp N --layouts columns,experts` loads each model once per MoE layout (every expert's columns
 split across the ranks, or expert parallelism) and runs everything on each (rows and checks tagged
 `layout`).
@@ -298,6 +300,45 @@ def decode_rows(session, model: str, runs: dict[str, Engine], prompt, policies, 
                        prepare_s=round(prepare_s, 2))
             rows.append(row)
             log(f"  decode {model} {path:6s} {name:10s} {row}")
+    return rows
+
+
+FLAVOURS = {  # name → (sampling, logprobs): the request kinds whose resident graphs are their own
+    "plain": (SamplingParams(), None),
+    "logprobs": (SamplingParams(), 20),
+    "penalties": (SamplingParams(presence_penalty=0.5, frequency_penalty=0.5), None),
+    "logprobs+penalties": (SamplingParams(presence_penalty=0.5, frequency_penalty=0.5), 20),
+}
+
+
+def flavour_rows(session, model: str, runs: dict[str, Engine], prompt, policies, tokens: int,
+                 flavours: list[str]) -> list[dict]:
+    """Per policy and flavour, the graph path's ms per round (also by w) and per token, each
+    flavour's graphs captured before it is timed. Logprobs leave the tokens unchanged
+    (`same_tokens_as_plain`), so their rows compare round for round; penalties change the tokens,
+    and so the rounds' lengths: compare those by w."""
+    rows = []
+    for name in policies:
+        policy = make_policy(name, session.drafter.draft_len, policy_parameters(session.drafter.draft_len))
+        plain = None
+        for flavour in flavours:
+            sampling, logprobs = FLAVOURS[flavour]
+            engine = runs["graph"]
+            engine.generate(prompt, policy=policy, max_new_tokens=8, sampling=sampling, logprobs=logprobs)
+            result = engine.generate(prompt, policy=policy, max_new_tokens=tokens, sampling=sampling,
+                                     logprobs=logprobs)
+            plain = result.token_ids if flavour == "plain" else plain
+            by_w: dict[int, list[float]] = {}
+            for record in result.rounds:
+                by_w.setdefault(record.w, []).append(record.seconds["total"])
+            row = dict(model=model, path="graph", policy=name, flavour=flavour, rounds=len(result.rounds),
+                       ms_per_round=round(result.decode_seconds * 1e3 / max(1, len(result.rounds)), 3),
+                       ms_per_token=round(result.decode_seconds * 1e3 / max(1, result.decode_tokens), 3),
+                       w=round(result.mean_verification_length, 2),
+                       ms_per_round_by_w={w: round(statistics.median(v) * 1e3, 3) for w, v in sorted(by_w.items())},
+                       same_tokens_as_plain=None if plain is None else result.token_ids == plain)
+            rows.append(row)
+            log(f"  flavour {model} {name:10s} {flavour:18s} {row}")
     return rows
 
 
@@ -583,6 +624,8 @@ def main(argv=None) -> int:
     ap.add_argument("--top-k", type=int, default=0, help="the sampled decode rows' top-k (0: off)")
     ap.add_argument("--top-p", type=float, default=1.0, help="the sampled decode rows' top-p (1: off)")
     ap.add_argument("--no-verification", action="store_true", help="skip the per-length verification rows")
+    ap.add_argument("--flavours", default="", help=f"comma list of {', '.join(FLAVOURS)}: graph-path rows per request "
+                    "kind (logprobs 20; presence and frequency penalties 0.5), greedy")
     ap.add_argument("--variants", default="shipped", help=f"comma list of {', '.join(VARIANTS)} (a+b: both at once)")
     ap.add_argument("--tp", type=int, default=0, help="tensor-parallel ranks, one GPU each (spawned, or torchrun's); "
                     "1: one rank through the same code (an all-reduce over one GPU); 0: no process group")
@@ -595,6 +638,8 @@ def main(argv=None) -> int:
         ap.error(f"unknown layout(s) {unknown}: columns, experts")
     if "experts" in layouts and args.tp < 2:
         ap.error("--layouts experts needs --tp 2 or more")
+    if unknown := [f for f in args.flavours.split(",") if f and f not in FLAVOURS]:
+        ap.error(f"unknown flavour(s) {unknown}: {', '.join(FLAVOURS)}")
     variants = [v for v in args.variants.split(",") if v]
     if unknown := [v for v in variants if any(part not in VARIANTS for part in v.split("+"))]:
         ap.error(f"unknown variant(s) {unknown}: {', '.join(VARIANTS)}")
@@ -683,6 +728,8 @@ def run(args, variants: list[str], command: str) -> None:
                 for sampling in samplings:
                     rows += decode_rows(session, model, runs, prompts[0], policies, args.tokens, args.eager_tokens,
                                         sampling)
+            if flavours := [f for f in args.flavours.split(",") if f]:
+                rows += flavour_rows(session, model, runs, prompts[0], policies, args.tokens, flavours)
             if not embedded and not args.no_verification:
                 W, widths = session.drafter.draft_len + 1, (1, 2, 4, 8, 12, 16)
                 # a prefill of the context in a cache of `capacity` positions (default the context and 2

@@ -126,3 +126,20 @@ def test_round_trace_rows_follow_the_decoding():
     assert [r["round"] for r in rows] == list(range(len(rows))) and rows[0]["w"] == W
     assert sum(r["accepted"] + 1 for r in rows) == 39  # every token after the prefill's
     assert all(0 < r["distinct_experts"] <= session.target.cfg.num_experts for r in rows)
+
+
+def test_flavour_rows_time_each_request_kind_and_logprobs_keep_the_tokens():
+    """`flavour_rows` gives a row per policy and flavour; a request with logprobs emits the plain
+    request's tokens (the rows compare round for round), a penalised one is its own decoding."""
+    from hybridspec.runtime.engine import Engine
+    from hybridspec.runtime.session import open_session
+
+    session = open_session()
+    runs = {"graph": Engine(session.target, session.drafter, max_context=512, resident=True, graphs=False)}
+    flavours = list(gpu_round.FLAVOURS)
+    rows = gpu_round.flavour_rows(session, "embedded", runs, session.codec.encode("def fibonacci(n):\n    "),
+                                  ["ar", "full"], 24, flavours)
+    assert [(r["policy"], r["flavour"]) for r in rows] == [(p, f) for p in ("ar", "full") for f in flavours]
+    by = {(r["policy"], r["flavour"]): r for r in rows}
+    assert all(by[p, "logprobs"]["same_tokens_as_plain"] for p in ("ar", "full"))
+    assert by["ar", "penalties"]["rounds"] == 23 and by["ar", "penalties"]["w"] == 1
