@@ -45,6 +45,34 @@ def test_named_templates_use_default_and_special_tokens_reach_the_template(tmp_p
     assert load_codec(tmp_path).render_chat([{"role": "user", "content": "hi"}]) == "hi<|endoftext|>"
 
 
+TOOL = {"type": "function", "function": {"name": "clock", "description": "time", "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize("layout", ["config-list", "additional-files"])
+def test_a_request_with_tools_renders_the_tool_use_template_as_transformers_picks_it(tmp_path, layout):
+    """Named templates, in tokenizer_config.json's list or as `additional_chat_templates/NAME.jinja`:
+    with tools the `tool_use` one, without them `default`, each equal to transformers' rendering."""
+    from transformers import AutoTokenizer
+
+    shutil.copy(EMBEDDED / "target" / "tokenizer.json", tmp_path)
+    default = "{{ messages[0]['content'] }}"
+    tool_use = "{{ tools[0]['function']['name'] + ':' + messages[0]['content'] }}"
+    config = json.loads((EMBEDDED / "target" / "tokenizer_config.json").read_text())
+    if layout == "config-list":
+        config["chat_template"] = [{"name": "default", "template": default}, {"name": "tool_use", "template": tool_use}]
+    else:
+        config.pop("chat_template", None)
+        (tmp_path / "chat_template.jinja").write_text(default)
+        (tmp_path / "additional_chat_templates").mkdir()
+        (tmp_path / "additional_chat_templates" / "tool_use.jinja").write_text(tool_use)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    codec, oracle = load_codec(tmp_path), AutoTokenizer.from_pretrained(tmp_path)
+    chat = [{"role": "user", "content": "hi"}]
+    for tools, expected in ((None, "hi"), ([TOOL], "clock:hi")):
+        assert codec.render_chat(chat, tools=tools) == expected
+        assert oracle.apply_chat_template(chat, tools=tools, tokenize=False) == expected
+
+
 def test_a_tokenizer_without_a_template_is_named(tmp_path):
     shutil.copy(EMBEDDED / "target" / "tokenizer.json", tmp_path)
     with pytest.raises(ChatTemplateError, match="no chat_template"):
@@ -87,7 +115,7 @@ def test_tools_and_tool_calls_reach_the_chat_template():
     from hybridspec.serve.api import ChatMessage
 
     codec = load_codec(EMBEDDED / "target")
-    codec.chat_template = TOOLS_TEMPLATE
+    codec.chat_templates = {"default": TOOLS_TEMPLATE}
     call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
     messages = [ChatMessage(role="user", content="weather?"),
                 ChatMessage(role="assistant", content=None, tool_calls=[call]),

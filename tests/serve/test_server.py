@@ -386,7 +386,7 @@ def test_tool_calls_parsed_from_the_model_text():
 
     service = open_service(max_context=256)
     codec = service.session.codec
-    codec.chat_template = TOOLS_TEMPLATE  # renders tools, calls and tool answers (this service's codec only)
+    codec.chat_templates = {"default": TOOLS_TEMPLATE}  # renders tools, calls and tool answers (this service's codec only)
     script = 'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
     service.visible_text = lambda ids, end_ids=(): script[: 6 * len(ids)]
     tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather now",
