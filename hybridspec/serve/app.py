@@ -6,7 +6,8 @@
 `Gate`, an ASGI middleware around the whole app, answers what must not reach the routes (a missing
 or wrong API key on /v1/*, as vLLM asks it; a body over `max_request_bytes`), turns any unhandled
 exception into a 500, counts every response by the status it is sent with in /metrics and writes
-one access-log line per request (499 for a client that went away). Every 4xx/5xx body is an OpenAI error object naming the field where one is at fault.
+one access-log line per request (499 for a client that went away; `tokens=P+O1+O2…`: the prompt,
+then each choice's output). Every 4xx/5xx body is an OpenAI error object naming the field at fault.
 A stream starts only after the request is validated, and always ends with `[DONE]`, after an error
 event when the engine fails mid-stream.
 """
@@ -106,7 +107,9 @@ class Gate:
             decoding: Decoding | None = scope["state"].get("decoding")
             if decoding is not None and decoding.finish_reason is None and not decoding.failed and status[0] < 400:
                 status[0] = CLIENT_CLOSED  # a stream whose client left: logged so, counted as the 200 it was sent
-            tokens = (f" tokens={len(decoding.prompt_ids)}+{len(decoding.ids)}" if decoding is not None else "")
+            choices = scope["state"].get("decodings") or []  # n > 1: every choice's output, the prompt once
+            tokens = (f" tokens={len(decoding.prompt_ids)}+{'+'.join(str(len(d.ids)) for d in choices)}"
+                      if decoding is not None else "")
             access_log.info('%s "%s %s" %d%s %.3fs', _client(scope), scope["method"], scope["path"], status[0],
                             tokens, time.monotonic() - start)
 
@@ -200,7 +203,8 @@ async def _respond(service: Service, choice: Callable[[int], Decoding], body: Re
 
     def begin(i: int) -> Decoding:
         decoding = choice(i)
-        request.state.decoding = decoding  # for the access log and the cancellation count
+        request.state.decoding = decoding  # the current choice: for the access log's status and the cancellation count
+        request.state.decodings = [*getattr(request.state, "decodings", []), decoding]  # the access log's tokens
         return decoding
 
     def logprobs(decoding: Decoding, entries: list[TokenLogprob], offset: list[int]) -> dict | None:
