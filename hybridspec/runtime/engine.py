@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from .drafter import DFlashDrafter, DraftOutput
+from .grammar import GrammarState
 from .backends import device_resident, drafter_ops
 from .logprobs import MAX_TOP_LOGPROBS, TokenLogprobs, from_rows, logprob_rows, token_logprobs
 from .models.hybrid import HybridTarget
@@ -127,6 +128,7 @@ class Engine:
         self.resident = (ResidentDecoder(target, drafter, self.cache, graphs=graphs, penalties=self.penalties)
                          if resident else None)
         self._policies: dict[str, tuple[Policy, Policy]] = {}  # host rounds: name → (as given, on the device)
+        self.grammar: GrammarState | None = None  # the current request's (host rounds)
 
     def prepare(self, policy: Policy, sampling: SamplingParams = SamplingParams(), *, logprobs: bool = False) -> None:
         """Capture the policy's CUDA graphs for this kind of sampling (with logprobs or without) now
@@ -138,12 +140,13 @@ class Engine:
     # ---------------------------------------------------------------- public
     def generate(self, prompt_ids: list[int], *, policy: Policy, max_new_tokens: int,
                  sampling: SamplingParams = SamplingParams(), eos_ids: tuple[int, ...] = (),
-                 record_routing: bool = False, logprobs: int | None = None) -> GenerationResult:
+                 record_routing: bool = False, logprobs: int | None = None,
+                 grammar: GrammarState | None = None) -> GenerationResult:
         self.check(prompt_ids, policy=policy, max_new_tokens=max_new_tokens)
-        if not record_routing:  # graph capture is start-up work, not the prefill's
+        if not record_routing and grammar is None:  # graph capture is start-up work, not the prefill's
             self.prepare(policy, sampling, logprobs=logprobs is not None)
         steps = self.stream(prompt_ids, policy=policy, max_new_tokens=max_new_tokens, sampling=sampling,
-                            eos_ids=eos_ids, record_routing=record_routing, logprobs=logprobs)
+                            eos_ids=eos_ids, record_routing=record_routing, logprobs=logprobs, grammar=grammar)
         start = self.clock.now()
         tokens, prefill = next(steps)  # the prefill-produced anchor
         decode_start = self.clock.now()
@@ -178,17 +181,19 @@ class Engine:
     def stream(self, prompt_ids: list[int], *, policy: Policy, max_new_tokens: int,
                sampling: SamplingParams = SamplingParams(), eos_ids: tuple[int, ...] = (),
                record_routing: bool = False, logprobs: int | None = None,
-               prompt_logprobs: int | None = None) -> Iterator[tuple[list[int], RoundRecord | PrefillRecord]]:
+               prompt_logprobs: int | None = None,
+               grammar: GrammarState | None = None) -> Iterator[tuple[list[int], RoundRecord | PrefillRecord]]:
         """Decode round by round: yields ([anchor], PrefillRecord) after the prefill, then (emitted
         ids, record) per round. `logprobs`: each record carries its tokens' logprobs with that many
         alternatives (`logprobs.py`; at most MAX_TOP_LOGPROBS); `prompt_logprobs`: the prefill's
-        record carries the prompt's. Closing the generator early stops decoding (the next request
-        resets the cache)."""
+        record carries the prompt's; `grammar`: the output is held to it (`grammar.py`; host
+        rounds, which read the drafts before verification). Closing the generator early stops
+        decoding (the next request resets the cache)."""
         self.check(prompt_ids, policy=policy, max_new_tokens=max_new_tokens)
         for name, count in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
             if count is not None and not 0 <= count <= MAX_TOP_LOGPROBS:
                 raise ValueError(f"{name} must be in 0 … {MAX_TOP_LOGPROBS}, got {count}")
-        resident = self.resident if self.resident is not None and not record_routing else None
+        resident = self.resident if self.resident is not None and not record_routing and grammar is None else None
         given = policy
         if resident is not None:  # graphs are captured before this request's caches are filled
             policy = resident.prepare(given, sampling, logprobs=logprobs is not None)
@@ -208,7 +213,9 @@ class Engine:
             self.drafter.extend(out.features)
         if sampling.penalized:
             self.penalties.begin(prompt_ids, sampling, tuple(eos_ids))
-        last, produced = choose(self._penalized(out.logits[0, -1:], None, sampling)[0], sampling, len(prompt_ids)), 1
+        self.grammar = grammar
+        logits = self._penalized(self._constrained(out.logits[0, -1:], None), None, sampling)
+        last, produced = choose(logits[0], sampling, len(prompt_ids)), 1
         self._record([last], sampling)
         first = token_logprobs(out.logits[0, -1:], [last], logprobs) if logprobs is not None else None
         of_prompt = from_rows(torch.cat(rows).tolist(), prompt_logprobs) if prompt_logprobs is not None else None
@@ -241,7 +248,8 @@ class Engine:
         position = self.cache.length + 1  # of the token this pass decides (the anchor's is cache.length)
         out = self.target.forward_pass(self._ids([anchor]), self.cache)
         self.target.commit(self.cache, 1, 1)
-        token = choose(self._penalized(out.logits[0, :1], None, sampling)[0], sampling, position)
+        logits = self._penalized(self._constrained(out.logits[0, :1], None), None, sampling)
+        token = choose(logits[0], sampling, position)
         self._record([token], sampling)
         lps = token_logprobs(out.logits[0, :1], [token], logprobs) if logprobs is not None else None
         record = RoundRecord.autoregressive({"total": self.clock.now() - t0}, lps)
@@ -267,8 +275,8 @@ class Engine:
         w = min(w_c, w_rem)
         out = target.stage1(s0, w, self.cache, record_routing=record_routing)
         t_stage1 = clock.now()
-        accepted, x_new = self._accept(draft, self._penalized(out.logits[0], draft.tokens, sampling), w, sampling,
-                                       position)
+        logits = self._penalized(self._constrained(out.logits[0], draft.tokens), draft.tokens, sampling)
+        accepted, x_new = self._accept(draft, logits, w, sampling, position)
         tokens = [*draft.tokens[:accepted].tolist(), x_new]
         self._record(tokens, sampling)
         target.commit(self.cache, w, accepted + 1)
@@ -301,9 +309,18 @@ class Engine:
         drafts = drafts if drafts is not None else torch.zeros(0, dtype=torch.long, device=logits.device)
         return penalized(logits, drafts.to(logits.device), self.penalties)
 
+    def _constrained(self, logits: Tensor, drafts: Tensor | None) -> Tensor:
+        """logits [w, V] with the tokens the request's grammar refuses at each row at −inf (row i
+        after drafts d_1 … d_i), or as they are."""
+        if self.grammar is None:
+            return logits
+        return self.grammar.constrain(logits, drafts.tolist() if drafts is not None else None)
+
     def _record(self, tokens: list[int], sampling: SamplingParams) -> None:
         if sampling.penalized:
             self.penalties.record(torch.tensor(tokens, dtype=torch.long, device=self.device))
+        if self.grammar is not None:
+            self.grammar.accept(tokens)
 
     def _ids(self, ids: list[int]) -> Tensor:
         return torch.tensor([ids], dtype=torch.long, device=self.device)

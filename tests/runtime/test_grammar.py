@@ -1,0 +1,160 @@
+"""Structured output (runtime/grammar.py):
+
+- `GrammarState.constrain` row by row equals a fresh matcher walked over that row's own drafts, and
+  keeps every token in the rows after a draft the grammar refuses;
+- `ar` under a grammar equals a teacher-forced oracle (each token the argmax of the logits masked
+  by a matcher over its own history), and its output matches the grammar;
+- every policy emits `ar`'s tokens under a grammar when greedy, and keeps to it when sampling;
+- JSON, JSON-schema, regex and choice outputs parse as what they promised; bad grammars are named."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+from hybridspec.runtime.grammar import GrammarCompiler, GrammarError, GrammarSpec, GrammarState
+from hybridspec.runtime.policies import make_policy
+from hybridspec.runtime.sampling import SamplingParams
+from tests.runtime.helpers import policy_parameters
+
+PROMPT = 'config = {"name": '
+TOKENS = 40
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                           "size": {"type": "integer"}}, "required": ["name", "size"]}
+
+
+@pytest.fixture(scope="module")
+def compiler(session):
+    return GrammarCompiler(session.codec.tokenizer, session.target.cfg.vocab_size, session.eos_ids)
+
+
+def state(session, compiler, spec: GrammarSpec, rows: int = 16) -> GrammarState:
+    return GrammarState(compiler.compile(spec), session.eos_ids, session.target.cfg.vocab_size, rows)
+
+
+def allowed_after(session, compiler, spec, history: list[int]) -> torch.Tensor:
+    """The tokens a fresh matcher allows after `history` [V] bool."""
+    fresh = state(session, compiler, spec, rows=1)
+    fresh.accept(history)
+    return fresh.constrain(torch.zeros(1, session.target.cfg.vocab_size))[0] > float("-inf")
+
+
+def test_rows_follow_their_own_drafts(session, compiler):
+    spec = GrammarSpec("json_schema", json.dumps(SCHEMA))
+    st = state(session, compiler, spec)
+    output = session.codec.encode('{"name": "a')
+    st.accept(output)
+    drafts = session.codec.encode('bc", "size": 1')
+    w = len(drafts) + 1
+    got = st.constrain(torch.zeros(w, session.target.cfg.vocab_size), drafts) > float("-inf")
+    for i in range(w):
+        assert torch.equal(got[i], allowed_after(session, compiler, spec, output + drafts[:i])), f"row {i}"
+    assert got[0].sum() < session.target.cfg.vocab_size  # the grammar refuses most tokens
+    # a refused draft: the rows after it keep every token, the state is as before
+    bad = [drafts[0], int((~got[1]).nonzero()[0]), drafts[2]]
+    rows = st.constrain(torch.zeros(4, session.target.cfg.vocab_size), bad) > float("-inf")
+    assert not rows[1, bad[1]] and rows[2:].all()
+    assert torch.equal(rows[0], got[0])
+
+
+def test_ar_under_a_schema_equals_the_teacher_forced_oracle(session, engines, compiler):
+    spec = GrammarSpec("json_schema", json.dumps(SCHEMA))
+    prompt = session.codec.encode(PROMPT)
+    engine = engines["host"]
+    ar = make_policy("ar", session.drafter.draft_len)
+    tokens = engine.generate(prompt, policy=ar, max_new_tokens=TOKENS, eos_ids=session.eos_ids,
+                             grammar=state(session, compiler, spec)).token_ids
+    assert tokens[-1] in session.eos_ids  # the object closed within the budget, then the end token
+    value = json.loads(session.codec.decode(tokens[:-1]))
+    assert set(value) == {"name", "size"} and isinstance(value["size"], int) and len(value["name"]) <= 12
+    engine.cache.reset()
+    logits = session.target.prefill(torch.tensor([prompt + tokens]), engine.cache, all_logits=True).logits
+    logits = logits[0, len(prompt) - 1 : -1]
+    engine.cache.reset()
+    for i, token in enumerate(tokens):
+        mask = allowed_after(session, compiler, spec, tokens[:i])
+        assert int(logits[i].masked_fill(~mask, float("-inf")).argmax()) == token, f"token {i}"
+
+
+SPECS = {"json": GrammarSpec("json"), "schema": GrammarSpec("json_schema", json.dumps(SCHEMA)),
+         "regex": GrammarSpec("regex", r"[a-z_]{1,12} = [0-9]{1,4}"), "choice": GrammarSpec.choice(["yes", "no", "maybe"])}
+
+
+def check_output(kind: str, text: str) -> None:
+    if kind in ("json", "schema"):
+        json.loads(text)
+    elif kind == "regex":
+        assert re.fullmatch(r"[a-z_]{1,12} = [0-9]{1,4}", text), text
+    else:
+        assert text in ("yes", "no", "maybe")
+
+
+@pytest.mark.parametrize("kind", SPECS)
+@pytest.mark.parametrize("temperature", (0.0, 0.9))
+def test_every_policy_keeps_to_the_grammar_and_greedy_ones_emit_ar_tokens(session, engines, compiler, kind,
+                                                                          temperature):
+    """Greedy: every policy emits `ar`'s tokens. Sampled (the point-mass rule samples `ar`'s
+    distribution, not its draws): every policy's output is a sentence of the grammar, or a prefix
+    of one where the budget ended it."""
+    prompt = session.codec.encode(PROMPT)
+    sampling = SamplingParams(temperature, seed=3)
+    runs = {}
+    for name in ("ar", "static:4", "full", "hybridspec"):
+        policy = make_policy(name, session.drafter.draft_len, policy_parameters(session.drafter.draft_len))
+        runs[name] = engines["host"].generate(prompt, policy=policy, max_new_tokens=TOKENS, sampling=sampling,
+                                              eos_ids=session.eos_ids, grammar=state(session, compiler, SPECS[kind]))
+    if temperature == 0:
+        want = runs["ar"].token_ids
+        assert all(r.token_ids == want for r in runs.values()), {n: r.token_ids for n, r in runs.items()}
+    for name, run in runs.items():
+        tokens = run.token_ids
+        if tokens[-1] in session.eos_ids:
+            check_output(kind, session.codec.decode(tokens[:-1]))
+        else:  # the budget ended it: a prefix the grammar still allows
+            assert len(tokens) == TOKENS and kind in ("json", "schema"), (name, session.codec.decode(tokens))
+
+
+def test_the_resident_engine_decodes_a_grammar_on_host_rounds(session, engines, compiler):
+    prompt = session.codec.encode(PROMPT)
+    policy = make_policy("full", session.drafter.draft_len)
+    got = [engines[path].generate(prompt, policy=policy, max_new_tokens=TOKENS, eos_ids=session.eos_ids,
+                                  grammar=state(session, compiler, SPECS["choice"])).token_ids
+           for path in ("host", "resident")]
+    assert got[0] == got[1]
+    check_output("choice", session.codec.decode(got[0][:-1]))
+
+
+@pytest.mark.parametrize("spec, message", [
+    (GrammarSpec("json_schema", '{"type": "objekt"}'), "json_schema grammar does not compile"),
+    (GrammarSpec("json_schema", "{not json"), "json_schema grammar does not compile"),
+    (GrammarSpec("regex", "[a-"), "regex grammar does not compile"),
+    (GrammarSpec("ebnf", "root ::= "), "ebnf grammar does not compile"),
+])
+def test_a_bad_grammar_is_named(compiler, spec, message):
+    with pytest.raises(GrammarError, match=message):
+        compiler.compile(spec)
+
+
+def test_bad_specs_and_no_end_token_are_refused(session, compiler):
+    with pytest.raises(GrammarError, match="kind"):
+        GrammarSpec("yaml")
+    with pytest.raises(GrammarError, match="non-empty"):
+        GrammarSpec.choice([])
+    with pytest.raises(GrammarError, match="end token"):
+        GrammarState(compiler.compile(GrammarSpec("json")), (), session.target.cfg.vocab_size, 4)
+
+
+def test_logprobs_under_a_grammar_are_the_raw_model_values(session, engines, compiler):
+    """Logprobs stay the target's raw log-probabilities (as without a grammar): the alternatives
+    include tokens the grammar refuses, and each value equals the unconstrained pass's."""
+    prompt = session.codec.encode(PROMPT)
+    ar = make_policy("ar", session.drafter.draft_len)
+    got = engines["host"].generate(prompt, policy=ar, max_new_tokens=4, eos_ids=session.eos_ids, logprobs=5,
+                                   grammar=state(session, compiler, SPECS["choice"]))
+    free = engines["host"].generate(prompt, policy=ar, max_new_tokens=1, logprobs=5)
+    first = session.codec.encode("yes")[0], session.codec.encode("no")[0], session.codec.encode("maybe")[0]
+    assert got.token_ids[0] in first and got.logprobs.top[0] == free.logprobs.top[0]
+    assert any(token not in first for token, _ in got.logprobs.top[0])
