@@ -52,6 +52,30 @@ def test_generate_logprobs_json_and_table():
     assert runner.invoke(app, ["generate", *args[:-1], "21"]).exit_code == 2
 
 
+def test_generate_holds_the_output_to_a_schema_a_regex_or_choices(tmp_path):
+    """--json-schema / --regex / --choice: the output matches, `full` emits `ar`'s tokens (greedy)."""
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    (tmp_path / "s.json").write_text(json.dumps(schema))
+    args = ["--prompt", "x = {", "--max-new-tokens", "24"]
+    for option, check in ((["--json-schema", str(tmp_path / "s.json")], lambda t: isinstance(json.loads(t)["n"], int)),
+                          (["--regex", "[a-z]{2,6}"], lambda t: t.isalpha() and 2 <= len(t) <= 6),
+                          (["--choice", "red", "--choice", "blue"], lambda t: t in ("red", "blue"))):
+        ar, full = (_json([*args, *option, "--policy", policy]) for policy in ("ar", "full"))
+        assert ar["token_ids"] == full["token_ids"] and ar["finish_reason"] == "eos", option
+        assert check(ar["text"].replace("<|endoftext|>", "")), (option, ar["text"])
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--regex", "[a-"], "regex grammar does not compile"),
+    (["--regex", "a", "--choice", "b"], "not --regex and --choice"),
+    (["--json-schema", "/nonexistent/s.json"], "--json-schema /nonexistent/s.json: No such file"),
+])
+def test_generate_names_a_bad_output_constraint(args, message):
+    result = runner.invoke(app, ["generate", "--prompt", "x", "--policy", "ar", *args])
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split()), result.output
+
+
 def test_artifact_for_another_model_is_refused_unless_forced(tmp_path):
     save_artifact(tmp_path / "p.safetensors", policy_parameters(), model_id="sha256:other", drafter_id="sha256:d",
                   device="cpu", store_digest="none", diagnostics={})

@@ -45,6 +45,13 @@ def generate(
     repetition_penalty: Annotated[float, typer.Option("--repetition-penalty", min=0.0, max=2.0)] = 1.0,
     logprobs: Annotated[Optional[int], typer.Option(
         "--logprobs", min=0, max=20, help="Print each token's log-probability and this many alternatives.")] = None,
+    json_schema: Annotated[Optional[Path], typer.Option(
+        "--json-schema", help="Hold the output to this JSON schema file ('{}': any JSON object).")] = None,
+    regex: Annotated[Optional[str], typer.Option("--regex", help="Hold the output to this regular expression.")] = None,
+    choice: Annotated[Optional[list[str]], typer.Option(
+        "--choice", help="Hold the output to one of these strings (repeat the option for each).")] = None,
+    grammar: Annotated[Optional[Path], typer.Option(
+        "--grammar", help="Hold the output to the EBNF grammar in this file (root rule `root`).")] = None,
     device: DeviceOpt = "cpu",
     dtype: DtypeOpt = "float32",
     backend: BackendOpt = "auto",
@@ -58,12 +65,13 @@ def generate(
     from ..runtime.generation import GenerateRequest, run_generate
 
     policy = _policy_note(policy, artifact)
+    spec = _grammar_spec(json_schema, regex, choice, grammar)
     request = GenerateRequest(model=model, drafter=drafter, prompt=prompt, prompt_ids=prompt_ids, policy=policy,
                               artifact=artifact, max_new_tokens=max_new_tokens, temperature=temperature,
                               top_p=top_p, top_k=top_k, seed=seed, device=device, dtype=dtype, backend=backend, graphs=graphs,
                               force=force, tp=tp, expert_parallel=expert_parallel, logprobs=logprobs,
                               presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                              repetition_penalty=repetition_penalty)
+                              repetition_penalty=repetition_penalty, grammar=spec)
     try:
         summary = run_generate(request)
     except ValueError as exc:  # ConfigError, PolicyError, ArtifactError, bad sampling values
@@ -74,6 +82,40 @@ def generate(
         print(json.dumps(summary))
         return
     _print_summary(summary)
+
+
+def _grammar_spec(json_schema: Path | None, regex: str | None, choice: list[str] | None, grammar: Path | None):
+    """The one output constraint the options give, or None (exits naming a bad option or file)."""
+    from ..runtime.grammar import GrammarError, GrammarSpec
+
+    given = [name for name, value in (("--json-schema", json_schema), ("--regex", regex), ("--choice", choice),
+                                      ("--grammar", grammar)) if value]
+    if len(given) > 1:
+        _fail(f"give one output constraint, not {' and '.join(given)}")
+    try:
+        if json_schema is not None:
+            text = _read(json_schema, "--json-schema")
+            try:
+                schema = json.loads(text)
+            except json.JSONDecodeError as exc:
+                _fail(f"--json-schema {json_schema}: not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})")
+            return GrammarSpec("json_schema", json.dumps(schema if schema != {} else {"type": "object"}))
+        if regex is not None:
+            return GrammarSpec("regex", regex)
+        if choice:
+            return GrammarSpec.choice(choice)
+        if grammar is not None:
+            return GrammarSpec("ebnf", _read(grammar, "--grammar"))
+    except GrammarError as exc:
+        _fail(str(exc))
+    return None
+
+
+def _read(path: Path, option: str) -> str:
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        _fail(f"{option} {path}: {exc.strerror if isinstance(exc, OSError) else 'not UTF-8 text'}")
 
 
 def _print_summary(summary: dict) -> None:

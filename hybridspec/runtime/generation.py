@@ -8,6 +8,7 @@ from pathlib import Path
 from ..artifacts.params import PolicyParameters
 from .config import ConfigError
 from .engine import GenerationResult
+from .grammar import GrammarCompiler, GrammarError, GrammarSpec, GrammarState
 from .loading import RANDOM_BLOCK_SIZE, drafter_config, target_config
 from .logprobs import finite
 from .policies import make_policy, resolve_policy
@@ -81,6 +82,7 @@ class GenerateRequest:
     presence_penalty: float = 0.0  # `penalties.py`
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    grammar: GrammarSpec | None = None  # what the output must match (`grammar.py`)
 
 
 def _prompt(request: GenerateRequest, session: Session) -> list[int]:
@@ -134,9 +136,21 @@ def _generate(request: GenerateRequest, sampling: SamplingParams, name: str, par
                            expert_parallel=request.expert_parallel)
     draft_len = session.drafter.draft_len if session.drafter is not None else 0
     policy = make_policy(name, draft_len, params, device=request.device)
+    grammar = _grammar(request.grammar, session)
     result = session.engine.generate(_prompt(request, session), policy=policy, max_new_tokens=request.max_new_tokens,
-                                     sampling=sampling, eos_ids=session.eos_ids, logprobs=request.logprobs)
+                                     sampling=sampling, eos_ids=session.eos_ids, logprobs=request.logprobs,
+                                     grammar=grammar)
     return summarize(result, session, name)
+
+
+def _grammar(spec: GrammarSpec | None, session: Session) -> GrammarState | None:
+    """The request's grammar compiled against the model's tokenizer (GrammarError: why not)."""
+    if spec is None:
+        return None
+    if session.codec is None:
+        raise GrammarError(f"model {session.model!r} has no tokenizer.json: structured output needs one")
+    compiled = GrammarCompiler(session.codec.tokenizer, session.target.cfg.vocab_size, session.eos_ids).compile(spec)
+    return GrammarState(compiled, session.eos_ids, session.target.cfg.vocab_size)
 
 
 def summarize(result: GenerationResult, session: Session, policy: str) -> dict:

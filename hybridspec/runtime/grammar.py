@@ -98,7 +98,7 @@ class GrammarState:
     rows. Host-side; `constrain` costs one bitmask fill per row (a copy of [w, V/32] int32 to the
     logits' device)."""
 
-    def __init__(self, compiled, end_ids: tuple[int, ...], vocab_size: int, max_rows: int):
+    def __init__(self, compiled, end_ids: tuple[int, ...], vocab_size: int):
         import xgrammar as xgr
 
         if not end_ids:
@@ -106,12 +106,14 @@ class GrammarState:
         self._xgr = xgr
         self.vocab_size = vocab_size
         self.matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=list(end_ids))
-        self.bitmask = xgr.allocate_token_bitmask(max_rows, vocab_size)  # [max_rows, ⌈V/32⌉] int32, CPU
+        self.bitmask = xgr.allocate_token_bitmask(1, vocab_size)  # [rows, ⌈V/32⌉] int32, CPU; grows to a pass's w
 
     def constrain(self, logits: Tensor, drafts: list[int] | None = None) -> Tensor:
         """logits [w, V] of a pass whose row i follows drafts d_1 … d_i → fp32 logits with every token
         the grammar refuses at row i set to −inf (module docstring)."""
         w, matcher = logits.shape[0], self.matcher
+        if self.bitmask.shape[0] < w:
+            self.bitmask = self._xgr.allocate_token_bitmask(w, self.vocab_size)
         rows = self.bitmask[:w]
         rows.fill_(-1)  # every token, for the rows after a refused draft
         matcher.fill_next_token_bitmask(rows, 0)

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from ..runtime.grammar import GrammarError, GrammarSpec
 from ..runtime.logprobs import MAX_TOP_LOGPROBS
 from ..runtime.sampling import SEED_MAX, SEED_MIN
 
@@ -43,10 +44,9 @@ MAX_CHOICES = 16  # the most choices (`n`) one request may ask for
 UNSUPPORTED: dict[str, Any] = {
     "best_of": 1, "echo": False, "top_logprobs": None, "suffix": None, "prompt_logprobs": None, "tools": None,
     "tool_choice": None, "functions": None, "function_call": None,
-    "response_format": None, "guided_json": None, "guided_regex": None, "guided_choice": None,
-    "prediction": None, "audio": None,
+    "guided_decoding_backend": "xgrammar", "guided_whitespace_pattern": None, "prediction": None, "audio": None,
 }
-_OFF_EQUIVALENTS = (None, {}, [], False, "none", "auto", {"type": "text"})  # also "off" for the fields above
+_OFF_EQUIVALENTS = (None, {}, [], False, "none", "auto")  # also "off" for the fields above
 
 
 def _off(value: Any, off: Any) -> bool:
@@ -64,6 +64,40 @@ def refuse_unsupported(body: BaseModel) -> None:
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
+
+
+class JsonSchemaFormat(BaseModel):
+    name: Text = "response"
+    description: Text | None = None
+    schema_: dict[str, Any] | bool = Field(True, alias="schema")  # absent: any JSON value
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's `response_format`: text (no constraint), any JSON object, or a JSON schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema(self) -> "ResponseFormat":
+        if self.type == "json_schema" and self.json_schema is None:
+            raise PydanticCustomError("json_schema", "type json_schema needs json_schema: {name, schema}")
+        return self
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's `structured_outputs`: exactly one of its constraints."""
+
+    model_config = ConfigDict(extra="forbid")
+    json_: dict[str, Any] | Text | None = Field(None, alias="json")  # a JSON schema (object or its text)
+    regex: Text | None = None
+    choice: list[Text] | None = None
+    grammar: Text | None = None  # EBNF
+    json_object: bool | None = None
+
+
+JSON_OBJECT = '{"type": "object"}'  # OpenAI's json_object: any JSON object
 
 
 class RequestBody(BaseModel):
@@ -91,6 +125,52 @@ class RequestBody(BaseModel):
     ignore_eos: bool = False  # vLLM's: decode past the model's EOS (to max_tokens or a stop)
     policy: Text | None = None  # extension: one of the engine's policy names
     spec_decode_stats: bool = False  # extension: the round statistics in the response (a list per choice when n > 1)
+    # structured output (`runtime/grammar.py`): OpenAI's response_format, vLLM's structured_outputs or
+    # its guided_* fields; at most one of them
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | Text | None = None
+    guided_regex: Text | None = None
+    guided_choice: list[Text] | None = None
+    guided_grammar: Text | None = None
+
+    def grammar_spec(self) -> GrammarSpec | None:
+        """The request's output constraint, or None; RequestError names the field when two are
+        given or one is malformed."""
+        given = self._constraints()
+        if len(given) > 1:
+            raise RequestError(f"give one output constraint, not {' and '.join(n for n, _ in given)}", given[1][0])
+        if given and self.ignore_eos:
+            raise RequestError("ignore_eos cannot be combined with structured output (the grammar ends the "
+                               "output with an end token)", "ignore_eos")
+        return given[0][1] if given else None
+
+    def grammar_field(self) -> str | None:
+        """The field that gives the request's output constraint."""
+        given = self._constraints()
+        return given[0][0] if given else None
+
+    def _constraints(self) -> list[tuple[str, GrammarSpec]]:
+        given: list[tuple[str, GrammarSpec]] = []
+        fmt = self.response_format
+        if fmt is not None and fmt.type == "json_object":
+            given.append(("response_format", GrammarSpec("json_schema", JSON_OBJECT)))
+        elif fmt is not None and fmt.type == "json_schema":
+            given.append(("response_format", _schema_spec(fmt.json_schema.schema_)))
+        so = self.structured_outputs
+        if so is not None:
+            items = [(name, value) for name, value in (("json", so.json_), ("regex", so.regex), ("choice", so.choice),
+                                                        ("grammar", so.grammar), ("json_object", so.json_object or None))
+                     if value is not None]
+            if len(items) != 1:
+                raise RequestError("structured_outputs takes exactly one of json, regex, choice, grammar, json_object",
+                                   "structured_outputs")
+            given.append(("structured_outputs", _spec(*items[0])))
+        for name, kind in (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
+                           ("guided_grammar", "grammar")):
+            if getattr(self, name) is not None:
+                given.append((name, _spec(kind, getattr(self, name), name)))
+        return given
 
     def logprob_count(self) -> int | None:
         """The alternatives per output token of the logprobs asked for; None: no logprobs."""
@@ -109,6 +189,11 @@ class RequestBody(BaseModel):
             pairs.append((int(key), bias))
         return tuple(pairs)
 
+    @field_validator("guided_json", "guided_regex", "guided_choice", "guided_grammar", mode="before")
+    @classmethod
+    def _guided_off(cls, value):
+        return None if value in ({}, [], "") else value  # clients send empty values for "off"
+
     @field_validator("stop_token_ids", mode="before")
     @classmethod
     def _token_ids(cls, ids):
@@ -121,6 +206,33 @@ class RequestBody(BaseModel):
         if any(not s for s in stops):
             raise ValueError("stop sequences must be non-empty strings")
         return stops
+
+
+def _schema_spec(schema: dict | bool | str, field: str = "response_format") -> GrammarSpec:
+    if schema is True:
+        return GrammarSpec("json")
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as exc:
+            raise RequestError(f"the JSON schema is not JSON: {exc}", field) from None
+    if not isinstance(schema, dict):
+        raise RequestError("the JSON schema must be an object", field)
+    return GrammarSpec("json_schema", json.dumps(schema))
+
+
+def _spec(kind: str, value, field: str = "structured_outputs") -> GrammarSpec:
+    """One constraint of `structured_outputs` or a guided_* field as a GrammarSpec."""
+    try:
+        if kind == "json":
+            return _schema_spec(value, field)
+        if kind == "json_object":
+            return GrammarSpec("json_schema", JSON_OBJECT)
+        if kind == "choice":
+            return GrammarSpec.choice(value)
+        return GrammarSpec("regex" if kind == "regex" else "ebnf", value)
+    except GrammarError as exc:
+        raise RequestError(str(exc), field) from None
 
 
 class CompletionRequest(RequestBody):

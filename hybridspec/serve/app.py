@@ -342,9 +342,11 @@ def create_app(service: Service, *, api_key: str | None = None, max_request_byte
             prompt = prompt[0]
         ids = await service.encode(prompt, "prompt") if isinstance(prompt, str) else list(prompt)
         max_tokens = body.max_tokens if body.max_tokens is not None else 16
-        first = service.start(body, ids, max_tokens, "prompt", arrived)
+        grammar = await service.check_grammar(body)
+        first = service.start(body, ids, max_tokens, "prompt", arrived, grammar=grammar)
         echo = (prompt if isinstance(prompt, str) else service.prompt_text(ids)) if body.echo else ""
-        choice = lambda i: first if i == 0 else service.start(body, ids, max_tokens, "prompt", choice=i)  # noqa: E731
+        choice = lambda i: first if i == 0 else service.start(body, ids, max_tokens, "prompt", choice=i,  # noqa: E731
+                                                              grammar=grammar)
         return await _respond(service, choice, body, False, request, echo)
 
     @app.post("/v1/chat/completions")
@@ -354,8 +356,10 @@ def create_app(service: Service, *, api_key: str | None = None, max_request_byte
         tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None  # "none" too, as vLLM
         ids = await service.encode_chat([m.for_template() for m in body.messages], tools)
         max_tokens = body.max_completion_tokens or body.max_tokens
-        first = service.start(body, ids, max_tokens, "messages", arrived)
-        choice = lambda i: first if i == 0 else service.start(body, ids, max_tokens, "messages", choice=i)  # noqa: E731
+        grammar = await service.check_grammar(body)
+        first = service.start(body, ids, max_tokens, "messages", arrived, grammar=grammar)
+        choice = lambda i: first if i == 0 else service.start(body, ids, max_tokens, "messages", choice=i,  # noqa: E731
+                                                              grammar=grammar)
         return await _respond(service, choice, body, True, request)
 
     return Gate(app, service, api_key, max_request_bytes)

@@ -21,6 +21,7 @@ from pathlib import Path
 from ..artifacts.params import PolicyParameters
 from ..runtime.engine import PrefillRecord
 from ..runtime.generation import check_policy, default_policy
+from ..runtime.grammar import GrammarCompiler, GrammarError, GrammarSpec, GrammarState
 from ..runtime.logprobs import TokenLogprobs
 from ..runtime.policies import Policy, make_policy
 from ..runtime.sampling import SEED_MIN, SamplingParams
@@ -47,6 +48,7 @@ class StreamRequest:
     end_ids: tuple[int, ...]  # the tokens that end it: the model's EOS (unless ignore_eos) and its stop_token_ids
     logprobs: int | None = None  # alternatives per token of the logprobs it asks for (None: none)
     prompt_logprobs: int | None = None  # the same of the prompt's tokens
+    grammar: GrammarSpec | None = None  # what the output must match (`runtime/grammar.py`)
 
 
 @dataclass(frozen=True)
@@ -74,11 +76,13 @@ class Decoding:
 
     def __init__(self, service: Service, prompt_ids: list[int], policy_name: str, max_tokens: int,
                  sampling: SamplingParams, stops: list[str], arrived: float, end_ids: tuple[int, ...],
-                 logprobs: int | None = None, prompt_logprobs: int | None = None):
+                 logprobs: int | None = None, prompt_logprobs: int | None = None,
+                 grammar: GrammarSpec | None = None):
         self.service, self.prompt_ids, self.stops, self.arrived = service, prompt_ids, stops or [], arrived
         self.end_ids = end_ids
         self.labels = {"model_name": service.model_name, "policy": policy_name}
-        request = StreamRequest(prompt_ids, policy_name, max_tokens, sampling, end_ids, logprobs, prompt_logprobs)
+        request = StreamRequest(prompt_ids, policy_name, max_tokens, sampling, end_ids, logprobs, prompt_logprobs,
+                                grammar)
         self.steps = service.steps(request)
         self.ids: list[int] = []
         self.text, self.sent = "", 0  # visible text; characters already handed out
@@ -246,6 +250,7 @@ class Service:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self.metrics = ServerMetrics(model_name, max_length=self.draft_len + 1)
         self._token_bytes: dict[int, bytes] = {}  # `token_bytes`, kept: logprobs name the same tokens often
+        self._grammars: GrammarCompiler | None = None  # built by the first request with a grammar
         self.created = int(time.time())
 
     def policy(self, name: str) -> Policy:
@@ -263,10 +268,37 @@ class Service:
         return self.engine_steps(request)
 
     def engine_steps(self, request: StreamRequest) -> Iterator:
+        grammar = None
+        if request.grammar is not None:  # compiled by `check_grammar` already: xgrammar's cache answers
+            grammar = GrammarState(self.grammar_compiler().compile(request.grammar), request.end_ids,
+                                   self.session.target.cfg.vocab_size)
         return self.session.engine.stream(request.prompt_ids, policy=self.policy(request.policy),
                                           max_new_tokens=request.max_tokens, sampling=request.sampling,
                                           eos_ids=request.end_ids, logprobs=request.logprobs,
-                                          prompt_logprobs=request.prompt_logprobs)
+                                          prompt_logprobs=request.prompt_logprobs, grammar=grammar)
+
+    def grammar_compiler(self, param: str | None = None) -> GrammarCompiler:
+        if self._grammars is None:
+            codec = self._codec(param or "response_format")
+            self._grammars = GrammarCompiler(codec.tokenizer, self.session.target.cfg.vocab_size,
+                                             self.session.eos_ids)
+        return self._grammars
+
+    async def check_grammar(self, body: RequestBody) -> GrammarSpec | None:
+        """The request's output constraint (`RequestBody.grammar_spec`), compiled in a thread so that
+        a bad one is refused before the request runs; RequestError names the field."""
+        spec = body.grammar_spec()
+        if spec is None:
+            return None
+
+        def compile_() -> None:
+            try:
+                self.grammar_compiler(body.grammar_field()).compile(spec)
+            except GrammarError as exc:
+                raise RequestError(str(exc), body.grammar_field()) from None
+
+        await asyncio.to_thread(compile_)
+        return spec
 
     def token_bytes(self, token: int) -> bytes:
         """One token's own bytes (`TextCodec.token_bytes`; its id's text for a model without a tokenizer)."""
@@ -319,7 +351,7 @@ class Service:
         return self.session.codec
 
     def start(self, body: RequestBody, prompt_ids: list[int], max_tokens: int | None, param: str,
-              arrived: float | None = None, choice: int = 0) -> Decoding:
+              arrived: float | None = None, choice: int = 0, grammar: GrammarSpec | None = None) -> Decoding:
         """Validate against the model and build the decoding of the request's choice `choice`
         (nothing runs yet); choice i samples with seed + i (a request without a seed: a random one each)."""
         if body.model is not None and body.model != self.model_name:
@@ -365,8 +397,11 @@ class Service:
         except ValueError as exc:
             raise RequestError(str(exc), None) from None
         arrived = time.monotonic() if arrived is None else arrived
+        if grammar is not None and not end_ids:
+            raise RequestError("structured output needs an end token: this model has no EOS; give stop_token_ids",
+                               body.grammar_field())
         return Decoding(self, prompt_ids, name, max_tokens or room, sampling, body.stop, arrived, end_ids,
-                        body.logprob_count(), body.prompt_logprob_count())
+                        body.logprob_count(), body.prompt_logprob_count(), grammar)
 
     def discard(self, decoding: Decoding) -> None:
         """Count a decoding that will not run (or not run on) as cancelled, behind any round in flight."""

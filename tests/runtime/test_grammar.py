@@ -31,13 +31,13 @@ def compiler(session):
     return GrammarCompiler(session.codec.tokenizer, session.target.cfg.vocab_size, session.eos_ids)
 
 
-def state(session, compiler, spec: GrammarSpec, rows: int = 16) -> GrammarState:
-    return GrammarState(compiler.compile(spec), session.eos_ids, session.target.cfg.vocab_size, rows)
+def state(session, compiler, spec: GrammarSpec) -> GrammarState:
+    return GrammarState(compiler.compile(spec), session.eos_ids, session.target.cfg.vocab_size)
 
 
 def allowed_after(session, compiler, spec, history: list[int]) -> torch.Tensor:
     """The tokens a fresh matcher allows after `history` [V] bool."""
-    fresh = state(session, compiler, spec, rows=1)
+    fresh = state(session, compiler, spec)
     fresh.accept(history)
     return fresh.constrain(torch.zeros(1, session.target.cfg.vocab_size))[0] > float("-inf")
 
@@ -144,7 +144,7 @@ def test_bad_specs_and_no_end_token_are_refused(session, compiler):
     with pytest.raises(GrammarError, match="non-empty"):
         GrammarSpec.choice([])
     with pytest.raises(GrammarError, match="end token"):
-        GrammarState(compiler.compile(GrammarSpec("json")), (), session.target.cfg.vocab_size, 4)
+        GrammarState(compiler.compile(GrammarSpec("json")), (), session.target.cfg.vocab_size)
 
 
 def test_logprobs_under_a_grammar_are_the_raw_model_values(session, engines, compiler):

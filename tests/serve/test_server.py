@@ -260,6 +260,61 @@ def test_n_choices_decode_one_after_another(client):
     assert [c.index for c in chat.choices] == [0, 1] and chat.choices[0].message.content == chat.choices[1].message.content
 
 
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10}, "size": {"type": "integer"}},
+          "required": ["name", "size"], "additionalProperties": False}
+
+
+def test_structured_output_json_schema_regex_and_choice(client):
+    """response_format (json_schema, json_object), structured_outputs and the guided_* fields hold
+    the output to their grammar; greedy speculative policies give `ar`'s text; stream equals JSON."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "item", "schema": SCHEMA}}
+    messages = [{"role": "user", "content": "An item as JSON:"}]
+    chats = {policy: client.chat.completions.create(model=MODEL, messages=messages, max_tokens=60, temperature=0,
+                                                    response_format=fmt, extra_body={"policy": policy})
+             for policy in ("ar", "hybridspec")}
+    text = chats["ar"].choices[0].message.content
+    assert chats["hybridspec"].choices[0].message.content == text and chats["ar"].choices[0].finish_reason == "stop"
+    item = json.loads(text)
+    assert set(item) == {"name", "size"} and isinstance(item["size"], int) and len(item["name"]) <= 10
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=60, temperature=0, response_format=fmt, stream=True,
+        extra_body={"policy": "hybridspec"}) if c.choices)
+    assert streamed == text
+    anything = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=60, temperature=0.8, seed=2,
+                                              response_format={"type": "json_object"})
+    if anything.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(anything.choices[0].message.content), dict)
+    for extra, check in (({"guided_regex": "[a-z]{3,8}"}, lambda t: t.isalpha() and 3 <= len(t) <= 8),
+                         ({"structured_outputs": {"regex": "[0-9]{2}-[0-9]{2}"}}, lambda t: t[2] == "-"),
+                         ({"guided_choice": ["alpha", "beta"]}, lambda t: t in ("alpha", "beta")),
+                         ({"structured_outputs": {"choice": ["up", "down"]}}, lambda t: t in ("up", "down")),
+                         ({"guided_grammar": 'root ::= "x" [0-9] [0-9]? "y"'}, lambda t: t[0] == "x" and t[-1] == "y")):
+        out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=16, temperature=0,
+                                        extra_body={**extra, "policy": "hybridspec"}).choices[0]
+        assert out.finish_reason == "stop" and check(out.text), (extra, out.text)
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objekt"}}}},
+     "response_format"),
+    ({"response_format": {"type": "json_schema"}}, "response_format"),
+    ({"guided_regex": "[a-"}, "guided_regex"),
+    ({"guided_choice": ["a", ""]}, "guided_choice"),
+    ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs"),
+    ({"structured_outputs": {"jsonn": {}}}, "structured_outputs"),
+    ({"guided_regex": "a", "response_format": {"type": "json_object"}}, "guided_regex"),
+    ({"guided_regex": "a", "ignore_eos": True}, "ignore_eos"),
+    ({"guided_regex": "a", "guided_decoding_backend": "outlines"}, "guided_decoding_backend"),
+])
+def test_bad_output_constraints_are_named(server, client, body, param):
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    response = httpx.post(f"{server}/v1/completions", headers=headers,
+                          content=json.dumps({"prompt": PROMPT, "max_tokens": 4, **body}))
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param, response.json()
+    assert client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, temperature=0).choices[0].text is not None
+
+
 def test_min_tokens_holds_back_stop_sequences_too(client):
     """As vLLM: a stop sequence in the text of the first min_tokens tokens does not end the request."""
     kw = dict(model=MODEL, prompt=PROMPT, temperature=0, extra_body={"policy": "full"})
