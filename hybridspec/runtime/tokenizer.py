@@ -72,11 +72,13 @@ class TextCodec:
             return self.chat_templates["tool_use"]
         return self.chat_template
 
-    def render_chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+    def render_chat(self, messages: list[dict], tools: list[dict] | None = None,
+                    variables: dict | None = None) -> str:
         """The prompt text of OpenAI-style `messages` ({"role", "content"}; a content list keeps its text
         parts; an assistant's `tool_calls` and a tool's `tool_call_id` pass through) under the
-        tokenizer's chat template (`template_for`), with OpenAI-style `tools` when given, ending with
-        the assistant's turn opened."""
+        tokenizer's chat template (`template_for`), with OpenAI-style `tools` when given and the
+        caller's extra template `variables` (e.g. `enable_thinking`), ending with the assistant's turn
+        opened."""
         template = self.template_for(tools)
         if template is None:
             raise ChatTemplateError(f"{self.source}: no chat_template (chat_template.jinja or tokenizer_config.json); "
@@ -87,7 +89,7 @@ class TextCodec:
         chat = [{**m, "content": _text(m.get("content"))} for m in messages]
         try:
             rendered, _ = render_jinja_template([chat], tools=tools, chat_template=template,
-                                                add_generation_prompt=True, **self.special_tokens)
+                                                add_generation_prompt=True, **{**self.special_tokens, **(variables or {})})
         except TemplateError as exc:
             raise ChatTemplateError(f"{self.source}: the chat template refused the messages: {exc}") from exc
         return rendered[0]

@@ -298,6 +298,10 @@ class ChatMessage(BaseModel):
         return message
 
 
+RESERVED_TEMPLATE_VARIABLES = {"messages", "tools", "documents", "chat_template", "add_generation_prompt",
+                               "continue_final_message", "tokenize", "return_dict", "return_assistant_tokens_mask"}
+
+
 class ChatRequest(RequestBody):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
@@ -305,6 +309,14 @@ class ChatRequest(RequestBody):
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS, strict=True)
     tools: list[Tool] | None = None  # rendered by the chat template; calls parsed from the output (`tools.py`)
     tool_choice: Literal["none", "auto"] | None = None  # "required" and named functions: not supported
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: extra template variables (enable_thinking, …)
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_variables(cls, variables):
+        if reserved := sorted(set(variables or {}) & RESERVED_TEMPLATE_VARIABLES):
+            raise ValueError(f"{', '.join(reserved)} cannot be set through chat_template_kwargs")
+        return variables
 
     def calls_tools(self) -> bool:
         """Whether the output is parsed for tool calls: tools given and tool_choice not "none"."""

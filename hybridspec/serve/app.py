@@ -32,6 +32,7 @@ from starlette.exceptions import HTTPException
 from ..runtime.logprobs import finite
 from .api import ChatRequest, CompletionRequest, RequestBody, RequestError, refuse_unsupported
 from .service import Decoding, Service, TokenLogprob
+from .reasoning import ReasoningStream, split_reasoning
 from .tools import ToolStream, parse_tool_calls
 
 access_log = logging.getLogger("hybridspec.access")
@@ -191,14 +192,17 @@ def _sse(obj: dict | str) -> str:
 
 
 async def _respond(service: Service, choice: Callable[[int], Decoding], body: RequestBody, chat: bool,
-                   request: Request, echo: str = ""):
+                   request: Request, echo: str = "", thinking: bool | None = None):
     """The response to a validated request: JSON, or an SSE stream. `choice(i)` builds the decoding of
     choice i (`choice(0)` already built, so validated); the `n` choices decode one after another,
-    each streamed whole before the next. `echo` (the prompt's text) goes before each choice's text."""
+    each streamed whole before the next. `echo` (the prompt's text) goes before each choice's text.
+    `thinking` (chat, when the server splits reasoning off): whether the output starts inside a
+    `<think>` block (`reasoning.py`); None: no split."""
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     base = {"id": rid, "created": int(time.time()), "model": service.model_name}
     obj = ("chat.completion" if chat else "text_completion") + (".chunk" if body.stream and chat else "")
     tools = chat and body.calls_tools()  # the output is parsed for tool calls (`tools.py`)
+    specs = [t.model_dump(exclude_none=True) for t in body.tools] if tools else None
     done: list[Decoding] = []
 
     def begin(i: int) -> Decoding:
@@ -235,21 +239,27 @@ async def _respond(service: Service, choice: Callable[[int], Decoding], body: Re
             done.append(decoding)
             text, entries = echo + "".join(d.text for d in deltas), [e for d in deltas for e in d.logprobs]
             finish = decoding.finish_reason
+            reasoning = {}
+            if chat and thinking is not None:
+                thought, text = split_reasoning(text, thinking)
+                reasoning = {"reasoning_content": thought}
             if not chat:
                 item = {"index": i, "text": text}
             elif tools:
-                content, calls = parse_tool_calls(text)
-                message = {"role": "assistant", "content": content} | ({"tool_calls": calls} if calls else {})
+                content, calls = parse_tool_calls(text, service.tool_format, specs)
+                message = {"role": "assistant", "content": content} | reasoning | ({"tool_calls": calls} if calls else {})
                 item, finish = {"index": i, "message": message}, "tool_calls" if calls else finish
             else:
-                item = {"index": i, "message": {"role": "assistant", "content": text}}
+                item = {"index": i, "message": {"role": "assistant", "content": text} | reasoning}
             choices.append(item | {"logprobs": logprobs(decoding, entries, [0]), "finish_reason": finish})
         return JSONResponse({**base, "object": obj, "choices": choices, "usage": usage(), **stats()})
     include_usage = body.stream_options is not None and body.stream_options.include_usage
 
-    def chunk(i: int, text: str | None, finish: str | None, lps: dict | None = None, first: bool = False) -> dict:
+    def chunk(i: int, text: str | None, finish: str | None, lps: dict | None = None, first: bool = False,
+              thought: str = "") -> dict:
         if chat:
-            delta = ({"role": "assistant", "content": ""} if first else {}) | ({"content": text} if text else {})
+            delta = ({"role": "assistant", "content": ""} if first else {}) | ({"content": text} if text else {}) | (
+                {"reasoning_content": thought} if thought else {})
             item = {"index": i, "delta": delta, "logprobs": lps, "finish_reason": finish}
         else:
             item = {"index": i, "text": text or "", "logprobs": lps, "finish_reason": finish}
@@ -260,17 +270,24 @@ async def _respond(service: Service, choice: Callable[[int], Decoding], body: Re
         try:
             for i in range(body.n):
                 decoding, pending, offset = begin(i), echo, [0]  # the echo goes with the choice's first chunk
-                calls = ToolStream() if tools else None  # content until a call may begin; calls at the end
+                calls = ToolStream(service.tool_format, specs) if tools else None  # content until a call may begin
+                thoughts = ReasoningStream(thinking) if chat and thinking is not None else None
                 if chat:
                     yield _sse(chunk(i, None, None, first=True))
                 async for delta in service.run(decoding, request.is_disconnected):
                     lps = logprobs(decoding, delta.logprobs, offset) if delta.logprobs else None
-                    text = calls.feed(delta.text) if calls else delta.text
-                    yield _sse(chunk(i, pending + text, None, lps))
+                    thought, text = thoughts.feed(delta.text) if thoughts else ("", delta.text)
+                    text = calls.feed(text) if calls else text
+                    yield _sse(chunk(i, pending + text, None, lps, thought=thought))
                     pending = ""
                 if decoding.finish_reason is None:  # the client went away
                     return
                 done.append(decoding)
+                if thoughts:  # what the reasoning split held back
+                    thought, text = thoughts.finish()
+                    text = calls.feed(text) if calls else text
+                    if thought or text:
+                        yield _sse(chunk(i, text, None, thought=thought))
                 last = chunk(i, pending or None, decoding.finish_reason)
                 if calls:
                     rest, found = calls.finish()
@@ -354,13 +371,14 @@ def create_app(service: Service, *, api_key: str | None = None, max_request_byte
         arrived = time.monotonic()
         refuse_unsupported(body)
         tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None  # "none" too, as vLLM
-        ids = await service.encode_chat([m.for_template() for m in body.messages], tools)
+        ids, thinking = await service.encode_chat([m.for_template() for m in body.messages], tools,
+                                                  body.chat_template_kwargs)
         max_tokens = body.max_completion_tokens or body.max_tokens
         grammar = await service.check_grammar(body)
         first = service.start(body, ids, max_tokens, "messages", arrived, grammar=grammar)
         choice = lambda i: first if i == 0 else service.start(body, ids, max_tokens, "messages", choice=i,  # noqa: E731
                                                               grammar=grammar)
-        return await _respond(service, choice, body, True, request)
+        return await _respond(service, choice, body, True, request, thinking=thinking if service.reasoning else None)
 
     return Gate(app, service, api_key, max_request_bytes)
 

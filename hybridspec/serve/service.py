@@ -30,6 +30,9 @@ from ..runtime.tensor_parallel import mirrored
 from ..runtime.tokenizer import ChatTemplateError, TextCodec
 from .api import RequestBody, RequestError
 from .metrics import ServerMetrics
+from .reasoning import opens_in_prompt
+from .reasoning import reasoning_parser as reasoning_parser_on
+from .tools import tool_format
 
 EMBEDDED_NAME = "hybridspec-embedded"  # the served model name of the default pair
 SAMPLING_EPS = 1e-5  # temperatures below it decode greedily (logits / T would overflow)
@@ -233,8 +236,14 @@ class Service:
     """The model, its policies and the FIFO queue in front of the engine."""
 
     def __init__(self, session: Session, *, params: PolicyParameters | None, policy: str, model_name: str,
-                 tensor_parallel: bool = False, prepare: tuple[str, ...] = ()):
+                 tensor_parallel: bool = False, prepare: tuple[str, ...] = (), tool_call_parser: str = "auto",
+                 reasoning_parser: str = "auto"):
         self.session, self.params, self.model_name = session, params, model_name
+        templates = list(session.codec.chat_templates.values()) if session.codec is not None else []
+        # the call format chat outputs are parsed for (`tools.py`), and whether their reasoning is split off
+        self.tool_format = tool_call_parser if tool_call_parser != "auto" else tool_format(
+            session.codec.template_for([{}]) if session.codec is not None else None)
+        self.reasoning = reasoning_parser_on(reasoning_parser, templates)
         self.tensor_parallel = tensor_parallel  # every rank runs each engine step (`steps`)
         self.draft_len = session.drafter.draft_len if session.drafter is not None else 0
         self.policies: dict[str, Policy] = {}
@@ -332,16 +341,20 @@ class Service:
         """Token ids of `text`, tokenized in a thread (the tokenizer releases the GIL)."""
         return await asyncio.to_thread(self._codec(param).encode, text)
 
-    async def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
-        """Token ids of chat messages (and tools) under the model's chat template, rendered and
-        tokenized in a thread."""
+    async def encode_chat(self, messages: list[dict], tools: list[dict] | None = None,
+                          template_kwargs: dict | None = None) -> tuple[list[int], bool]:
+        """(token ids, reasoning open) of chat messages (and tools, and the request's extra template
+        variables) under the model's chat template, rendered and tokenized in a thread; reasoning
+        open: the output starts inside a `<think>` block the prompt opened (when the server splits
+        reasoning off)."""
         codec = self._codec("messages")
 
-        def render() -> list[int]:
+        def render() -> tuple[list[int], bool]:
             try:
-                return codec.encode(codec.render_chat(messages, tools))
+                text = codec.render_chat(messages, tools, template_kwargs)
             except ChatTemplateError as exc:  # no template, or the template refused the messages
                 raise RequestError(str(exc), "messages") from None
+            return codec.encode(text), self.reasoning and opens_in_prompt(text)
 
         return await asyncio.to_thread(render)
 
@@ -463,13 +476,15 @@ def open_service(*, artifact: Path | None = None, model: str | None = None, draf
                  policy: str | None = None, device: str = "cpu", dtype: str = "float32", backend: str = "auto",
                  max_context: int = 4096, force: bool = False, model_name: str | None = None,
                  graphs: bool = True, tensor_parallel: bool = False, expert_parallel: bool = False,
-                 prepare: tuple[str, ...] = ()) -> Service:
+                 prepare: tuple[str, ...] = (), tool_call_parser: str = "auto",
+                 reasoning_parser: str = "auto") -> Service:
     """Check the default policy and the artifact, then load the model and the drafter for `serve`
     (`check_policy`, before any weights load: the default policy needs an artifact when it needs
     parameters; one fitted for another pair is refused unless `force`). Without `policy`: `hybridspec`
     with an artifact, else `default_policy`'s choice. `tensor_parallel`: on one rank of a process
     group (`serve/parallel.py`); `expert_parallel`: its experts split whole across the ranks;
-    `prepare`: the flavours whose graphs are captured at start-up besides greedy's (`prepare_flavours`)."""
+    `prepare`: the flavours whose graphs are captured at start-up besides greedy's (`prepare_flavours`);
+    `tool_call_parser`, `reasoning_parser`: how chat outputs are read (`tools.py`, `reasoning.py`)."""
     prepare_flavours(prepare)  # a bad item fails before any weights load
     policy = policy or default_policy(artifact)
     params = check_policy(policy, artifact, model, drafter, force=force)
@@ -477,4 +492,4 @@ def open_service(*, artifact: Path | None = None, model: str | None = None, draf
                            graphs=graphs, tensor_parallel=tensor_parallel, expert_parallel=expert_parallel)
     name = model_name or (model if model is not None else EMBEDDED_NAME)
     return Service(session, params=params, policy=policy, model_name=name, tensor_parallel=tensor_parallel,
-                   prepare=prepare)
+                   prepare=prepare, tool_call_parser=tool_call_parser, reasoning_parser=reasoning_parser)

@@ -1,15 +1,26 @@
-"""Tool calls in chat completions: the calls a model writes in its text, in the Hermes format of
-Qwen's chat templates (vLLM's `hermes` parser),
+"""Tool calls in chat completions: the calls a model writes in its text become OpenAI `tool_calls`
+(arguments as a JSON string) and the text before the first call the message's content. Two
+formats, as the model's chat template teaches it (`tool_format`):
 
+    hermes (Qwen3, Qwen3-Next; vLLM's `hermes` parser):
     <tool_call>
     {"name": "get_weather", "arguments": {"city": "Paris"}}
     </tool_call>
 
-become OpenAI `tool_calls` (arguments as a JSON string) and the text before the first call the
-message's content. Text whose blocks are not such JSON objects stays content. Streamed, content
-goes out until a call may begin (`ToolStream` holds back what may be the start of `<tool_call>`
-and the space before it); the calls go out whole in the last chunk, and the content streamed is
-the content of the whole text (empty where that is None).
+    qwen3_xml (Qwen3.5, Qwen3.6; vLLM's `qwen3_coder` parser):
+    <tool_call>
+    <function=get_weather>
+    <parameter=city>
+    Paris
+    </parameter>
+    </function>
+    </tool_call>
+
+An XML parameter's text is converted by the type its tool's JSON schema gives it (integer, number,
+boolean, object, array, null; a string stays as written). Text whose blocks are not such calls
+stays content. Streamed, content goes out until a call may begin (`ToolStream` holds back what may
+be the start of `<tool_call>` and the space before it); the calls go out whole in the last chunk,
+and the content streamed is the content of the whole text (empty where that is None).
 """
 
 from __future__ import annotations
@@ -17,37 +28,104 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from typing import Any
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
+FORMATS = ("hermes", "qwen3_xml")
 _BLOCK = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*(?:" + re.escape(CLOSE) + r"|$)", re.S)
+_FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)(?:</function>|$)", re.S)
+_PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|$)", re.S)
 
 
-def parse_tool_calls(text: str) -> tuple[str | None, list[dict]]:
-    """(content, tool_calls) of a model's text: no calls, the text as it is; else the text before the
-    first `<tool_call>` without its trailing space (None when blank) and one OpenAI call per block (a block left open at the
-    end of the text counts, as a model stopped by its budget may leave it)."""
+def tool_format(template: str | None) -> str:
+    """The call format a chat template teaches: `qwen3_xml` where it shows `<function=…>` blocks,
+    else `hermes`."""
+    return "qwen3_xml" if template and "<function=" in template else "hermes"
+
+
+def parse_tool_calls(text: str, fmt: str = "hermes", tools: list[dict] | None = None) -> tuple[str | None, list[dict]]:
+    """(content, tool_calls) of a model's text in format `fmt` (`tools`: the request's, whose
+    parameter schemas type the XML format's values): no calls, the text as it is; else the text
+    before the first `<tool_call>` without its trailing space (None when blank) and one OpenAI
+    call per block (a block left open at the end of the text counts, as a model stopped by its
+    budget may leave it)."""
     if OPEN not in text:
         return text, []
     calls = []
     for block in _BLOCK.finditer(text):
-        try:
-            call = json.loads(block.group(1))
-        except json.JSONDecodeError:
+        parsed = _xml_call(block.group(1), tools) if fmt == "qwen3_xml" else _json_call(block.group(1))
+        if parsed is None:
             return text, []
-        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-            return text, []
-        arguments = call.get("arguments", call.get("parameters", {}))
+        name, arguments = parsed
         calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                      "function": {"name": call["name"], "arguments": json.dumps(arguments, ensure_ascii=False)}})
+                      "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}})
     content = text[: text.index(OPEN)].rstrip()
     return (content if content.strip() else None), calls
+
+
+def _json_call(body: str) -> tuple[str, Any] | None:
+    try:
+        call = json.loads(body)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        return None
+    return call["name"], call.get("arguments", call.get("parameters", {}))
+
+
+def _xml_call(body: str, tools: list[dict] | None) -> tuple[str, dict] | None:
+    function = _FUNCTION.match(body.strip())
+    if function is None:
+        return None
+    name = function.group(1).strip()
+    schema = next((t["function"].get("parameters") or {} for t in tools or []
+                   if t.get("function", {}).get("name") == name), {})
+    properties = schema.get("properties", {}) if isinstance(schema, dict) else {}
+    arguments = {}
+    for parameter in _PARAMETER.finditer(function.group(2)):
+        key = parameter.group(1).strip()
+        arguments[key] = _typed(_trim(parameter.group(2)), properties.get(key, {}))
+    return name, arguments
+
+
+def _trim(value: str) -> str:
+    """A parameter's text without the one newline the format puts on each side of it."""
+    value = value[1:] if value.startswith("\n") else value
+    return value[:-1] if value.endswith("\n") else value
+
+
+def _typed(value: str, schema: dict) -> Any:
+    """An XML parameter's text as the value its JSON schema types: a string stays as written; a
+    value that does not parse as its type stays a string."""
+    kinds = schema.get("type", []) if isinstance(schema, dict) else []
+    kinds = [kinds] if isinstance(kinds, str) else list(kinds)
+    if value.strip().lower() == "null" and ("null" in kinds or not kinds):
+        return None
+    if "string" in kinds:
+        return value
+    text = value.strip()
+    for kind in kinds or ["any"]:
+        try:
+            if kind == "integer":
+                return int(text)
+            if kind == "number":
+                number = float(text)
+                return int(number) if number.is_integer() and re.fullmatch(r"-?\d+", text) else number
+            if kind == "boolean" and text.lower() in ("true", "false"):
+                return text.lower() == "true"
+            if kind in ("object", "array", "any"):
+                return json.loads(text)
+        except ValueError:
+            continue
+    return value
 
 
 class ToolStream:
     """The content of a streamed chat with tools: `feed` each text delta and send what it returns;
     `finish` gives the rest of the content and the calls (`parse_tool_calls` of the whole text)."""
 
-    def __init__(self):
+    def __init__(self, fmt: str = "hermes", tools: list[dict] | None = None):
+        self.fmt, self.tools = fmt, tools
         self.text, self.sent = "", 0
 
     def feed(self, delta: str) -> str:
@@ -66,7 +144,7 @@ class ToolStream:
 
     def finish(self) -> tuple[str, list[dict]]:
         """(content not yet sent, calls): without calls, everything held back is content."""
-        _, calls = parse_tool_calls(self.text)
+        _, calls = parse_tool_calls(self.text, self.fmt, self.tools)
         if not calls:
             out, self.sent = self.text[self.sent :], len(self.text)
             return out, []

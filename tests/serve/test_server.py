@@ -473,3 +473,49 @@ def test_tool_calls_parsed_from_the_model_text():
         assert follow.usage.prompt_tokens == len(codec.encode(rendered))  # tools, the call and the answer rendered
         bad = httpx.post(f"{base}/v1/chat/completions", json={"messages": [{"role": "user", "content": None}]})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages"
+
+
+QWEN35_LIKE = (  # the parts of Qwen3.5's template the server reads: XML calls in the tools block, <think> opened
+    "{% if tools %}<tools>{% for t in tools %}{{ t.function.name }};{% endfor %}</tools>\n<tool_call>\n"
+    "<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n</function>\n"
+    "</tool_call>\n{% endif %}{% for m in messages %}{{ m.role }}: {{ m.content }}|{% endfor %}assistant:"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% else %}<think>\n"
+    "{% endif %}")
+
+
+def test_reasoning_and_qwen35_tool_calls_through_the_client():
+    """A Qwen3.5-style template: the output's reasoning comes back as reasoning_content and its XML
+    call as tool_calls typed by the tool's schema, streamed or not; with enable_thinking false
+    (chat_template_kwargs) the output is content. The model's text is scripted."""
+    service = open_service(max_context=256)
+    service.session.codec.chat_templates = {"default": QWEN35_LIKE}
+    service.tool_format, service.reasoning = "qwen3_xml", True  # what `auto` picks for this template at start-up
+    script = ("The user asks for weather.\n</think>\n\nChecking.\n<tool_call>\n<function=get_weather>\n"
+              "<parameter=city>\nParis\n</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>")
+    service.visible_text = lambda ids, end_ids=(): script[: 6 * len(ids)]
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}]
+    kw = dict(model=MODEL, messages=[{"role": "user", "content": "weather?"}], max_tokens=60, temperature=0,
+              tools=tools, extra_body={"ignore_eos": True})
+    with live_server(service) as (base, _):
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0, timeout=60)
+        out = client.chat.completions.create(**kw).choices[0]
+        assert out.message.model_extra["reasoning_content"] == "The user asks for weather.\n"
+        assert (out.finish_reason, out.message.content) == ("tool_calls", "Checking.")
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in out.message.tool_calls] == \
+            [("get_weather", {"city": "Paris", "days": 2})]
+        thought, content, calls = "", "", []
+        for chunk in client.chat.completions.create(stream=True, **kw):
+            delta = chunk.choices[0].delta
+            thought += (delta.model_extra or {}).get("reasoning_content") or ""
+            content, calls = content + (delta.content or ""), calls + (delta.tool_calls or [])
+        assert (thought, content) == ("The user asks for weather.\n", "Checking.")
+        assert [json.loads(c.function.arguments) for c in calls] == [{"city": "Paris", "days": 2}]
+        service.visible_text = lambda ids, end_ids=(): "Plain answer."[: 6 * len(ids)]
+        direct = client.chat.completions.create(model=MODEL, messages=kw["messages"], max_tokens=4, temperature=0,
+                                                extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        message = direct.choices[0].message
+        assert (message.content, message.model_extra["reasoning_content"]) == ("Plain answer.", None)
+        bad = httpx.post(f"{base}/v1/chat/completions", json={
+            "messages": kw["messages"], "chat_template_kwargs": {"add_generation_prompt": False}})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "chat_template_kwargs"

@@ -44,3 +44,45 @@ def test_streamed_content_equals_the_whole_texts(text, step):
         assert sent + rest == (content or "")
     else:
         assert sent + rest == text
+
+
+WEATHER = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+    "city": {"type": "string"}, "days": {"type": "integer"}, "warm": {"type": "boolean"}, "scale": {"type": "number"},
+    "where": {"type": "object"}, "tags": {"type": "array"}, "code": {"type": "string"}, "note": {"type": ["string", "null"]}}}}}]
+XML_CALLS = ("I will look it up.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nNew York\n</parameter>\n"
+             "<parameter=days>\n3\n</parameter>\n<parameter=warm>\nTrue\n</parameter>\n<parameter=scale>\n1.5\n"
+             "</parameter>\n<parameter=where>\n{\"lat\": 40}\n</parameter>\n<parameter=tags>\n[\"a\", \"b\"]\n</parameter>\n"
+             "<parameter=code>\n007\n</parameter>\n<parameter=note>\nnull\n</parameter>\n</function>\n</tool_call>\n"
+             "<tool_call>\n<function=get_time>\n<parameter=zone>\nline one\nline two\n</parameter>\n</function>\n</tool_call>")
+
+
+def test_qwen3_xml_blocks_become_calls_typed_by_the_tools_schema():
+    content, calls = parse_tool_calls(XML_CALLS, "qwen3_xml", WEATHER)
+    assert content == "I will look it up."
+    assert [c["function"]["name"] for c in calls] == ["get_weather", "get_time"]
+    assert json.loads(calls[0]["function"]["arguments"]) == {
+        "city": "New York", "days": 3, "warm": True, "scale": 1.5, "where": {"lat": 40}, "tags": ["a", "b"],
+        "code": "007", "note": None}
+    assert json.loads(calls[1]["function"]["arguments"]) == {"zone": "line one\nline two"}  # no schema: JSON or text
+    cut = "<tool_call>\n<function=get_weather>\n<parameter=days>\n12"  # left open by the budget
+    assert json.loads(parse_tool_calls(cut, "qwen3_xml", WEATHER)[1][0]["function"]["arguments"]) == {"days": 12}
+    bad = "<tool_call>\n<function=get_weather>\n<parameter=days>\nmany\n</parameter>\n</function>\n</tool_call>"
+    assert json.loads(parse_tool_calls(bad, "qwen3_xml", WEATHER)[1][0]["function"]["arguments"]) == {"days": "many"}
+    assert parse_tool_calls("<tool_call>\n{\"name\": \"f\"}\n</tool_call>", "qwen3_xml") == (
+        "<tool_call>\n{\"name\": \"f\"}\n</tool_call>", [])  # not this format's block: text
+
+
+@pytest.mark.parametrize("step", [1, 5, 1000])
+def test_streamed_xml_content_equals_the_whole_text(step):
+    stream = ToolStream("qwen3_xml", WEATHER)
+    sent = "".join(stream.feed(XML_CALLS[i : i + step]) for i in range(0, len(XML_CALLS), step))
+    rest, calls = stream.finish()
+    assert sent + rest == "I will look it up." and len(calls) == 2
+
+
+def test_the_template_names_the_format():
+    from hybridspec.serve.tools import tool_format
+
+    assert tool_format("...<tool_call>\n<function=example_function_name>\n<parameter=x>...") == "qwen3_xml"
+    assert tool_format('...<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}...') == "hermes"
+    assert tool_format(None) == "hermes"
