@@ -2,7 +2,8 @@
 speculation.
 
 A request may hold its output to a grammar (`GrammarSpec`): any JSON value, a JSON schema, a regular
-expression, one of given strings, or EBNF. xgrammar compiles it against the tokenizer's vocabulary
+expression, one of given strings, EBNF, or an xgrammar structural tag (the tool calls a chat
+request requires, in the model's own call format: `GrammarSpec.tool_calls`). xgrammar compiles it against the tokenizer's vocabulary
 (`GrammarCompiler`) and its matcher gives, from any state, the bitmask of the tokens that may come
 next; the request's end tokens are allowed once the grammar is complete and end it.
 
@@ -24,7 +25,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-KINDS = ("json", "json_schema", "regex", "choice", "ebnf")
+KINDS = ("json", "json_schema", "regex", "choice", "ebnf", "structural_tag")
+TAG_MODELS = {"hermes": "qwen_3", "qwen3_xml": "qwen_3_5"}  # a tool-call format → xgrammar's template of it
 
 
 class GrammarError(ValueError):
@@ -38,7 +40,7 @@ class GrammarSpec:
     regular expression (`regex`), the choices as a JSON list of strings (`choice`), the EBNF
     (`ebnf`), or "" (`json`: any JSON value)."""
 
-    kind: Literal["json", "json_schema", "regex", "choice", "ebnf"]
+    kind: Literal["json", "json_schema", "regex", "choice", "ebnf", "structural_tag"]
     value: str = ""
 
     def __post_init__(self) -> None:
@@ -50,6 +52,21 @@ class GrammarSpec:
         if not options or any(not isinstance(o, str) or not o for o in options):
             raise GrammarError("choices must be a non-empty list of non-empty strings")
         return cls("choice", json.dumps(list(options)))
+
+    @classmethod
+    def tool_calls(cls, fmt: str, tools: list[dict], tool_choice, reasoning: bool) -> "GrammarSpec":
+        """The output of a chat request whose `tool_choice` is `required` (at least one call of any
+        tool) or names a function (a call of it): calls in format `fmt` (`serve/tools.py`) with
+        arguments held to each tool's parameter schema, after a reasoning block closed with
+        `</think>` when `reasoning` (the prompt opened one)."""
+        import xgrammar as xgr
+
+        try:
+            tag = xgr.get_model_structural_tag(TAG_MODELS[fmt], tools=tools, tool_choice=tool_choice,
+                                               reasoning="enabled" if reasoning else "disabled")
+        except (ValueError, KeyError) as exc:
+            raise GrammarError(f"no grammar for these tools: {_first_line(exc)}") from None
+        return cls("structural_tag", tag.model_dump_json())
 
 
 class GrammarCompiler:
@@ -79,6 +96,8 @@ class GrammarCompiler:
                 return c.compile_regex(spec.value)
             if spec.kind == "choice":
                 return c.compile_grammar(_choice_ebnf(json.loads(spec.value)))
+            if spec.kind == "structural_tag":
+                return c.compile_structural_tag(spec.value)
             return c.compile_grammar(spec.value)
         except (RuntimeError, ValueError) as exc:  # xgrammar's parse errors
             raise GrammarError(f"the {spec.kind} grammar does not compile: {_first_line(exc)}") from None

@@ -298,6 +298,15 @@ class ChatMessage(BaseModel):
         return message
 
 
+class NamedFunction(BaseModel):
+    name: Text
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: NamedFunction
+
+
 RESERVED_TEMPLATE_VARIABLES = {"messages", "tools", "documents", "chat_template", "add_generation_prompt",
                                "continue_final_message", "tokenize", "return_dict", "return_assistant_tokens_mask"}
 
@@ -308,7 +317,8 @@ class ChatRequest(RequestBody):
     logprobs: bool | None = False  # null: off, as vLLM reads it
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS, strict=True)
     tools: list[Tool] | None = None  # rendered by the chat template; calls parsed from the output (`tools.py`)
-    tool_choice: Literal["none", "auto"] | None = None  # "required" and named functions: not supported
+    # "required": at least one call; a named function: a call of it (both held to the tools' schemas by a grammar)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: extra template variables (enable_thinking, …)
 
     @field_validator("chat_template_kwargs")
@@ -321,6 +331,33 @@ class ChatRequest(RequestBody):
     def calls_tools(self) -> bool:
         """Whether the output is parsed for tool calls: tools given and tool_choice not "none"."""
         return bool(self.tools) and self.tool_choice != "none"
+
+    def forced_calls(self) -> bool:
+        """Whether tool_choice requires calls (`required`, or a named function)."""
+        return self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice)
+
+    def tool_grammar(self, fmt: str, reasoning: bool) -> GrammarSpec | None:
+        """The grammar of the calls tool_choice requires (`GrammarSpec.tool_calls`), or None;
+        RequestError names the field when there are no tools, the named function is not one of
+        them, or another output constraint is given too."""
+        if not self.forced_calls():
+            return None
+        if not self.tools:
+            raise RequestError("tool_choice requires calls but no tools are given", "tool_choice")
+        names = [t.function.name for t in self.tools]
+        if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function.name not in names:
+            raise RequestError(f"tool_choice names {self.tool_choice.function.name!r}, which is not one of the "
+                               f"tools ({', '.join(names)})", "tool_choice")
+        if self.grammar_field() is not None:
+            raise RequestError(f"tool_choice requires calls: {self.grammar_field()} cannot be given too", "tool_choice")
+        if self.ignore_eos:
+            raise RequestError("ignore_eos cannot be combined with a tool_choice that requires calls", "ignore_eos")
+        choice = self.tool_choice if self.tool_choice == "required" else self.tool_choice.model_dump()
+        tools = [t.model_dump(exclude_none=True) for t in self.tools]
+        try:
+            return GrammarSpec.tool_calls(fmt, tools, choice, reasoning)
+        except GrammarError as exc:
+            raise RequestError(str(exc), "tools") from None
 
     def logprob_count(self) -> int | None:
         if self.top_logprobs and not self.logprobs:

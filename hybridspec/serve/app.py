@@ -374,7 +374,7 @@ def create_app(service: Service, *, api_key: str | None = None, max_request_byte
         ids, thinking = await service.encode_chat([m.for_template() for m in body.messages], tools,
                                                   body.chat_template_kwargs)
         max_tokens = body.max_completion_tokens or body.max_tokens
-        grammar = await service.check_grammar(body)
+        grammar = await service.check_grammar(body, thinking)
         first = service.start(body, ids, max_tokens, "messages", arrived, grammar=grammar)
         choice = lambda i: first if i == 0 else service.start(body, ids, max_tokens, "messages", choice=i,  # noqa: E731
                                                               grammar=grammar)

@@ -28,7 +28,7 @@ from ..runtime.sampling import SEED_MIN, SamplingParams
 from ..runtime.session import Session, open_session
 from ..runtime.tensor_parallel import mirrored
 from ..runtime.tokenizer import ChatTemplateError, TextCodec
-from .api import RequestBody, RequestError
+from .api import ChatRequest, RequestBody, RequestError
 from .metrics import ServerMetrics
 from .reasoning import opens_in_prompt
 from .reasoning import reasoning_parser as reasoning_parser_on
@@ -293,18 +293,21 @@ class Service:
                                              self.session.eos_ids)
         return self._grammars
 
-    async def check_grammar(self, body: RequestBody) -> GrammarSpec | None:
-        """The request's output constraint (`RequestBody.grammar_spec`), compiled in a thread so that
+    async def check_grammar(self, body: RequestBody, thinking: bool = False) -> GrammarSpec | None:
+        """The request's output constraint (`RequestBody.grammar_spec`, or the calls a chat request's
+        tool_choice requires, after a reasoning block when `thinking`), compiled in a thread so that
         a bad one is refused before the request runs; RequestError names the field."""
-        spec = body.grammar_spec()
+        tools = isinstance(body, ChatRequest) and body.forced_calls()
+        spec = body.tool_grammar(self.tool_format, thinking) if tools else body.grammar_spec()
         if spec is None:
             return None
+        field = "tools" if tools else body.grammar_field()
 
         def compile_() -> None:
             try:
-                self.grammar_compiler(body.grammar_field()).compile(spec)
+                self.grammar_compiler(field).compile(spec)
             except GrammarError as exc:
-                raise RequestError(str(exc), body.grammar_field()) from None
+                raise RequestError(str(exc), field) from None
 
         await asyncio.to_thread(compile_)
         return spec
@@ -412,7 +415,7 @@ class Service:
         arrived = time.monotonic() if arrived is None else arrived
         if grammar is not None and not end_ids:
             raise RequestError("structured output needs an end token: this model has no EOS; give stop_token_ids",
-                               body.grammar_field())
+                               body.grammar_field() or "tool_choice")
         return Decoding(self, prompt_ids, name, max_tokens or room, sampling, body.stop, arrived, end_ids,
                         body.logprob_count(), body.prompt_logprob_count(), grammar)
 

@@ -106,7 +106,7 @@ def test_bad_bodies_get_400_naming_the_field(server, path, body, param):
 
 @pytest.mark.parametrize("field, value", [
     ("best_of", 2), ("prompt_logprobs", 1), ("top_logprobs", 3), ("suffix", "x"), ("tools", [{"type": "function"}]),
-    ("tool_choice", "required"),
+    ("tool_choice", "required"), ("tool_choice", {"type": "function", "function": {"name": "f"}}),
     ("guided_whitespace_pattern", " "), ("n", 17), ("n", 0),
 ])
 def test_unsupported_sampling_fields_are_refused_by_name(server, field, value):

@@ -519,3 +519,42 @@ def test_reasoning_and_qwen35_tool_calls_through_the_client():
         bad = httpx.post(f"{base}/v1/chat/completions", json={
             "messages": kw["messages"], "chat_template_kwargs": {"add_generation_prompt": False}})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "chat_template_kwargs"
+
+
+def test_tool_choice_required_and_named_hold_the_model_to_calls():
+    """tool_choice `required` or a named function: the embedded model (which never calls tools by
+    itself) is held by a grammar to the call format its template teaches, with arguments of the
+    tool's schema; greedy speculative decoding gives `ar`'s calls; bad choices are named."""
+    from tests.runtime.test_chat_template import TOOLS_TEMPLATE
+
+    service = open_service(max_context=512)
+    service.session.codec.chat_templates = {"default": TOOLS_TEMPLATE}
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"],
+        "additionalProperties": False}}},
+             {"type": "function", "function": {"name": "get_time", "parameters": {
+                 "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"],
+                 "additionalProperties": False}}}]
+    messages = [{"role": "user", "content": "weather?"}]
+    with live_server(service) as (base, _):
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0, timeout=60)
+        named = {"type": "function", "function": {"name": "get_time"}}
+        runs = {policy: client.chat.completions.create(model=MODEL, messages=messages, max_tokens=60, temperature=0,
+                                                       tools=tools, tool_choice=named,
+                                                       extra_body={"policy": policy}).choices[0]
+                for policy in ("ar", "full")}
+        out = runs["ar"]
+        assert out.finish_reason == "tool_calls" and [c.function.name for c in out.message.tool_calls] == ["get_time"]
+        assert json.loads(out.message.tool_calls[0].function.arguments)["zone"] in ("UTC", "CET")
+        assert [c.function.arguments for c in runs["full"].message.tool_calls] == \
+            [c.function.arguments for c in out.message.tool_calls]
+        required = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=60, temperature=0,
+                                                  tools=tools, tool_choice="required").choices[0]
+        assert required.finish_reason == "tool_calls" and required.message.tool_calls
+        assert all(c.function.name in ("get_weather", "get_time") for c in required.message.tool_calls)
+        for body, param in (({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+                            ({"tool_choice": "required", "tools": None}, "tool_choice"),
+                            ({"tool_choice": "required", "guided_regex": "a"}, "tool_choice"),
+                            ({"tool_choice": "required", "ignore_eos": True}, "ignore_eos")):
+            bad = httpx.post(f"{base}/v1/chat/completions", json={"messages": messages, "tools": tools, **body})
+            assert bad.status_code == 400 and bad.json()["error"]["param"] == param, (body, bad.text)
