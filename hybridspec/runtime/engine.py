@@ -130,12 +130,13 @@ class Engine:
         self._policies: dict[str, tuple[Policy, Policy]] = {}  # host rounds: name → (as given, on the device)
         self.grammar: GrammarState | None = None  # the current request's (host rounds)
 
-    def prepare(self, policy: Policy, sampling: SamplingParams = SamplingParams(), *, logprobs: bool = False) -> None:
-        """Capture the policy's CUDA graphs for this kind of sampling (with logprobs or without) now
-        (a server does this at start-up; otherwise the first such request of each policy does it
-        before its prefill)."""
+    def prepare(self, policy: Policy, sampling: SamplingParams = SamplingParams(), *, logprobs: bool = False,
+                grammar: bool = False) -> None:
+        """Capture the policy's CUDA graphs for this kind of sampling (with logprobs or without, with
+        a grammar or without) now (a server does this at start-up; otherwise the first such request
+        of each policy does it before its prefill)."""
         if self.resident is not None:
-            self.resident.prepare(policy, sampling, logprobs=logprobs)
+            self.resident.prepare(policy, sampling, logprobs=logprobs, grammar=grammar)
 
     # ---------------------------------------------------------------- public
     def generate(self, prompt_ids: list[int], *, policy: Policy, max_new_tokens: int,
@@ -143,8 +144,8 @@ class Engine:
                  record_routing: bool = False, logprobs: int | None = None,
                  grammar: GrammarState | None = None) -> GenerationResult:
         self.check(prompt_ids, policy=policy, max_new_tokens=max_new_tokens)
-        if not record_routing and grammar is None:  # graph capture is start-up work, not the prefill's
-            self.prepare(policy, sampling, logprobs=logprobs is not None)
+        if not record_routing:  # graph capture is start-up work, not the prefill's
+            self.prepare(policy, sampling, logprobs=logprobs is not None, grammar=grammar is not None)
         steps = self.stream(prompt_ids, policy=policy, max_new_tokens=max_new_tokens, sampling=sampling,
                             eos_ids=eos_ids, record_routing=record_routing, logprobs=logprobs, grammar=grammar)
         start = self.clock.now()
@@ -186,17 +187,16 @@ class Engine:
         """Decode round by round: yields ([anchor], PrefillRecord) after the prefill, then (emitted
         ids, record) per round. `logprobs`: each record carries its tokens' logprobs with that many
         alternatives (`logprobs.py`; at most MAX_TOP_LOGPROBS); `prompt_logprobs`: the prefill's
-        record carries the prompt's; `grammar`: the output is held to it (`grammar.py`; host
-        rounds, which read the drafts before verification). Closing the generator early stops
-        decoding (the next request resets the cache)."""
+        record carries the prompt's; `grammar`: the output is held to it (`grammar.py`). Closing
+        the generator early stops decoding (the next request resets the cache)."""
         self.check(prompt_ids, policy=policy, max_new_tokens=max_new_tokens)
         for name, count in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
             if count is not None and not 0 <= count <= MAX_TOP_LOGPROBS:
                 raise ValueError(f"{name} must be in 0 … {MAX_TOP_LOGPROBS}, got {count}")
-        resident = self.resident if self.resident is not None and not record_routing and grammar is None else None
+        resident = self.resident if self.resident is not None and not record_routing else None
         given = policy
         if resident is not None:  # graphs are captured before this request's caches are filled
-            policy = resident.prepare(given, sampling, logprobs=logprobs is not None)
+            policy = resident.prepare(given, sampling, logprobs=logprobs is not None, grammar=grammar is not None)
         else:
             policy = self._on_device(given)
         self.cache.reset()
@@ -222,7 +222,7 @@ class Engine:
         yield [last], PrefillRecord(first, of_prompt)
         eos = set(eos_ids)
         if resident is not None and last not in eos and produced < max_new_tokens:
-            resident.begin(given, last, max_new_tokens - produced, sampling, logprobs=logprobs)
+            resident.begin(given, last, max_new_tokens - produced, sampling, logprobs=logprobs, grammar=grammar)
             yield from _resident_rounds(resident, policy, max_new_tokens - produced, eos)
             return
         while last not in eos and produced < max_new_tokens:

@@ -112,10 +112,22 @@ def _first_line(exc: Exception) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
 
 
+def unpack(bitmask: Tensor, vocab_size: int) -> Tensor:
+    """bitmask [w, ⌈V/32⌉] int32 (bit j of word i: token 32·i + j allowed) → allowed [w, V] bool.
+    Device ops of fixed shapes only (the resident round applies it inside its graphs)."""
+    ids = torch.arange(vocab_size, device=bitmask.device)
+    return ((bitmask.index_select(1, ids >> 5) >> (ids & 31)) & 1).bool()
+
+
+def masked(logits: Tensor, bitmask: Tensor) -> Tensor:
+    """logits [w, V] → fp32 logits with the tokens `bitmask` [w, ⌈V/32⌉] refuses at −inf."""
+    return logits.float().masked_fill(~unpack(bitmask, logits.shape[1]), float("-inf"))
+
+
 class GrammarState:
     """One request's matcher: the grammar's state after the output so far, and the masks of a pass's
-    rows. Host-side; `constrain` costs one bitmask fill per row (a copy of [w, V/32] int32 to the
-    logits' device)."""
+    rows. Host-side: `rows` fills one bitmask row per pass row; `constrain` applies them to logits
+    on any device, as the resident round's graphs apply them (`masked`)."""
 
     def __init__(self, compiled, end_ids: tuple[int, ...], vocab_size: int):
         import xgrammar as xgr
@@ -130,7 +142,12 @@ class GrammarState:
     def constrain(self, logits: Tensor, drafts: list[int] | None = None) -> Tensor:
         """logits [w, V] of a pass whose row i follows drafts d_1 … d_i → fp32 logits with every token
         the grammar refuses at row i set to −inf (module docstring)."""
-        w, matcher = logits.shape[0], self.matcher
+        return masked(logits, self.rows(drafts, logits.shape[0]).to(logits.device))
+
+    def rows(self, drafts: list[int] | None, w: int) -> Tensor:
+        """The bitmasks [w, ⌈V/32⌉] int32 (CPU) of a pass's rows, row i after drafts d_1 … d_i; the
+        matcher's state is left as it was."""
+        matcher = self.matcher
         if self.bitmask.shape[0] < w:
             self.bitmask = self._xgr.allocate_token_bitmask(w, self.vocab_size)
         rows = self.bitmask[:w]
@@ -144,9 +161,7 @@ class GrammarState:
             matcher.fill_next_token_bitmask(rows, i)
         if walked:
             matcher.rollback(walked)
-        out = logits.to(torch.float32, copy=True).contiguous()  # the raw logits stay (logprobs read them)
-        self._xgr.apply_token_bitmask_inplace(out, rows.to(out.device), vocab_size=self.vocab_size)
-        return out
+        return rows
 
     def accept(self, tokens: list[int]) -> None:
         """Advance past emitted tokens (each one allowed by the row that decided it)."""

@@ -22,7 +22,11 @@ graphs' shapes; each sampling mode (`sampling_mode`) has its own graphs. A reque
 logprobs runs graphs of its own, which also write `logprobs.logprob_rows` of the pass's rows to a
 buffer copied to the host beside the report; so does one with penalties, a logit bias, min_tokens
 or min_p (`penalties.py`), whose graphs read the request's token counts on the device and add
-each round's emitted tokens to them.
+each round's emitted tokens to them. A request held to a grammar (`grammar.py`) runs graphs of its
+own too, which mask each row by a bitmask the host fills from the grammar's state: `ar`'s before
+its step is launched; a speculative round's after its drafts are read (the draft is then a phase
+of its own, `draft`, before `verify(w)`; a nominal policy's `select` read of w reads the drafts
+too). Such rounds are not launched ahead: the grammar advances with each report.
 
 Stage 0 runs over the whole block (u = W) rather than u = min(w0 + 1, w_rem), so that the round
 needs one read (w) instead of two (u, then w): GDN and routing are causal, so the first u rows of
@@ -53,6 +57,7 @@ from ..kernels.finish import reference as finish_reference
 from ..kernels.sampling import KERNEL_TOP_K
 from .cache import TargetCache
 from .drafter import DFlashDrafter
+from .grammar import GrammarState, masked
 from .graphs import Graphs, PhaseTimer
 from .logprobs import MAX_TOP_LOGPROBS, TokenLogprobs, from_rows, logprob_rows
 from .models.hybrid import HybridTarget, Stage0
@@ -86,11 +91,15 @@ class Buffers:
     # read while the next round's is copied
     logprobs: Tensor  # [W, 1 + 2·top] fp32: `logprobs.logprob_rows` of the round's rows (requests that ask)
     host_logprobs: Tensor  # [2, W, 1 + 2·top]: its host copies, as `host_reports`
+    bitmask: Tensor  # [W, ⌈V/32⌉] int32: the grammar's allowed tokens per row (requests with a grammar)
+    host_bitmask: Tensor  # [W, ⌈V/32⌉] int32: the host's fill of it (pinned on CUDA)
     stage0: Stage0 | None = None  # static copies of Stage 0's retained values (hybridspec)
 
     @classmethod
-    def allocate(cls, draft_len: int, experts_per_token: int, top: int, device: torch.device) -> "Buffers":
+    def allocate(cls, draft_len: int, experts_per_token: int, top: int, vocab: int,
+                 device: torch.device) -> "Buffers":
         W, D = draft_len + 1, draft_len
+        words = (W, (vocab + 31) // 32)
         long = dict(dtype=torch.long, device=device)
         size = 4 + W + 3 * D + W * experts_per_token
         pinned = device.type == "cuda"
@@ -103,7 +112,9 @@ class Buffers:
                    top_k=torch.zeros(1, **long), top_p=torch.ones(1, device=device),
                    report=torch.zeros(size, device=device),
                    host_reports=torch.zeros(2, size, pin_memory=pinned),
-                   logprobs=torch.zeros(rows, device=device), host_logprobs=torch.zeros(2, *rows, pin_memory=pinned))
+                   logprobs=torch.zeros(rows, device=device), host_logprobs=torch.zeros(2, *rows, pin_memory=pinned),
+                   bitmask=torch.full(words, -1, dtype=torch.int32, device=device),
+                   host_bitmask=torch.full(words, -1, dtype=torch.int32, pin_memory=pinned))
 
 
 @dataclass
@@ -166,25 +177,29 @@ class ResidentDecoder:
         self.fused_sampling = target.backend != "torch" and FUSED_SAMPLING
         D = drafter.draft_len if drafter is not None else 0
         self.top = min(MAX_TOP_LOGPROBS, target.cfg.vocab_size)  # alternatives the graphs compute
-        self.buffers = Buffers.allocate(D, target.cfg.num_experts_per_tok, self.top, self.device)
+        self.buffers = Buffers.allocate(D, target.cfg.num_experts_per_tok, self.top, target.cfg.vocab_size, self.device)
         self.one = torch.ones(1, dtype=torch.long, device=self.device)
-        # (policy name, sampling mode, logprobs, penalties) → (as prepared, its device copy)
-        self.prepared: dict[tuple[str, str, bool, bool], tuple[Policy, Policy]] = {}
+        # (policy name, sampling mode, logprobs, penalties, grammar) → (as prepared, its device copy)
+        self.prepared: dict[tuple[str, str, bool, bool, bool], tuple[Policy, Policy]] = {}
         self.captured_with: tuple[int, ...] = ()  # `_outside_buffers()` when the graphs were captured
         self.policy: Policy | None = None
         self.mode = "greedy"  # `sampling_mode` of the request being decoded (or the graphs being captured)
         self.with_logprobs = False  # whether its rounds compute logprobs (graphs of their own)
         self.with_penalties = False  # whether its rounds apply penalties (graphs of their own)
+        self.with_grammar = False  # whether its rounds mask rows by a grammar (graphs of their own)
+        self.grammar: GrammarState | None = None  # the request's grammar state (host)
         self.logprobs: int | None = None  # the alternatives per token the request asks for
         self.span = 1  # round tokens a pending commit covers (W, or 1 for ar)
         self._report_slot = 0  # the host copy of the report the next launch fills
 
     # ------------------------------------------------------------ set-up
-    def prepare(self, policy: Policy, sampling: SamplingParams = SamplingParams(), *, logprobs: bool = False) -> Policy:
+    def prepare(self, policy: Policy, sampling: SamplingParams = SamplingParams(), *, logprobs: bool = False,
+                grammar: bool = False) -> Policy:
         """The policy's device copy; with graphs, capture every graph it can launch for this kind
-        of sampling (`sampling_mode`), with logprobs or without, with penalties or without (run once
-        before the first such request: the warm-ups overwrite the caches)."""
-        key = (policy.name, sampling_mode(sampling), logprobs, sampling.penalized)
+        of sampling (`sampling_mode`), with logprobs or without, with penalties or without, with a
+        grammar or without (run once before the first such request: the warm-ups overwrite the
+        caches)."""
+        key = (policy.name, sampling_mode(sampling), logprobs, sampling.penalized, grammar)
         if self.prepared and self._outside_buffers() != self.captured_with:
             self._forget_graphs()  # a larger cache elsewhere moved tables the graphs read
         if key in self.prepared and self.prepared[key][0] is policy:
@@ -211,16 +226,19 @@ class ResidentDecoder:
             self.graphs.forget()
 
     def begin(self, policy: Policy, anchor: int, remaining: int, sampling: SamplingParams = SamplingParams(),
-              logprobs: int | None = None) -> None:
+              logprobs: int | None = None, grammar: GrammarState | None = None) -> None:
         """Switch a prefilled request to resident rounds: positions, budget and sampling parameters
         on the device, the pending commit flushed and replaced by a null one over the round span.
-        `logprobs`: the alternatives per token the request asks for (None: no logprobs)."""
-        key = (policy.name, sampling_mode(sampling), logprobs is not None, sampling.penalized)
+        `logprobs`: the alternatives per token the request asks for (None: no logprobs); `grammar`:
+        the state its output is held to, past the prefill's token."""
+        key = (policy.name, sampling_mode(sampling), logprobs is not None, sampling.penalized, grammar is not None)
         if self.prepared.get(key, (None,))[0] is not policy:
-            what = f"{key[1]} decoding{' with logprobs' if key[2] else ''}{' with penalties' if key[3] else ''}"
+            what = (f"{key[1]} decoding{' with logprobs' if key[2] else ''}{' with penalties' if key[3] else ''}"
+                    f"{' with a grammar' if key[4] else ''}")
             raise RuntimeError(f"policy {policy.name!r} was not prepared for {what} before its request's prefill")
-        self.policy, self.mode, self.with_logprobs, self.with_penalties = self.prepared[key][1], *key[1:]
-        self.logprobs = logprobs
+        self.policy = self.prepared[key][1]
+        self.mode, self.with_logprobs, self.with_penalties, self.with_grammar = key[1:]
+        self.logprobs, self.grammar = logprobs, grammar
         self.span = 1 if not policy.speculative else policy.max_length
         self._enter_static(self.span)
         buf = self.buffers
@@ -255,17 +273,28 @@ class ResidentDecoder:
         output without a read)."""
         policy, timer = self.policy, PhaseTimer(self.device)
         if not policy.speculative:
+            if self.grammar is not None:
+                self._masks(None, 1)
             self._launch(("step",), self._step)
             timer.mark("step")
             w = 1
-        elif isinstance(policy, FixedPolicy):
+        elif isinstance(policy, FixedPolicy) and self.grammar is None:
             w = max(2, min(remaining, policy.length))
             self._launch(("round", w), lambda: self._round_fixed(w))
             timer.mark("round")
+        elif isinstance(policy, FixedPolicy):  # the drafts go to the host for the grammar's rows
+            w = max(2, min(remaining, policy.length))
+            self._launch(("draft",), self._draft_fixed, commits=False)
+            timer.mark("draft")
+            self._masks(self.buffers.block[0, 1:w].tolist(), w)
+            self._launch(("verify", w), lambda: self._finish(w))
+            timer.mark("verify")
         else:
             self._launch(("select",), self._select, commits=False)
             timer.mark("select")
             w = int(self.buffers.w)  # the round's one read besides its report
+            if self.grammar is not None:
+                self._masks(self.buffers.block[0, 1:w].tolist(), w)
             phase = "resume" if policy.corrects_routing else "verify"
             self._launch((phase, w), lambda: self._finish(w))
             timer.mark(phase)
@@ -281,8 +310,17 @@ class ResidentDecoder:
         length it gets once the report is read, whatever `launched` emits short of EOS: the
         budget past its w tokens covers one more token, and a fixed policy's whole length. Such a
         round can be launched before `launched` is collected, with budget `remaining − w`."""
+        if self.grammar is not None:  # the next round's rows follow the grammar past this round's tokens
+            return False
         need = self.policy.length if isinstance(self.policy, FixedPolicy) else 1
         return remaining - launched.w >= need
+
+    def _masks(self, drafts: list[int] | None, w: int) -> None:
+        """The grammar's bitmasks of a pass's w rows (row i after drafts d_1 … d_i) into the buffer
+        the graphs read, through its pinned host copy (the copy is enqueued before the pass)."""
+        buf = self.buffers
+        buf.host_bitmask[:w].copy_(self.grammar.rows(drafts, w))
+        buf.bitmask[:w].copy_(buf.host_bitmask[:w], non_blocking=True)
 
     def _launch(self, key: tuple, run: Callable[[], None], *, commits: bool = True) -> None:
         """Run a phase eagerly, or replay its graph and then do on the host what running it would
@@ -296,14 +334,17 @@ class ResidentDecoder:
         elif isinstance(self.policy, HybridSpecPolicy):
             self.cache.mark_committed(0)  # Stage 0 folded Layer 0's pending commit
 
-    def _flavour(self) -> tuple[str, bool, bool]:
-        """What beside the policy and the phase selects a graph: sampling mode, logprobs, penalties."""
-        return self.mode, self.with_logprobs, self.with_penalties
+    def _flavour(self) -> tuple[str, bool, bool, bool]:
+        """What beside the policy and the phase selects a graph: sampling mode, logprobs, penalties,
+        grammar."""
+        return self.mode, self.with_logprobs, self.with_penalties, self.with_grammar
 
     # ------------------------------------------------------------ device work (captured)
     def _logits(self, logits: Tensor, drafts: Tensor) -> Tensor:
-        """A pass's logits [w, V] as acceptance reads them: under the request's penalties (row i
-        after drafts d_1 … d_i), or as they are."""
+        """A pass's logits [w, V] as acceptance reads them: under the request's grammar and
+        penalties (row i after drafts d_1 … d_i), or as they are."""
+        if self.with_grammar:
+            logits = masked(logits, self.buffers.bitmask[: logits.shape[0]])
         return penalized(logits, drafts, self.penalties) if self.with_penalties else logits
 
     def _accept(self, drafts: Tensor, logits: Tensor) -> tuple[Tensor, Tensor]:
@@ -384,11 +425,15 @@ class ResidentDecoder:
             getattr(buf.stage0, name).copy_(getattr(s0, name))
 
     def _round_fixed(self, w: int) -> None:
+        self._draft_fixed()
+        self.buffers.w.fill_(w)
+        self._finish(w)
+
+    def _draft_fixed(self) -> None:
+        """A fixed policy's draft and nominal lengths (its w is the launch's)."""
         self._draft()
         for length in (self.buffers.w0, self.buffers.w_c):
             length.fill_(self.policy.length)
-        self.buffers.w.fill_(w)
-        self._finish(w)
 
     def _finish(self, w: int) -> None:
         """Target pass of w tokens (Stage 1 after a Stage 0 in `_select`, or both stages), acceptance
@@ -425,6 +470,8 @@ class ResidentDecoder:
         timer.finish()
         values = self.buffers.host_reports[launched.slot].tolist()
         m = int(values[0])
+        if self.grammar is not None:
+            self.grammar.accept([int(x) for x in values[4 : 4 + m]])
         self.cache.length += m
         if self.drafter is not None and self.policy.speculative:
             self.drafter.length += m
@@ -442,19 +489,22 @@ class ResidentDecoder:
         return Report(m - 1, tokens, int(values[1]), int(values[2]), int(values[3]), [int(x) for x in rest[:D]],
                       rest[D : 2 * D], rest[2 * D : 3 * D], timer.seconds, layer0, logprobs)
 
-    def _capture_all(self, policy: Policy, flavour: tuple[str, bool, bool]) -> None:
+    def _capture_all(self, policy: Policy, flavour: tuple[str, bool, bool, bool]) -> None:
         """Capture every graph `launch` can replay for this policy and flavour (`_flavour`), for both
         factor slots, each in the host state the round reaches it in (every GDN layer waiting for a
         commit; Layer 0's already folded by Stage 0 before a `resume`)."""
         cache, drafter, buf = self.cache, self.drafter, self.buffers
         previous, self.policy = self.policy, policy
         previous_flavour = self._flavour()
-        self.mode, self.with_logprobs, self.with_penalties = flavour
+        self.mode, self.with_logprobs, self.with_penalties, self.with_grammar = flavour
         self.span = 1 if not policy.speculative else policy.max_length
         if not policy.speculative:
             plan = [(("step",), self._step, False)]
-        elif isinstance(policy, FixedPolicy):
+        elif isinstance(policy, FixedPolicy) and not self.with_grammar:
             plan = [(("round", w), lambda w=w: self._round_fixed(w), False) for w in range(2, policy.length + 1)]
+        elif isinstance(policy, FixedPolicy):
+            plan = [(("draft",), self._draft_fixed, False)]
+            plan += [(("verify", w), lambda w=w: self._finish(w), False) for w in range(2, policy.length + 1)]
         else:
             phase, after_stage0 = ("resume", True) if policy.corrects_routing else ("verify", False)
             plan = [(("select",), self._select, False)]
@@ -482,4 +532,4 @@ class ResidentDecoder:
                 self.graphs.capture((policy.name, *flavour, *key, slot), run, restore)
         cache.reset()
         self.policy = previous
-        self.mode, self.with_logprobs, self.with_penalties = previous_flavour
+        self.mode, self.with_logprobs, self.with_penalties, self.with_grammar = previous_flavour

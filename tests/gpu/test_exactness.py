@@ -134,3 +134,33 @@ def test_graph_rounds_under_penalties_equal_host_rounds(sessions, prompts, polic
         want = host.generate(prompts[1], **kw).token_ids
         got = tri.engine.generate(prompts[1], **kw).token_ids
         assert got == want, f"{policy} {sampling}"
+
+
+@pytest.mark.parametrize("policy", ("ar", "full", "static:4", "hybridspec"))
+def test_graph_rounds_under_a_grammar_equal_host_rounds(sessions, prompts, policy):
+    """A JSON schema and a choice grammar inside the captured rounds (each row masked by the
+    bitmask the host fills after reading the drafts) give the host rounds' tokens, greedy and
+    sampled, and outputs the grammar allows."""
+    import json
+
+    pytest.importorskip("xgrammar")
+    from hybridspec.runtime.engine import Engine
+    from hybridspec.runtime.grammar import GrammarCompiler, GrammarSpec, GrammarState
+    from hybridspec.runtime.sampling import SamplingParams
+
+    tri, _ = sessions
+    host = Engine(tri.target, tri.drafter, max_context=tri.engine.max_context, resident=False)
+    chosen = make_policy(policy, DRAFT_LEN, hand_parameters(), device="cuda")
+    compiler = GrammarCompiler(tri.codec.tokenizer, tri.target.cfg.vocab_size, tri.eos_ids)
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10}, "n": {"type": "integer"}},
+              "required": ["name", "n"]}
+    specs = (GrammarSpec("json_schema", json.dumps(schema)), GrammarSpec.choice(["alpha", "beta", "gamma"]))
+    for spec in specs:
+        for sampling in (SamplingParams(), SamplingParams(temperature=1.0, seed=3)):
+            kw = dict(policy=chosen, max_new_tokens=40, sampling=sampling, eos_ids=tri.eos_ids)
+            runs = [engine.generate(prompts[2], grammar=GrammarState(compiler.compile(spec), tri.eos_ids,
+                                                                     tri.target.cfg.vocab_size), **kw).token_ids
+                    for engine in (host, tri.engine)]
+            assert runs[1] == runs[0], f"{policy} {spec.kind} {sampling}"
+            if runs[0][-1] in tri.eos_ids and spec.kind == "choice":
+                assert tri.codec.decode(runs[0][:-1]) in ("alpha", "beta", "gamma")

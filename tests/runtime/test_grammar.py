@@ -117,14 +117,21 @@ def test_every_policy_keeps_to_the_grammar_and_greedy_ones_emit_ar_tokens(sessio
             assert len(tokens) == TOKENS and kind in ("json", "schema"), (name, session.codec.decode(tokens))
 
 
-def test_the_resident_engine_decodes_a_grammar_on_host_rounds(session, engines, compiler):
+@pytest.mark.parametrize("name", ("ar", "static:4", "full", "nominal", "hybridspec"))
+@pytest.mark.parametrize("temperature", (0.0, 0.9))
+def test_resident_rounds_equal_host_rounds_under_a_grammar(session, engines, compiler, name, temperature):
+    """The resident round masks its rows by the bitmasks the host fills (after reading the drafts)
+    and emits the host rounds' tokens, greedy and sampled, for every kind of policy."""
     prompt = session.codec.encode(PROMPT)
-    policy = make_policy("full", session.drafter.draft_len)
-    got = [engines[path].generate(prompt, policy=policy, max_new_tokens=TOKENS, eos_ids=session.eos_ids,
-                                  grammar=state(session, compiler, SPECS["choice"])).token_ids
-           for path in ("host", "resident")]
-    assert got[0] == got[1]
-    check_output("choice", session.codec.decode(got[0][:-1]))
+    policy = make_policy(name, session.drafter.draft_len, policy_parameters(session.drafter.draft_len))
+    sampling = SamplingParams(temperature, seed=5)
+    for kind in ("schema", "choice"):
+        got = [engines[path].generate(prompt, policy=policy, max_new_tokens=TOKENS, eos_ids=session.eos_ids,
+                                      sampling=sampling, grammar=state(session, compiler, SPECS[kind])).token_ids
+               for path in ("host", "resident")]
+        assert got[0] == got[1], kind
+        if got[0][-1] in session.eos_ids:
+            check_output(kind, session.codec.decode(got[0][:-1]))
 
 
 @pytest.mark.parametrize("spec, message", [
