@@ -303,12 +303,13 @@ def test_serve_prepare_captures_the_named_flavours_at_start_up(monkeypatch):
     from hybridspec.serve import app as app_module
 
     calls = []
-    monkeypatch.setattr(Engine, "prepare", lambda self, policy, sampling, *, logprobs=False: calls.append(
-        (policy.name, sampling.temperature, sampling.top_k, sampling.top_p, sampling.penalized, logprobs)))
+    monkeypatch.setattr(Engine, "prepare", lambda self, policy, sampling, *, logprobs=False, grammar=False: calls.append(
+        (policy.name, sampling.temperature, sampling.top_k, sampling.top_p, sampling.penalized, logprobs, grammar)))
     monkeypatch.setattr(app_module, "serve", lambda service, **kw: None)
-    result = runner.invoke(app, ["serve", "--policy", "full", "--prepare", "greedy+logprobs, top-k+penalties"])
+    result = runner.invoke(app, ["serve", "--policy", "full", "--prepare",
+                                 "greedy+logprobs, top-k+penalties, greedy+grammar"])
     assert result.exit_code == 0, result.output
-    assert calls == [("full", 0.0, 0, 1.0, False, False), ("full", 0.0, 0, 1.0, False, True),
-                     ("full", 1.0, 20, 1.0, True, False)]
+    assert calls == [("full", 0.0, 0, 1.0, False, False, False), ("full", 0.0, 0, 1.0, False, True, False),
+                     ("full", 1.0, 20, 1.0, True, False, False), ("full", 0.0, 0, 1.0, False, False, True)]
     bad = runner.invoke(app, ["serve", "--prepare", "sample+fast"])
     assert bad.exit_code == 2 and "sample+fast" in " ".join(bad.output.split())

@@ -187,7 +187,7 @@ def serve(
     force: Annotated[bool, typer.Option("--force", help="Use an artifact fitted for another model/drafter.")] = False,
     tp: TensorParallelOpt = 1,
     expert_parallel: ExpertParallelOpt = False,
-    prepare: Annotated[str, typer.Option("--prepare", help="Also capture these flavours' graphs at start-up, comma-separated: greedy, sample, top-k or filter, each with any of +logprobs, +penalties (default: greedy only; others are captured by their first request).")] = "",
+    prepare: Annotated[str, typer.Option("--prepare", help="Also capture these flavours' graphs at start-up, comma-separated: greedy, sample, top-k or filter, each with any of +logprobs, +penalties, +grammar (default: greedy only; others are captured by their first request).")] = "",
     tool_call_parser: Annotated[Literal["auto", "hermes", "qwen3_xml"], typer.Option("--tool-call-parser", help="The format of the tool calls in the model's text: hermes (Qwen3, Qwen3-Next), qwen3_xml (Qwen3.5, Qwen3.6), or auto (qwen3_xml where the chat template shows <function=…> blocks).")] = "auto",
     reasoning_parser: Annotated[Literal["auto", "none", "qwen3"], typer.Option("--reasoning-parser", help="qwen3: a chat output's <think> block comes back as reasoning_content; auto: where the chat template writes </think>.")] = "auto",
 ) -> None:

@@ -213,12 +213,13 @@ def _first_stop(text: str, stops: list[str], begin: int = 0) -> int | None:
 
 PREPARE_SAMPLING = {"greedy": SamplingParams(), "sample": SamplingParams(1.0), "top-k": SamplingParams(1.0, 20),
                     "filter": SamplingParams(1.0, 0, 0.9)}  # a request of each `resident.sampling_mode`
-PREPARE_EXTRAS = ("logprobs", "penalties")
+PREPARE_EXTRAS = ("logprobs", "penalties", "grammar")
 
 
-def prepare_flavours(specs: tuple[str, ...]) -> list[tuple[SamplingParams, bool]]:
-    """`serve --prepare` items (`sample`, `greedy+logprobs`, `top-k+penalties+logprobs`, …) → the
-    (sampling, logprobs) whose graphs the server captures at start-up. ValueError names a bad item."""
+def prepare_flavours(specs: tuple[str, ...]) -> list[tuple[SamplingParams, bool, bool]]:
+    """`serve --prepare` items (`sample`, `greedy+logprobs`, `top-k+penalties+logprobs`,
+    `greedy+grammar`, …) → the (sampling, logprobs, grammar) whose graphs the server captures at
+    start-up. ValueError names a bad item."""
     flavours = []
     for spec in specs:
         mode, *extras = (part.strip() for part in spec.split("+"))
@@ -228,7 +229,7 @@ def prepare_flavours(specs: tuple[str, ...]) -> list[tuple[SamplingParams, bool]
         sampling = PREPARE_SAMPLING[mode]
         if "penalties" in extras:
             sampling = dataclasses.replace(sampling, presence_penalty=0.5)
-        flavours.append((sampling, "logprobs" in extras))
+        flavours.append((sampling, "logprobs" in extras, "grammar" in extras))
     return flavours
 
 
@@ -253,8 +254,8 @@ class Service:
         # in the first such request's time; a tensor-parallel group captures in its first request of
         # each flavour, which every rank runs
         if not tensor_parallel:
-            for sampling, logprobs in [(SamplingParams(), False), *prepare_flavours(prepare)]:
-                session.engine.prepare(self.default_policy, sampling, logprobs=logprobs)
+            for sampling, logprobs, grammar in [(SamplingParams(), False, False), *prepare_flavours(prepare)]:
+                session.engine.prepare(self.default_policy, sampling, logprobs=logprobs, grammar=grammar)
         self.lock = asyncio.Lock()  # FIFO: waiters are woken in arrival order
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self.metrics = ServerMetrics(model_name, max_length=self.draft_len + 1)

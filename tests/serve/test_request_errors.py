@@ -80,6 +80,6 @@ def test_the_default_policy_is_prepared_at_start_up(monkeypatch):
     from hybridspec.runtime.engine import Engine
 
     prepared = []
-    monkeypatch.setattr(Engine, "prepare", lambda self, policy, sampling=None, logprobs=False: prepared.append(policy))
+    monkeypatch.setattr(Engine, "prepare", lambda self, policy, sampling=None, logprobs=False, grammar=False: prepared.append(policy))
     service = open_service(model="random-tiny", policy="static:4", max_context=64)
     assert prepared == [service.default_policy] and service.default_policy.name == "static:4"
