@@ -32,8 +32,8 @@ out of the captured passes to bound what removing it could save (`free-norms`, `
 against what it replaced side by side in one process. `--capacity N` sizes the engines' caches (and
 the verification rows' cache) for N tokens instead of the context and four times `--tokens`: a
 server's context limit far above the context.
-`--flavours plain,logprobs,penalties,logprobs+penalties` adds graph-path rows per request kind
-(logprobs and penalties run resident graphs of their own) for each policy.
+`--flavours plain,logprobs,penalties,logprobs+penalties,grammar` adds graph-path rows per request kind
+(logprobs, penalties and a grammar run resident graphs of their own) for each policy.
 `--tp N --layouts columns,experts` loads each model once per MoE layout (every expert's columns
 split across the ranks, or expert parallelism) and runs everything on each (rows and checks tagged
 `layout`).
@@ -303,30 +303,46 @@ def decode_rows(session, model: str, runs: dict[str, Engine], prompt, policies, 
     return rows
 
 
-FLAVOURS = {  # name → (sampling, logprobs): the request kinds whose resident graphs are their own
-    "plain": (SamplingParams(), None),
-    "logprobs": (SamplingParams(), 20),
-    "penalties": (SamplingParams(presence_penalty=0.5, frequency_penalty=0.5), None),
-    "logprobs+penalties": (SamplingParams(presence_penalty=0.5, frequency_penalty=0.5), 20),
+FLAVOURS = {  # name → (sampling, logprobs, grammar): the request kinds whose resident graphs are their own
+    "plain": (SamplingParams(), None, False),
+    "logprobs": (SamplingParams(), 20, False),
+    "penalties": (SamplingParams(presence_penalty=0.5, frequency_penalty=0.5), None, False),
+    "logprobs+penalties": (SamplingParams(presence_penalty=0.5, frequency_penalty=0.5), 20, False),
+    "grammar": (SamplingParams(), None, True),  # any JSON object (models with a tokenizer)
 }
+
+
+def flavour_grammar(session):
+    """A fresh grammar state for the `grammar` flavour: any JSON object."""
+    from hybridspec.runtime.grammar import GrammarCompiler, GrammarSpec, GrammarState
+
+    cfg = session.target.cfg
+    compiled = GrammarCompiler(session.codec.tokenizer, cfg.vocab_size, session.eos_ids).compile(
+        GrammarSpec("json_schema", '{"type": "object"}'))
+    return GrammarState(compiled, session.eos_ids, cfg.vocab_size)
 
 
 def flavour_rows(session, model: str, runs: dict[str, Engine], prompt, policies, tokens: int,
                  flavours: list[str]) -> list[dict]:
     """Per policy and flavour, the graph path's ms per round (also by w) and per token, each
     flavour's graphs captured before it is timed. Logprobs leave the tokens unchanged
-    (`same_tokens_as_plain`), so their rows compare round for round; penalties change the tokens,
-    and so the rounds' lengths: compare those by w."""
+    (`same_tokens_as_plain`), so their rows compare round for round; penalties and a grammar change
+    the tokens, and so the rounds' lengths: compare those by w. A model without a tokenizer has no
+    `grammar` rows."""
     rows = []
     for name in policies:
         policy = make_policy(name, session.drafter.draft_len, policy_parameters(session.drafter.draft_len))
         plain = None
         for flavour in flavours:
-            sampling, logprobs = FLAVOURS[flavour]
+            sampling, logprobs, grammar = FLAVOURS[flavour]
+            if grammar and session.codec is None:
+                continue
             engine = runs["graph"]
-            engine.generate(prompt, policy=policy, max_new_tokens=8, sampling=sampling, logprobs=logprobs)
+            states = [flavour_grammar(session) if grammar else None for _ in range(2)]
+            engine.generate(prompt, policy=policy, max_new_tokens=8, sampling=sampling, logprobs=logprobs,
+                            grammar=states[0], eos_ids=session.eos_ids if grammar else ())
             result = engine.generate(prompt, policy=policy, max_new_tokens=tokens, sampling=sampling,
-                                     logprobs=logprobs)
+                                     logprobs=logprobs, grammar=states[1], eos_ids=session.eos_ids if grammar else ())
             plain = result.token_ids if flavour == "plain" else plain
             by_w: dict[int, list[float]] = {}
             for record in result.rounds:
