@@ -12,13 +12,19 @@ mask is the grammar's after the output so far and those drafts (`GrammarState.co
 matcher accepts d_1 … d_i one at a time, filling row i's bitmask after each, then rolls back. A draft
 the grammar refuses ends the walk: the row before it already refuses that draft, so neither greedy
 acceptance nor the point-mass rule accepts it, and no later row decides an emitted token (those
-rows keep every token). Refused tokens' logits become −inf before penalties and the choice, so every
-policy emits the tokens `ar` emits under the same grammar.
+rows keep every token); so does an end token once the grammar is complete, which ends the output.
+Refused tokens' logits become −inf before penalties and the choice, so every policy emits the tokens
+`ar` emits under the same grammar. A state that allows no token at all (a grammar with a dead end)
+allows the end tokens, so that the output ends rather than emitting a refused token.
+
+A thinking model's prompt may open a `<think>` block; `GrammarSpec.after_reasoning` then lets the
+output reason freely up to `</think>` and holds what follows to the grammar.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -26,6 +32,8 @@ import torch
 from torch import Tensor
 
 KINDS = ("json", "json_schema", "regex", "choice", "ebnf", "structural_tag")
+WHITESPACE_RUN = 2  # the most whitespace characters in a row inside a forced tool call's JSON arguments
+CACHE_BYTES = 256 << 20  # compiled grammars kept for reuse
 TAG_MODELS = {"hermes": "qwen_3", "qwen3_xml": "qwen_3_5"}  # a tool-call format → xgrammar's template of it
 
 
@@ -54,19 +62,38 @@ class GrammarSpec:
         return cls("choice", json.dumps(list(options)))
 
     @classmethod
-    def tool_calls(cls, fmt: str, tools: list[dict], tool_choice, reasoning: bool) -> "GrammarSpec":
+    def tool_calls(cls, fmt: str, tools: list[dict], tool_choice, reasoning: str) -> "GrammarSpec":
         """The output of a chat request whose `tool_choice` is `required` (at least one call of any
         tool) or names a function (a call of it): calls in format `fmt` (`serve/tools.py`) with
-        arguments held to each tool's parameter schema, after a reasoning block closed with
-        `</think>` when `reasoning` (the prompt opened one)."""
+        arguments held to each tool's parameter schema (an object, where a tool gives none).
+        `reasoning`: `enabled` (the prompt opened a block: reasoning up to `</think>` first), `auto`
+        (the model may write a whole block first) or `disabled`."""
+        tools = [{**t, "function": {**t["function"], "parameters": t["function"].get("parameters")
+                                    or {"type": "object", "properties": {}}}} for t in tools]
         import xgrammar as xgr
 
         try:
             tag = xgr.get_model_structural_tag(TAG_MODELS[fmt], tools=tools, tool_choice=tool_choice,
-                                               reasoning="enabled" if reasoning else "disabled")
+                                               reasoning=reasoning, max_whitespace_cnt=WHITESPACE_RUN)
         except (ValueError, KeyError) as exc:
             raise GrammarError(f"no grammar for these tools: {_first_line(exc)}") from None
         return cls("structural_tag", tag.model_dump_json())
+
+    def after_reasoning(self) -> "GrammarSpec":
+        """This grammar after a reasoning block the prompt opened: any text up to `</think>`, a blank
+        line, then this grammar's sentence (as vLLM starts a grammar where the reasoning ends)."""
+        if self.kind == "structural_tag":
+            raise GrammarError("a structural tag carries its own reasoning")
+        content = {"json": {"type": "json_schema", "json_schema": True},
+                   "json_schema": {"type": "json_schema", "json_schema": json.loads(self.value or "true"),
+                                   "max_whitespace_cnt": WHITESPACE_RUN},
+                   "regex": {"type": "regex", "pattern": self.value},
+                   "choice": {"type": "grammar", "grammar": _choice_ebnf(json.loads(self.value or "[]"))},
+                   "ebnf": {"type": "grammar", "grammar": self.value}}[self.kind]
+        reasoning = {"type": "tag", "begin": "", "content": {"type": "any_text"}, "end": "</think>"}
+        sequence = [reasoning, {"type": "const_string", "value": "\n\n"}, content]
+        return GrammarSpec("structural_tag", json.dumps({"type": "structural_tag",
+                                                         "format": {"type": "sequence", "elements": sequence}}))
 
 
 class GrammarCompiler:
@@ -82,7 +109,7 @@ class GrammarCompiler:
         info = xgr.TokenizerInfo.from_huggingface(PreTrainedTokenizerFast(tokenizer_object=tokenizer),
                                                   vocab_size=vocab_size, stop_token_ids=list(end_ids))
         self.vocab_size = vocab_size
-        self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+        self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_limit_bytes=CACHE_BYTES)
 
     def compile(self, spec: GrammarSpec):
         """The compiled grammar of `spec` (xgrammar's `CompiledGrammar`); GrammarError says why not."""
@@ -103,13 +130,20 @@ class GrammarCompiler:
             raise GrammarError(f"the {spec.kind} grammar does not compile: {_first_line(exc)}") from None
 
 
+def _bit(j: int) -> int:
+    """Bit j of an int32 word, as a Python int that fits int32 (bit 31 is the sign)."""
+    return -(1 << 31) if j == 31 else 1 << j
+
+
 def _choice_ebnf(options: list[str]) -> str:
     """EBNF whose language is exactly the given strings."""
     return "root ::= " + " | ".join(json.dumps(o) for o in options)
 
 
 def _first_line(exc: Exception) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    """The message of an xgrammar error without its `[time] source.cc:line:` prefix."""
+    line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return re.sub(r"^\[[0-9:]+\]\s*\S+:\d+:\s*", "", line)[:300]
 
 
 def unpack(bitmask: Tensor, vocab_size: int) -> Tensor:
@@ -135,7 +169,8 @@ class GrammarState:
         if not end_ids:
             raise GrammarError("structured output needs an end token (the model's EOS or stop_token_ids)")
         self._xgr = xgr
-        self.vocab_size = vocab_size
+        self.vocab_size, self.end_ids = vocab_size, tuple(end_ids)
+        self.ended = False  # an end token was emitted from a dead end
         self.matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=list(end_ids))
         self.bitmask = xgr.allocate_token_bitmask(1, vocab_size)  # [rows, ⌈V/32⌉] int32, CPU; grows to a pass's w
 
@@ -151,24 +186,45 @@ class GrammarState:
         if self.bitmask.shape[0] < w:
             self.bitmask = self._xgr.allocate_token_bitmask(w, self.vocab_size)
         rows = self.bitmask[:w]
-        rows.fill_(-1)  # every token, for the rows after a refused draft
-        matcher.fill_next_token_bitmask(rows, 0)
+        rows.fill_(-1)  # every token, for the rows after a refused draft or an end token
+        self._fill(rows, 0)
         walked = 0
         for i, token in enumerate((drafts or [])[: w - 1], start=1):
             if not matcher.accept_token(token):
                 break
             walked += 1
-            matcher.fill_next_token_bitmask(rows, i)
+            if matcher.is_terminated():  # an end token: the output ends there
+                break
+            self._fill(rows, i)
         if walked:
             matcher.rollback(walked)
         return rows
 
+    def _fill(self, rows: Tensor, i: int) -> None:
+        """Row i's bitmask from the matcher's state; a state that allows nothing allows the end tokens."""
+        if self.matcher.is_terminated() or self.ended:
+            return
+        self.matcher.fill_next_token_bitmask(rows, i)
+        if not rows[i].any():
+            for token in self.end_ids:
+                rows[i, token >> 5] |= _bit(token & 31)
+
+    def allows_anything(self) -> bool:
+        """Whether the grammar's first state allows any token but an end token."""
+        first = self.rows(None, 1)[0].clone()
+        for token in self.end_ids:
+            first[token >> 5] &= ~_bit(token & 31)
+        return bool(first.any())
+
     def accept(self, tokens: list[int]) -> None:
         """Advance past emitted tokens (each one allowed by the row that decided it)."""
         for token in tokens:
-            if self.matcher.is_terminated():
+            if self.matcher.is_terminated() or self.ended:
                 return
             if not self.matcher.accept_token(token):
+                if token in self.end_ids:  # the end a dead end allows (`_fill`)
+                    self.ended = True
+                    return
                 raise RuntimeError(f"token {token} was emitted although the grammar refuses it")
 
     @property

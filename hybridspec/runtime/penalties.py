@@ -6,7 +6,7 @@ speculation: vLLM's penalties, OpenAI's logit bias, vLLM's min_tokens and min_p,
     presence   p   l − p · [c_v > 0]
     logit bias b   l + b_v
     min_tokens n   l = −∞ for the request's end tokens (EOS, stop_token_ids) while the token decided
-                   is among the first n of the output
+                   is among the first n of the output, unless they are all a grammar still allows
     min_p q        l = −∞ where p_v < q · max p at the request's temperature T, i.e. where
                    l_v < max l + T · ln q (sampled requests; top-k and top-p then cut the rest)
 
@@ -91,5 +91,7 @@ def penalized(logits: Tensor, drafts: Tensor, state: PenaltyState) -> Tensor:
     out = torch.where(seen, torch.where(out > 0, out / state.repetition, out * state.repetition), out)
     out = out - state.frequency * counts - state.presence * (counts > 0).float() + state.bias
     index = state.counts.sum() + torch.arange(w, device=logits.device)  # [w]: output index each row decides
-    out = out.masked_fill((index < state.min_tokens)[:, None] & state.end, float("-inf"))
+    ban = (index < state.min_tokens)[:, None] & state.end  # [w, V]
+    ban = ban & ((out > float("-inf")) & ~ban).any(-1, keepdim=True)  # never the last tokens a grammar allows
+    out = out.masked_fill(ban, float("-inf"))
     return out.masked_fill(out < out.amax(-1, keepdim=True) + state.min_p_margin, float("-inf"))

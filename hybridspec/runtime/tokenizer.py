@@ -92,6 +92,8 @@ class TextCodec:
                                                 add_generation_prompt=True, **{**self.special_tokens, **(variables or {})})
         except TemplateError as exc:
             raise ChatTemplateError(f"{self.source}: the chat template refused the messages: {exc}") from exc
+        except Exception as exc:  # a variable of the caller's that the template cannot use (TypeError, …)
+            raise ChatTemplateError(f"{self.source}: the chat template failed ({type(exc).__name__}: {exc})") from exc
         return rendered[0]
 
 

@@ -253,7 +253,7 @@ class TextPart(BaseModel):
 
 
 class ToolFunction(BaseModel):
-    name: Text
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule: a call's name must survive its JSON
     description: Text | None = None
     parameters: dict[str, Any] | None = None  # a JSON schema, rendered by the chat template
 
@@ -336,7 +336,7 @@ class ChatRequest(RequestBody):
         """Whether tool_choice requires calls (`required`, or a named function)."""
         return self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice)
 
-    def tool_grammar(self, fmt: str, reasoning: bool) -> GrammarSpec | None:
+    def tool_grammar(self, fmt: str, reasoning: str) -> GrammarSpec | None:
         """The grammar of the calls tool_choice requires (`GrammarSpec.tool_calls`), or None;
         RequestError names the field when there are no tools, the named function is not one of
         them, or another output constraint is given too."""

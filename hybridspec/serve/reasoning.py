@@ -5,8 +5,8 @@ parser).
 Qwen3.5 and Qwen3.6 templates open the block in the prompt (`<think>\\n` after the assistant's turn
 opens; with `enable_thinking: false` they write an empty block there instead), so the output starts
 inside it and only `</think>` appears; older Qwen3 models write `<think>` themselves. The block is
-open at the start of the output when the prompt's last `<think>` is not closed, or when the output
-begins with `<think>`. A block the budget cut before `</think>` is reasoning only. A `<tool_call>`
+open at the start of the output when the prompt ends with `<think>`, or when the output begins
+with it. A block the budget cut before `</think>` is reasoning only. A `<tool_call>`
 inside an open block ends it, as vLLM reads Qwen3.5 (which may call a tool without closing it).
 Streamed, reasoning and content go out as they come; a tail that may be the start of `</think>`
 waits for the next delta.
@@ -29,8 +29,9 @@ def reasoning_parser(choice: str, templates: list[str]) -> bool:
 
 
 def opens_in_prompt(prompt: str) -> bool:
-    """Whether the prompt leaves a `<think>` block open for the output."""
-    return prompt.rfind(THINK_OPEN) > prompt.rfind(THINK_CLOSE)
+    """Whether the prompt ends by opening a `<think>` block for the output (as the assistant's turn
+    of a Qwen3.5 template does; a `<think>` in an earlier message does not count)."""
+    return prompt.rstrip().endswith(THINK_OPEN)
 
 
 def split_reasoning(text: str, open_: bool) -> tuple[str | None, str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -245,6 +246,7 @@ class Service:
         self.tool_format = tool_call_parser if tool_call_parser != "auto" else tool_format(
             session.codec.template_for([{}]) if session.codec is not None else None)
         self.reasoning = reasoning_parser_on(reasoning_parser, templates)
+        self.thinking_template = any("</think>" in t for t in templates)  # the model may write a <think> block
         self.tensor_parallel = tensor_parallel  # every rank runs each engine step (`steps`)
         self.draft_len = session.drafter.draft_len if session.drafter is not None else 0
         self.policies: dict[str, Policy] = {}
@@ -261,6 +263,7 @@ class Service:
         self.metrics = ServerMetrics(model_name, max_length=self.draft_len + 1)
         self._token_bytes: dict[int, bytes] = {}  # `token_bytes`, kept: logprobs name the same tokens often
         self._grammars: GrammarCompiler | None = None  # built by the first request with a grammar
+        self._grammars_lock = threading.Lock()
         self.created = int(time.time())
 
     def policy(self, name: str) -> Policy:
@@ -288,25 +291,35 @@ class Service:
                                           prompt_logprobs=request.prompt_logprobs, grammar=grammar)
 
     def grammar_compiler(self, param: str | None = None) -> GrammarCompiler:
-        if self._grammars is None:
-            codec = self._codec(param or "response_format")
-            self._grammars = GrammarCompiler(codec.tokenizer, self.session.target.cfg.vocab_size,
-                                             self.session.eos_ids)
+        with self._grammars_lock:  # built once, by whichever thread comes first
+            if self._grammars is None:
+                codec = self._codec(param or "response_format")
+                self._grammars = GrammarCompiler(codec.tokenizer, self.session.target.cfg.vocab_size,
+                                                 self.session.eos_ids)
         return self._grammars
 
     async def check_grammar(self, body: RequestBody, thinking: bool = False) -> GrammarSpec | None:
         """The request's output constraint (`RequestBody.grammar_spec`, or the calls a chat request's
-        tool_choice requires, after a reasoning block when `thinking`), compiled in a thread so that
-        a bad one is refused before the request runs; RequestError names the field."""
+        tool_choice requires), after the reasoning block when the prompt opened one (`thinking`),
+        compiled in a thread so that a bad one, or one that allows no output, is refused before the
+        request runs; RequestError names the field."""
         tools = isinstance(body, ChatRequest) and body.forced_calls()
-        spec = body.tool_grammar(self.tool_format, thinking) if tools else body.grammar_spec()
+        if tools:
+            reasoning = "enabled" if thinking else "auto" if self.thinking_template else "disabled"
+            spec = body.tool_grammar(self.tool_format, reasoning)
+        else:
+            spec = body.grammar_spec()
+            spec = spec.after_reasoning() if spec is not None and thinking else spec
         if spec is None:
             return None
         field = "tools" if tools else body.grammar_field()
+        end_ids = (*(() if body.ignore_eos else self.session.eos_ids), *body.stop_token_ids)
 
         def compile_() -> None:
             try:
-                self.grammar_compiler(field).compile(spec)
+                compiled = self.grammar_compiler(field).compile(spec)
+                if end_ids and not GrammarState(compiled, end_ids, self.session.target.cfg.vocab_size).allows_anything():
+                    raise GrammarError(f"the {spec.kind} grammar allows no output")
             except GrammarError as exc:
                 raise RequestError(str(exc), field) from None
 
@@ -349,16 +362,15 @@ class Service:
                           template_kwargs: dict | None = None) -> tuple[list[int], bool]:
         """(token ids, reasoning open) of chat messages (and tools, and the request's extra template
         variables) under the model's chat template, rendered and tokenized in a thread; reasoning
-        open: the output starts inside a `<think>` block the prompt opened (when the server splits
-        reasoning off)."""
+        open: the output starts inside a `<think>` block the prompt opened."""
         codec = self._codec("messages")
 
         def render() -> tuple[list[int], bool]:
             try:
                 text = codec.render_chat(messages, tools, template_kwargs)
-            except ChatTemplateError as exc:  # no template, or the template refused the messages
-                raise RequestError(str(exc), "messages") from None
-            return codec.encode(text), self.reasoning and opens_in_prompt(text)
+            except ChatTemplateError as exc:  # no template, or the template refused the messages or variables
+                raise RequestError(str(exc), "chat_template_kwargs" if template_kwargs else "messages") from None
+            return codec.encode(text), opens_in_prompt(text)
 
         return await asyncio.to_thread(render)
 

@@ -26,6 +26,7 @@ and the content streamed is the content of the whole text (empty where that is N
 from __future__ import annotations
 
 import json
+import math
 import re
 import uuid
 from typing import Any
@@ -95,29 +96,55 @@ def _trim(value: str) -> str:
 
 
 def _typed(value: str, schema: dict) -> Any:
-    """An XML parameter's text as the value its JSON schema types: a string stays as written; a
-    value that does not parse as its type stays a string."""
-    kinds = schema.get("type", []) if isinstance(schema, dict) else []
-    kinds = [kinds] if isinstance(kinds, str) else list(kinds)
-    if value.strip().lower() == "null" and ("null" in kinds or not kinds):
+    """An XML parameter's text as the value its JSON schema types (`type`, through `anyOf`/`oneOf`,
+    or the kinds of its `enum`/`const` values): a string where a string is allowed, where no type
+    is known (an unknown parameter or tool, as vLLM keeps it) or where the text does not parse as
+    any allowed type; `null` as None unless only strings are allowed."""
+    kinds = _kinds(schema)
+    if value.strip().lower() == "null" and kinds != ["string"]:
         return None
-    if "string" in kinds:
+    if not kinds or "string" in kinds:
         return value
     text = value.strip()
-    for kind in kinds or ["any"]:
+    for kind in kinds:
         try:
-            if kind == "integer":
+            if kind == "integer" and re.fullmatch(r"-?\d+", text):
                 return int(text)
             if kind == "number":
                 number = float(text)
-                return int(number) if number.is_integer() and re.fullmatch(r"-?\d+", text) else number
+                if math.isfinite(number):
+                    return int(text) if re.fullmatch(r"-?\d+", text) else number
             if kind == "boolean" and text.lower() in ("true", "false"):
                 return text.lower() == "true"
-            if kind in ("object", "array", "any"):
-                return json.loads(text)
+            if kind in ("object", "array"):
+                parsed = json.loads(text)
+                if isinstance(parsed, dict if kind == "object" else list):
+                    return parsed
         except ValueError:
             continue
     return value
+
+
+def _kinds(schema) -> list[str]:
+    """The JSON types a schema allows, as far as its `type`, `anyOf`/`oneOf`, `enum` and `const` say."""
+    if not isinstance(schema, dict):
+        return []
+    kinds = schema.get("type", [])
+    kinds = [kinds] if isinstance(kinds, str) else list(kinds)
+    for key in ("anyOf", "oneOf"):
+        for sub in schema.get(key) or []:
+            kinds += _kinds(sub)
+    values = list(schema.get("enum") or []) + ([schema["const"]] if "const" in schema else [])
+    kinds += [_json_kind(v) for v in values]
+    return list(dict.fromkeys(kinds))
+
+
+def _json_kind(value) -> str:
+    for kind, types in (("null", type(None)), ("boolean", bool), ("integer", int), ("number", float),
+                        ("string", str), ("array", list), ("object", dict)):
+        if isinstance(value, types):
+            return kind
+    return "string"
 
 
 class ToolStream:

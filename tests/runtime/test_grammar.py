@@ -165,3 +165,62 @@ def test_logprobs_under_a_grammar_are_the_raw_model_values(session, engines, com
     first = session.codec.encode("yes")[0], session.codec.encode("no")[0], session.codec.encode("maybe")[0]
     assert got.token_ids[0] in first and got.logprobs.top[0] == free.logprobs.top[0]
     assert any(token not in first for token, _ in got.logprobs.top[0])
+
+
+@pytest.mark.parametrize("path", ("host", "resident"))
+def test_an_end_token_among_the_drafts_ends_the_output_as_ar_does(session, engines, compiler, monkeypatch, path):
+    """A drafter that proposes `ar`'s continuation, its end token included, then anything: the rows
+    after the end token keep every token, and `full` emits `ar`'s tokens."""
+    from hybridspec.runtime.drafter import DraftOutput
+
+    engine, D = engines[path], session.drafter.draft_len
+    prompt = session.codec.encode(PROMPT)
+    ar = make_policy("ar", D)
+    for spec in (SPECS["choice"], SPECS["regex"]):
+        want = engine.generate(prompt, policy=ar, max_new_tokens=TOKENS, eos_ids=session.eos_ids,
+                               grammar=state(session, compiler, spec)).token_ids
+        assert want[-1] in session.eos_ids
+        propose = session.drafter.propose
+
+        def oracle(anchor, want=want):  # the anchor is output token cache.length − len(prompt)
+            out = propose(anchor)
+            done = engine.cache.length - len(prompt) + 1
+            tokens = (want[done:] + [5] * D)[:D]
+            return DraftOutput(torch.tensor(tokens, device=out.tokens.device), out.confidence, out.entropy)
+
+        monkeypatch.setattr(session.drafter, "propose", oracle)
+        got = engine.generate(prompt, policy=make_policy("full", D), max_new_tokens=TOKENS, eos_ids=session.eos_ids,
+                              grammar=state(session, compiler, spec))
+        monkeypatch.setattr(session.drafter, "propose", propose)
+        assert got.token_ids == want
+        assert got.rounds[0].accepted >= 1  # the drafts were taken, the end token among them
+
+
+def test_no_row_is_left_without_a_token(session, engines, compiler):
+    """min_tokens beside a grammar that must end now, and a grammar with a dead end: the row allows
+    the end tokens, so the output ends instead of emitting a refused token."""
+    end = (7,)  # an end token other than token 0 (which an all −inf row's argmax would pick)
+    choice = GrammarCompiler(session.codec.tokenizer, session.target.cfg.vocab_size, end)
+    prompt = session.codec.encode(PROMPT)
+    ar = make_policy("ar", session.drafter.draft_len)
+    for temperature in (0.0, 1.0):
+        got = engines["host"].generate(prompt, policy=ar, max_new_tokens=8, eos_ids=end,
+                                       sampling=SamplingParams(temperature, seed=1, min_tokens=4),
+                                       grammar=GrammarState(choice.compile(GrammarSpec.choice(["a"])), end,
+                                                            session.target.cfg.vocab_size)).token_ids
+        assert session.codec.decode(got[:-1]) == "a" and got[-1] == 7
+    dead = state(session, compiler, GrammarSpec("ebnf", 'root ::= "ab" x\nx ::= x'))
+    got = engines["resident"].generate(prompt, policy=make_policy("full", session.drafter.draft_len),
+                                       max_new_tokens=8, eos_ids=session.eos_ids, grammar=dead).token_ids
+    assert session.codec.decode(got[:-1]) == "ab" and got[-1] in session.eos_ids
+    assert not state(session, compiler, GrammarSpec("ebnf", 'root ::= "a" x\nx ::= x')).complete
+    assert state(session, compiler, SPECS["choice"]).allows_anything()
+
+
+def test_a_grammar_after_reasoning_lets_the_block_run_free(session, compiler):
+    st = state(session, compiler, SPECS["schema"].after_reasoning())
+    st.accept(session.codec.encode('Any thought, even {"x" or <b>.</think>\n\n{"name": "ab", "size": 2}'))
+    assert st.complete
+    direct = state(session, compiler, SPECS["schema"].after_reasoning())
+    direct.accept(session.codec.encode('{"name": "ab", "size": 2}'))
+    assert not direct.complete  # still reasoning: the grammar starts after </think>

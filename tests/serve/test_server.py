@@ -305,6 +305,7 @@ def test_structured_output_json_schema_regex_and_choice(client):
     ({"guided_regex": "a", "response_format": {"type": "json_object"}}, "guided_regex"),
     ({"guided_regex": "a", "ignore_eos": True}, "ignore_eos"),
     ({"guided_regex": "a", "guided_decoding_backend": "outlines"}, "guided_decoding_backend"),
+    ({"guided_grammar": "root ::= root"}, "guided_grammar"),  # a grammar that allows no output
 ])
 def test_bad_output_constraints_are_named(server, client, body, param):
     headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
@@ -476,7 +477,7 @@ def test_tool_calls_parsed_from_the_model_text():
 
 
 QWEN35_LIKE = (  # the parts of Qwen3.5's template the server reads: XML calls in the tools block, <think> opened
-    "{% if tools %}<tools>{% for t in tools %}{{ t.function.name }};{% endfor %}</tools>\n<tool_call>\n"
+    "{%- set ns = namespace(last=0) -%}{% if tools %}<tools>{% for t in tools %}{{ t.function.name }};{% endfor %}</tools>\n<tool_call>\n"
     "<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n</function>\n"
     "</tool_call>\n{% endif %}{% for m in messages %}{{ m.role }}: {{ m.content }}|{% endfor %}assistant:"
     "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% else %}<think>\n"
@@ -516,9 +517,22 @@ def test_reasoning_and_qwen35_tool_calls_through_the_client():
                                                 extra_body={"chat_template_kwargs": {"enable_thinking": False}})
         message = direct.choices[0].message
         assert (message.content, message.model_extra["reasoning_content"]) == ("Plain answer.", None)
-        bad = httpx.post(f"{base}/v1/chat/completions", json={
-            "messages": kw["messages"], "chat_template_kwargs": {"add_generation_prompt": False}})
-        assert bad.status_code == 400 and bad.json()["error"]["param"] == "chat_template_kwargs"
+        for variables in ({"add_generation_prompt": False}, {"namespace": 5}):  # reserved; breaks the template
+            bad = httpx.post(f"{base}/v1/chat/completions", json={
+                "messages": kw["messages"], "chat_template_kwargs": variables})
+            assert bad.status_code == 400 and bad.json()["error"]["param"] == "chat_template_kwargs", bad.text
+        # a prompt that opened <think>: the grammar lets the reasoning run to </think>, then holds the answer
+        import asyncio
+
+        from hybridspec.serve.api import ChatRequest
+
+        asked = ChatRequest(messages=kw["messages"], response_format={"type": "json_object"})
+        spec = asyncio.run(service.check_grammar(asked, thinking=True))
+        assert spec.kind == "structural_tag" and "</think>" in spec.value
+        assert asyncio.run(service.check_grammar(asked, thinking=False)).kind == "json_schema"
+        bad_name = dict(tools[0], function={**tools[0]["function"], "name": 'a"b'})
+        bad = httpx.post(f"{base}/v1/chat/completions", json={"messages": kw["messages"], "tools": [bad_name]})
+        assert bad.status_code == 400 and bad.json()["error"]["param"].startswith("tools"), bad.text
 
 
 def test_tool_choice_required_and_named_hold_the_model_to_calls():

@@ -80,6 +80,27 @@ def test_streamed_xml_content_equals_the_whole_text(step):
     assert sent + rest == "I will look it up." and len(calls) == 2
 
 
+@pytest.mark.parametrize("schema, value, want", [
+    ({"anyOf": [{"type": "string"}, {"type": "null"}]}, "12345", "12345"),  # pydantic's Optional[str]
+    ({"anyOf": [{"type": "integer"}, {"type": "null"}]}, "12", 12),
+    ({"enum": ["1", "2"]}, "1", "1"),
+    ({"enum": [1, 2]}, "1", 1),
+    ({"const": True}, "true", True),
+    ({}, "true", "true"),  # no type known: the text, as vLLM keeps it
+    ({"type": "number"}, "NaN", "NaN"),  # not finite: kept as text, so that arguments stay JSON
+    ({"type": "number"}, "1e400", "1e400"),
+    ({"type": "number"}, "2.5", 2.5),
+    ({"type": "object"}, "[1]", "[1]"),
+    ({"type": ["integer", "null"]}, "null", None),
+    ({"type": "string"}, "null", "null"),
+])
+def test_xml_values_follow_their_schema(schema, value, want):
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"p": schema}}}}]
+    text = f"<tool_call>\n<function=f>\n<parameter=p>\n{value}\n</parameter>\n</function>\n</tool_call>"
+    arguments = parse_tool_calls(text, "qwen3_xml", tools)[1][0]["function"]["arguments"]
+    assert json.loads(arguments) == {"p": want} and "NaN" not in arguments.replace('"NaN"', "")
+
+
 def test_the_template_names_the_format():
     from hybridspec.serve.tools import tool_format
 
