@@ -432,11 +432,14 @@ def round_routing(engine: Engine, prompt, W: int, rounds: int = 6) -> tuple[list
     return routings, blocks
 
 
-def round_trace_rows(model: str, runs: dict[str, Engine], prompt, W: int, tokens: int = 64) -> list[dict]:
+def round_trace_rows(model: str, runs: dict[str, Engine], prompt, W: int, tokens: int = 64,
+                     floor_of=None) -> list[dict]:
     """Round by round of one `full` decoding of `tokens` tokens: the graph round's event time, its w
     and A, and the distinct experts per MoE layer of its verified block (from the host path's
-    routing of the same tokens). Whether a round's time follows its routing or its place in the
-    decoding (the rounds before the budget's tail, or the tail's)."""
+    routing of the same tokens); with `floor_of` (a round's routing → ms), each round's floor from
+    its own routing and the ratio, and a summary row of the rounds at w = W (`round own floor:W`).
+    A round's time follows its routing: the drafts of a random-weight decoding route to 15–95
+    distinct experts a layer from round to round."""
     policy = make_policy("full", W - 1)
     runs["graph"].generate(prompt, policy=policy, max_new_tokens=8)  # graphs captured, kernels compiled
     graph = runs["graph"].generate(prompt, policy=policy, max_new_tokens=tokens)
@@ -448,12 +451,23 @@ def round_trace_rows(model: str, runs: dict[str, Engine], prompt, W: int, tokens
         rows.append(dict(model=model, path="graph", policy="trace:full", round=i, w=g.w, accepted=g.accepted,
                          ms_per_round=round(g.seconds["total"] * 1e3, 3), distinct_experts=mean_distinct([h.expert_ids]),
                          distinct_drafts=len(set(h.draft_tokens[: g.w - 1]))))
+        if floor_of is not None:
+            floor = floor_of(h.expert_ids)
+            rows[-1].update(floor_ms=round(floor, 3), ratio=round(rows[-1]["ms_per_round"] / floor, 3))
     head, tail = [r for r in rows if r["w"] == W], [r for r in rows if r["w"] < W]
     for name, part in (("w = W", head), ("tail", tail)):
         if part:
             log(f"  trace {model} full {name:6s} {len(part):3d} rounds  "
                 f"{statistics.median(r['ms_per_round'] for r in part):7.3f} ms median  "
-                f"{statistics.mean(r['distinct_experts'] for r in part):5.1f} distinct experts per layer")
+                f"{statistics.mean(r['distinct_experts'] for r in part):5.1f} distinct experts per layer"
+                + (f"  ×{statistics.median(r['ratio'] for r in part):.2f} median of its own floor" if floor_of else ""))
+    if floor_of is not None and head:
+        ms, floor = sum(r["ms_per_round"] for r in head), sum(r["floor_ms"] for r in head)
+        rows.append(dict(model=model, path="graph", policy=f"round own floor:{W}", w=W, rounds=len(head),
+                         ms_per_round=round(ms / len(head), 3), floor_ms=round(floor / len(head), 3),
+                         ratio=round(ms / floor, 3), ratio_median=statistics.median(r["ratio"] for r in head),
+                         ratio_max=max(r["ratio"] for r in head),
+                         distinct_experts=round(statistics.mean(r["distinct_experts"] for r in head), 1)))
     return rows
 
 
@@ -755,8 +769,13 @@ def run(args, variants: list[str], command: str) -> None:
                 routings, blocks = round_routing(runs["eager"], prompts[0], W)  # the host path records routing
                 rows += drafted_verification_rows(session, model, cache, len(prompts[0]), blocks, bandwidth)
                 rows += round_floor_rows(session, model, rows, args.context, bandwidth, routings, cache)
-                del cache
-                rows += round_trace_rows(model, runs, prompts[0], W)
+                drafter_ms = drafter_bytes(session.drafter, args.context) / bandwidth * 1e3
+
+                def floor_of(routing, cache=cache):  # a round's floor: its verification's bytes and a drafter pass
+                    return pass_bytes(session.target, cache, routing, args.context) / bandwidth * 1e3 + drafter_ms
+
+                rows += round_trace_rows(model, runs, prompts[0], W, floor_of=floor_of)
+                del cache, floor_of
             result["rows"] += [dict(row, variant=variant, layout=layout) for row in rows]
             for module, attr, op in undo:
                 setattr(module, attr, op)

@@ -122,7 +122,12 @@ def test_round_trace_rows_follow_the_decoding():
     runs = {"graph": Engine(t, d, max_context=512, resident=True, graphs=False),
             "eager": Engine(t, d, max_context=512, resident=False)}
     W = d.draft_len + 1
-    rows = gpu_round.round_trace_rows("embedded", runs, session.codec.encode("def fibonacci(n):\n    "), W, tokens=40)
+    distinct = lambda routing: sum(int(ids.unique().numel()) for ids in routing)  # noqa: E731
+    rows = gpu_round.round_trace_rows("embedded", runs, session.codec.encode("def fibonacci(n):\n    "), W, tokens=40,
+                                      floor_of=lambda routing: float(distinct(routing)))
+    summary = rows.pop()
+    assert summary["policy"] == f"round own floor:{W}" and summary["rounds"] == sum(r["w"] == W for r in rows)
+    assert all(r["ratio"] == round(r["ms_per_round"] / r["floor_ms"], 3) for r in rows)
     assert [r["round"] for r in rows] == list(range(len(rows))) and rows[0]["w"] == W
     assert sum(r["accepted"] + 1 for r in rows) == 39  # every token after the prefill's
     assert all(0 < r["distinct_experts"] <= session.target.cfg.num_experts for r in rows)
