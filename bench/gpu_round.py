@@ -771,8 +771,8 @@ def run(args, variants: list[str], command: str) -> None:
                 rows += round_floor_rows(session, model, rows, args.context, bandwidth, routings, cache)
                 drafter_ms = drafter_bytes(session.drafter, args.context) / bandwidth * 1e3
 
-                def floor_of(routing, cache=cache):  # a round's floor: its verification's bytes and a drafter pass
-                    return pass_bytes(session.target, cache, routing, args.context) / bandwidth * 1e3 + drafter_ms
+                def floor_of(routing, cache=cache, target=session.target):  # its verification's bytes and a drafter pass
+                    return pass_bytes(target, cache, routing, args.context) / bandwidth * 1e3 + drafter_ms
 
                 rows += round_trace_rows(model, runs, prompts[0], W, floor_of=floor_of)
                 del cache, floor_of
