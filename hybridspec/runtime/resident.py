@@ -287,7 +287,7 @@ class ResidentDecoder:
             self._launch(("draft",), self._draft_fixed, commits=False)
             timer.mark("draft")
             self._masks(self.buffers.block[0, 1:w].tolist(), w)
-            self._launch(("verify", w), lambda: self._finish(w))
+            self._launch(("verify", w), lambda: self._verify_fixed(w))
             timer.mark("verify")
         else:
             self._launch(("select",), self._select, commits=False)
@@ -435,6 +435,11 @@ class ResidentDecoder:
         for length in (self.buffers.w0, self.buffers.w_c):
             length.fill_(self.policy.length)
 
+    def _verify_fixed(self, w: int) -> None:
+        """A fixed policy's verification of w tokens after its own draft phase (requests with a grammar)."""
+        self.buffers.w.fill_(w)
+        self._finish(w)
+
     def _finish(self, w: int) -> None:
         """Target pass of w tokens (Stage 1 after a Stage 0 in `_select`, or both stages), acceptance
         (greedy, or the point-mass rule of a sampled request), commit of m = A + 1 tokens, the drafter's context, the report."""
@@ -504,7 +509,7 @@ class ResidentDecoder:
             plan = [(("round", w), lambda w=w: self._round_fixed(w), False) for w in range(2, policy.length + 1)]
         elif isinstance(policy, FixedPolicy):
             plan = [(("draft",), self._draft_fixed, False)]
-            plan += [(("verify", w), lambda w=w: self._finish(w), False) for w in range(2, policy.length + 1)]
+            plan += [(("verify", w), lambda w=w: self._verify_fixed(w), False) for w in range(2, policy.length + 1)]
         else:
             phase, after_stage0 = ("resume", True) if policy.corrects_routing else ("verify", False)
             plan = [(("select",), self._select, False)]

@@ -126,10 +126,12 @@ def test_resident_rounds_equal_host_rounds_under_a_grammar(session, engines, com
     policy = make_policy(name, session.drafter.draft_len, policy_parameters(session.drafter.draft_len))
     sampling = SamplingParams(temperature, seed=5)
     for kind in ("schema", "choice"):
-        got = [engines[path].generate(prompt, policy=policy, max_new_tokens=TOKENS, eos_ids=session.eos_ids,
-                                      sampling=sampling, grammar=state(session, compiler, SPECS[kind])).token_ids
-               for path in ("host", "resident")]
+        runs = [engines[path].generate(prompt, policy=policy, max_new_tokens=TOKENS, eos_ids=session.eos_ids,
+                                       sampling=sampling, grammar=state(session, compiler, SPECS[kind]))
+                for path in ("host", "resident")]
+        got = [run.token_ids for run in runs]
         assert got[0] == got[1], kind
+        assert [(r.w, r.accepted) for r in runs[0].rounds] == [(r.w, r.accepted) for r in runs[1].rounds], kind
         if got[0][-1] in session.eos_ids:
             check_output(kind, session.codec.decode(got[0][:-1]))
 
