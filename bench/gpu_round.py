@@ -465,7 +465,7 @@ def round_trace_rows(model: str, runs: dict[str, Engine], prompt, W: int, tokens
         ms, floor = sum(r["ms_per_round"] for r in head), sum(r["floor_ms"] for r in head)
         rows.append(dict(model=model, path="graph", policy=f"round own floor:{W}", w=W, rounds=len(head),
                          ms_per_round=round(ms / len(head), 3), floor_ms=round(floor / len(head), 3),
-                         ratio=round(ms / floor, 3), ratio_median=statistics.median(r["ratio"] for r in head),
+                         ratio=round(ms / floor, 3), ratio_median=round(statistics.median(r["ratio"] for r in head), 3),
                          ratio_max=max(r["ratio"] for r in head),
                          distinct_experts=round(statistics.mean(r["distinct_experts"] for r in head), 1)))
     return rows
