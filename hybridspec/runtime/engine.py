@@ -128,7 +128,7 @@ class Engine:
         self.resident = (ResidentDecoder(target, drafter, self.cache, graphs=graphs, penalties=self.penalties)
                          if resident else None)
         self._policies: dict[str, tuple[Policy, Policy]] = {}  # host rounds: name → (as given, on the device)
-        self.grammar: GrammarState | None = None  # the current request's (host rounds)
+        self.grammar: GrammarState | None = None  # the current request's: its prefill token and host rounds
 
     def prepare(self, policy: Policy, sampling: SamplingParams = SamplingParams(), *, logprobs: bool = False,
                 grammar: bool = False) -> None:
