@@ -381,8 +381,32 @@ class Service:
 
     def start(self, body: RequestBody, prompt_ids: list[int], max_tokens: int | None, param: str,
               arrived: float | None = None, choice: int = 0, grammar: GrammarSpec | None = None) -> Decoding:
-        """Validate against the model and build the decoding of the request's choice `choice`
-        (nothing runs yet); choice i samples with seed + i (a request without a seed: a random one each)."""
+        """Validate against the model (`check`) and build the decoding of the request's choice
+        `choice` (nothing runs yet); choice i samples with seed + i (a request without a seed: a
+        random one each)."""
+        name, room = self.check(body, prompt_ids, max_tokens, param)
+        vocab = self.session.target.cfg.vocab_size
+        end_ids = tuple(dict.fromkeys((*(() if body.ignore_eos else self.session.eos_ids), *body.stop_token_ids)))
+        seed = body.seed if body.seed is not None else random.randrange(2**31)
+        seed = (seed + choice - SEED_MIN) % 2**64 + SEED_MIN  # wraps within the 64-bit seeds
+        temperature = body.temperature if body.temperature >= SAMPLING_EPS else 0.0  # as vLLM: greedy below it
+        logit_bias = body.logit_bias_pairs(vocab)
+        try:
+            sampling = SamplingParams(temperature, max(body.top_k, 0), body.top_p, seed, body.presence_penalty,
+                                      body.frequency_penalty, body.repetition_penalty, logit_bias, body.min_tokens,
+                                      body.min_p)
+        except ValueError as exc:
+            raise RequestError(str(exc), None) from None
+        arrived = time.monotonic() if arrived is None else arrived
+        if grammar is not None and not end_ids:
+            raise RequestError("structured output needs an end token: this model has no EOS; give stop_token_ids",
+                               body.grammar_field() or "tool_choice")
+        return Decoding(self, prompt_ids, name, max_tokens or room, sampling, body.stop, arrived, end_ids,
+                        body.logprob_count(), body.prompt_logprob_count(), grammar)
+
+    def check(self, body: RequestBody, prompt_ids: list[int], max_tokens: int | None, param: str) -> tuple[str, int]:
+        """(policy name, room for output tokens) of a request that fits the model, its context and
+        its policies; RequestError names the field that does not (run before a grammar's compile)."""
         if body.model is not None and body.model != self.model_name:
             raise RequestError(f"the model {body.model!r} does not exist; this server serves {self.model_name!r}",
                                "model", 404)
@@ -414,23 +438,7 @@ class Service:
             raise RequestError(f"min_tokens ({body.min_tokens}) exceeds max_tokens ({max_tokens or room})", "min_tokens")
         if any(not 0 <= i < vocab for i in body.stop_token_ids):
             raise RequestError(f"stop_token_ids must be token ids in 0 … {vocab - 1}", "stop_token_ids")
-        end_ids = tuple(dict.fromkeys((*(() if body.ignore_eos else self.session.eos_ids), *body.stop_token_ids)))
-        seed = body.seed if body.seed is not None else random.randrange(2**31)
-        seed = (seed + choice - SEED_MIN) % 2**64 + SEED_MIN  # wraps within the 64-bit seeds
-        temperature = body.temperature if body.temperature >= SAMPLING_EPS else 0.0  # as vLLM: greedy below it
-        logit_bias = body.logit_bias_pairs(vocab)
-        try:
-            sampling = SamplingParams(temperature, max(body.top_k, 0), body.top_p, seed, body.presence_penalty,
-                                      body.frequency_penalty, body.repetition_penalty, logit_bias, body.min_tokens,
-                                      body.min_p)
-        except ValueError as exc:
-            raise RequestError(str(exc), None) from None
-        arrived = time.monotonic() if arrived is None else arrived
-        if grammar is not None and not end_ids:
-            raise RequestError("structured output needs an end token: this model has no EOS; give stop_token_ids",
-                               body.grammar_field() or "tool_choice")
-        return Decoding(self, prompt_ids, name, max_tokens or room, sampling, body.stop, arrived, end_ids,
-                        body.logprob_count(), body.prompt_logprob_count(), grammar)
+        return name, room
 
     def discard(self, decoding: Decoding) -> None:
         """Count a decoding that will not run (or not run on) as cancelled, behind any round in flight."""

@@ -306,6 +306,7 @@ def test_structured_output_json_schema_regex_and_choice(client):
     ({"guided_regex": "a", "ignore_eos": True}, "ignore_eos"),
     ({"guided_regex": "a", "guided_decoding_backend": "outlines"}, "guided_decoding_backend"),
     ({"guided_grammar": "root ::= root"}, "guided_grammar"),  # a grammar that allows no output
+    ({"guided_regex": "[a-", "max_tokens": 100000}, "max_tokens"),  # the request's own checks come first
 ])
 def test_bad_output_constraints_are_named(server, client, body, param):
     headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
