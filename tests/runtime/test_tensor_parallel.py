@@ -10,6 +10,7 @@ of the whole target."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -148,7 +149,8 @@ def test_a_ranks_loaded_part_equals_the_slices_of_the_whole_target(model, expert
 def test_generate_under_torchrun_emits_the_tokens_of_one_process():
     """`torchrun --nproc-per-node 2 -m hybridspec generate --tp 2`: each process is one rank (env://
     rendezvous, gloo), rank 0 alone prints its summary: one process's tokens, rounds and logprobs,
-    under a presence penalty (every rank keeps the same token counts)."""
+    under a presence penalty (every rank keeps the same token counts) and a grammar (every rank
+    compiles it and masks its rows alike)."""
     import json
     import os
     import shutil
@@ -157,21 +159,24 @@ def test_generate_under_torchrun_emits_the_tokens_of_one_process():
     from pathlib import Path
 
     from hybridspec.runtime.generation import GenerateRequest, run_generate
+    from hybridspec.runtime.grammar import GrammarSpec
 
+    pattern = "[a-z_]{2,12} = [0-9]{1,3}"
     request = GenerateRequest(prompt="Split the heads over two ranks.", policy="static:4", max_new_tokens=16,
-                              presence_penalty=0.5, logprobs=2)
+                              presence_penalty=0.5, logprobs=2, grammar=GrammarSpec("regex", pattern))
     one = run_generate(request)
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
     assert torchrun is not None
     run = subprocess.run([torchrun, "--nproc-per-node", "2", "-m", "hybridspec", "generate", "--tp", "2", "--prompt",
                           request.prompt, "--policy", "static:4", "--max-new-tokens", "16", "--json",
-                          "--presence-penalty", "0.5", "--logprobs", "2"],
+                          "--presence-penalty", "0.5", "--logprobs", "2", "--regex", pattern],
                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
                          cwd=Path(__file__).resolve().parents[2])
     assert run.returncode == 0, run.stdout + run.stderr
     (line,) = [x for x in run.stdout.splitlines() if x.startswith("{")]  # one summary: rank 0's
     two = json.loads(line)
     assert two["token_ids"] == one["token_ids"] and two["rounds"] == one["rounds"]
+    assert re.fullmatch(pattern, one["text"].replace("<|endoftext|>", "")), one["text"]
     assert [e["logprob"] for e in two["logprobs"]] == pytest.approx([e["logprob"] for e in one["logprobs"]], abs=1e-4)
     with pytest.raises(ValueError, match="give exactly one of a prompt text or prompt ids"):
         run_generate(dataclasses.replace(request, prompt=None, tp=2))
