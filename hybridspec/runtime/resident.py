@@ -23,10 +23,12 @@ logprobs runs graphs of its own, which also write `logprobs.logprob_rows` of the
 buffer copied to the host beside the report; so does one with penalties, a logit bias, min_tokens
 or min_p (`penalties.py`), whose graphs read the request's token counts on the device and add
 each round's emitted tokens to them. A request held to a grammar (`grammar.py`) runs graphs of its
-own too, which mask each row by a bitmask the host fills from the grammar's state: `ar`'s before
-its step is launched; a speculative round's after its drafts are read (the draft is then a phase
-of its own, `draft`, before `verify(w)`; a nominal policy's `select` read of w reads the drafts
-too). Such rounds are not launched ahead: the grammar advances with each report.
+own too, which mask each row by a bitmask the host fills from the grammar's state. Its
+verification is two phases, the pass (`pass`, its logits and features kept in static buffers) and
+the acceptance and commit (`accept`), and the host fills the rows while the pass runs: `ar`'s row
+from the state after the last report; a speculative round's rows after its drafts are read (a
+fixed policy's draft is then a phase of its own, `draft`; a nominal policy's `select` read of w
+reads the drafts too). Such rounds are not launched ahead: the grammar advances with each report.
 
 Stage 0 runs over the whole block (u = W) rather than u = min(w0 + 1, w_rem), so that the round
 needs one read (w) instead of two (u, then w): GDN and routing are causal, so the first u rows of
@@ -94,6 +96,10 @@ class Buffers:
     bitmask: Tensor  # [W, ⌈V/32⌉] int32: the grammar's allowed tokens per row (requests with a grammar)
     host_bitmask: Tensor  # [W, ⌈V/32⌉] int32: the host's fill of it (pinned on CUDA)
     stage0: Stage0 | None = None  # static copies of Stage 0's retained values (hybridspec)
+    # a grammar's split verification: the pass's outputs kept for the acceptance (`ResidentDecoder._pass`)
+    pass_logits: Tensor | None = None  # [W, V] fp32
+    pass_features: Tensor | None = None  # [1, W, F] the drafter's features
+    pass_layer0: Tensor | None = None  # [W, k] long: Layer 0's routing of the pass's tokens
 
     @classmethod
     def allocate(cls, draft_len: int, experts_per_token: int, top: int, vocab: int,
@@ -207,6 +213,8 @@ class ResidentDecoder:
         on_device = policy.to(self.device)
         if isinstance(policy, HybridSpecPolicy) and self.buffers.stage0 is None:
             self.buffers.stage0 = self._stage0_buffers(policy.max_length)
+        if grammar and self.buffers.pass_logits is None:
+            self._pass_buffers()
         if self.graphs is not None:
             self._capture_all(on_device, key[1:])
         self.prepared[key] = (policy, on_device)
@@ -260,6 +268,15 @@ class ResidentDecoder:
         return Stage0(W, hidden, torch.zeros_like(hidden), torch.zeros(1, W, k, dtype=torch.long, device=self.device),
                       torch.zeros(1, W, k, dtype=dtype, device=self.device))
 
+    def _pass_buffers(self) -> None:
+        """The static outputs of a grammar's verification pass (`_pass`)."""
+        buf, cfg = self.buffers, self.target.cfg
+        W = buf.block.shape[1]
+        buf.pass_logits = torch.zeros(W, cfg.vocab_size, device=self.device)
+        width = cfg.hidden_size * len(self.target.feature_layers)
+        buf.pass_features = torch.zeros(1, W, width, dtype=self.target.embed_tokens.weight.dtype, device=self.device)
+        buf.pass_layer0 = torch.zeros(W, cfg.num_experts_per_tok, dtype=torch.long, device=self.device)
+
     def _enter_static(self, span: int) -> None:
         self.target.enter_static(self.cache, span)
         if self.drafter is not None and self.drafter.ctx_k is not None:
@@ -272,9 +289,13 @@ class ResidentDecoder:
         that gives a fixed policy the same length (it chooses that length near the end of the
         output without a read)."""
         policy, timer = self.policy, PhaseTimer(self.device)
-        if not policy.speculative:
-            if self.grammar is not None:
-                self._masks(None, 1)
+        if not policy.speculative and self.grammar is not None:  # the row is filled while the pass runs
+            self._launch(("pass", 1), self._step_pass, commits=False)
+            self._masks(None, 1)
+            self._launch(("accept", 1), self._step_accept)
+            timer.mark("step")
+            w = 1
+        elif not policy.speculative:
             self._launch(("step",), self._step)
             timer.mark("step")
             w = 1
@@ -286,17 +307,17 @@ class ResidentDecoder:
             w = max(2, min(remaining, policy.length))
             self._launch(("draft",), self._draft_fixed, commits=False)
             timer.mark("draft")
-            self._masks(self.buffers.block[0, 1:w].tolist(), w)
-            self._launch(("verify", w), lambda: self._verify_fixed(w))
+            self._verify_under_grammar(w)
             timer.mark("verify")
         else:
             self._launch(("select",), self._select, commits=False)
             timer.mark("select")
             w = int(self.buffers.w)  # the round's one read besides its report
-            if self.grammar is not None:
-                self._masks(self.buffers.block[0, 1:w].tolist(), w)
             phase = "resume" if policy.corrects_routing else "verify"
-            self._launch((phase, w), lambda: self._finish(w))
+            if self.grammar is not None:
+                self._verify_under_grammar(w)
+            else:
+                self._launch((phase, w), lambda: self._finish(w))
             timer.mark(phase)
         slot, self._report_slot = self._report_slot, 1 - self._report_slot
         self.buffers.host_reports[slot].copy_(self.buffers.report, non_blocking=True)
@@ -314,6 +335,14 @@ class ResidentDecoder:
             return False
         need = self.policy.length if isinstance(self.policy, FixedPolicy) else 1
         return remaining - launched.w >= need
+
+    def _verify_under_grammar(self, w: int) -> None:
+        """Read the drafts, launch the pass, fill the grammar's rows while it runs, then launch the
+        acceptance and commit behind the copy of the rows."""
+        drafts = self.buffers.block[0, 1:w].tolist()
+        self._launch(("pass", w), lambda: self._pass(w), commits=False)
+        self._masks(drafts, w)
+        self._launch(("accept", w), lambda: self._accept_pass(w))
 
     def _masks(self, drafts: list[int] | None, w: int) -> None:
         """The grammar's bitmasks of a pass's w rows (row i after drafts d_1 … d_i) into the buffer
@@ -368,19 +397,31 @@ class ResidentDecoder:
         """ar: one token through the target, its argmax (or sample) the next anchor and the report's
         token; the report's (m, w0, w_c, w) = 1 are `begin`'s, and no budget is kept on the device
         (nothing of `ar` reads it)."""
-        buf, target, cache = self.buffers, self.target, self.cache
-        out = target.forward_pass(buf.anchor.view(1, 1), cache, features=False)
-        logits = self._logits(out.logits[0, :1], buf.block[0, :0])  # [1, V]
+        out = self.target.forward_pass(self.buffers.anchor.view(1, 1), self.cache, features=False)
+        self._step_tail(out.logits[0, :1])
+
+    def _step_pass(self) -> None:
+        """ar under a grammar: the pass alone, its logits kept for `_step_accept`."""
+        out = self.target.forward_pass(self.buffers.anchor.view(1, 1), self.cache, features=False)
+        self.buffers.pass_logits[:1].copy_(out.logits[0, :1])
+
+    def _step_accept(self) -> None:
+        self._step_tail(self.buffers.pass_logits[:1])
+
+    def _step_tail(self, raw: Tensor) -> None:
+        """ar's choice from the pass's logits raw [1, V], its commit and report."""
+        buf = self.buffers
+        logits = self._logits(raw, buf.block[0, :0])  # [1, V]
         if self.mode == "greedy":
             torch.argmax(logits[0], dim=0, keepdim=True, out=buf.anchor)
         else:
             buf.anchor.copy_(self._accept(buf.block[0, :0], logits)[1])
-        target.commit(cache, 1, self.one)
+        self.target.commit(self.cache, 1, self.one)
         buf.report[4:5].copy_(buf.anchor)
         if self.with_penalties:
             self.penalties.record(buf.anchor)
         if self.with_logprobs:
-            buf.logprobs[:1].copy_(logprob_rows(out.logits[0, :1], buf.anchor, self.top))
+            buf.logprobs[:1].copy_(logprob_rows(raw, buf.anchor, self.top))
 
     def _draft(self) -> None:
         buf = self.buffers
@@ -435,24 +476,47 @@ class ResidentDecoder:
         for length in (self.buffers.w0, self.buffers.w_c):
             length.fill_(self.policy.length)
 
-    def _verify_fixed(self, w: int) -> None:
-        """A fixed policy's verification of w tokens after its own draft phase (requests with a grammar)."""
-        self.buffers.w.fill_(w)
-        self._finish(w)
+
 
     def _finish(self, w: int) -> None:
         """Target pass of w tokens (Stage 1 after a Stage 0 in `_select`, or both stages), acceptance
         (greedy, or the point-mass rule of a sampled request), commit of m = A + 1 tokens, the drafter's context, the report."""
+        out, layer0 = self._verification(w)
+        self._conclude(w, out.logits[0], out.features, layer0)
+
+    def _verification(self, w: int) -> tuple:
+        """The target pass of w tokens (Stage 1 after a Stage 0 in `_select`, or both stages) and
+        Layer 0's routing for the report ([W, k] after a whole-block Stage 0, else [w, k])."""
         buf, target, cache = self.buffers, self.target, self.cache
         if isinstance(self.policy, HybridSpecPolicy):
-            out = target.stage1(buf.stage0, w, cache)
-            layer0 = buf.stage0.expert_ids[0]  # [W, k]: Stage 0 ran the whole block
-        else:  # forward_pass's two stages, Stage 0's routing kept for the report
-            s0 = target.stage0(buf.block[:, :w], cache)
-            out = target.stage1(s0, w, cache)
-            layer0 = s0.expert_ids[0]  # [w, k]
+            return target.stage1(buf.stage0, w, cache), buf.stage0.expert_ids[0]
+        s0 = target.stage0(buf.block[:, :w], cache)  # forward_pass's two stages, Stage 0's routing kept
+        return target.stage1(s0, w, cache), s0.expert_ids[0]
+
+    def _pass(self, w: int) -> None:
+        """A grammar's verification pass: its logits, features and Layer 0's routing into the static
+        buffers that `_accept_pass` reads."""
+        buf = self.buffers
+        out, layer0 = self._verification(w)
+        buf.pass_logits[:w].copy_(out.logits[0])
+        buf.pass_features[:, :w].copy_(out.features)
+        buf.pass_layer0[: layer0.shape[0]].copy_(layer0)
+
+    def _accept_pass(self, w: int) -> None:
+        """A grammar's acceptance and commit from the pass's buffers (a fixed policy's w written into
+        the report here: its draft phase does not know it)."""
+        buf = self.buffers
+        if isinstance(self.policy, FixedPolicy):
+            buf.w.fill_(w)
+        rows = buf.block.shape[1] if isinstance(self.policy, HybridSpecPolicy) else w
+        self._conclude(w, buf.pass_logits[:w], buf.pass_features[:, :w], buf.pass_layer0[:rows])
+
+    def _conclude(self, w: int, raw: Tensor, features: Tensor, layer0: Tensor) -> None:
+        """Acceptance from the pass's logits raw [w, V] (greedy, or the point-mass rule of a sampled
+        request), the report, commit of m = A + 1 tokens, the drafter's context."""
+        buf, target, cache = self.buffers, self.target, self.cache
         drafts = buf.block[0, 1:]  # [D]
-        logits = self._logits(out.logits[0], drafts)  # [w, V]
+        logits = self._logits(raw, drafts)  # [w, V]
         if self.mode == "greedy":
             y, accepted, x_new = torch.argmax(logits, dim=-1), None, None  # y [w]
         else:
@@ -461,11 +525,11 @@ class ResidentDecoder:
         self.finish_round(drafts, w, y, accepted, x_new, (buf.w0, buf.w_c, buf.w), buf.confidence, buf.entropy,
                           layer0, buf.report, buf.anchor, buf.remaining, buf.m)
         if self.with_logprobs:  # rows past m decided nothing emitted; the host reads the first m
-            buf.logprobs[:w].copy_(logprob_rows(out.logits[0], buf.report[4 : 4 + w].long(), self.top))
+            buf.logprobs[:w].copy_(logprob_rows(raw, buf.report[4 : 4 + w].long(), self.top))
         if self.with_penalties:
             self.penalties.record(buf.report[4 : 4 + w].long(), buf.m)
         target.commit(cache, w, buf.m)
-        self.drafter.extend(out.features, buf.m)
+        self.drafter.extend(features, buf.m)
 
     # ------------------------------------------------------------ host side
     def collect(self, launched: "Launched") -> Report:
@@ -503,17 +567,25 @@ class ResidentDecoder:
         previous_flavour = self._flavour()
         self.mode, self.with_logprobs, self.with_penalties, self.with_grammar = flavour
         self.span = 1 if not policy.speculative else policy.max_length
-        if not policy.speculative:
-            plan = [(("step",), self._step, False)]
+        # (key, phase, host state it starts in: every GDN layer waiting for a commit ("round"), all but
+        # Layer 0, which Stage 0 folded ("after_stage0"), or none, after a grammar's pass ("after_pass"))
+        if not policy.speculative and self.with_grammar:
+            plan = [(("pass", 1), self._step_pass, "round"), (("accept", 1), self._step_accept, "after_pass")]
+        elif not policy.speculative:
+            plan = [(("step",), self._step, "round")]
         elif isinstance(policy, FixedPolicy) and not self.with_grammar:
-            plan = [(("round", w), lambda w=w: self._round_fixed(w), False) for w in range(2, policy.length + 1)]
-        elif isinstance(policy, FixedPolicy):
-            plan = [(("draft",), self._draft_fixed, False)]
-            plan += [(("verify", w), lambda w=w: self._verify_fixed(w), False) for w in range(2, policy.length + 1)]
+            plan = [(("round", w), lambda w=w: self._round_fixed(w), "round") for w in range(2, policy.length + 1)]
         else:
-            phase, after_stage0 = ("resume", True) if policy.corrects_routing else ("verify", False)
-            plan = [(("select",), self._select, False)]
-            plan += [((phase, w), lambda w=w: self._finish(w), after_stage0) for w in range(2, policy.max_length + 1)]
+            fixed = isinstance(policy, FixedPolicy)
+            plan = [(("draft",), self._draft_fixed, "round")] if fixed else [(("select",), self._select, "round")]
+            start = "after_stage0" if policy.corrects_routing else "round"
+            phase = "resume" if policy.corrects_routing else "verify"
+            for w in range(2, (policy.length if fixed else policy.max_length) + 1):
+                if self.with_grammar:
+                    plan += [(("pass", w), lambda w=w: self._pass(w), start),
+                             (("accept", w), lambda w=w: self._accept_pass(w), "after_pass")]
+                else:
+                    plan += [((phase, w), lambda w=w: self._finish(w), start)]
         cache.reset()
         if drafter is not None:  # its context cache exists before any capture, `ar`'s included
             drafter.reset(cache.max_len)
@@ -522,11 +594,12 @@ class ResidentDecoder:
             self.captured_with = self._outside_buffers()
         self._enter_static(self.span)
         for slot in (0, 1):
-            for key, run, after_stage0 in plan:
-                def restore(slot=slot, after_stage0=after_stage0):
+            for key, run, state in plan:
+                def restore(slot=slot, state=state):
                     """The round's host state at this phase, positions and budget back at the start."""
                     cache.slot, cache.pending_tokens = slot, self.span
-                    cache.pending = [not (after_stage0 and layer == 0) for layer in range(len(cache.pending))]
+                    cache.pending = [state == "round" or (state == "after_stage0" and layer > 0)
+                                     for layer in range(len(cache.pending))]
                     cache.position.zero_()
                     if drafter is not None and drafter.position is not None:
                         drafter.position.zero_()

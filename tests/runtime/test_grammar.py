@@ -226,3 +226,56 @@ def test_a_grammar_after_reasoning_lets_the_block_run_free(session, compiler):
     direct = state(session, compiler, SPECS["schema"].after_reasoning())
     direct.accept(session.codec.encode('{"name": "ab", "size": 2}'))
     assert not direct.complete  # still reasoning: the grammar starts after </think>
+
+
+class WarmedGraphs:
+    """CUDA graphs' host side on CPU, as `graphs.Graphs` drives it: `capture` runs the phase twice
+    (warm-up and capture) in the host state `restore` sets, putting it back after each, and keeps
+    the host state it ran in (which layers wait for a commit: what the captured work folds);
+    `replay` runs the phase in that state under the policy it was captured with, then puts the
+    host state back (a replay does device work only)."""
+
+    def __init__(self, decoder):
+        self.decoder, self.graphs = decoder, {}
+
+    def capture(self, key, run, restore):
+        cache = self.decoder.cache
+        captured = list(cache.pending), cache.pending_tokens
+        for _ in range(2):
+            run()
+            restore()
+        self.graphs[key] = (run, self.decoder.policy, captured)
+
+    def forget(self):
+        self.graphs.clear()
+
+    def replay(self, key):
+        run, policy, (pending, pending_tokens) = self.graphs[key]
+        decoder, cache = self.decoder, self.decoder.cache
+        held = decoder.policy, cache.slot, list(cache.pending), cache.pending_tokens
+        decoder.policy, cache.pending, cache.pending_tokens = policy, list(pending), pending_tokens
+        try:
+            run()
+        finally:
+            decoder.policy, cache.slot, cache.pending, cache.pending_tokens = held
+
+
+@pytest.mark.parametrize("name", ("ar", "static:4", "full", "nominal", "hybridspec"))
+def test_graph_phases_under_a_grammar_capture_and_replay_in_their_host_states(session, engines, compiler, name):
+    """The grammar's split phases (pass, then acceptance and commit) captured in the host state
+    the round reaches them in, and replayed as graphs replay (host state put back, then `_launch`'s
+    own update): the host rounds' tokens, and the eagerly run resident rounds' lengths."""
+    from hybridspec.runtime.engine import Engine
+
+    t, d = session.target, session.drafter
+    graphed = Engine(t, d, max_context=256, resident=True, graphs=False)
+    graphed.resident.graphs = WarmedGraphs(graphed.resident)
+    policy = make_policy(name, d.draft_len, policy_parameters(d.draft_len))
+    prompt = session.codec.encode(PROMPT)
+    for kind in ("schema", "choice"):
+        kw = dict(policy=policy, max_new_tokens=TOKENS, eos_ids=session.eos_ids)
+        host = engines["host"].generate(prompt, grammar=state(session, compiler, SPECS[kind]), **kw)
+        eager = engines["resident"].generate(prompt, grammar=state(session, compiler, SPECS[kind]), **kw)
+        got = graphed.generate(prompt, grammar=state(session, compiler, SPECS[kind]), **kw)
+        assert got.token_ids == eager.token_ids == host.token_ids, kind
+        assert [(r.w, r.accepted) for r in got.rounds] == [(r.w, r.accepted) for r in eager.rounds], kind
