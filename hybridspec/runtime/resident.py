@@ -9,6 +9,7 @@ One round, by policy (the graphs are captured by `prepare`, before the request's
                  verify(w)    target pass of w → accept → commit              2 graphs
     hybridspec   select       draft → Eq. 5 → Stage 0 on the whole block → Eq. 6 → read w
                  resume(w)    Stage 1 on w → accept → commit                  2 graphs
+    (a grammar)  the verification as pass(w) → fill the rows on the host → accept(w): one graph more
 
 and then one copy of the round's report (emitted tokens, their count, w0, w, the draft) to the
 host. `launch` enqueues a round and its report's copy, `collect` waits for the report: the engine
@@ -346,7 +347,8 @@ class ResidentDecoder:
 
     def _masks(self, drafts: list[int] | None, w: int) -> None:
         """The grammar's bitmasks of a pass's w rows (row i after drafts d_1 … d_i) into the buffer
-        the graphs read, through its pinned host copy (the copy is enqueued before the pass)."""
+        the acceptance reads, through its pinned host copy (the copy is enqueued after the pass and
+        before the acceptance)."""
         buf = self.buffers
         buf.host_bitmask[:w].copy_(self.grammar.rows(drafts, w))
         buf.bitmask[:w].copy_(buf.host_bitmask[:w], non_blocking=True)
@@ -360,6 +362,8 @@ class ResidentDecoder:
         self.graphs.replay((self.policy.name, *self._flavour(), *key, self.cache.slot))
         if commits:
             self.cache.flip(self.span)  # the host half of the commit: the next pass writes the other slot
+        elif key[0] == "pass":
+            self.cache.mark_committed()  # a grammar's pass folded every layer's pending commit
         elif isinstance(self.policy, HybridSpecPolicy):
             self.cache.mark_committed(0)  # Stage 0 folded Layer 0's pending commit
 
@@ -561,7 +565,7 @@ class ResidentDecoder:
     def _capture_all(self, policy: Policy, flavour: tuple[str, bool, bool, bool]) -> None:
         """Capture every graph `launch` can replay for this policy and flavour (`_flavour`), for both
         factor slots, each in the host state the round reaches it in (every GDN layer waiting for a
-        commit; Layer 0's already folded by Stage 0 before a `resume`)."""
+        commit; Layer 0's already folded by Stage 0 before a `resume`; none after a grammar's pass)."""
         cache, drafter, buf = self.cache, self.drafter, self.buffers
         previous, self.policy = self.policy, policy
         previous_flavour = self._flavour()

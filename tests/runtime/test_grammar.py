@@ -232,8 +232,8 @@ class WarmedGraphs:
     """CUDA graphs' host side on CPU, as `graphs.Graphs` drives it: `capture` runs the phase twice
     (warm-up and capture) in the host state `restore` sets, putting it back after each, and keeps
     the host state it ran in (which layers wait for a commit: what the captured work folds);
-    `replay` runs the phase in that state under the policy it was captured with, then puts the
-    host state back (a replay does device work only)."""
+    `replay` checks that the host is in that state, runs the phase under the policy it was
+    captured with, then puts the host state back (a replay does device work only)."""
 
     def __init__(self, decoder):
         self.decoder, self.graphs = decoder, {}
@@ -250,10 +250,11 @@ class WarmedGraphs:
         self.graphs.clear()
 
     def replay(self, key):
-        run, policy, (pending, pending_tokens) = self.graphs[key]
+        run, policy, captured = self.graphs[key]
         decoder, cache = self.decoder, self.decoder.cache
+        assert (cache.pending, cache.pending_tokens) == captured, key  # the host's flags are the graph's
         held = decoder.policy, cache.slot, list(cache.pending), cache.pending_tokens
-        decoder.policy, cache.pending, cache.pending_tokens = policy, list(pending), pending_tokens
+        decoder.policy = policy
         try:
             run()
         finally:
@@ -279,3 +280,7 @@ def test_graph_phases_under_a_grammar_capture_and_replay_in_their_host_states(se
         got = graphed.generate(prompt, grammar=state(session, compiler, SPECS[kind]), **kw)
         assert got.token_ids == eager.token_ids == host.token_ids, kind
         assert [(r.w, r.accepted) for r in got.rounds] == [(r.w, r.accepted) for r in eager.rounds], kind
+    sampled = dict(kw, sampling=SamplingParams(0.9, seed=2), logprobs=3)  # point-mass acceptance, logprobs
+    eager = engines["resident"].generate(prompt, grammar=state(session, compiler, SPECS["schema"]), **sampled)
+    got = graphed.generate(prompt, grammar=state(session, compiler, SPECS["schema"]), **sampled)
+    assert got.token_ids == eager.token_ids and got.logprobs.chosen == eager.logprobs.chosen
