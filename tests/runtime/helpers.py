@@ -102,3 +102,29 @@ def pass_outputs(target, cache, block: torch.Tensor, *, graph: bool) -> tuple[to
     captured.replay()
     torch.cuda.synchronize()
     return out.features.clone(), out.logits.clone()
+
+
+class RecordedGraphs:
+    """CUDA graphs' bookkeeping on CPU: `capture` records the phase with the policy the decoder held
+    while capturing (what a real graph bakes in); `replay` runs that phase under that policy, with
+    the host state it finds put back afterwards (a replay does device work only)."""
+
+    def __init__(self, decoder):
+        self.decoder, self.graphs, self.captures = decoder, {}, 0
+
+    def capture(self, key, run, restore):
+        self.graphs[key] = (run, self.decoder.policy)
+        self.captures += 1
+
+    def forget(self):
+        self.graphs.clear()
+
+    def replay(self, key):
+        run, policy = self.graphs[key]
+        decoder, cache = self.decoder, self.decoder.cache
+        held = decoder.policy, cache.slot, list(cache.pending), cache.pending_tokens
+        decoder.policy = policy
+        try:
+            run()
+        finally:
+            decoder.policy, cache.slot, cache.pending, cache.pending_tokens = held

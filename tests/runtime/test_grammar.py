@@ -18,7 +18,7 @@ import torch
 from hybridspec.runtime.grammar import GrammarCompiler, GrammarError, GrammarSpec, GrammarState
 from hybridspec.runtime.policies import make_policy
 from hybridspec.runtime.sampling import SamplingParams
-from tests.runtime.helpers import policy_parameters
+from tests.runtime.helpers import RecordedGraphs, policy_parameters
 
 PROMPT = 'config = {"name": '
 TOKENS = 40
@@ -228,37 +228,28 @@ def test_a_grammar_after_reasoning_lets_the_block_run_free(session, compiler):
     assert not direct.complete  # still reasoning: the grammar starts after </think>
 
 
-class WarmedGraphs:
-    """CUDA graphs' host side on CPU, as `graphs.Graphs` drives it: `capture` runs the phase twice
-    (warm-up and capture) in the host state `restore` sets, putting it back after each, and keeps
-    the host state it ran in (which layers wait for a commit: what the captured work folds);
-    `replay` checks that the host is in that state, runs the phase under the policy it was
-    captured with, then puts the host state back (a replay does device work only)."""
+class WarmedGraphs(RecordedGraphs):
+    """`RecordedGraphs` closer to `graphs.Graphs`: `capture` runs the phase twice (warm-up and
+    capture) in the host state `restore` sets, putting it back after each, and keeps that state
+    (which GDN layers wait for a commit: what the captured work folds); `replay` checks that the
+    host is in it before running the phase."""
 
     def __init__(self, decoder):
-        self.decoder, self.graphs = decoder, {}
+        super().__init__(decoder)
+        self.states = {}
 
     def capture(self, key, run, restore):
         cache = self.decoder.cache
-        captured = list(cache.pending), cache.pending_tokens
+        self.states[key] = (list(cache.pending), cache.pending_tokens)
         for _ in range(2):
             run()
             restore()
-        self.graphs[key] = (run, self.decoder.policy, captured)
-
-    def forget(self):
-        self.graphs.clear()
+        super().capture(key, run, restore)
 
     def replay(self, key):
-        run, policy, captured = self.graphs[key]
-        decoder, cache = self.decoder, self.decoder.cache
-        assert (cache.pending, cache.pending_tokens) == captured, key  # the host's flags are the graph's
-        held = decoder.policy, cache.slot, list(cache.pending), cache.pending_tokens
-        decoder.policy = policy
-        try:
-            run()
-        finally:
-            decoder.policy, cache.slot, cache.pending, cache.pending_tokens = held
+        cache = self.decoder.cache
+        assert (cache.pending, cache.pending_tokens) == self.states[key], key  # the host's flags are the graph's
+        super().replay(key)
 
 
 @pytest.mark.parametrize("name", ("ar", "static:4", "full", "nominal", "hybridspec"))

@@ -18,7 +18,7 @@ from hybridspec.runtime.resident import sampling_mode
 from hybridspec.runtime.sampling import SamplingParams
 from hybridspec.runtime.sampling import verify_greedy
 from hybridspec.runtime.session import open_session
-from tests.runtime.helpers import policy_parameters
+from tests.runtime.helpers import RecordedGraphs, policy_parameters
 
 POLICIES = ("full", "static:4", "nominal", "hybridspec", "ratio4")
 PROMPTS = ("def fibonacci(n):\n    ", "import os\nimport sys\n\n", "class Config:\n    def __init__(self", "    return ")
@@ -81,32 +81,6 @@ def test_resident_rounds_report_the_host_rounds(session, engines, reference, nam
             assert g.u == (policy.max_length if policy.corrects_routing else h.u)
             assert g.layer0_experts.shape == (g.u, session.target.cfg.num_experts_per_tok)
             assert torch.equal(g.layer0_experts[: h.u], h.layer0_experts)
-
-
-class RecordedGraphs:
-    """CUDA graphs' bookkeeping on CPU: `capture` records the phase with the policy the decoder held
-    while capturing (what a real graph bakes in); `replay` runs that phase under that policy, with
-    the host state it finds put back afterwards (a replay does device work only)."""
-
-    def __init__(self, decoder):
-        self.decoder, self.graphs, self.captures = decoder, {}, 0
-
-    def capture(self, key, run, restore):
-        self.graphs[key] = (run, self.decoder.policy)
-        self.captures += 1
-
-    def forget(self):
-        self.graphs.clear()
-
-    def replay(self, key):
-        run, policy = self.graphs[key]
-        decoder, cache = self.decoder, self.decoder.cache
-        held = decoder.policy, cache.slot, list(cache.pending), cache.pending_tokens
-        decoder.policy = policy
-        try:
-            run()
-        finally:
-            decoder.policy, cache.slot, cache.pending, cache.pending_tokens = held
 
 
 def test_graphs_of_several_policies_stay_apart(session, reference):
