@@ -480,8 +480,6 @@ class ResidentDecoder:
         for length in (self.buffers.w0, self.buffers.w_c):
             length.fill_(self.policy.length)
 
-
-
     def _finish(self, w: int) -> None:
         """Target pass of w tokens (Stage 1 after a Stage 0 in `_select`, or both stages), acceptance
         (greedy, or the point-mass rule of a sampled request), commit of m = A + 1 tokens, the drafter's context, the report."""

@@ -359,8 +359,7 @@ def create_app(service: Service, *, api_key: str | None = None, max_request_byte
             prompt = prompt[0]
         ids = await service.encode(prompt, "prompt") if isinstance(prompt, str) else list(prompt)
         max_tokens = body.max_tokens if body.max_tokens is not None else 16
-        service.check(body, ids, max_tokens, "prompt")  # before a grammar's compile
-        grammar = await service.check_grammar(body)
+        grammar = await service.check_grammar(body, ids, max_tokens, "prompt")
         first = service.start(body, ids, max_tokens, "prompt", arrived, grammar=grammar)
         echo = (prompt if isinstance(prompt, str) else service.prompt_text(ids)) if body.echo else ""
         choice = lambda i: first if i == 0 else service.start(body, ids, max_tokens, "prompt", choice=i,  # noqa: E731
@@ -375,8 +374,7 @@ def create_app(service: Service, *, api_key: str | None = None, max_request_byte
         ids, thinking = await service.encode_chat([m.for_template() for m in body.messages], tools,
                                                   body.chat_template_kwargs)
         max_tokens = body.max_completion_tokens or body.max_tokens
-        service.check(body, ids, max_tokens, "messages")  # before a grammar's compile
-        grammar = await service.check_grammar(body, thinking)
+        grammar = await service.check_grammar(body, ids, max_tokens, "messages", thinking)
         first = service.start(body, ids, max_tokens, "messages", arrived, grammar=grammar)
         choice = lambda i: first if i == 0 else service.start(body, ids, max_tokens, "messages", choice=i,  # noqa: E731
                                                               grammar=grammar)

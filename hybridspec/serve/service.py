@@ -244,7 +244,7 @@ class Service:
         templates = list(session.codec.chat_templates.values()) if session.codec is not None else []
         # the call format chat outputs are parsed for (`tools.py`), and whether their reasoning is split off
         self.tool_format = tool_call_parser if tool_call_parser != "auto" else tool_format(
-            session.codec.template_for([{}]) if session.codec is not None else None)
+            session.codec.chat_templates.get("tool_use", session.codec.chat_template) if session.codec else None)
         self.reasoning = reasoning_parser_on(reasoning_parser, templates)
         self.thinking_template = any("</think>" in t for t in templates)  # the model may write a <think> block
         self.tensor_parallel = tensor_parallel  # every rank runs each engine step (`steps`)
@@ -298,11 +298,13 @@ class Service:
                                                  self.session.eos_ids)
         return self._grammars
 
-    async def check_grammar(self, body: RequestBody, thinking: bool = False) -> GrammarSpec | None:
+    async def check_grammar(self, body: RequestBody, prompt_ids: list[int], max_tokens: int | None, param: str,
+                            thinking: bool = False) -> GrammarSpec | None:
         """The request's output constraint (`RequestBody.grammar_spec`, or the calls a chat request's
         tool_choice requires), after the reasoning block when the prompt opened one (`thinking`),
         compiled in a thread so that a bad one, or one that allows no output, is refused before the
-        request runs; RequestError names the field."""
+        request runs; RequestError names the field. A constrained request's own checks (`check`)
+        come first, so that a request the model cannot run pays no compile."""
         tools = isinstance(body, ChatRequest) and body.forced_calls()
         if tools:
             reasoning = "enabled" if thinking else "auto" if self.thinking_template else "disabled"
@@ -312,8 +314,9 @@ class Service:
             spec = spec.after_reasoning() if spec is not None and thinking else spec
         if spec is None:
             return None
+        self.check(body, prompt_ids, max_tokens, param)
         field = "tools" if tools else body.grammar_field()
-        end_ids = (*(() if body.ignore_eos else self.session.eos_ids), *body.stop_token_ids)
+        end_ids = self.end_ids(body)
 
         def compile_() -> None:
             try:
@@ -386,7 +389,7 @@ class Service:
         random one each)."""
         name, room = self.check(body, prompt_ids, max_tokens, param)
         vocab = self.session.target.cfg.vocab_size
-        end_ids = tuple(dict.fromkeys((*(() if body.ignore_eos else self.session.eos_ids), *body.stop_token_ids)))
+        end_ids = self.end_ids(body)
         seed = body.seed if body.seed is not None else random.randrange(2**31)
         seed = (seed + choice - SEED_MIN) % 2**64 + SEED_MIN  # wraps within the 64-bit seeds
         temperature = body.temperature if body.temperature >= SAMPLING_EPS else 0.0  # as vLLM: greedy below it
@@ -403,6 +406,10 @@ class Service:
                                body.grammar_field() or "tool_choice")
         return Decoding(self, prompt_ids, name, max_tokens or room, sampling, body.stop, arrived, end_ids,
                         body.logprob_count(), body.prompt_logprob_count(), grammar)
+
+    def end_ids(self, body: RequestBody) -> tuple[int, ...]:
+        """The tokens that end the request: the model's EOS (unless ignore_eos) and its stop_token_ids."""
+        return tuple(dict.fromkeys((*(() if body.ignore_eos else self.session.eos_ids), *body.stop_token_ids)))
 
     def check(self, body: RequestBody, prompt_ids: list[int], max_tokens: int | None, param: str) -> tuple[str, int]:
         """(policy name, room for output tokens) of a request that fits the model, its context and

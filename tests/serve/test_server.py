@@ -528,9 +528,10 @@ def test_reasoning_and_qwen35_tool_calls_through_the_client():
         from hybridspec.serve.api import ChatRequest
 
         asked = ChatRequest(messages=kw["messages"], response_format={"type": "json_object"})
-        spec = asyncio.run(service.check_grammar(asked, thinking=True))
+        ids = service.session.codec.encode("weather?")
+        spec = asyncio.run(service.check_grammar(asked, ids, 8, "messages", thinking=True))
         assert spec.kind == "structural_tag" and "</think>" in spec.value
-        assert asyncio.run(service.check_grammar(asked, thinking=False)).kind == "json_schema"
+        assert asyncio.run(service.check_grammar(asked, ids, 8, "messages", thinking=False)).kind == "json_schema"
         bad_name = dict(tools[0], function={**tools[0]["function"], "name": 'a"b'})
         bad = httpx.post(f"{base}/v1/chat/completions", json={"messages": kw["messages"], "tools": [bad_name]})
         assert bad.status_code == 400 and bad.json()["error"]["param"].startswith("tools"), bad.text
