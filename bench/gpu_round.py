@@ -24,7 +24,7 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 `--variants a,b` runs steps 1–4 for each variant on the same loaded model (rows and checks tagged
 `variant`): `shipped`, an op family put back on its PyTorch reference or its previous form, a
 switch turned off, or a form on trial (`VARIANTS`: `two-step-topk`, `prepare-ref`, `no-pdl`,
-`torch-sampling`, `library-linear`, `moe-tiles`, `router-tiles`, `library-head`,
+`torch-sampling`, `torch-request-ops`, `library-linear`, `moe-tiles`, `router-tiles`, `library-head`,
 `gdn-v8w1`, `gdn-state-after-wait`; `a+b` both at once), or a step taken
 out of the captured passes to bound what removing it could save (`free-norms`, `free-post-norms`,
 `free-gated-norm`, `free-conv`, `free-router`, `free-experts`, `free-projections`, `free-attention`,
@@ -135,6 +135,7 @@ VARIANTS = {
     "prepare-ref": {GatedAttention: {"prepare_op": attention_reference.norm_rope_store}},
     "no-pdl": {pdl: {"ENABLED": False}},  # the kernels of `kernels/pdl.py` launched without PDL
     "torch-sampling": {resident: {"FUSED_SAMPLING": False}},  # the point-mass rule's torch form
+    "torch-request-ops": {resident: {"FUSED_REQUEST_OPS": False}},  # logprob rows and penalties in torch ops
     # the mixers' projections of one or two tokens by the library product, not `kernels/linear`'s
     "library-linear": {GatedDeltaNet: {"linear_op": F.linear}, GatedAttention: {"linear_op": F.linear}},
     # the experts of one or two tokens by the tile kernels, not the register-slice ones

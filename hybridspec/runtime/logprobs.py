@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from ..kernels.logprobs import reference as logprobs_reference
+
 MAX_TOP_LOGPROBS = 20  # the most alternatives a request may ask for per token (OpenAI's and vLLM's limit)
 LOGPROB_FLOOR = -9999.0  # what a log-probability of −inf (or NaN) is written as in JSON, which has neither (vLLM's)
 
@@ -45,15 +47,16 @@ class TokenLogprobs:
         return TokenLogprobs(self.chosen[:n], self.top[:n])
 
 
-def logprob_rows(logits: Tensor, tokens: Tensor, top: int) -> Tensor:
+def logprob_rows(logits: Tensor, tokens: Tensor, top: int, fused: bool = False, out: Tensor | None = None) -> Tensor:
     """logits [n, V], tokens [n] long (the token each row decided), top ≤ MAX_TOP_LOGPROBS →
     [n, 1 + 2·top] fp32: per row the token's log-probability, the top log-probabilities in
-    descending order, then their token ids (as fp32: exact below 2^24). Device ops only, so the
-    resident round computes it inside its graphs."""
-    logp = torch.log_softmax(logits.float(), dim=-1)  # [n, V]
-    chosen = logp.gather(1, tokens.view(-1, 1))  # [n, 1]
-    values, ids = torch.topk(logp, top, dim=-1) if top else (logp[:, :0], tokens.view(-1, 1)[:, :0])
-    return torch.cat((chosen, values, ids.float()), dim=1)
+    descending order, then their token ids (as fp32: exact below 2^24); into `out` when given.
+    `kernels/logprobs`, its Triton form (one launch) where `fused`. Device ops only, so the resident
+    round computes it inside its graphs."""
+    fn = logprobs_reference.logprob_rows
+    if fused:
+        from ..kernels.logprobs.triton import logprob_rows as fn
+    return fn(logits, tokens, top, out)
 
 
 def from_rows(rows: list[list[float]], top: int) -> TokenLogprobs:
@@ -64,7 +67,7 @@ def from_rows(rows: list[list[float]], top: int) -> TokenLogprobs:
                          [[(int(row[1 + width + r]), row[1 + r]) for r in range(top)] for row in rows])
 
 
-def token_logprobs(logits: Tensor, tokens: list[int], top: int) -> TokenLogprobs:
+def token_logprobs(logits: Tensor, tokens: list[int], top: int, fused: bool = False) -> TokenLogprobs:
     """logits [n, V] of the rows that decided `tokens` (n of them) → their `TokenLogprobs`."""
     ids = torch.tensor(tokens, dtype=torch.long, device=logits.device)
-    return from_rows(logprob_rows(logits, ids, top).tolist(), top)
+    return from_rows(logprob_rows(logits, ids, top, fused).tolist(), top)

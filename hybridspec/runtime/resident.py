@@ -69,6 +69,15 @@ from .policies import FixedPolicy, HybridSpecPolicy, NominalPolicy, Policy
 from .sampling import SamplingParams, point_mass, sampling_probs
 
 FUSED_SAMPLING = True  # off: the torch form on every backend (`bench/gpu_round.py --variants torch-sampling`)
+# logprob rows and penalties as the kernels of `kernels/logprobs` and `kernels/penalties` on the triton backend;
+# off: their torch forms on every backend (`bench/gpu_round.py --variants torch-request-ops`)
+FUSED_REQUEST_OPS = True
+
+
+def fused_request_ops(backend: str) -> bool:
+    """Whether logprob rows and penalties run as Triton kernels on `backend` (the host rounds and the
+    resident rounds of one engine decide alike, so their tokens and logprobs agree exactly)."""
+    return backend != "torch" and FUSED_REQUEST_OPS
 
 
 @dataclass
@@ -378,7 +387,9 @@ class ResidentDecoder:
         penalties (row i after drafts d_1 … d_i), or as they are."""
         if self.with_grammar:
             logits = masked(logits, self.buffers.bitmask[: logits.shape[0]])
-        return penalized(logits, drafts, self.penalties) if self.with_penalties else logits
+        if not self.with_penalties:
+            return logits
+        return penalized(logits, drafts, self.penalties, fused_request_ops(self.target.backend))
 
     def _accept(self, drafts: Tensor, logits: Tensor) -> tuple[Tensor, Tensor]:
         """drafts [w−1], logits [w, V] of the pass → (A [1], x_new [1]) of a sampled request: the
@@ -425,7 +436,7 @@ class ResidentDecoder:
         if self.with_penalties:
             self.penalties.record(buf.anchor)
         if self.with_logprobs:
-            buf.logprobs[:1].copy_(logprob_rows(raw, buf.anchor, self.top))
+            logprob_rows(raw, buf.anchor, self.top, fused_request_ops(self.target.backend), out=buf.logprobs[:1])
 
     def _draft(self) -> None:
         buf = self.buffers
@@ -527,7 +538,8 @@ class ResidentDecoder:
         self.finish_round(drafts, w, y, accepted, x_new, (buf.w0, buf.w_c, buf.w), buf.confidence, buf.entropy,
                           layer0, buf.report, buf.anchor, buf.remaining, buf.m)
         if self.with_logprobs:  # rows past m decided nothing emitted; the host reads the first m
-            buf.logprobs[:w].copy_(logprob_rows(raw, buf.report[4 : 4 + w].long(), self.top))
+            logprob_rows(raw, buf.report[4 : 4 + w].long(), self.top, fused_request_ops(self.target.backend),
+                         out=buf.logprobs[:w])
         if self.with_penalties:
             self.penalties.record(buf.report[4 : 4 + w].long(), buf.m)
         target.commit(cache, w, buf.m)

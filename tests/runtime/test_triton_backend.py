@@ -142,3 +142,27 @@ def test_gdn_ops_launches_the_given_tuning_and_the_reference_past_sixteen_tokens
         verify(torch.zeros(1, 1, 2, 4), *args[1:])
         verify(torch.zeros(1, 17, 2, 4), *args[1:])
     assert seen == [("triton", None), ("reference", None), ("triton", table), ("reference", None)]
+
+
+def test_penalties_and_logprobs_on_the_kernels_equal_the_torch_forms(alternating_dir, triton_target):
+    """Penalties (repetition, frequency, presence, bias, min_tokens) and logprobs through
+    `kernels/penalties` and `kernels/logprobs` (the triton backend's) give the PyTorch backend's
+    tokens and log-probabilities, under `ar` and under `full` whose rows follow their own drafts."""
+    from hybridspec.runtime.sampling import SamplingParams
+
+    reference = load_target(alternating_dir, feature_layers=ScriptedDrafter.feature_layers)
+    sampling = SamplingParams(presence_penalty=0.8, frequency_penalty=0.3, repetition_penalty=1.3,
+                              logit_bias=((7, 1.5),), min_tokens=6)
+    prompt = _prompts(reference.cfg.vocab_size)[0]
+    want = Engine(reference, max_context=128).generate(prompt, policy=make_policy("ar", 15), max_new_tokens=NEW_TOKENS,
+                                                       sampling=sampling, logprobs=4, eos_ids=(3,))
+    assert len(set(want.token_ids)) > 1
+    for policy_name in ("ar", "full"):
+        drafter = ScriptedDrafter(prompt + want.token_ids, reference.cfg.vocab_size, seed=1)
+        got = Engine(triton_target, drafter, max_context=128).generate(
+            prompt, policy=make_policy(policy_name, 15, policy_parameters()), max_new_tokens=NEW_TOKENS,
+            sampling=sampling, logprobs=4, eos_ids=(3,))
+        assert got.token_ids == want.token_ids, policy_name
+        torch.testing.assert_close(torch.tensor(got.logprobs.chosen), torch.tensor(want.logprobs.chosen),
+                                   atol=1e-4, rtol=0)
+        assert [[i for i, _ in t] for t in got.logprobs.top] == [[i for i, _ in t] for t in want.logprobs.top]
