@@ -44,9 +44,9 @@ def test_logprob_rows_on_the_gpu_and_in_a_graph(w):
     gen = torch.Generator().manual_seed(w)
     logits = _logits(w, gen)
     tokens = torch.randint(0, V, (w,), generator=gen).cuda()
-    check_rows(logits.cpu(), tokens.cpu(), 20, logprobs_triton.logprob_rows(logits, tokens, 20).cpu())
+    check_rows(logits.cpu(), tokens.cpu(), 20, logprobs_triton.logprob_rows(logits, tokens, 20).cpu(), atol=1e-4)
     out = _replayed(lambda: logprobs_triton.logprob_rows(logits, tokens, 20), logits, gen)
-    check_rows(logits.cpu(), tokens.cpu(), 20, out.cpu())
+    check_rows(logits.cpu(), tokens.cpu(), 20, out.cpu(), atol=1e-4)
 
 
 @pytest.mark.parametrize("w", [1, 16])

@@ -13,16 +13,18 @@ from hybridspec.kernels.logprobs import reference
 from hybridspec.kernels.logprobs.triton import BLOCK_V, logprob_rows
 
 
-def check_rows(logits: torch.Tensor, tokens: torch.Tensor, top: int, got: torch.Tensor) -> None:
-    want = reference.logprob_rows(logits, tokens, top)
-    assert got.shape == want.shape and got.dtype == torch.float32
-    torch.testing.assert_close(got[:, : 1 + top], want[:, : 1 + top], rtol=1e-5, atol=1e-5)
-    logp = torch.log_softmax(logits.float(), -1)
+def check_rows(logits: torch.Tensor, tokens: torch.Tensor, top: int, got: torch.Tensor, atol: float = 1e-5) -> None:
+    """got equals the log-probability rows of `logits` in float64 within atol (a sum of a large
+    vocabulary's exponentials in fp32 rounds by about 1e-5 of the log-sum), and its ids are a valid top."""
+    assert got.shape == (logits.shape[0], 1 + 2 * top) and got.dtype == torch.float32
+    logp = torch.log_softmax(logits.double(), -1)
+    want = torch.cat((logp.gather(1, tokens.view(-1, 1)), logp.topk(top, -1).values), 1)
+    torch.testing.assert_close(got[:, : 1 + top].double(), want, rtol=0, atol=atol)
     ids = got[:, 1 + top :].long()
     for row in range(logits.shape[0]):
         chosen = ids[row].tolist()
         assert len(set(chosen)) == top  # distinct tokens
-        torch.testing.assert_close(logp[row, ids[row]], got[row, 1 : 1 + top], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(logp[row, ids[row]], got[row, 1 : 1 + top].double(), rtol=0, atol=atol)
         for j in range(top - 1):  # by decreasing value, equal values by increasing id
             key = (-got[row, 1 + j].item(), chosen[j]), (-got[row, 2 + j].item(), chosen[j + 1])
             assert key[0] < key[1], f"row {row}: {key}"
@@ -55,6 +57,7 @@ def test_ties_across_blocks_go_to_the_lower_id_and_a_block_of_minus_infinity_cou
     assert got[1, 7:].long().tolist() == [9, 3 * BLOCK_V + 2, 0, 1, 2, 3]
     assert got[1, 0] == float("-inf")  # the chosen token was masked
     check_rows(logits[:1], tokens[:1], 6, got[:1])
+    torch.testing.assert_close(got[1, 1:7], reference.logprob_rows(logits, tokens, 6)[1, 1:7])
 
 
 def test_rows_are_written_into_out():
