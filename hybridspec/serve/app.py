@@ -265,6 +265,11 @@ async def _respond(service: Service, choice: Callable[[int], Decoding], body: Re
             item = {"index": i, "text": text or "", "logprobs": lps, "finish_reason": finish}
         return {**base, "object": obj, "choices": [item]} | ({"usage": None} if include_usage else {})
 
+    def call_chunk(i: int, k: int, call: dict) -> dict:
+        out = chunk(i, None, None)
+        out["choices"][0]["delta"] = {"tool_calls": [{"index": k, **call}]}
+        return out
+
     async def events():
         decoding = None
         try:
@@ -274,29 +279,35 @@ async def _respond(service: Service, choice: Callable[[int], Decoding], body: Re
                 thoughts = ReasoningStream(thinking) if chat and thinking is not None else None
                 if chat:
                     yield _sse(chunk(i, None, None, first=True))
+                sent_calls = 0  # this choice's calls sent, each in a chunk of its own as its block closes
                 async for delta in service.run(decoding, request.is_disconnected):
                     lps = logprobs(decoding, delta.logprobs, offset) if delta.logprobs else None
                     thought, text = thoughts.feed(delta.text) if thoughts else ("", delta.text)
-                    text = calls.feed(text) if calls else text
+                    text, found = calls.feed(text) if calls else (text, [])
                     yield _sse(chunk(i, pending + text, None, lps, thought=thought))
                     pending = ""
+                    for call in found:
+                        yield _sse(call_chunk(i, sent_calls, call))
+                        sent_calls += 1
                 if decoding.finish_reason is None:  # the client went away
                     return
                 done.append(decoding)
+                found = []
                 if thoughts:  # what the reasoning split held back
                     thought, text = thoughts.finish()
-                    text = calls.feed(text) if calls else text
+                    text, found = calls.feed(text) if calls else (text, [])
                     if thought or text:
                         yield _sse(chunk(i, text, None, thought=thought))
-                last = chunk(i, pending or None, decoding.finish_reason)
                 if calls:
-                    rest, found = calls.finish()
-                    if found:
-                        last = chunk(i, None, "tool_calls")
-                        last["choices"][0]["delta"] = {"tool_calls": [{"index": k, **call} for k, call in enumerate(found)]}
+                    rest, more = calls.finish()
                     if rest:
                         yield _sse(chunk(i, rest, None))
-                yield _sse(last | (stats() if i == body.n - 1 else {}))
+                    found += more
+                for call in found:
+                    yield _sse(call_chunk(i, sent_calls, call))
+                    sent_calls += 1
+                finish = "tool_calls" if sent_calls else decoding.finish_reason
+                yield _sse(chunk(i, pending or None, finish) | (stats() if i == body.n - 1 else {}))
             if include_usage:
                 yield _sse({**base, "object": obj, "choices": [], "usage": usage()})
         except Exception:  # the engine failed mid-stream: the status is sent, so an error event says it

@@ -18,9 +18,12 @@ formats, as the model's chat template teaches it (`tool_format`):
 
 An XML parameter's text is converted by the type its tool's JSON schema gives it (integer, number,
 boolean, object, array, null; a string stays as written). Text whose blocks are not such calls
-stays content. Streamed, content goes out until a call may begin (`ToolStream` holds back what may
-be the start of `<tool_call>` and the space before it); the calls go out whole in the last chunk,
-and the content streamed is the content of the whole text (empty where that is None).
+stays content. Streamed (`ToolStream`), content goes out until a call may begin (what may be the
+start of `<tool_call>` and the space before it are held back), and each call goes out whole as
+soon as its block closes (a block left open goes out at the end); the content streamed is the
+content of the whole text (empty where that is None). A block that is not a call ends the calls:
+when none went out before it, the whole text is content, as unstreamed; after calls, that block
+and the text after it go out as content at the end.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from typing import Any
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 FORMATS = ("hermes", "qwen3_xml")
 _BLOCK = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*(?:" + re.escape(CLOSE) + r"|$)", re.S)
+_CLOSED_BLOCK = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), re.S)
 _FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)(?:</function>|$)", re.S)
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|$)", re.S)
 
@@ -52,16 +56,24 @@ def parse_tool_calls(text: str, fmt: str = "hermes", tools: list[dict] | None = 
     budget may leave it)."""
     if OPEN not in text:
         return text, []
+    calls = _calls(_BLOCK.finditer(text), fmt, tools)
+    if calls is None:
+        return text, []
+    content = text[: text.index(OPEN)].rstrip()
+    return (content if content.strip() else None), calls
+
+
+def _calls(blocks, fmt: str, tools: list[dict] | None) -> list[dict] | None:
+    """One OpenAI call per block match (group 1: the block's body), or None when one is not a call."""
     calls = []
-    for block in _BLOCK.finditer(text):
+    for block in blocks:
         parsed = _xml_call(block.group(1), tools) if fmt == "qwen3_xml" else _json_call(block.group(1))
         if parsed is None:
-            return text, []
+            return None
         name, arguments = parsed
         calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
                       "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}})
-    content = text[: text.index(OPEN)].rstrip()
-    return (content if content.strip() else None), calls
+    return calls
 
 
 def _json_call(body: str) -> tuple[str, Any] | None:
@@ -148,14 +160,18 @@ def _json_kind(value) -> str:
 
 
 class ToolStream:
-    """The content of a streamed chat with tools: `feed` each text delta and send what it returns;
-    `finish` gives the rest of the content and the calls (`parse_tool_calls` of the whole text)."""
+    """A streamed chat with tools: `feed` each text delta and send the content and calls it returns;
+    `finish` gives the rest (module docstring)."""
 
     def __init__(self, fmt: str = "hermes", tools: list[dict] | None = None):
         self.fmt, self.tools = fmt, tools
-        self.text, self.sent = "", 0
+        self.text, self.sent = "", 0  # the text so far; how much of it went out as content
+        self.calls = 0  # calls sent
+        self.scanned: int | None = None  # where the blocks not yet sent begin (None: before the first call)
+        self.broken = False  # a closed block was not a call
 
-    def feed(self, delta: str) -> str:
+    def feed(self, delta: str) -> tuple[str, list[dict]]:
+        """(content to send, calls whose blocks closed with this delta)."""
         self.text += delta
         end = self.text.find(OPEN)
         if end < 0:  # hold back a tail that may be the start of `<tool_call>`
@@ -167,12 +183,37 @@ class ToolStream:
         while end > self.sent and self.text[end - 1].isspace():  # content ends before the space before a call
             end -= 1
         out, self.sent = self.text[self.sent : max(end, self.sent)], max(end, self.sent)
-        return out
+        return out, self._closed_calls()
+
+    def _closed_calls(self) -> list[dict]:
+        """The calls of the blocks closed since the last ones sent; none once a block was not a call."""
+        start = self.text.find(OPEN) if self.scanned is None else self.scanned
+        if self.broken or start < 0:
+            return []
+        calls = []
+        for block in _CLOSED_BLOCK.finditer(self.text, start):
+            call = _calls([block], self.fmt, self.tools)
+            if call is None:
+                self.broken = True
+                break
+            calls, start = calls + call, block.end()
+        if calls:
+            self.scanned, self.calls = start, self.calls + len(calls)
+        return calls
 
     def finish(self) -> tuple[str, list[dict]]:
-        """(content not yet sent, calls): without calls, everything held back is content."""
-        _, calls = parse_tool_calls(self.text, self.fmt, self.tools)
-        if not calls:
-            out, self.sent = self.text[self.sent :], len(self.text)
-            return out, []
-        return self.text[self.sent : self.text.index(OPEN)].rstrip(), calls
+        """(content not yet sent, calls not yet sent): before any call went out, `parse_tool_calls` of
+        the whole text (without calls, everything held back is content); after, the calls of the
+        blocks left (one left open included), or the text from a block that is not a call on."""
+        if not self.calls:
+            _, calls = parse_tool_calls(self.text, self.fmt, self.tools)
+            if not calls:
+                out, self.sent = self.text[self.sent :], len(self.text)
+                return out, []
+            return self.text[self.sent : self.text.index(OPEN)].rstrip(), calls
+        rest = self.text[self.scanned :]
+        calls = None if self.broken else _calls(_BLOCK.finditer(rest), self.fmt, self.tools)
+        if calls is None:
+            first = rest.find(OPEN)
+            return rest[first:].strip(), []
+        return "", calls

@@ -436,7 +436,8 @@ def test_serve_command_needs_an_artifact_for_calibrated_policies():
 
 def test_tool_calls_parsed_from_the_model_text():
     """With `tools`, a Hermes `<tool_call>` block in the output comes back as OpenAI tool_calls
-    (finish_reason "tool_calls"), streamed or not; tool_choice "none" leaves the text as content; a
+    (finish_reason "tool_calls"), streamed (the call as soon as its block closes) or not; tool_choice
+    "none" leaves the text as content; a
     follow-up with the assistant's call and the tool's answer is accepted. The model's text is
     scripted (the embedded pair does not call tools): it grows with the tokens decoded."""
     from tests.runtime.test_chat_template import TOOLS_TEMPLATE
@@ -444,7 +445,7 @@ def test_tool_calls_parsed_from_the_model_text():
     service = open_service(max_context=256)
     codec = service.session.codec
     codec.chat_templates = {"default": TOOLS_TEMPLATE}  # renders tools, calls and tool answers (this service's codec only)
-    script = 'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    script = 'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n' + "…" * 60
     service.visible_text = lambda ids, end_ids=(): script[: 6 * len(ids)]
     tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather now",
                                                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
@@ -456,14 +457,16 @@ def test_tool_calls_parsed_from_the_model_text():
         assert (out.finish_reason, out.message.content) == ("tool_calls", "Checking.")
         assert [(c.function.name, json.loads(c.function.arguments)) for c in out.message.tool_calls] == \
             [("get_weather", {"city": "Paris"})]
-        content, calls, finish = "", [], None
-        for chunk in client.chat.completions.create(stream=True, **kw):
+        content, calls, finish, chunks = "", [], None, list(client.chat.completions.create(stream=True, **kw))
+        for chunk in chunks:
             delta = chunk.choices[0].delta
             content, calls = content + (delta.content or ""), calls + (delta.tool_calls or [])
             finish = chunk.choices[0].finish_reason or finish
         assert (content, finish) == ("Checking.", "tool_calls")
         assert [(c.index, c.function.name, json.loads(c.function.arguments)) for c in calls] == \
             [(0, "get_weather", {"city": "Paris"})]
+        at = next(k for k, chunk in enumerate(chunks) if chunk.choices[0].delta.tool_calls)
+        assert at < len(chunks) - 4  # sent when its block closed, with the text after it still to come
         plain = client.chat.completions.create(tool_choice="none", **kw).choices[0]
         assert (plain.message.content, plain.finish_reason, plain.message.tool_calls) == (script, "length", None)
         call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}

@@ -1,6 +1,7 @@
 """Tool calls (serve/tools.py): the Hermes blocks of a model's text become OpenAI calls, the text
 before them the content; anything else stays text; streamed, the content sent plus the rest equals
-the content of the whole text, and nothing of a call is sent as content."""
+the content of the whole text, nothing of a call is sent as content, and each call goes out as its
+block closes."""
 
 from __future__ import annotations
 
@@ -31,19 +32,47 @@ def test_text_that_is_not_a_call_stays_content(text):
     assert parse_tool_calls(text) == (text, [])
 
 
+def _streamed(stream: ToolStream, text: str, step: int) -> tuple[str, list[tuple[int, dict]], str, list[dict]]:
+    """(content sent, (characters fed, call) as each call went out, finish's content, finish's calls)."""
+    sent, calls = "", []
+    for i in range(0, len(text), step):
+        content, found = stream.feed(text[i : i + step])
+        sent += content
+        calls += [(min(i + step, len(text)), call) for call in found]
+    rest, more = stream.finish()
+    return sent, calls, rest, more
+
+
 @pytest.mark.parametrize("text", [TWO_CALLS, "plain text < with a bracket <tool", "x <tool_call>oops</tool_call>"])
 @pytest.mark.parametrize("step", [1, 3, 7, 1000])
-def test_streamed_content_equals_the_whole_texts(text, step):
-    stream = ToolStream()
-    sent = "".join(stream.feed(text[i : i + step]) for i in range(0, len(text), step))
-    assert "<tool_call>" not in sent  # held back until the whole text says whether it is a call
-    rest, calls = stream.finish()
+def test_streamed_content_and_calls_equal_the_whole_texts(text, step):
+    sent, fed, rest, more = _streamed(ToolStream(), text, step)
+    assert "<tool_call>" not in sent  # held back until the text says whether it is a call
     content, want_calls = parse_tool_calls(text)
+    calls = [call for _, call in fed] + more
     assert [c["function"] for c in calls] == [c["function"] for c in want_calls]
-    if calls:
-        assert sent + rest == (content or "")
-    else:
-        assert sent + rest == text
+    assert sent + rest == (content or "" if calls else text)
+
+
+@pytest.mark.parametrize("step", [1, 4])
+def test_each_call_goes_out_when_its_block_closes(step):
+    text = TWO_CALLS + "\n<tool_call>\n{\"name\": \"f\", \"arguments\": {}}"  # the last block left open
+    sent, fed, rest, more = _streamed(ToolStream(), text, step)
+    closes = [TWO_CALLS.index("</tool_call>") + len("</tool_call>"), len(TWO_CALLS)]
+    assert [(at, call["function"]["name"]) for at, call in fed] == [
+        (min(-(-end // step) * step, len(text)), name) for end, name in zip(closes, ("get_weather", "get_time"))]
+    assert [call["function"] for call in more] == [{"name": "f", "arguments": "{}"}]  # the open block, at the end
+    assert (sent, rest) == ("Let me check.", "")
+
+
+def test_a_block_that_is_not_a_call_ends_the_calls():
+    good = '<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>'
+    sent, fed, rest, more = _streamed(ToolStream(), "Hi " + good + " <tool_call>oops</tool_call> " + good, 5)
+    assert sent == "Hi" and [c["function"]["name"] for _, c in fed] == ["f"] and not more
+    assert rest == "<tool_call>oops</tool_call> " + good  # after a call went out: content at the end
+    text = "Hi <tool_call>oops</tool_call> " + good  # before any call: the whole text is content, as unstreamed
+    sent, fed, rest, more = _streamed(ToolStream(), text, 5)
+    assert (sent + rest, fed, more) == (text, [], [])
 
 
 WEATHER = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
@@ -74,10 +103,10 @@ def test_qwen3_xml_blocks_become_calls_typed_by_the_tools_schema():
 
 @pytest.mark.parametrize("step", [1, 5, 1000])
 def test_streamed_xml_content_equals_the_whole_text(step):
-    stream = ToolStream("qwen3_xml", WEATHER)
-    sent = "".join(stream.feed(XML_CALLS[i : i + step]) for i in range(0, len(XML_CALLS), step))
-    rest, calls = stream.finish()
+    sent, fed, rest, more = _streamed(ToolStream("qwen3_xml", WEATHER), XML_CALLS, step)
+    calls = [call for _, call in fed] + more
     assert sent + rest == "I will look it up." and len(calls) == 2
+    assert [c["function"] for c in calls] == [c["function"] for c in parse_tool_calls(XML_CALLS, "qwen3_xml", WEATHER)[1]]
 
 
 @pytest.mark.parametrize("schema, value, want", [
