@@ -322,11 +322,13 @@ class ResidentDecoder:
         else:
             self._launch(("select",), self._select, commits=False)
             timer.mark("select")
-            w = int(self.buffers.w)  # the round's one read besides its report
             phase = "resume" if policy.corrects_routing else "verify"
-            if self.grammar is not None:
-                self._verify_under_grammar(w)
+            if self.grammar is not None:  # one read: w and the drafts the grammar's rows follow
+                head = torch.cat((self.buffers.w, self.buffers.block[0, 1:])).tolist()
+                w = int(head[0])
+                self._verify_under_grammar(w, [int(x) for x in head[1:w]])
             else:
+                w = int(self.buffers.w)  # the round's one read besides its report
                 self._launch((phase, w), lambda: self._finish(w))
             timer.mark(phase)
         slot, self._report_slot = self._report_slot, 1 - self._report_slot
@@ -346,10 +348,10 @@ class ResidentDecoder:
         need = self.policy.length if isinstance(self.policy, FixedPolicy) else 1
         return remaining - launched.w >= need
 
-    def _verify_under_grammar(self, w: int) -> None:
-        """Read the drafts, launch the pass, fill the grammar's rows while it runs, then launch the
-        acceptance and commit behind the copy of the rows."""
-        drafts = self.buffers.block[0, 1:w].tolist()
+    def _verify_under_grammar(self, w: int, drafts: list[int] | None = None) -> None:
+        """Launch the pass, fill the grammar's rows after `drafts` (d_1 … d_{w−1}; read here when not
+        given) while it runs, then launch the acceptance and commit behind the copy of the rows."""
+        drafts = self.buffers.block[0, 1:w].tolist() if drafts is None else drafts
         self._launch(("pass", w), lambda: self._pass(w), commits=False)
         self._masks(drafts, w)
         self._launch(("accept", w), lambda: self._accept_pass(w))
