@@ -28,8 +28,9 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-import torch
 from torch import Tensor
+
+from ..kernels.bitmask import reference as bitmask_reference
 
 KINDS = ("json", "json_schema", "regex", "choice", "ebnf", "structural_tag")
 WHITESPACE_RUN = 2  # the most whitespace characters in a row inside a forced tool call's JSON arguments
@@ -146,16 +147,14 @@ def _first_line(exc: Exception) -> str:
     return re.sub(r"^\[[0-9:]+\]\s*\S+:\d+:\s*", "", line)[:300]
 
 
-def unpack(bitmask: Tensor, vocab_size: int) -> Tensor:
-    """bitmask [w, ⌈V/32⌉] int32 (bit j of word i: token 32·i + j allowed) → allowed [w, V] bool.
-    Device ops of fixed shapes only (the resident round applies it inside its graphs)."""
-    ids = torch.arange(vocab_size, device=bitmask.device)
-    return ((bitmask.index_select(1, ids >> 5) >> (ids & 31)) & 1).bool()
-
-
-def masked(logits: Tensor, bitmask: Tensor) -> Tensor:
-    """logits [w, V] → fp32 logits with the tokens `bitmask` [w, ⌈V/32⌉] refuses at −inf."""
-    return logits.float().masked_fill(~unpack(bitmask, logits.shape[1]), float("-inf"))
+def masked(logits: Tensor, bitmask: Tensor, fused: bool = False) -> Tensor:
+    """logits [w, V] → fp32 logits with the tokens `bitmask` [w, ⌈V/32⌉] int32 refuses at −inf
+    (bit j of word i: token 32·i + j allowed): `kernels/bitmask`, its Triton form (one launch)
+    where `fused`. Device ops of fixed shapes only (the resident round applies it inside its graphs)."""
+    fn = bitmask_reference.masked_logits
+    if fused:
+        from ..kernels.bitmask.triton import masked_logits as fn
+    return fn(logits, bitmask)
 
 
 class GrammarState:

@@ -69,14 +69,16 @@ from .policies import FixedPolicy, HybridSpecPolicy, NominalPolicy, Policy
 from .sampling import SamplingParams, point_mass, sampling_probs
 
 FUSED_SAMPLING = True  # off: the torch form on every backend (`bench/gpu_round.py --variants torch-sampling`)
-# logprob rows and penalties as the kernels of `kernels/logprobs` and `kernels/penalties` on the triton backend;
-# off: their torch forms on every backend (`bench/gpu_round.py --variants torch-request-ops`)
+# logprob rows, penalties and a grammar's masks as the kernels of `kernels/logprobs`, `kernels/penalties` and
+# `kernels/bitmask` on the triton backend; off: their torch forms on every backend
+# (`bench/gpu_round.py --variants torch-request-ops`)
 FUSED_REQUEST_OPS = True
 
 
 def fused_request_ops(backend: str) -> bool:
-    """Whether logprob rows and penalties run as Triton kernels on `backend` (the host rounds and the
-    resident rounds of one engine decide alike, so their tokens and logprobs agree exactly)."""
+    """Whether logprob rows, penalties and a grammar's masks run as Triton kernels on `backend` (the
+    host rounds and the resident rounds of one engine decide alike, so their tokens and logprobs
+    agree exactly)."""
     return backend != "torch" and FUSED_REQUEST_OPS
 
 
@@ -388,7 +390,7 @@ class ResidentDecoder:
         """A pass's logits [w, V] as acceptance reads them: under the request's grammar and
         penalties (row i after drafts d_1 … d_i), or as they are."""
         if self.with_grammar:
-            logits = masked(logits, self.buffers.bitmask[: logits.shape[0]])
+            logits = masked(logits, self.buffers.bitmask[: logits.shape[0]], fused_request_ops(self.target.backend))
         if not self.with_penalties:
             return logits
         return penalized(logits, drafts, self.penalties, fused_request_ops(self.target.backend))

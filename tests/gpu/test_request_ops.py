@@ -1,7 +1,7 @@
-"""The logprob and penalty kernels compiled on the GPU at the 35B preset's vocabulary (248,320,
-bf16 logits), one row and sixteen: the references' values (logprobs: every top id holding its
-value, ties to the lower id; penalties: the same −∞ entries), no host read, and the same from a
-CUDA graph replay on new logits."""
+"""The logprob, penalty and bitmask kernels compiled on the GPU at the 35B preset's vocabulary
+(248,320, bf16 logits), one row and sixteen: the references' values (logprobs: every top id holding
+its value, ties to the lower id; penalties: the same −∞ entries; masks: bit for bit), no host read,
+and the same from a CUDA graph replay on new logits."""
 
 import math
 
@@ -71,3 +71,16 @@ def test_penalized_logits_on_the_gpu_and_in_a_graph(w, min_tokens, margin):
 
     check(penalties_triton.penalized_logits(logits, drafts, *state))
     check(_replayed(lambda: penalties_triton.penalized_logits(logits, drafts, *state), logits, gen))
+
+
+def test_masked_logits_on_the_gpu_and_in_a_graph():
+    """A grammar's bitmask on 16 rows: the reference's result bit for bit, eagerly and replayed."""
+    from hybridspec.kernels.bitmask import reference as bitmask_reference
+    from hybridspec.kernels.bitmask import triton as bitmask_triton
+
+    gen = torch.Generator().manual_seed(5)
+    logits = _logits(16, gen)
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (16, V // 32), generator=gen, dtype=torch.int32).cuda()
+    assert torch.equal(bitmask_triton.masked_logits(logits, bitmask), bitmask_reference.masked_logits(logits, bitmask))
+    out = _replayed(lambda: bitmask_triton.masked_logits(logits, bitmask), logits, gen)
+    assert torch.equal(out, bitmask_reference.masked_logits(logits, bitmask))
