@@ -121,6 +121,7 @@ class RequestBody(BaseModel):
     n: int = Field(1, ge=1, le=MAX_CHOICES)  # choices, decoded one after another (batch size one)
     stream: bool = False
     stream_options: StreamOptions | None = None
+    include_stop_str_in_output: bool = False  # vLLM's: the stop sequence that ended the output stays in its text
     stop_token_ids: list[int] = Field(default_factory=list)  # vLLM's: tokens that end the request, as EOS does
     ignore_eos: bool = False  # vLLM's: decode past the model's EOS (to max_tokens or a stop)
     policy: Text | None = None  # extension: one of the engine's policy names

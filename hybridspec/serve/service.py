@@ -81,8 +81,9 @@ class Decoding:
     def __init__(self, service: Service, prompt_ids: list[int], policy_name: str, max_tokens: int,
                  sampling: SamplingParams, stops: list[str], arrived: float, end_ids: tuple[int, ...],
                  logprobs: int | None = None, prompt_logprobs: int | None = None,
-                 grammar: GrammarSpec | None = None):
+                 grammar: GrammarSpec | None = None, include_stop: bool = False):
         self.service, self.prompt_ids, self.stops, self.arrived = service, prompt_ids, stops or [], arrived
+        self.include_stop = include_stop  # the stop sequence that ends the output stays in its text
         self.end_ids = end_ids
         self.labels = {"model_name": service.model_name, "policy": policy_name}
         request = StreamRequest(prompt_ids, policy_name, max_tokens, sampling, end_ids, logprobs, prompt_logprobs,
@@ -151,9 +152,10 @@ class Decoding:
             return False
         for k in range(start + 1, len(self.ids) + 1):
             text = self.service.visible_text(self.ids[:k], self.end_ids)
-            at = _first_stop(text, self.stops, self.stop_begin)
-            if at is not None:
-                self.ids, self.text = self.ids[:k], text[:at]
+            found = _first_stop(text, self.stops, self.stop_begin)
+            if found is not None:
+                at, stop = found
+                self.ids, self.text = self.ids[:k], text[: at + len(stop) if self.include_stop else at]
                 if self.logprobs is not None:  # only this round's tokens are cut: earlier ones never held a stop
                     self.logprobs = self.logprobs.head(k)
                 return True
@@ -207,9 +209,11 @@ class Decoding:
                 "verification_lengths": {str(w): n for w, n in sorted(self.verification.items())}}
 
 
-def _first_stop(text: str, stops: list[str], begin: int = 0) -> int | None:
-    hits = [i for i in (text.find(s, begin) for s in stops) if i >= 0]
-    return min(hits) if hits else None
+def _first_stop(text: str, stops: list[str], begin: int = 0) -> tuple[int, str] | None:
+    """(where, which) of the stop sequence found first in text[begin:] (the earlier in `stops` where
+    two begin at one place), or None."""
+    hits = [(i, k) for k, i in enumerate(text.find(s, begin) for s in stops) if i >= 0]
+    return (min(hits)[0], stops[min(hits)[1]]) if hits else None
 
 
 PREPARE_SAMPLING = {"greedy": SamplingParams(), "sample": SamplingParams(1.0), "top-k": SamplingParams(1.0, 20),
@@ -405,7 +409,7 @@ class Service:
             raise RequestError("structured output needs an end token: this model has no EOS; give stop_token_ids",
                                body.grammar_field() or "tool_choice")
         return Decoding(self, prompt_ids, name, max_tokens or room, sampling, body.stop, arrived, end_ids,
-                        body.logprob_count(), body.prompt_logprob_count(), grammar)
+                        body.logprob_count(), body.prompt_logprob_count(), grammar, body.include_stop_str_in_output)
 
     def end_ids(self, body: RequestBody) -> tuple[int, ...]:
         """The tokens that end the request: the model's EOS (unless ignore_eos) and its stop_token_ids."""

@@ -93,6 +93,12 @@ def test_stop_sequence_cuts_text(client):
     streamed = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=16, temperature=0, stop=stop,
                                          stream=True)
     assert "".join(c.choices[0].text for c in streamed) == out.choices[0].text
+    # vLLM's include_stop_str_in_output: the stop that ended the text stays in it, streamed or not
+    kept = dict(model=MODEL, prompt=PROMPT, max_tokens=16, temperature=0, stop=[stop],
+                extra_body={"include_stop_str_in_output": True})
+    with_stop = client.completions.create(**kept).choices[0]
+    assert (with_stop.text, with_stop.finish_reason) == (full[: full.find(stop) + len(stop)], "stop")
+    assert "".join(c.choices[0].text for c in client.completions.create(stream=True, **kept)) == with_stop.text
 
 
 def test_stop_token_ids_and_ignore_eos(tmp_path):
