@@ -364,3 +364,32 @@ class ChatRequest(RequestBody):
         if self.top_logprobs and not self.logprobs:
             raise RequestError("top_logprobs needs logprobs: true", "top_logprobs")
         return (self.top_logprobs or 0) if self.logprobs else None
+
+
+class TokenizeRequest(BaseModel):
+    """vLLM's /tokenize: a prompt, or chat messages (with tools and template variables), to the token
+    ids this server's completions or chat endpoint would decode from."""
+
+    model_config = ConfigDict(extra="allow")
+    model: Text | None = None
+    prompt: Text | None = None
+    messages: list[ChatMessage] | None = None
+    tools: list[Tool] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    return_token_strs: bool = False  # each id's vocabulary string beside it
+
+    @model_validator(mode="after")
+    def _one_input(self) -> "TokenizeRequest":
+        if (self.prompt is None) == (self.messages is None):
+            raise PydanticCustomError("input", "give either prompt or messages")
+        if self.messages is not None and not self.messages:
+            raise PydanticCustomError("messages", "messages must not be empty")
+        return self
+
+
+class DetokenizeRequest(BaseModel):
+    """vLLM's /detokenize: token ids to their text (special tokens included, as `echo` writes them)."""
+
+    model_config = ConfigDict(extra="allow")
+    model: Text | None = None
+    tokens: list[int]

@@ -30,7 +30,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
 from ..runtime.logprobs import finite
-from .api import ChatRequest, CompletionRequest, RequestBody, RequestError, refuse_unsupported
+from .api import (ChatRequest, CompletionRequest, DetokenizeRequest, RequestBody, RequestError, TokenizeRequest,
+                  refuse_unsupported)
 from .service import Decoding, Service, TokenLogprob
 from .reasoning import ReasoningStream, split_reasoning
 from .tools import ToolStream, parse_tool_calls
@@ -115,7 +116,7 @@ class Gate:
                             tokens, time.monotonic() - start)
 
     def _authorize(self, scope) -> Response | None:
-        if self.expected is None or not scope["path"].startswith("/v1"):
+        if self.expected is None or not scope["path"].startswith(("/v1", "/tokenize", "/detokenize")):
             return None
         given = dict(scope["headers"]).get(b"authorization", b"")
         scheme, _, key = given.partition(b" ")
@@ -358,6 +359,24 @@ def create_app(service: Service, *, api_key: str | None = None, max_request_byte
         card = {"id": service.model_name, "object": "model", "created": service.created, "owned_by": "hybridspec",
                 "max_model_len": service.session.engine.max_context}
         return {"object": "list", "data": [card]}
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest):
+        service.check_model(body.model)
+        if body.prompt is not None:
+            ids = await service.encode(body.prompt, "prompt")
+        else:
+            tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+            ids, _ = await service.encode_chat([m.for_template() for m in body.messages], tools,
+                                               body.chat_template_kwargs)
+        strs = service.token_strings(ids) if body.return_token_strs else None
+        return {"count": len(ids), "max_model_len": service.session.engine.max_context, "tokens": ids,
+                "token_strs": strs}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest):
+        service.check_model(body.model)
+        return {"prompt": service.detokenize(body.tokens)}
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):

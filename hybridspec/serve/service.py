@@ -415,12 +415,31 @@ class Service:
         """The tokens that end the request: the model's EOS (unless ignore_eos) and its stop_token_ids."""
         return tuple(dict.fromkeys((*(() if body.ignore_eos else self.session.eos_ids), *body.stop_token_ids)))
 
+    def check_model(self, model: str | None) -> None:
+        """RequestError (404) unless `model` is None or the served name."""
+        if model is not None and model != self.model_name:
+            raise RequestError(f"the model {model!r} does not exist; this server serves {self.model_name!r}",
+                               "model", 404)
+
+    def detokenize(self, ids: list[int]) -> str:
+        """The text of token ids, special tokens included (`prompt_text`); RequestError names
+        `tokens` for an id outside the vocabulary or a model without a tokenizer."""
+        vocab = self.session.target.cfg.vocab_size
+        if any(not 0 <= i < vocab for i in ids):
+            raise RequestError(f"token ids must be in 0 … {vocab - 1}", "tokens")
+        if self.session.codec is None:
+            raise RequestError(f"model {self.model_name!r} has no tokenizer", "tokens")
+        return self.prompt_text(ids)
+
+    def token_strings(self, ids: list[int]) -> list[str]:
+        """Each id's string in the tokenizer's vocabulary (as vLLM's /tokenize gives it)."""
+        tokenizer = self._codec("return_token_strs").tokenizer
+        return [tokenizer.id_to_token(i) or "" for i in ids]
+
     def check(self, body: RequestBody, prompt_ids: list[int], max_tokens: int | None, param: str) -> tuple[str, int]:
         """(policy name, room for output tokens) of a request that fits the model, its context and
         its policies; RequestError names the field that does not (run before a grammar's compile)."""
-        if body.model is not None and body.model != self.model_name:
-            raise RequestError(f"the model {body.model!r} does not exist; this server serves {self.model_name!r}",
-                               "model", 404)
+        self.check_model(body.model)
         engine = self.session.engine
         vocab = self.session.target.cfg.vocab_size
         if not prompt_ids:

@@ -138,6 +138,27 @@ def test_a_tiny_temperature_decodes_greedily(server):
     assert out[0]["choices"][0]["text"] == out[1]["choices"][0]["text"]
 
 
+def test_tokenize_and_detokenize(server, service):
+    """vLLM's /tokenize gives the ids the completions and chat endpoints decode from (a chat's count
+    is its completion's prompt_tokens), with the vocabulary's strings when asked; /detokenize gives
+    the text back; bad input is a 4xx naming the field; both need the API key."""
+    ids = service.session.codec.encode(PROMPT)
+    out = _post(server, "/tokenize", {"prompt": PROMPT, "return_token_strs": True}).json()
+    assert (out["tokens"], out["count"], out["max_model_len"]) == (ids, len(ids), 256)
+    assert out["token_strs"] == [service.session.codec.tokenizer.id_to_token(i) for i in ids]
+    assert _post(server, "/detokenize", {"tokens": ids}).json() == {"prompt": PROMPT}
+    messages = [{"role": "user", "content": "add two numbers"}]
+    chat = _post(server, "/tokenize", {"messages": messages}).json()
+    assert chat["token_strs"] is None
+    usage = _post(server, "/v1/chat/completions", {"messages": messages, "max_tokens": 1}).json()["usage"]
+    assert chat["count"] == usage["prompt_tokens"] == len(chat["tokens"])
+    _assert_error(_post(server, "/tokenize", {"prompt": PROMPT, "messages": messages}), 400, "body")
+    _assert_error(_post(server, "/tokenize", {"prompt": PROMPT, "model": "other"}), 404, "model")
+    _assert_error(_post(server, "/detokenize", {"tokens": [1, 10**9]}), 400, "tokens")
+    _assert_error(_post(server, "/detokenize", {"tokens": "abc"}), 400, "tokens")
+    _assert_error(_post(server, "/tokenize", {"prompt": PROMPT}, headers={"Authorization": "Bearer nope"}), 401, None)
+
+
 def test_405_404_and_bearer_in_any_case(server):
     wrong_method = httpx.get(f"{server}{COMPLETION}", headers=AUTH)
     _assert_error(wrong_method, 405, None)
