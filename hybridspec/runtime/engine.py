@@ -317,7 +317,7 @@ class Engine:
         after drafts d_1 … d_i), or as they are."""
         if self.grammar is None:
             return logits
-        return self.grammar.constrain(logits, drafts.tolist() if drafts is not None else None)
+        return self.grammar.constrain(logits, drafts.tolist() if drafts is not None else None, self._fused())
 
     def _record(self, tokens: list[int], sampling: SamplingParams) -> None:
         if sampling.penalized:

@@ -173,10 +173,10 @@ class GrammarState:
         self.matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=list(end_ids))
         self.bitmask = xgr.allocate_token_bitmask(1, vocab_size)  # [rows, ⌈V/32⌉] int32, CPU; grows to a pass's w
 
-    def constrain(self, logits: Tensor, drafts: list[int] | None = None) -> Tensor:
+    def constrain(self, logits: Tensor, drafts: list[int] | None = None, fused: bool = False) -> Tensor:
         """logits [w, V] of a pass whose row i follows drafts d_1 … d_i → fp32 logits with every token
-        the grammar refuses at row i set to −inf (module docstring)."""
-        return masked(logits, self.rows(drafts, logits.shape[0]).to(logits.device))
+        the grammar refuses at row i set to −inf (module docstring; `masked`'s `fused`)."""
+        return masked(logits, self.rows(drafts, logits.shape[0]).to(logits.device), fused)
 
     def rows(self, drafts: list[int] | None, w: int) -> Tensor:
         """The bitmasks [w, ⌈V/32⌉] int32 (CPU) of a pass's rows, row i after drafts d_1 … d_i; the

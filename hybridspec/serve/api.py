@@ -45,13 +45,14 @@ UNSUPPORTED: dict[str, Any] = {
     "best_of": 1, "echo": False, "top_logprobs": None, "suffix": None, "prompt_logprobs": None, "tools": None,
     "tool_choice": None, "functions": None, "function_call": None,
     "guided_decoding_backend": "xgrammar", "guided_whitespace_pattern": None, "prediction": None, "audio": None,
+    "add_generation_prompt": True, "continue_final_message": False, "chat_template": None,
 }
 _OFF_EQUIVALENTS = (None, {}, [], False, "none", "auto")  # also "off" for the fields above
 
 
 def _off(value: Any, off: Any) -> bool:
     if isinstance(value, bool):  # True == 1 would pass for best_of and repetition_penalty
-        return value is False
+        return value is off if isinstance(off, bool) else value is False
     return any(value == v for v in (off, *_OFF_EQUIVALENTS))
 
 
@@ -368,7 +369,8 @@ class ChatRequest(RequestBody):
 
 class TokenizeRequest(BaseModel):
     """vLLM's /tokenize: a prompt, or chat messages (with tools and template variables), to the token
-    ids this server's completions or chat endpoint would decode from."""
+    ids this server's completions or chat endpoint would decode from (no special tokens added,
+    whatever `add_special_tokens` says, as those endpoints do; Qwen's tokenizers add none)."""
 
     model_config = ConfigDict(extra="allow")
     model: Text | None = None
@@ -378,13 +380,21 @@ class TokenizeRequest(BaseModel):
     chat_template_kwargs: dict[str, Any] | None = None
     return_token_strs: bool = False  # each id's vocabulary string beside it
 
-    @model_validator(mode="after")
-    def _one_input(self) -> "TokenizeRequest":
+    @field_validator("messages")
+    @classmethod
+    def _messages(cls, messages):
+        if messages is not None and not messages:
+            raise ValueError("messages must not be empty")
+        return messages
+
+    def check_input(self) -> None:
+        """RequestError naming the field unless exactly one of prompt and messages is given, and
+        tools and template variables only beside messages."""
         if (self.prompt is None) == (self.messages is None):
-            raise PydanticCustomError("input", "give either prompt or messages")
-        if self.messages is not None and not self.messages:
-            raise PydanticCustomError("messages", "messages must not be empty")
-        return self
+            raise RequestError("give either prompt or messages", "prompt")
+        for name in ("tools", "chat_template_kwargs"):
+            if self.prompt is not None and getattr(self, name) is not None:
+                raise RequestError(f"{name} applies to messages, not to a prompt", name)
 
 
 class DetokenizeRequest(BaseModel):
@@ -392,4 +402,4 @@ class DetokenizeRequest(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     model: Text | None = None
-    tokens: list[int]
+    tokens: list[Annotated[int, Field(strict=True)]]

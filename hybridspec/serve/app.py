@@ -299,14 +299,16 @@ async def _respond(service: Service, choice: Callable[[int], Decoding], body: Re
                     text, found = calls.feed(text) if calls else (text, [])
                     if thought or text:
                         yield _sse(chunk(i, text, None, thought=thought))
-                if calls:
-                    rest, more = calls.finish()
-                    if rest:
-                        yield _sse(chunk(i, rest, None))
-                    found += more
-                for call in found:
+                for call in found:  # closed by what the reasoning split held back
                     yield _sse(call_chunk(i, sent_calls, call))
                     sent_calls += 1
+                if calls:
+                    rest, more = calls.finish()  # content before any call, or after a block that is not one
+                    if rest:
+                        yield _sse(chunk(i, rest, None))
+                    for call in more:
+                        yield _sse(call_chunk(i, sent_calls, call))
+                        sent_calls += 1
                 finish = "tool_calls" if sent_calls else decoding.finish_reason
                 yield _sse(chunk(i, pending or None, finish) | (stats() if i == body.n - 1 else {}))
             if include_usage:
@@ -362,6 +364,8 @@ def create_app(service: Service, *, api_key: str | None = None, max_request_byte
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest):
+        refuse_unsupported(body)
+        body.check_input()
         service.check_model(body.model)
         if body.prompt is not None:
             ids = await service.encode(body.prompt, "prompt")

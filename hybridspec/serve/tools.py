@@ -168,12 +168,17 @@ class ToolStream:
         self.text, self.sent = "", 0  # the text so far; how much of it went out as content
         self.calls = 0  # calls sent
         self.scanned: int | None = None  # where the blocks not yet sent begin (None: before the first call)
+        self.opened = -1  # where the first `<tool_call>` begins (−1: not yet)
+        self.closes = 0  # where the search for the next `</tool_call>` resumes
         self.broken = False  # a closed block was not a call
 
     def feed(self, delta: str) -> tuple[str, list[dict]]:
         """(content to send, calls whose blocks closed with this delta)."""
+        before = len(self.text)
         self.text += delta
-        end = self.text.find(OPEN)
+        if self.opened < 0:  # the first `<tool_call>`, searched for where the new text can complete one
+            self.opened = self.text.find(OPEN, max(0, before - len(OPEN) + 1))
+        end = self.opened
         if end < 0:  # hold back a tail that may be the start of `<tool_call>`
             end = len(self.text)
             for k in range(min(len(OPEN) - 1, len(self.text)), 0, -1):
@@ -187,8 +192,12 @@ class ToolStream:
 
     def _closed_calls(self) -> list[dict]:
         """The calls of the blocks closed since the last ones sent; none once a block was not a call."""
-        start = self.text.find(OPEN) if self.scanned is None else self.scanned
+        start = self.opened if self.scanned is None else self.scanned
         if self.broken or start < 0:
+            return []
+        close = self.text.find(CLOSE, max(self.closes, start))  # blocks are parsed only when one closes
+        self.closes = len(self.text) - len(CLOSE) + 1 if close < 0 else close + len(CLOSE)
+        if close < 0:
             return []
         calls = []
         for block in _CLOSED_BLOCK.finditer(self.text, start):

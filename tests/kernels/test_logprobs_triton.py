@@ -29,10 +29,10 @@ def check_rows(logits: torch.Tensor, tokens: torch.Tensor, top: int, got: torch.
             key = (-got[row, 1 + j].item(), chosen[j]), (-got[row, 2 + j].item(), chosen[j + 1])
             assert key[0] < key[1], f"row {row}: {key}"
         if top:  # nothing left out is larger than the last kept, or equal with a lower id
-            last, rest = logp[row, chosen[-1]], logp[row].clone()
-            rest[ids[row]] = float("-inf")
-            assert rest.max() <= last
-            assert not bool((rest == last)[: chosen[-1]].any())
+            last, rest = logp[row, chosen[-1]], torch.ones(logits.shape[1], dtype=torch.bool)
+            rest[ids[row]] = False
+            assert bool((logp[row][rest] <= last).all())
+            assert not bool(((logp[row] == last) & rest)[: chosen[-1]].any())
 
 
 @pytest.mark.parametrize("rows, vocab", [(1, 37), (3, BLOCK_V), (16, 2 * BLOCK_V + 301)])
@@ -58,6 +58,19 @@ def test_ties_across_blocks_go_to_the_lower_id_and_a_block_of_minus_infinity_cou
     assert got[1, 0] == float("-inf")  # the chosen token was masked
     check_rows(logits[:1], tokens[:1], 6, got[:1])
     torch.testing.assert_close(got[1, 1:7], reference.logprob_rows(logits, tokens, 6)[1, 1:7])
+
+
+def test_rows_with_fewer_finite_logits_than_top_take_each_token_once():
+    """The rest of the top are −∞ tokens by id, each once (a block's and the row's selection take
+    every token at most once)."""
+    V = BLOCK_V + 50
+    logits = torch.full((2, V), float("-inf"))
+    logits[0, [30, 7]] = torch.tensor([1.0, 2.0])
+    logits[1, BLOCK_V + 3] = 0.5  # in the second block
+    got = logprob_rows(logits, torch.tensor([7, BLOCK_V + 3]), 5)
+    assert got[0, 6:].long().tolist() == [7, 30, 0, 1, 2]
+    assert got[1, 6:].long().tolist() == [BLOCK_V + 3, 0, 1, 2, 3]
+    check_rows(logits, torch.tensor([7, BLOCK_V + 3]), 5, got)
 
 
 def test_rows_are_written_into_out():

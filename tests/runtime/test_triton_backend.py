@@ -144,11 +144,28 @@ def test_gdn_ops_launches_the_given_tuning_and_the_reference_past_sixteen_tokens
     assert seen == [("triton", None), ("reference", None), ("triton", table), ("reference", None)]
 
 
-def test_penalties_and_logprobs_on_the_kernels_equal_the_torch_forms(alternating_dir, triton_target):
+def test_penalties_and_logprobs_on_the_kernels_equal_the_torch_forms(alternating_dir, triton_target, monkeypatch):
     """Penalties (repetition, frequency, presence, bias, min_tokens) and logprobs through
-    `kernels/penalties` and `kernels/logprobs` (the triton backend's) give the PyTorch backend's
-    tokens and log-probabilities, under `ar` and under `full` whose rows follow their own drafts."""
+    `kernels/penalties` and `kernels/logprobs` (the triton backend's, counted) give the PyTorch
+    backend's tokens and log-probabilities, under `ar` and under `full` whose rows follow their own
+    drafts."""
+    from hybridspec.kernels.logprobs import triton as logprobs_triton
+    from hybridspec.kernels.penalties import triton as penalties_triton
     from hybridspec.runtime.sampling import SamplingParams
+
+    launches = {"logprobs": 0, "penalties": 0}
+
+    def counted(module, name, key):
+        op = getattr(module, name)
+
+        def run(*args, **kwargs):
+            launches[key] += 1
+            return op(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, run)
+
+    counted(logprobs_triton, "logprob_rows", "logprobs")
+    counted(penalties_triton, "penalized_logits", "penalties")
 
     reference = load_target(alternating_dir, feature_layers=ScriptedDrafter.feature_layers)
     sampling = SamplingParams(presence_penalty=0.8, frequency_penalty=0.3, repetition_penalty=1.3,
@@ -156,7 +173,7 @@ def test_penalties_and_logprobs_on_the_kernels_equal_the_torch_forms(alternating
     prompt = _prompts(reference.cfg.vocab_size)[0]
     want = Engine(reference, max_context=128).generate(prompt, policy=make_policy("ar", 15), max_new_tokens=NEW_TOKENS,
                                                        sampling=sampling, logprobs=4, eos_ids=(3,))
-    assert len(set(want.token_ids)) > 1
+    assert len(set(want.token_ids)) > 1 and launches == {"logprobs": 0, "penalties": 0}  # the torch backend's forms
     for policy_name in ("ar", "full"):
         drafter = ScriptedDrafter(prompt + want.token_ids, reference.cfg.vocab_size, seed=1)
         got = Engine(triton_target, drafter, max_context=128).generate(
@@ -166,3 +183,4 @@ def test_penalties_and_logprobs_on_the_kernels_equal_the_torch_forms(alternating
         torch.testing.assert_close(torch.tensor(got.logprobs.chosen), torch.tensor(want.logprobs.chosen),
                                    atol=1e-4, rtol=0)
         assert [[i for i, _ in t] for t in got.logprobs.top] == [[i for i, _ in t] for t in want.logprobs.top]
+        assert launches["logprobs"] >= len(got.rounds) and launches["penalties"] >= len(got.rounds)

@@ -152,7 +152,13 @@ def test_tokenize_and_detokenize(server, service):
     assert chat["token_strs"] is None
     usage = _post(server, "/v1/chat/completions", {"messages": messages, "max_tokens": 1}).json()["usage"]
     assert chat["count"] == usage["prompt_tokens"] == len(chat["tokens"])
-    _assert_error(_post(server, "/tokenize", {"prompt": PROMPT, "messages": messages}), 400, "body")
+    _assert_error(_post(server, "/tokenize", {"prompt": PROMPT, "messages": messages}), 400, "prompt")
+    _assert_error(_post(server, "/tokenize", {"messages": []}), 400, "messages")
+    _assert_error(_post(server, "/tokenize", {"prompt": PROMPT, "chat_template_kwargs": {}}), 400, "chat_template_kwargs")
+    for field, value in (("add_generation_prompt", False), ("continue_final_message", True), ("chat_template", "x")):
+        _assert_error(_post(server, "/tokenize", {"messages": messages, field: value}), 400, field)
+    assert _post(server, "/tokenize", {"messages": messages, "add_generation_prompt": True}).json() == chat
+    _assert_error(_post(server, "/detokenize", {"tokens": [True]}), 400, "tokens")
     _assert_error(_post(server, "/tokenize", {"prompt": PROMPT, "model": "other"}), 404, "model")
     _assert_error(_post(server, "/detokenize", {"tokens": [1, 10**9]}), 400, "tokens")
     _assert_error(_post(server, "/detokenize", {"tokens": "abc"}), 400, "tokens")

@@ -136,3 +136,23 @@ def test_the_template_names_the_format():
     assert tool_format("...<tool_call>\n<function=example_function_name>\n<parameter=x>...") == "qwen3_xml"
     assert tool_format('...<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}...') == "hermes"
     assert tool_format(None) == "hermes"
+
+
+def test_blocks_are_parsed_only_when_one_closes(monkeypatch):
+    """A long call streamed a character at a time is searched for its blocks once per closing tag,
+    not once per delta (which made the stream quadratic in the call's length)."""
+    import hybridspec.serve.tools as tools
+
+    scans = []
+
+    class Counting:
+        def finditer(self, text, pos=0):
+            scans.append(pos)
+            return tools._CLOSED_BLOCK_PATTERN.finditer(text, pos)
+
+    monkeypatch.setattr(tools, "_CLOSED_BLOCK_PATTERN", tools._CLOSED_BLOCK, raising=False)
+    monkeypatch.setattr(tools, "_CLOSED_BLOCK", Counting())
+    text = TWO_CALLS.replace("Paris", "P" * 3000)
+    sent, fed, rest, more = _streamed(ToolStream(), text, 1)
+    assert [c["function"]["name"] for _, c in fed] == ["get_weather", "get_time"] and not more
+    assert len(scans) == 2

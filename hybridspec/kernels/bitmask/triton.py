@@ -27,10 +27,11 @@ def _masked_logits_kernel(logits_ptr, bitmask_ptr, out_ptr, stride_l, V, WORDS, 
     i_r, i_b = tl.program_id(0), tl.program_id(1)
     o_v = i_b * BV + tl.arange(0, BV)
     ok = o_v < V
-    x = tl.load(logits_ptr + i_r * stride_l + o_v, mask=ok, other=0.0).to(tl.float32)
-    word = tl.load(bitmask_ptr + i_r * WORDS + (o_v >> 5), mask=ok, other=0)  # [BV]: each token's word
+    row = i_r.to(tl.int64)  # 64-bit row offsets: w · V may pass 2^31
+    x = tl.load(logits_ptr + row * stride_l + o_v, mask=ok, other=0.0).to(tl.float32)
+    word = tl.load(bitmask_ptr + row * WORDS + (o_v >> 5), mask=ok, other=0)  # [BV]: each token's word
     allowed = ((word >> (o_v & 31)) & 1) != 0
-    tl.store(out_ptr + i_r * V + o_v, tl.where(allowed, x, float("-inf")), mask=ok)
+    tl.store(out_ptr + row * V + o_v, tl.where(allowed, x, float("-inf")), mask=ok)
 
 
 def masked_logits(logits: Tensor, bitmask: Tensor) -> Tensor:

@@ -6,7 +6,10 @@ value (ties to the lower id) with their ids. The program of row i that arrives l
 row's blocks in a fixed order: M = max m_b, S = Σ s_b·e^(m_b − M); log p(x) = x − M − log S; the
 row's top logits are the top of its blocks' candidates (any token of the row's top is among its
 block's top), and candidates are laid out block by block, each block's by decreasing value with
-ties by id, so taking the lowest position among equal values takes the lowest id.
+ties by id, so taking the lowest position among equal values takes the lowest id. Each token is
+taken once, −∞ ones included (a row with fewer finite logits than `top` fills the rest with −∞
+tokens by id). A NaN logit is not ordered (compiled `tl.max` passes over it); the reference's
+log-softmax would make the whole row NaN.
 
     logits [n, V] (unit column stride, any float dtype)   tokens [n] long   top ≤ min(V, 64)
     → [n, 1 + 2·top] fp32 (`reference.py`); ties in the top go to the lower id
@@ -37,18 +40,20 @@ def _logprob_rows_kernel(logits_ptr, token_ptr, part_ptr, value_ptr, id_ptr, arr
     i_r, i_b = tl.program_id(0), tl.program_id(1)
     o_v = i_b * BV + tl.arange(0, BV)
     ok = o_v < V
-    x = tl.load(logits_ptr + i_r * stride_l + o_v, mask=ok, other=float("-inf")).to(tl.float32)  # [BV]
+    p_logits = logits_ptr + i_r.to(tl.int64) * stride_l  # row i (64-bit: n · V may pass 2^31)
+    x = tl.load(p_logits + o_v, mask=ok, other=float("-inf")).to(tl.float32)  # [BV]
     b_m = tl.max(x, 0)
     b_s = tl.sum(tl.where(ok, tl.exp(x - tl.where(b_m > float("-inf"), b_m, 0.0)), 0.0), 0)
     p_block = i_r * NB + i_b
     tl.store(part_ptr + p_block * 2, b_m)
     tl.store(part_ptr + p_block * 2 + 1, b_s)
+    left = ok  # [BV]: tokens not yet taken
     for j in tl.static_range(K):  # the block's K largest, by decreasing value, ties to the lower id
-        best = tl.max(x, 0)
-        winner = tl.min(tl.where(x == best, o_v, V + BV), 0)
+        best = tl.max(tl.where(left, x, float("-inf")), 0)
+        winner = tl.min(tl.where(left & (x == best), o_v, V + BV), 0)  # −∞ ones too, each once
         tl.store(value_ptr + p_block * K + j, best)
         tl.store(id_ptr + p_block * K + j, winner)
-        x = tl.where(o_v == winner, float("-inf"), x)
+        left = left & (o_v != winner)
     if last_to_arrive(arrivals_ptr + i_r, NB):  # the row's last program: combine its blocks
         o_b = tl.arange(0, NBP)
         has = o_b < NB
@@ -60,18 +65,19 @@ def _logprob_rows_kernel(logits_ptr, token_ptr, part_ptr, value_ptr, id_ptr, arr
         log_total = tl.log(tl.sum(tl.where(has, s * tl.exp(m - shift), 0.0), 0))
         row = out_ptr + i_r * (1 + 2 * TOP)
         token = tl.load(token_ptr + i_r)
-        chosen = tl.load(logits_ptr + i_r * stride_l + token).to(tl.float32)
+        chosen = tl.load(p_logits + token).to(tl.float32)
         tl.store(row, chosen - shift - log_total)
         o_c = tl.arange(0, CP)
         given = o_c < NB * K
         value = tl.load(value_ptr + i_r * NB * K + o_c, mask=given, other=float("-inf"), cache_modifier=".cg")
         ids = tl.load(id_ptr + i_r * NB * K + o_c, mask=given, other=0, cache_modifier=".cg")
+        left = given & (ids < V)  # [CP]: candidates not yet taken (a block of fewer than K tokens fills its rest past V)
         for j in tl.static_range(TOP):
-            best = tl.max(value, 0)
-            at = tl.min(tl.where(value == best, o_c, CP), 0)  # the lowest position holding it: the lowest id
+            best = tl.max(tl.where(left, value, float("-inf")), 0)
+            at = tl.min(tl.where(left & (value == best), o_c, CP), 0)  # the lowest position holding it: the lowest id
             tl.store(row + 1 + j, best - shift - log_total)
             tl.store(row + 1 + TOP + j, tl.sum(tl.where(o_c == at, ids, 0), 0).to(tl.float32))
-            value = tl.where(o_c == at, float("-inf"), value)
+            left = left & (o_c != at)
 
 
 def logprob_rows(logits: Tensor, tokens: Tensor, top: int, out: Tensor | None = None) -> Tensor:

@@ -1,11 +1,9 @@
 """`reference.penalized_logits` in two launches over (row, vocabulary block) programs.
 
-`_penalize_kernel`, grid (w, ceil(V / BV)): program (i, b) counts d_1 … d_i on top of the output's
-counts for its block's tokens, applies repetition, frequency, presence and bias, stores the block
-and two maxima: over the tokens min_tokens leaves (every token where row i is past min_tokens) and
-over all tokens. `_ban_and_min_p_kernel`, same grid: row i's maxima decide whether min_tokens bans
-the end tokens (some other token is above −∞) and the row's maximum after that ban; the program then
-applies the ban and min_p to its block. When row i neither bans nor has min_p, it writes nothing.
+Grid (w, ceil(V / BV)): program (i, b) counts d_1 … d_i on top of the output's counts for its
+block's tokens, applies repetition, frequency, presence and bias, stores the block and two maxima:
+over the tokens min_tokens leaves (every token where row i is past min_tokens) and over all tokens.
+The second launch (`ban.py`) applies min_tokens' ban and min_p from those maxima.
 
     logits [w, V] (unit column stride, any float dtype)   drafts [≥ w − 1] long (any stride)
     counts, bias [V] fp32   prompt_seen, end [V] bool   scalars [6] fp32 (`reference.py`)
@@ -22,6 +20,7 @@ from torch import Tensor
 from hybridspec.kernels import pdl
 from hybridspec.kernels.interpreter import check_device
 from hybridspec.kernels.pdl import wait_then_release
+from hybridspec.kernels.penalties.ban import launch_ban_and_min_p
 
 BLOCK_V = 4096  # logits per (row, block) program
 
@@ -39,39 +38,17 @@ def _penalize_kernel(logits_ptr, drafts_ptr, counts_ptr, seen_ptr, bias_ptr, end
         c += tl.where(o_v == tl.load(drafts_ptr + j * stride_d), 1.0, 0.0)
     presence, frequency = tl.load(scalars_ptr), tl.load(scalars_ptr + 1)
     repetition = tl.load(scalars_ptr + 2)
-    x = tl.load(logits_ptr + i_r * stride_l + o_v, mask=ok, other=0.0).to(tl.float32)
+    row = i_r.to(tl.int64)  # 64-bit row offsets: w · V may pass 2^31
+    x = tl.load(logits_ptr + row * stride_l + o_v, mask=ok, other=0.0).to(tl.float32)
     seen = (tl.load(seen_ptr + o_v, mask=ok, other=0) != 0) | (c > 0)
     x = tl.where(seen, tl.where(x > 0, x / repetition, x * repetition), x)
     x = x - frequency * c - presence * tl.where(c > 0, 1.0, 0.0) + tl.load(bias_ptr + o_v, mask=ok, other=0.0)
-    tl.store(out_ptr + i_r * V + o_v, x, mask=ok)
+    tl.store(out_ptr + row * V + o_v, x, mask=ok)
     early = tl.load(scalars_ptr + 3) + i_r.to(tl.float32) < tl.load(scalars_ptr + 4)  # one of the first min_tokens
     banned = tl.where(early, tl.load(end_ptr + o_v, mask=ok, other=0) != 0, False)
     p_part = part_ptr + (i_r * NB + i_b) * 2
     tl.store(p_part, tl.max(tl.where(ok & ~banned, x, float("-inf")), 0))  # over the tokens min_tokens leaves
     tl.store(p_part + 1, tl.max(tl.where(ok, x, float("-inf")), 0))  # over all
-
-
-@triton.jit
-def _ban_and_min_p_kernel(end_ptr, scalars_ptr, out_ptr, part_ptr, V, NB, BV: tl.constexpr, NBP: tl.constexpr,
-                          USE_GDC: tl.constexpr):
-    if USE_GDC:
-        wait_then_release()
-    i_r, i_b = tl.program_id(0), tl.program_id(1)
-    o_b = tl.arange(0, NBP)
-    p_row = part_ptr + (i_r * NB + o_b) * 2
-    left_max = tl.max(tl.load(p_row, mask=o_b < NB, other=float("-inf")), 0)
-    all_max = tl.max(tl.load(p_row + 1, mask=o_b < NB, other=float("-inf")), 0)
-    early = tl.load(scalars_ptr + 3) + i_r.to(tl.float32) < tl.load(scalars_ptr + 4)
-    ban = tl.where(early, left_max > float("-inf"), False)  # never the last tokens still allowed
-    margin = tl.load(scalars_ptr + 5)
-    if tl.where(ban, True, margin > float("-inf")):
-        row_max = tl.where(ban, left_max, all_max)  # the row's maximum after the ban
-        o_v = i_b * BV + tl.arange(0, BV)
-        ok = o_v < V
-        x = tl.load(out_ptr + i_r * V + o_v, mask=ok, other=0.0)
-        x = tl.where(ban, tl.where(tl.load(end_ptr + o_v, mask=ok, other=0) != 0, float("-inf"), x), x)
-        x = tl.where(x < row_max + margin, float("-inf"), x)
-        tl.store(out_ptr + i_r * V + o_v, x, mask=ok)
 
 
 def penalized_logits(logits: Tensor, drafts: Tensor, counts: Tensor, prompt_seen: Tensor, bias: Tensor, end: Tensor,
@@ -100,6 +77,5 @@ def penalized_logits(logits: Tensor, drafts: Tensor, counts: Tensor, prompt_seen
     _penalize_kernel[(w, nb)](logits, drafts_ptr, counts, prompt_seen, bias, end, scalars, out, part, logits.stride(0),
                               drafts.stride(0) if drafts.numel() else 0, V, nb, BV=BLOCK_V, num_warps=8,
                               **pdl.options(logits))
-    _ban_and_min_p_kernel[(w, nb)](end, scalars, out, part, V, nb, BV=BLOCK_V,
-                                   NBP=max(2, triton.next_power_of_2(nb)), num_warps=8, **pdl.options(logits))
+    launch_ban_and_min_p(end, scalars, out, part, BLOCK_V)
     return out
