@@ -65,6 +65,7 @@ def refuse_unsupported(body: BaseModel) -> None:
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: with include_usage, each chunk's choice's usage so far
 
 
 class JsonSchemaFormat(BaseModel):

@@ -255,6 +255,9 @@ async def _respond(service: Service, choice: Callable[[int], Decoding], body: Re
             choices.append(item | {"logprobs": logprobs(decoding, entries, [0]), "finish_reason": finish})
         return JSONResponse({**base, "object": obj, "choices": choices, "usage": usage(), **stats()})
     include_usage = body.stream_options is not None and body.stream_options.include_usage
+    # vLLM's continuous_usage_stats: every chunk carries its choice's usage so far
+    continuous = include_usage and body.stream_options.continuous_usage_stats
+    live: list[Decoding] = []  # the choice being streamed
 
     def chunk(i: int, text: str | None, finish: str | None, lps: dict | None = None, first: bool = False,
               thought: str = "") -> dict:
@@ -264,7 +267,12 @@ async def _respond(service: Service, choice: Callable[[int], Decoding], body: Re
             item = {"index": i, "delta": delta, "logprobs": lps, "finish_reason": finish}
         else:
             item = {"index": i, "text": text or "", "logprobs": lps, "finish_reason": finish}
-        return {**base, "object": obj, "choices": [item]} | ({"usage": None} if include_usage else {})
+        out = {**base, "object": obj, "choices": [item]}
+        if continuous:
+            n_prompt, n_out = len(live[0].prompt_ids), len(live[0].ids)
+            return out | {"usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out,
+                                    "total_tokens": n_prompt + n_out}}
+        return out | ({"usage": None} if include_usage else {})
 
     def call_chunk(i: int, k: int, call: dict) -> dict:
         out = chunk(i, None, None)
@@ -276,6 +284,7 @@ async def _respond(service: Service, choice: Callable[[int], Decoding], body: Re
         try:
             for i in range(body.n):
                 decoding, pending, offset = begin(i), echo, [0]  # the echo goes with the choice's first chunk
+                live[:] = [decoding]
                 calls = ToolStream(service.tool_format, specs) if tools else None  # content until a call may begin
                 thoughts = ReasoningStream(thinking) if chat and thinking is not None else None
                 if chat:

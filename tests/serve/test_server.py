@@ -72,6 +72,20 @@ def test_completion_stream_matches_non_stream(client):
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens >= 1
 
 
+def test_continuous_usage_stats_count_the_tokens_so_far(client):
+    """vLLM's stream_options.continuous_usage_stats: every chunk carries the usage so far, rising to
+    the final usage chunk's."""
+    kw = dict(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0, stream=True)
+    chunks = list(client.completions.create(**kw, stream_options={"include_usage": True,
+                                                                  "continuous_usage_stats": True}))
+    counts = [c.usage.completion_tokens for c in chunks if c.choices]
+    final = chunks[-1].usage
+    assert counts == sorted(counts) and 0 < counts[-1] == final.completion_tokens and not chunks[-1].choices
+    assert {c.usage.prompt_tokens for c in chunks} == {final.prompt_tokens}
+    assert all(c.usage is None for c in client.completions.create(**kw, stream_options={"include_usage": True})
+               if c.choices)
+
+
 def test_chat_stream_and_not(client):
     messages = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "add two numbers"}]
     whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=0)
