@@ -63,19 +63,21 @@ class GrammarSpec:
         return cls("choice", json.dumps(list(options)))
 
     @classmethod
-    def tool_calls(cls, fmt: str, tools: list[dict], tool_choice, reasoning: str) -> "GrammarSpec":
+    def tool_calls(cls, fmt: str, tools: list[dict], tool_choice, reasoning: str, *,
+                   parallel: bool = True) -> "GrammarSpec":
         """The output of a chat request whose `tool_choice` is `required` (at least one call of any
         tool) or names a function (a call of it): calls in format `fmt` (`serve/tools.py`) with
-        arguments held to each tool's parameter schema (an object, where a tool gives none).
-        `reasoning`: `enabled` (the prompt opened a block: reasoning up to `</think>` first), `auto`
-        (the model may write a whole block first) or `disabled`."""
+        arguments held to each tool's parameter schema (an object, where a tool gives none); one
+        call only unless `parallel`. `reasoning`: `enabled` (the prompt opened a block: reasoning up
+        to `</think>` first), `auto` (the model may write a whole block first) or `disabled`."""
         tools = [{**t, "function": {**t["function"], "parameters": t["function"].get("parameters")
                                     or {"type": "object", "properties": {}}}} for t in tools]
         import xgrammar as xgr
 
         try:
             tag = xgr.get_model_structural_tag(TAG_MODELS[fmt], tools=tools, tool_choice=tool_choice,
-                                               reasoning=reasoning, max_whitespace_cnt=WHITESPACE_RUN)
+                                               reasoning=reasoning, max_whitespace_cnt=WHITESPACE_RUN,
+                                               parallel_tool_calls=parallel)
         except (ValueError, KeyError) as exc:
             raise GrammarError(f"no grammar for these tools: {_first_line(exc)}") from None
         return cls("structural_tag", tag.model_dump_json())

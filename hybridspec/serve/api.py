@@ -322,6 +322,7 @@ class ChatRequest(RequestBody):
     tools: list[Tool] | None = None  # rendered by the chat template; calls parsed from the output (`tools.py`)
     # "required": at least one call; a named function: a call of it (both held to the tools' schemas by a grammar)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True  # false: at most one call (the first; a forced call's grammar allows one)
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: extra template variables (enable_thinking, …)
 
     @field_validator("chat_template_kwargs")
@@ -358,7 +359,7 @@ class ChatRequest(RequestBody):
         choice = self.tool_choice if self.tool_choice == "required" else self.tool_choice.model_dump()
         tools = [t.model_dump(exclude_none=True) for t in self.tools]
         try:
-            return GrammarSpec.tool_calls(fmt, tools, choice, reasoning)
+            return GrammarSpec.tool_calls(fmt, tools, choice, reasoning, parallel=self.parallel_tool_calls)
         except GrammarError as exc:
             raise RequestError(str(exc), "tools") from None
 

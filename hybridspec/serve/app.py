@@ -203,6 +203,7 @@ async def _respond(service: Service, choice: Callable[[int], Decoding], body: Re
     base = {"id": rid, "created": int(time.time()), "model": service.model_name}
     obj = ("chat.completion" if chat else "text_completion") + (".chunk" if body.stream and chat else "")
     tools = chat and body.calls_tools()  # the output is parsed for tool calls (`tools.py`)
+    parallel = not tools or body.parallel_tool_calls  # false: the first call only
     specs = [t.model_dump(exclude_none=True) for t in body.tools] if tools else None
     done: list[Decoding] = []
 
@@ -248,6 +249,7 @@ async def _respond(service: Service, choice: Callable[[int], Decoding], body: Re
                 item = {"index": i, "text": text}
             elif tools:
                 content, calls = parse_tool_calls(text, service.tool_format, specs)
+                calls = calls if parallel else calls[:1]
                 message = {"role": "assistant", "content": content} | reasoning | ({"tool_calls": calls} if calls else {})
                 item, finish = {"index": i, "message": message}, "tool_calls" if calls else finish
             else:
@@ -274,7 +276,10 @@ async def _respond(service: Service, choice: Callable[[int], Decoding], body: Re
                                     "total_tokens": n_prompt + n_out}}
         return out | ({"usage": None} if include_usage else {})
 
-    def call_chunk(i: int, k: int, call: dict) -> dict:
+    def call_chunk(i: int, k: int, call: dict) -> dict | None:
+        """Call k of choice i as a chunk; None past the first without parallel_tool_calls."""
+        if k and not parallel:
+            return None
         out = chunk(i, None, None)
         out["choices"][0]["delta"] = {"tool_calls": [{"index": k, **call}]}
         return out
@@ -297,7 +302,8 @@ async def _respond(service: Service, choice: Callable[[int], Decoding], body: Re
                     yield _sse(chunk(i, pending + text, None, lps, thought=thought))
                     pending = ""
                     for call in found:
-                        yield _sse(call_chunk(i, sent_calls, call))
+                        if sent := call_chunk(i, sent_calls, call):
+                            yield _sse(sent)
                         sent_calls += 1
                 if decoding.finish_reason is None:  # the client went away
                     return
@@ -309,14 +315,16 @@ async def _respond(service: Service, choice: Callable[[int], Decoding], body: Re
                     if thought or text:
                         yield _sse(chunk(i, text, None, thought=thought))
                 for call in found:  # closed by what the reasoning split held back
-                    yield _sse(call_chunk(i, sent_calls, call))
+                    if sent := call_chunk(i, sent_calls, call):
+                        yield _sse(sent)
                     sent_calls += 1
                 if calls:
                     rest, more = calls.finish()  # content before any call, or after a block that is not one
                     if rest:
                         yield _sse(chunk(i, rest, None))
                     for call in more:
-                        yield _sse(call_chunk(i, sent_calls, call))
+                        if sent := call_chunk(i, sent_calls, call):
+                            yield _sse(sent)
                         sent_calls += 1
                 finish = "tool_calls" if sent_calls else decoding.finish_reason
                 yield _sse(chunk(i, pending or None, finish) | (stats() if i == body.n - 1 else {}))

@@ -228,6 +228,22 @@ def test_a_grammar_after_reasoning_lets_the_block_run_free(session, compiler):
     assert not direct.complete  # still reasoning: the grammar starts after </think>
 
 
+def test_forced_calls_without_parallel_calls_allow_one(session, compiler):
+    """tool_choice required with parallel_tool_calls false: one call completes the output and the
+    grammar refuses the start of a second; with parallel calls a second may follow."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}}]
+    call = session.codec.encode('<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>')
+    for parallel in (True, False):
+        st = state(session, compiler, GrammarSpec.tool_calls("hermes", tools, "required", "disabled", parallel=parallel))
+        st.accept(call)
+        assert st.complete
+        second = session.codec.encode("<tool_call>")[0]
+        allowed = st.constrain(torch.zeros(1, session.target.cfg.vocab_size))[0] > float("-inf")
+        assert bool(allowed[second]) == parallel, parallel
+        assert bool(allowed[list(session.eos_ids)].any())  # the output may end after one call
+
+
 class WarmedGraphs(RecordedGraphs):
     """`RecordedGraphs` closer to `graphs.Graphs`: `capture` runs the phase twice (warm-up and
     capture) in the host state `restore` sets, putting it back after each, and keeps that state

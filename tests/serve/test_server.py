@@ -508,6 +508,30 @@ QWEN35_LIKE = (  # the parts of Qwen3.5's template the server reads: XML calls i
     "{% endif %}")
 
 
+def test_parallel_tool_calls_false_keeps_the_first_call():
+    """parallel_tool_calls false: of two calls in the model's text, the first comes back, streamed
+    or not; by default both do."""
+    from tests.runtime.test_chat_template import TOOLS_TEMPLATE
+
+    service = open_service(max_context=256)
+    service.session.codec.chat_templates = {"default": TOOLS_TEMPLATE}
+    call = '<tool_call>\n{{"name": "get_weather", "arguments": {{"city": "{}"}}}}\n</tool_call>'
+    script = "Checking.\n" + call.format("Paris") + "\n" + call.format("Rome")
+    service.visible_text = lambda ids, end_ids=(): script[: 8 * len(ids)]
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}]
+    kw = dict(model=MODEL, messages=[{"role": "user", "content": "weather?"}], max_tokens=40, temperature=0,
+              tools=tools, extra_body={"ignore_eos": True})
+    with live_server(service) as (base, _):
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0, timeout=60)
+        for parallel, cities in ((True, ["Paris", "Rome"]), (False, ["Paris"])):
+            out = client.chat.completions.create(parallel_tool_calls=parallel, **kw).choices[0]
+            assert [json.loads(c.function.arguments)["city"] for c in out.message.tool_calls] == cities
+            streamed = [call for chunk in client.chat.completions.create(stream=True, parallel_tool_calls=parallel, **kw)
+                        for call in chunk.choices[0].delta.tool_calls or []]
+            assert [(c.index, json.loads(c.function.arguments)["city"]) for c in streamed] == list(enumerate(cities))
+
+
 def test_reasoning_and_qwen35_tool_calls_through_the_client():
     """A Qwen3.5-style template: the output's reasoning comes back as reasoning_content and its XML
     call as tool_calls typed by the tool's schema, streamed or not; with enable_thinking false
