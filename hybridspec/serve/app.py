@@ -373,11 +373,18 @@ def create_app(service: Service, *, api_key: str | None = None, max_request_byte
     async def metrics():
         return Response(service.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    def card() -> dict:
+        return {"id": service.model_name, "object": "model", "created": service.created, "owned_by": "hybridspec",
+                "max_model_len": service.session.engine.max_context}
+
     @app.get("/v1/models")
     async def models():
-        card = {"id": service.model_name, "object": "model", "created": service.created, "owned_by": "hybridspec",
-                "max_model_len": service.session.engine.max_context}
-        return {"object": "list", "data": [card]}
+        return {"object": "list", "data": [card()]}
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str):
+        service.check_model(model)
+        return card()
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest):

@@ -352,6 +352,9 @@ def test_min_tokens_holds_back_stop_sequences_too(client):
 
 def test_models_health_and_auth(server, client):
     assert [m.id for m in client.models.list()] == [MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.models.retrieve("other/model")
     assert httpx.get(f"{server}/health").status_code == 200
     assert httpx.get(f"{server}/v1/models").status_code == 401
     bad = httpx.post(f"{server}/v1/completions", headers={"Authorization": "Bearer nope"},
