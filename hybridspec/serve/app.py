@@ -276,12 +276,13 @@ async def _respond(service: Service, choice: Callable[[int], Decoding], body: Re
                                     "total_tokens": n_prompt + n_out}}
         return out | ({"usage": None} if include_usage else {})
 
-    def call_chunk(i: int, k: int, call: dict) -> dict | None:
-        """Call k of choice i as a chunk; None past the first without parallel_tool_calls."""
-        if k and not parallel:
+    def call_chunk(i: int, delta: dict) -> dict | None:
+        """A `tool_calls` delta of choice i as a chunk; None past the first call without
+        parallel_tool_calls."""
+        if delta["index"] and not parallel:
             return None
         out = chunk(i, None, None)
-        out["choices"][0]["delta"] = {"tool_calls": [{"index": k, **call}]}
+        out["choices"][0]["delta"] = {"tool_calls": [delta]}
         return out
 
     async def events():
@@ -294,7 +295,6 @@ async def _respond(service: Service, choice: Callable[[int], Decoding], body: Re
                 thoughts = ReasoningStream(thinking) if chat and thinking is not None else None
                 if chat:
                     yield _sse(chunk(i, None, None, first=True))
-                sent_calls = 0  # this choice's calls sent, each in a chunk of its own as its block closes
                 async for delta in service.run(decoding, request.is_disconnected):
                     lps = logprobs(decoding, delta.logprobs, offset) if delta.logprobs else None
                     thought, text = thoughts.feed(delta.text) if thoughts else ("", delta.text)
@@ -302,9 +302,8 @@ async def _respond(service: Service, choice: Callable[[int], Decoding], body: Re
                     yield _sse(chunk(i, pending + text, None, lps, thought=thought))
                     pending = ""
                     for call in found:
-                        if sent := call_chunk(i, sent_calls, call):
+                        if sent := call_chunk(i, call):
                             yield _sse(sent)
-                        sent_calls += 1
                 if decoding.finish_reason is None:  # the client went away
                     return
                 done.append(decoding)
@@ -315,18 +314,16 @@ async def _respond(service: Service, choice: Callable[[int], Decoding], body: Re
                     if thought or text:
                         yield _sse(chunk(i, text, None, thought=thought))
                 for call in found:  # closed by what the reasoning split held back
-                    if sent := call_chunk(i, sent_calls, call):
+                    if sent := call_chunk(i, call):
                         yield _sse(sent)
-                    sent_calls += 1
                 if calls:
                     rest, more = calls.finish()  # content before any call, or after a block that is not one
                     if rest:
                         yield _sse(chunk(i, rest, None))
                     for call in more:
-                        if sent := call_chunk(i, sent_calls, call):
+                        if sent := call_chunk(i, call):
                             yield _sse(sent)
-                        sent_calls += 1
-                finish = "tool_calls" if sent_calls else decoding.finish_reason
+                finish = "tool_calls" if calls and calls.calls else decoding.finish_reason
                 yield _sse(chunk(i, pending or None, finish) | (stats() if i == body.n - 1 else {}))
             if include_usage:
                 yield _sse({**base, "object": obj, "choices": [], "usage": usage()})

@@ -562,7 +562,10 @@ def test_reasoning_and_qwen35_tool_calls_through_the_client():
             thought += (delta.model_extra or {}).get("reasoning_content") or ""
             content, calls = content + (delta.content or ""), calls + (delta.tool_calls or [])
         assert (thought, content) == ("The user asks for weather.\n", "Checking.")
-        assert [json.loads(c.function.arguments) for c in calls] == [{"city": "Paris", "days": 2}]
+        # the name first, then the arguments in pieces, parameter by parameter, as a client joins them
+        assert [(c.index, c.function.name) for c in calls][0] == (0, "get_weather") and len(calls) == 4
+        assert {c.index for c in calls} == {0} and all(c.function.name is None for c in calls[1:])
+        assert json.loads("".join(c.function.arguments for c in calls)) == {"city": "Paris", "days": 2}
         service.visible_text = lambda ids, end_ids=(): "Plain answer."[: 6 * len(ids)]
         direct = client.chat.completions.create(model=MODEL, messages=kw["messages"], max_tokens=4, temperature=0,
                                                 extra_body={"chat_template_kwargs": {"enable_thinking": False}})

@@ -43,13 +43,27 @@ def _streamed(stream: ToolStream, text: str, step: int) -> tuple[str, list[tuple
     return sent, calls, rest, more
 
 
+def merged(deltas: list[dict]) -> list[dict]:
+    """OpenAI's `tool_calls` deltas put together as a client does: per index, the first delta's id,
+    type and name, and every delta's arguments concatenated."""
+    calls: dict[int, dict] = {}
+    for delta in deltas:
+        first = delta["index"] not in calls
+        assert ("id" in delta) == ("name" in delta["function"]) == first  # id, type and name once, first
+        call = calls.setdefault(delta["index"], {"id": delta.get("id"), "type": delta.get("type"),
+                                                 "function": {"name": delta["function"].get("name"), "arguments": ""}})
+        call["function"]["arguments"] += delta["function"].get("arguments", "")
+    assert list(calls) == list(range(len(calls)))  # indices from 0, each call's deltas after the one before's
+    return list(calls.values())
+
+
 @pytest.mark.parametrize("text", [TWO_CALLS, "plain text < with a bracket <tool", "x <tool_call>oops</tool_call>"])
 @pytest.mark.parametrize("step", [1, 3, 7, 1000])
 def test_streamed_content_and_calls_equal_the_whole_texts(text, step):
     sent, fed, rest, more = _streamed(ToolStream(), text, step)
     assert "<tool_call>" not in sent  # held back until the text says whether it is a call
     content, want_calls = parse_tool_calls(text)
-    calls = [call for _, call in fed] + more
+    calls = merged([call for _, call in fed] + more)
     assert [c["function"] for c in calls] == [c["function"] for c in want_calls]
     assert sent + rest == (content or "" if calls else text)
 
@@ -101,12 +115,45 @@ def test_qwen3_xml_blocks_become_calls_typed_by_the_tools_schema():
         "<tool_call>\n{\"name\": \"f\"}\n</tool_call>", [])  # not this format's block: text
 
 
-@pytest.mark.parametrize("step", [1, 5, 1000])
-def test_streamed_xml_content_equals_the_whole_text(step):
-    sent, fed, rest, more = _streamed(ToolStream("qwen3_xml", WEATHER), XML_CALLS, step)
-    calls = [call for _, call in fed] + more
-    assert sent + rest == "I will look it up." and len(calls) == 2
-    assert [c["function"] for c in calls] == [c["function"] for c in parse_tool_calls(XML_CALLS, "qwen3_xml", WEATHER)[1]]
+XML_CASES = [
+    XML_CALLS,
+    XML_CALLS + "\n<tool_call>\n<function=get_weather>\n<parameter=city>\nOs",  # left open mid-value by the budget
+    "Go.\n<tool_call>\n<function=ping>\n</function>\n</tool_call>",  # no parameters: {}
+    "<tool_call><function=get_weather><parameter=city>A<parameter=days>4</function></tool_call>",  # unclosed values
+    "<tool_call>\n<function=get_weather>\n<parameter=where>\n{\"a\": \"</para\"}\n</parameter>\n</function>\n</tool_call>",
+]
+
+
+@pytest.mark.parametrize("text", XML_CASES)
+@pytest.mark.parametrize("step", [1, 2, 5, 13, 1000])
+def test_streamed_xml_calls_equal_the_whole_text(text, step):
+    """The name, then the arguments parameter by parameter: put together, the unstreamed calls."""
+    sent, fed, rest, more = _streamed(ToolStream("qwen3_xml", WEATHER), text, step)
+    content, want = parse_tool_calls(text, "qwen3_xml", WEATHER)
+    calls = merged([call for _, call in fed] + more)
+    assert sent + rest == (content or "") and want
+    assert [c["function"] for c in calls] == [c["function"] for c in want]
+    assert all(c["type"] == "function" and c["id"].startswith("call_") for c in calls)
+
+
+def test_xml_names_and_parameters_go_out_as_they_are_whole():
+    text = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n"
+            "</parameter>\n</function>\n</tool_call>")
+    _, fed, _, more = _streamed(ToolStream("qwen3_xml", WEATHER), text, 1)
+    at = [(n, d["function"].get("name"), d["function"]["arguments"]) for n, d in fed]
+    assert at == [(text.index("<function=get_weather>") + len("<function=get_weather>"), "get_weather", ""),
+                  (text.index("</parameter>") + len("</parameter>"), None, '{"city": "Paris"'),
+                  (text.index("</parameter>\n</function>") + len("</parameter>"), None, ', "days": 3'),
+                  (text.index("</function>") + len("</function>"), None, "}")] and not more
+
+
+def test_an_xml_block_that_is_not_a_call_after_one_ends_the_calls():
+    good = "<tool_call>\n<function=ping>\n</function>\n</tool_call>"
+    text = "Hi " + good + "\n<tool_call>\n{\"name\": \"f\"}\n</tool_call> " + good
+    sent, fed, rest, more = _streamed(ToolStream("qwen3_xml", WEATHER), text, 3)
+    assert sent == "Hi" and [c["function"] for c in merged([d for _, d in fed] + more)] == [
+        {"name": "ping", "arguments": "{}"}]
+    assert rest == text[text.index("<tool_call>", 4) :]
 
 
 @pytest.mark.parametrize("schema, value, want", [
