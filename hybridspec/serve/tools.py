@@ -302,7 +302,9 @@ class ToolStream:
         body = rest[:closing] if closing >= 0 else rest.rstrip() if ended else rest
         base = call.scan
         for parameter in _PARAMETER.finditer(body):
-            whole = closed or parameter.group(0).endswith("</parameter>") or body.startswith("<parameter=", parameter.end())
+            # whole: the function ended, or `</parameter>` was read past the value (the other two ends
+            # of `_PARAMETER` read nothing), or the next parameter begins
+            whole = closed or parameter.end() > parameter.end(2) or body.startswith("<parameter=", parameter.end())
             if not whole:
                 break
             key = parameter.group(1).strip()

@@ -121,6 +121,7 @@ XML_CASES = [
     "Go.\n<tool_call>\n<function=ping>\n</function>\n</tool_call>",  # no parameters: {}
     "<tool_call><function=get_weather><parameter=city>A<parameter=days>4</function></tool_call>",  # unclosed values
     "<tool_call>\n<function=get_weather>\n<parameter=where>\n{\"a\": \"</para\"}\n</parameter>\n</function>\n</tool_call>",
+    "<tool_call>\n<function=f>\n<parameter=</parameter>\nx\n</function>\n</tool_call>",  # a name that ends like the close
 ]
 
 
