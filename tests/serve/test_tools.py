@@ -188,7 +188,7 @@ def test_the_template_names_the_format():
 
 def test_blocks_are_parsed_only_when_one_closes(monkeypatch):
     """A long call streamed a character at a time is searched for its blocks once per closing tag,
-    not once per delta (which made the stream quadratic in the call's length)."""
+    not once per delta (a rescan per delta would be quadratic in the call's length)."""
     import hybridspec.serve.tools as tools
 
     scans = []
