@@ -125,6 +125,7 @@ class Engine:
             graphs = resident and cuda
         # the request's token history and logits changes: penalties, logit bias, min_tokens, min_p (`penalties.py`)
         self.penalties = PenaltyState.allocate(target.cfg.vocab_size, self.device)
+        self.fused_requests = fused_request_ops(target.backend)  # logprobs, penalties, masks: as the resident rounds
         self.resident = (ResidentDecoder(target, drafter, self.cache, graphs=graphs, penalties=self.penalties)
                          if resident else None)
         self._policies: dict[str, tuple[Policy, Policy]] = {}  # host rounds: name → (as given, on the device)
@@ -205,7 +206,7 @@ class Engine:
 
         def keep(logits: Tensor, start: int) -> None:  # row j decides prompt token j + 1
             decided = prompt[0, start + 1 : start + 1 + logits.shape[1]]
-            rows.append(logprob_rows(logits[0, : decided.shape[0]], decided, prompt_logprobs, self._fused()))
+            rows.append(logprob_rows(logits[0, : decided.shape[0]], decided, prompt_logprobs, self.fused_requests))
 
         out = self.target.prefill(prompt, self.cache, each_chunk=keep if prompt_logprobs is not None else None)
         if policy.speculative:
@@ -217,7 +218,7 @@ class Engine:
         logits = self._penalized(self._constrained(out.logits[0, -1:], None), None, sampling)
         last, produced = choose(logits[0], sampling, len(prompt_ids)), 1
         self._record([last], sampling)
-        first = token_logprobs(out.logits[0, -1:], [last], logprobs, self._fused()) if logprobs is not None else None
+        first = token_logprobs(out.logits[0, -1:], [last], logprobs, self.fused_requests) if logprobs is not None else None
         of_prompt = from_rows(torch.cat(rows).tolist(), prompt_logprobs) if prompt_logprobs is not None else None
         yield [last], PrefillRecord(first, of_prompt)
         eos = set(eos_ids)
@@ -251,7 +252,7 @@ class Engine:
         logits = self._penalized(self._constrained(out.logits[0, :1], None), None, sampling)
         token = choose(logits[0], sampling, position)
         self._record([token], sampling)
-        lps = token_logprobs(out.logits[0, :1], [token], logprobs, self._fused()) if logprobs is not None else None
+        lps = token_logprobs(out.logits[0, :1], [token], logprobs, self.fused_requests) if logprobs is not None else None
         record = RoundRecord.autoregressive({"total": self.clock.now() - t0}, lps)
         return [token], record
 
@@ -282,7 +283,7 @@ class Engine:
         target.commit(self.cache, w, accepted + 1)
         self.drafter.extend(out.features[:, : accepted + 1])
         t_end = clock.now()
-        lps = token_logprobs(out.logits[0, : accepted + 1], tokens, logprobs, self._fused()) if logprobs is not None else None
+        lps = token_logprobs(out.logits[0, : accepted + 1], tokens, logprobs, self.fused_requests) if logprobs is not None else None
         record = RoundRecord(
             w0=w0, u=u, w=w, accepted=accepted, accepted_full=accepted if w == W else None, emitted=0,
             truncated=w < w_c,  # the output budget shortened the round
@@ -307,17 +308,14 @@ class Engine:
         if not sampling.penalized:
             return logits
         drafts = drafts if drafts is not None else torch.zeros(0, dtype=torch.long, device=logits.device)
-        return penalized(logits, drafts.to(logits.device), self.penalties, self._fused())
-
-    def _fused(self) -> bool:
-        return fused_request_ops(self.target.backend)
+        return penalized(logits, drafts.to(logits.device), self.penalties, self.fused_requests)
 
     def _constrained(self, logits: Tensor, drafts: Tensor | None) -> Tensor:
         """logits [w, V] with the tokens the request's grammar refuses at each row at −inf (row i
         after drafts d_1 … d_i), or as they are."""
         if self.grammar is None:
             return logits
-        return self.grammar.constrain(logits, drafts.tolist() if drafts is not None else None, self._fused())
+        return self.grammar.constrain(logits, drafts.tolist() if drafts is not None else None, self.fused_requests)
 
     def _record(self, tokens: list[int], sampling: SamplingParams) -> None:
         if sampling.penalized:

@@ -193,6 +193,7 @@ class ResidentDecoder:
             self.finish_round = finish_round
         # sampling's point-mass rule from the logits in one or two launches (`kernels/sampling`)
         self.fused_sampling = target.backend != "torch" and FUSED_SAMPLING
+        self.fused_requests = fused_request_ops(target.backend)  # logprob rows, penalties, masks as kernels
         D = drafter.draft_len if drafter is not None else 0
         self.top = min(MAX_TOP_LOGPROBS, target.cfg.vocab_size)  # alternatives the graphs compute
         self.buffers = Buffers.allocate(D, target.cfg.num_experts_per_tok, self.top, target.cfg.vocab_size, self.device)
@@ -390,10 +391,10 @@ class ResidentDecoder:
         """A pass's logits [w, V] as acceptance reads them: under the request's grammar and
         penalties (row i after drafts d_1 … d_i), or as they are."""
         if self.with_grammar:
-            logits = masked(logits, self.buffers.bitmask[: logits.shape[0]], fused_request_ops(self.target.backend))
+            logits = masked(logits, self.buffers.bitmask[: logits.shape[0]], self.fused_requests)
         if not self.with_penalties:
             return logits
-        return penalized(logits, drafts, self.penalties, fused_request_ops(self.target.backend))
+        return penalized(logits, drafts, self.penalties, self.fused_requests)
 
     def _accept(self, drafts: Tensor, logits: Tensor) -> tuple[Tensor, Tensor]:
         """drafts [w−1], logits [w, V] of the pass → (A [1], x_new [1]) of a sampled request: the
@@ -440,7 +441,7 @@ class ResidentDecoder:
         if self.with_penalties:
             self.penalties.record(buf.anchor)
         if self.with_logprobs:
-            logprob_rows(raw, buf.anchor, self.top, fused_request_ops(self.target.backend), out=buf.logprobs[:1])
+            logprob_rows(raw, buf.anchor, self.top, self.fused_requests, out=buf.logprobs[:1])
 
     def _draft(self) -> None:
         buf = self.buffers
@@ -542,7 +543,7 @@ class ResidentDecoder:
         self.finish_round(drafts, w, y, accepted, x_new, (buf.w0, buf.w_c, buf.w), buf.confidence, buf.entropy,
                           layer0, buf.report, buf.anchor, buf.remaining, buf.m)
         if self.with_logprobs:  # rows past m decided nothing emitted; the host reads the first m
-            logprob_rows(raw, buf.report[4 : 4 + w].long(), self.top, fused_request_ops(self.target.backend),
+            logprob_rows(raw, buf.report[4 : 4 + w].long(), self.top, self.fused_requests,
                          out=buf.logprobs[:w])
         if self.with_penalties:
             self.penalties.record(buf.report[4 : 4 + w].long(), buf.m)

@@ -213,7 +213,10 @@ def _first_stop(text: str, stops: list[str], begin: int = 0) -> tuple[int, str] 
     """(where, which) of the stop sequence found first in text[begin:] (the earlier in `stops` where
     two begin at one place), or None."""
     hits = [(i, k) for k, i in enumerate(text.find(s, begin) for s in stops) if i >= 0]
-    return (min(hits)[0], stops[min(hits)[1]]) if hits else None
+    if not hits:
+        return None
+    at, k = min(hits)
+    return at, stops[k]
 
 
 PREPARE_SAMPLING = {"greedy": SamplingParams(), "sample": SamplingParams(1.0), "top-k": SamplingParams(1.0, 20),
@@ -424,12 +427,16 @@ class Service:
     def detokenize(self, ids: list[int]) -> str:
         """The text of token ids, special tokens included (`prompt_text`); RequestError names
         `tokens` for an id outside the vocabulary or a model without a tokenizer."""
-        vocab = self.session.target.cfg.vocab_size
-        if any(not 0 <= i < vocab for i in ids):
-            raise RequestError(f"token ids must be in 0 … {vocab - 1}", "tokens")
+        self._check_ids(ids, "token ids", "tokens")
         if self.session.codec is None:
             raise RequestError(f"model {self.model_name!r} has no tokenizer", "tokens")
         return self.prompt_text(ids)
+
+    def _check_ids(self, ids: list[int], what: str, param: str) -> None:
+        """RequestError naming `param` for an id outside the model's vocabulary."""
+        vocab = self.session.target.cfg.vocab_size
+        if any(not 0 <= i < vocab for i in ids):
+            raise RequestError(f"{what} must be in 0 … {vocab - 1}", param)
 
     def token_strings(self, ids: list[int]) -> list[str]:
         """Each id's string in the tokenizer's vocabulary (as vLLM's /tokenize gives it)."""
@@ -444,8 +451,7 @@ class Service:
         vocab = self.session.target.cfg.vocab_size
         if not prompt_ids:
             raise RequestError("the prompt is empty", param)
-        if any(not 0 <= i < vocab for i in prompt_ids):
-            raise RequestError(f"prompt token ids must be in 0 … {vocab - 1}", param)
+        self._check_ids(prompt_ids, "prompt token ids", param)
         room = engine.max_context - len(prompt_ids)
         if room < 1:
             raise RequestError(f"the prompt has {len(prompt_ids)} tokens; the context holds {engine.max_context} "
