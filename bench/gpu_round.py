@@ -135,7 +135,7 @@ VARIANTS = {
     "prepare-ref": {GatedAttention: {"prepare_op": attention_reference.norm_rope_store}},
     "no-pdl": {pdl: {"ENABLED": False}},  # the kernels of `kernels/pdl.py` launched without PDL
     "torch-sampling": {resident: {"FUSED_SAMPLING": False}},  # the point-mass rule's torch form
-    "torch-request-ops": {resident: {"FUSED_REQUEST_OPS": False}},  # logprob rows and penalties in torch ops
+    "torch-request-ops": {resident: {"FUSED_REQUEST_OPS": False}},  # logprob rows, penalties, grammar masks in torch ops
     # the mixers' projections of one or two tokens by the library product, not `kernels/linear`'s
     "library-linear": {GatedDeltaNet: {"linear_op": F.linear}, GatedAttention: {"linear_op": F.linear}},
     # the experts of one or two tokens by the tile kernels, not the register-slice ones
