@@ -24,7 +24,7 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 `--variants a,b` runs steps 1–4 for each variant on the same loaded model (rows and checks tagged
 `variant`): `shipped`, an op family put back on its PyTorch reference or its previous form, a
 switch turned off, or a form on trial (`VARIANTS`: `two-step-topk`, `prepare-ref`, `no-pdl`,
-`torch-sampling`, `torch-request-ops`, `logprobs-rounds`, `library-linear`, `moe-tiles`, `router-tiles`, `library-head`,
+`torch-sampling`, `torch-request-ops`, `library-linear`, `moe-tiles`, `router-tiles`, `library-head`,
 `gdn-v8w1`, `gdn-state-after-wait`; `a+b` both at once), or a step taken
 out of the captured passes to bound what removing it could save (`free-norms`, `free-post-norms`,
 `free-gated-norm`, `free-conv`, `free-router`, `free-experts`, `free-projections`, `free-attention`,
@@ -65,13 +65,11 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.kernels import logprob_rounds  # noqa: E402
 from bench.kernels.cuda_timing import copy_bandwidth, median_us  # noqa: E402
 from hybridspec.kernels import pdl  # noqa: E402
 from hybridspec.kernels.attention import reference as attention_reference  # noqa: E402
 from hybridspec.kernels.gdn.tuning import SHIPPED as GDN_SHIPPED  # noqa: E402
 from hybridspec.kernels.gdn.tuning import VerifyTuning  # noqa: E402
-from hybridspec.kernels.logprobs import triton as logprobs_triton  # noqa: E402
 from hybridspec.kernels.moe import router as moe_router  # noqa: E402
 from hybridspec.kernels.moe import triton as moe_triton  # noqa: E402
 from hybridspec.kernels.moe.tuning import MoETuning  # noqa: E402
@@ -138,8 +136,6 @@ VARIANTS = {
     "no-pdl": {pdl: {"ENABLED": False}},  # the kernels of `kernels/pdl.py` launched without PDL
     "torch-sampling": {resident: {"FUSED_SAMPLING": False}},  # the point-mass rule's torch form
     "torch-request-ops": {resident: {"FUSED_REQUEST_OPS": False}},  # logprob rows, penalties, grammar masks in torch ops
-    # the logprob rows' kernel with a max-and-argmin round per alternative, not one bitonic top-K of order keys
-    "logprobs-rounds": {logprobs_triton: {"logprob_rows": logprob_rounds.logprob_rows}},
     # the mixers' projections of one or two tokens by the library product, not `kernels/linear`'s
     "library-linear": {GatedDeltaNet: {"linear_op": F.linear}, GatedAttention: {"linear_op": F.linear}},
     # the experts of one or two tokens by the tile kernels, not the register-slice ones

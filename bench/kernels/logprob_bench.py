@@ -1,7 +1,6 @@
-"""The log-probability rows kernel (`kernels/logprobs/triton.py`) beside its previous form
-(`logprob_rounds.py`: a max-and-argmin round per alternative) and the PyTorch reference, at the 35B
-preset's vocabulary: each form checked against the reference first (float64 log-probabilities,
-every id holding its value), then timed as one CUDA graph of 20 calls.
+"""The log-probability rows kernel (`kernels/logprobs/triton.py`) beside its PyTorch reference, at
+the 35B preset's vocabulary: each form checked first (float64 log-probabilities, every id holding
+its value), then timed as one CUDA graph of 20 calls.
 
     python3 bench/kernels/logprob_bench.py --out OUT [--rows 1,4,16] [--tops 5,20]
 
@@ -22,12 +21,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cuda_timing import gpu_run, graph_us, write_result  # noqa: E402
-from logprob_rounds import logprob_rows as rounds_rows  # noqa: E402
 
 from hybridspec.kernels.logprobs import reference  # noqa: E402
 from hybridspec.kernels.logprobs.triton import logprob_rows  # noqa: E402
 
-FORMS = {"kernel": logprob_rows, "rounds": rounds_rows, "torch": reference.logprob_rows}
+FORMS = {"kernel": logprob_rows, "torch": reference.logprob_rows}
 
 
 def check(form, logits: torch.Tensor, tokens: torch.Tensor, top: int) -> None:
