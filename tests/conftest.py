@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 # Triton kernels run on CPU tensors through the interpreter (set before anything imports triton).
 os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -17,12 +22,59 @@ from tests.interpreter import patch_the_language_once_per_launch
 torch.set_num_threads(1)
 
 
+LAUNCHES = "HYBRIDSPEC_TEST_LAUNCHES"  # the directory where every test process records its kernels' launches
+
+
+def _interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
+
+
+def pytest_configure(config):
+    """In the main process (workers inherit the variable): a directory for the launch records."""
+    if not hasattr(config, "workerinput") and LAUNCHES not in os.environ:
+        os.environ[LAUNCHES] = tempfile.mkdtemp(prefix="hybridspec-launches-")
+
+
 def pytest_sessionstart(session):
     """After every conftest's pytest_configure (tests/gpu's turns the interpreter off for a GPU run):
-    the interpreter's set-up once per launch, where the kernels are interpreted. Triton is first
-    imported here or later, never while TRITON_INTERPRET may still change."""
-    if os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on"):
+    the interpreter's set-up once per launch, and the record of each kernel's first launch
+    (`tests/kernels/offline.py`), where the kernels are interpreted. Triton is first imported here
+    or later, never while TRITON_INTERPRET may still change."""
+    if _interpreted():
         patch_the_language_once_per_launch()
+        if os.environ.get(LAUNCHES):
+            from tests.kernels.offline import record_launches
+            session.config._write_launches = record_launches(Path(os.environ[LAUNCHES]))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Every process writes its launch records; the main process then compiles each kernel they name
+    for sm_90 (`tests/kernels/offline.py`) and fails the session if one does not compile."""
+    write = getattr(session.config, "_write_launches", None)
+    if write is not None:
+        write()
+    directory = os.environ.get(LAUNCHES)
+    if hasattr(session.config, "workerinput") or not directory or not any(Path(directory).glob("launches-*.json")):
+        return
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-m", "tests.kernels.offline", directory], env=env, capture_output=True,
+                          text=True, cwd=Path(__file__).resolve().parents[1])
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if done.returncode:
+        failures = {"tests.kernels.offline": done.stderr[-3000:]}
+    else:
+        results = json.loads(done.stdout.splitlines()[-1])
+        failures = {k: v for k, v in results.items() if v != "ok" and not v.startswith("skipped")}
+        if reporter:
+            reporter.write_line(f"kernels compiled for sm_90 from the interpreted launches: "
+                                f"{sum(v == 'ok' for v in results.values())} of {len(results)}"
+                                + "".join(f"\n  {k}: {v}" for k, v in results.items() if v.startswith("skipped")))
+    if failures:
+        if reporter:
+            reporter.write_line("kernels that do not compile for sm_90:", red=True)
+            for key, error in failures.items():
+                reporter.write_line(f"  {key}: {error}", red=True)
+        session.exitstatus = 1
 
 
 @pytest.fixture(scope="session")
