@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -30,9 +31,11 @@ def _interpreted() -> bool:
 
 
 def pytest_configure(config):
-    """In the main process (workers inherit the variable): a directory for the launch records."""
+    """In the main process (workers inherit the variable): a directory for the launch records, which
+    this session then compiles and removes (a session started inside another records into the
+    outer one's)."""
     if not hasattr(config, "workerinput") and LAUNCHES not in os.environ:
-        os.environ[LAUNCHES] = tempfile.mkdtemp(prefix="hybridspec-launches-")
+        os.environ[LAUNCHES] = config._launches = tempfile.mkdtemp(prefix="hybridspec-launches-")
 
 
 def pytest_sessionstart(session):
@@ -53,12 +56,21 @@ def pytest_sessionfinish(session, exitstatus):
     write = getattr(session.config, "_write_launches", None)
     if write is not None:
         write()
-    directory = os.environ.get(LAUNCHES)
-    if hasattr(session.config, "workerinput") or not directory or not any(Path(directory).glob("launches-*.json")):
+    directory = getattr(session.config, "_launches", None)
+    if directory is None:
         return
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-m", "tests.kernels.offline", directory], env=env, capture_output=True,
-                          text=True, cwd=Path(__file__).resolve().parents[1])
+    recorded = any(Path(directory).glob("launches-*.json"))
+    if recorded:
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        done = subprocess.run([sys.executable, "-m", "tests.kernels.offline", directory], env=env, capture_output=True,
+                              text=True, cwd=Path(__file__).resolve().parents[1])
+    shutil.rmtree(directory, ignore_errors=True)
+    if recorded:
+        _report_compiles(session, done)
+
+
+def _report_compiles(session, done: subprocess.CompletedProcess) -> None:
+    """The compile's summary on the terminal; the session fails on a kernel that does not compile."""
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if done.returncode:
         failures = {"tests.kernels.offline": done.stderr[-3000:]}

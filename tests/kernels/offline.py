@@ -51,7 +51,7 @@ def record_launches(directory: Path, modules: str = "hybridspec."):
         return run(self, *args, grid=grid, warmup=warmup, **kwargs)
 
     def write() -> None:
-        if launches:
+        if launches and directory.is_dir():
             (directory / f"launches-{os.getpid()}.json").write_text(json.dumps(launches))
 
     InterpretedFunction.run = recording_run
