@@ -40,7 +40,7 @@ def pytest_configure(config):
 
 def pytest_sessionstart(session):
     """After every conftest's pytest_configure (tests/gpu's turns the interpreter off for a GPU run):
-    the interpreter's set-up once per launch, and the record of each kernel's first launch
+    the interpreter's set-up once per launch, and the record of each kernel's launches
     (`tests/kernels/offline.py`), where the kernels are interpreted. Triton is first imported here
     or later, never while TRITON_INTERPRET may still change."""
     if _interpreted():

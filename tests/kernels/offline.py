@@ -3,10 +3,10 @@
 The interpreter (TRITON_INTERPRET=1, which the CPU tests use) runs a kernel's body as Python and
 does not apply the compiler's rules (a variable redefined with another shape in a branch, say), so
 a kernel can pass every CPU test and still fail to compile on the GPU. `record_launches(directory)`
-keeps, per kernel, the argument types and constexprs of its first interpreted launch in this
-process (written to `directory` at exit); `python -m tests.kernels.offline DIRECTORY` compiles each
-recorded kernel with `triton.compile` for `GPUTarget("cuda", 90, 32)` (front end, LLVM and the
-bundled ptxas) and prints one JSON object {kernel: "ok" or the error}. The switches that only the
+keeps, per kernel, the argument types and constexprs of its interpreted launches in this process,
+one per specialization (written to `directory` by the function it returns); `python -m
+tests.kernels.offline DIRECTORY` compiles each recorded launch with `triton.compile` for `GPUTarget("cuda", 90, 32)` (front end, LLVM and the
+bundled ptxas) and prints one JSON object {kernel: "ok" or its first error}. The switches that only the
 interpreter turns (WIDEN: 16-bit products widened; FENCE off) take their GPU values, and
 programmatic dependent launch (USE_GDC) is on, as the GPU launches them. `tests/conftest.py` records
 in every test process and compiles at the end of the session.
@@ -15,13 +15,16 @@ in every test process and compiles at the end of the session.
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import os
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 GPU_VALUES = {"USE_GDC": True, "WIDEN": False, "FENCE": True}  # constexprs the launchers set from the interpreter
 OPTIONS = ("num_warps", "num_stages", "launch_pdl", "maxnreg", "num_ctas")  # launch options, not parameters
+MAX_SPECIALIZATIONS = 4  # launches recorded per kernel and process
 
 
 def _describe(value):
@@ -36,23 +39,30 @@ def _describe(value):
 
 
 def record_launches(directory: Path, modules: str = "hybridspec."):
-    """Record the first launch in this process of each interpreted kernel defined in a module whose
-    name starts with `modules`; the returned function writes them to directory."""
+    """Record, in this process, the launches of interpreted kernels defined in a module whose name
+    starts with `modules`: per kernel, the first launch of each specialization (tensor dtypes,
+    constexpr values, scalar kinds, warps), at most MAX_SPECIALIZATIONS; the returned function
+    writes them to directory."""
     from triton.runtime.interpreter import InterpretedFunction
 
-    launches: dict[str, dict] = {}
+    launches: dict[str, dict[str, dict]] = {}
     run = InterpretedFunction.run
 
     def recording_run(self, *args, grid, warmup, **kwargs):
         key = f"{self.fn.__module__}:{self.fn.__name__}"
-        if key not in launches and self.fn.__module__.startswith(modules):
-            named = dict(zip(self.arg_names, args)) | kwargs
-            launches[key] = {name: _describe(value) for name, value in named.items()}
+        if self.fn.__module__.startswith(modules) and len(launches.setdefault(key, {})) < MAX_SPECIALIZATIONS:
+            named = {name: _describe(value) for name, value in (dict(zip(self.arg_names, args)) | kwargs).items()}
+            constexpr = {name for name, p in inspect.signature(self.fn).parameters.items()
+                         if "constexpr" in str(p.annotation)}
+            specialization = json.dumps({name: arg if name in constexpr or name in OPTIONS or "value" not in arg
+                                         else type(arg["value"]).__name__ for name, arg in named.items()})
+            launches[key].setdefault(specialization, named)
         return run(self, *args, grid=grid, warmup=warmup, **kwargs)
 
     def write() -> None:
         if launches and directory.is_dir():
-            (directory / f"launches-{os.getpid()}.json").write_text(json.dumps(launches))
+            recorded = {key: list(found.values()) for key, found in launches.items() if found}
+            (directory / f"launches-{os.getpid()}.json").write_text(json.dumps(recorded))
 
     InterpretedFunction.run = recording_run
     return write
@@ -101,11 +111,19 @@ def compile_recorded(key: str, launch: dict) -> str:
 
 
 def main(directory: str) -> int:
-    launches = {}
+    launches: dict[str, list[dict]] = {}
     for path in sorted(Path(directory).glob("launches-*.json")):
-        for key, launch in json.loads(path.read_text()).items():
-            launches.setdefault(key, launch)
-    print(json.dumps({key: compile_recorded(key, launches[key]) for key in sorted(launches)}))
+        for key, found in json.loads(path.read_text()).items():
+            known = launches.setdefault(key, [])
+            known += [launch for launch in found if launch not in known]
+    jobs = [(key, launch) for key in sorted(launches) for launch in launches[key]]
+    with ProcessPoolExecutor(os.cpu_count()) as pool:  # one compile per process at a time
+        outcomes = list(pool.map(compile_recorded, *zip(*jobs))) if jobs else []
+    results = {key: "ok" for key in launches}
+    for (key, _), outcome in zip(jobs, outcomes):
+        if outcome != "ok" and results[key] == "ok":
+            results[key] = outcome
+    print(json.dumps(results))
     return 0
 
 

@@ -1,5 +1,5 @@
 """`offline.py`, the session's compile of the interpreted kernels for sm_90: launches are recorded
-(first per kernel, argument types and constexprs), and a recorded kernel that breaks a compiler
+(argument types and constexprs, one per specialization), and a recorded kernel that breaks a compiler
 rule the interpreter does not apply is reported with the compiler's error, one that compiles as ok."""
 
 from __future__ import annotations
@@ -30,21 +30,24 @@ def test_a_launch_is_recorded_by_type_and_constexpr(tmp_path, monkeypatch):
     write = offline.record_launches(tmp_path, modules="tests.kernels.offline_cases")
     x, out = torch.ones(5), torch.zeros(1)
     offline_cases.good_kernel[(1,)](x, out, 5, BLOCK=8, USE_GDC=False, num_warps=2)
-    offline_cases.good_kernel[(1,)](x.double(), out, 5, BLOCK=16, USE_GDC=False)  # not the first: not kept
+    offline_cases.good_kernel[(1,)](x, out, 3, BLOCK=8, USE_GDC=False, num_warps=2)  # the same specialization
+    offline_cases.good_kernel[(1,)](x.double(), out, 5, BLOCK=16, USE_GDC=False)  # another
     write()
     assert out.item() == 5.0
     (record,) = [json.loads(p.read_text()) for p in tmp_path.glob("launches-*.json")]
-    assert record == {"tests.kernels.offline_cases:good_kernel": {
-        "x_ptr": {"tensor": "float32"}, "out_ptr": {"tensor": "float32"}, "n": {"value": 5}, "BLOCK": {"value": 8},
-        "USE_GDC": {"value": False}, "num_warps": {"value": 2}}}
+    assert record == {"tests.kernels.offline_cases:good_kernel": [
+        {"x_ptr": {"tensor": "float32"}, "out_ptr": {"tensor": "float32"}, "n": {"value": 5}, "BLOCK": {"value": 8},
+         "USE_GDC": {"value": False}, "num_warps": {"value": 2}},
+        {"x_ptr": {"tensor": "float64"}, "out_ptr": {"tensor": "float32"}, "n": {"value": 5}, "BLOCK": {"value": 16},
+         "USE_GDC": {"value": False}}]}
 
 
 def test_recorded_kernels_compile_or_report_the_compilers_error(tmp_path):
     launch = {"x_ptr": {"tensor": "float32"}, "out_ptr": {"tensor": "float32"}, "n": {"value": 5},
               "BLOCK": {"value": 64}, "USE_GDC": {"value": False}, "num_warps": {"value": 2}}
     (tmp_path / "launches-1.json").write_text(json.dumps({
-        "tests.kernels.offline_cases:good_kernel": launch,
-        "tests.kernels.offline_cases:reshaped_in_a_branch_kernel": {k: v for k, v in launch.items() if k != "USE_GDC"}}))
+        "tests.kernels.offline_cases:good_kernel": [launch],
+        "tests.kernels.offline_cases:reshaped_in_a_branch_kernel": [{k: v for k, v in launch.items() if k != "USE_GDC"}]}))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-m", "tests.kernels.offline", str(tmp_path)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
