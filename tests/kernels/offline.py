@@ -5,11 +5,12 @@ does not apply the compiler's rules (a variable redefined with another shape in 
 a kernel can pass every CPU test and still fail to compile on the GPU. `record_launches(directory)`
 keeps, per kernel, the argument types and constexprs of its interpreted launches in this process,
 one per specialization (written to `directory` by the function it returns); `python -m
-tests.kernels.offline DIRECTORY` compiles each recorded launch with `triton.compile` for `GPUTarget("cuda", 90, 32)` (front end, LLVM and the
-bundled ptxas) and prints one JSON object {kernel: "ok" or its first error}. The switches that only the
-interpreter turns (WIDEN: 16-bit products widened; FENCE off) take their GPU values, and
-programmatic dependent launch (USE_GDC) is on, as the GPU launches them. `tests/conftest.py` records
-in every test process and compiles at the end of the session.
+tests.kernels.offline DIRECTORY` compiles each recorded launch with this machine's Triton,
+`triton.compile` for `GPUTarget("cuda", 90, 32)` (front end, LLVM and the bundled ptxas), and
+prints one JSON object {kernel: "ok", or its first error, else why a launch was skipped}. The
+switches that only the interpreter turns (WIDEN: 16-bit products widened; FENCE off) take their
+GPU values, and programmatic dependent launch (USE_GDC) is on, as the GPU launches them.
+`tests/conftest.py` records in every test process and compiles at the end of the session.
 """
 
 from __future__ import annotations
@@ -119,9 +120,12 @@ def main(directory: str) -> int:
     jobs = [(key, launch) for key in sorted(launches) for launch in launches[key]]
     with ProcessPoolExecutor(os.cpu_count()) as pool:  # one compile per process at a time
         outcomes = list(pool.map(compile_recorded, *zip(*jobs))) if jobs else []
+    def weight(outcome: str) -> int:  # a kernel's answer: its first error, else its first skip, else ok
+        return 0 if outcome == "ok" else 1 if outcome.startswith("skipped") else 2
+
     results = {key: "ok" for key in launches}
     for (key, _), outcome in zip(jobs, outcomes):
-        if outcome != "ok" and results[key] == "ok":
+        if weight(outcome) > weight(results[key]):
             results[key] = outcome
     print(json.dumps(results))
     return 0
