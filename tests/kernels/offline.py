@@ -10,7 +10,11 @@ tests.kernels.offline DIRECTORY` compiles each recorded launch with this machine
 prints one JSON object {kernel: "ok", or its first error, else why a launch was skipped}. The
 switches that only the interpreter turns (WIDEN: 16-bit products widened; FENCE off) take their
 GPU values, and programmatic dependent launch (USE_GDC) is on, as the GPU launches them.
-`tests/conftest.py` records in every test process and compiles at the end of the session.
+`tests/conftest.py` records in every test process and compiles at the end of the session. To
+compile with another Triton (the GPU machine's), keep the records and point PYTHONPATH at it:
+
+    HYBRIDSPEC_TEST_LAUNCHES=DIR make test      # DIR exists; the records stay there
+    PYTHONPATH=TRITON_DIR python -m tests.kernels.offline DIR
 """
 
 from __future__ import annotations
