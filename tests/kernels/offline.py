@@ -15,6 +15,8 @@ compile with another Triton (the GPU machine's), keep the records and point PYTH
 
     HYBRIDSPEC_TEST_LAUNCHES=DIR make test      # DIR exists; the records stay there
     PYTHONPATH=TRITON_DIR python -m tests.kernels.offline DIR
+
+`HYBRIDSPEC_TEST_LAUNCHES=` (set, empty) turns the recording and the compile off.
 """
 
 from __future__ import annotations
