@@ -72,8 +72,8 @@ def pytest_sessionfinish(session, exitstatus):
 def _report_compiles(session, done: subprocess.CompletedProcess) -> None:
     """The compile's summary on the terminal; the session fails on a kernel that does not compile."""
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    if done.returncode:
-        failures = {"tests.kernels.offline": done.stderr[-3000:]}
+    if done.returncode or not done.stdout.strip():
+        failures = {"tests.kernels.offline": done.stderr[-3000:] or "printed nothing"}
     else:
         results = json.loads(done.stdout.splitlines()[-1])
         failures = {k: v for k, v in results.items() if v != "ok" and not v.startswith("skipped")}
