@@ -222,11 +222,11 @@ def test_serve_reads_the_key_from_a_file_or_the_environment(monkeypatch, tmp_pat
     (tmp_path / "key").write_text("from-file\n")
     assert runner.invoke(app, ["serve", "--api-key-file", str(tmp_path / "key")]).exit_code == 0
     assert seen["serve"]["api_key"] == "from-file" and seen["open"]["policy"] == "static:7"
-    result = runner.invoke(app, ["serve", "--log-level", "warning", "--max-request-bytes", "99"],
-                           env={"HYBRIDSPEC_API_KEY": "from-env"})
+    result = runner.invoke(app, ["serve", "--log-level", "warning", "--max-request-bytes", "99", "--allowed-origin",
+                                 "http://a.test", "--allowed-origin", "*"], env={"HYBRIDSPEC_API_KEY": "from-env"})
     assert result.exit_code == 0, result.output
     assert seen["serve"] == {"host": "127.0.0.1", "port": 30000, "api_key": "from-env", "max_request_bytes": 99,
-                             "log_level": "warning"}
+                             "allowed_origins": ("http://a.test", "*"), "log_level": "warning"}
     _one_line_error(runner.invoke(app, ["serve", "--api-key-file", str(tmp_path / "none")]), "--api-key-file")
 
 

@@ -177,6 +177,7 @@ def serve(
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="HYBRIDSPEC_API_KEY", show_envvar=True, help="Require `Authorization: Bearer KEY` on /v1/* (the environment variable keeps it out of `ps`).")] = None,
     api_key_file: Annotated[Optional[Path], typer.Option("--api-key-file", help="Read the API key from this file (its first line).")] = None,
     max_request_bytes: Annotated[int, typer.Option("--max-request-bytes", min=1, help="Larger request bodies are answered 413 before they are parsed.")] = 1 << 20,
+    allowed_origins: Annotated[Optional[list[str]], typer.Option("--allowed-origin", help="Let web pages of this origin call the server from a browser (CORS; repeat for several; * for any). Default: none.")] = None,
     log_level: Annotated[LogLevel, typer.Option("--log-level", help="info writes one access-log line per request (stderr).")] = "info",
     served_model_name: Annotated[Optional[str], typer.Option("--served-model-name", help="The `model` clients send (default: --model, or hybridspec-embedded).")] = None,
     device: DeviceOpt = "cpu",
@@ -216,7 +217,8 @@ def serve(
     options = dict(artifact=artifact, model=model, drafter=drafter, policy=policy, device=device, dtype=dtype,
                    backend=backend, max_context=max_context, force=force, graphs=graphs, model_name=served_model_name,
                    prepare=flavours, tool_call_parser=tool_call_parser, reasoning_parser=reasoning_parser)
-    server = dict(host=host, port=port, api_key=api_key, max_request_bytes=max_request_bytes, log_level=log_level)
+    server = dict(host=host, port=port, api_key=api_key, max_request_bytes=max_request_bytes,
+                  allowed_origins=tuple(allowed_origins or ()), log_level=log_level)
     banner = f"serving [bold]{{model}}[/] (policy {policy}) on http://{host}:{port}/v1"
     try:
         if tp > 1 or expert_parallel:  # rank 0 serves, the other ranks run its engine steps with it

@@ -80,7 +80,7 @@ class GrammarSpec:
                                                parallel_tool_calls=parallel)
         except (ValueError, KeyError) as exc:
             raise GrammarError(f"no grammar for these tools: {_first_line(exc)}") from None
-        return cls("structural_tag", tag.model_dump_json())
+        return cls("structural_tag", json.dumps(_calls_only(json.loads(tag.model_dump_json()))))
 
     def after_reasoning(self) -> "GrammarSpec":
         """This grammar after a reasoning block the prompt opened: any text up to `</think>`, a blank
@@ -136,6 +136,20 @@ class GrammarCompiler:
 def _bit(j: int) -> int:
     """Bit j of an int32 word, as a Python int that fits int32 (bit 31 is the sign)."""
     return -(1 << 31) if j == 31 else 1 << j
+
+
+def _calls_only(node):
+    """xgrammar's structural tag with its required calls (`triggered_tags` with `at_least_one`, which
+    lets any text run before, between and after the calls) as calls only, one after another on
+    their own lines, so that the output ends with the last call's block."""
+    if isinstance(node, list):
+        return [_calls_only(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if node.get("type") == "triggered_tags" and node.get("at_least_one"):
+        return {"type": "tags_with_separator", "tags": node["tags"], "separator": "\n", "at_least_one": True,
+                "stop_after_first": node.get("stop_after_first", False)}
+    return {key: _calls_only(value) for key, value in node.items()}
 
 
 def _choice_ebnf(options: list[str]) -> str:

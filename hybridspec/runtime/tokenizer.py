@@ -98,10 +98,11 @@ class TextCodec:
 
 
 def _text(content) -> str:
-    """A message's content as text: a string as is, the text parts of a content list joined."""
+    """A message's content as text: a string as is, the text parts of a content list joined by
+    newlines (as vLLM joins them for a template that reads strings)."""
     if content is None or isinstance(content, str):
         return content or ""
-    return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return "\n".join(part.get("text", "") for part in content if isinstance(part, dict))
 
 
 def read_chat_template(directory: Path) -> tuple[dict[str, str], dict[str, str]]:

@@ -38,6 +38,7 @@ def _utf8(text: str) -> str:
 
 Text = Annotated[str, AfterValidator(_utf8)]
 MAX_CHOICES = 16  # the most choices (`n`) one request may ask for
+MAX_BATCH = 64  # the most choices of a completion request over all its prompts
 
 # OpenAI and vLLM fields this server does not implement, with the value that means "off": any
 # other value is answered 400 naming the field rather than silently ignored.
@@ -63,12 +64,22 @@ def refuse_unsupported(body: BaseModel) -> None:
             raise RequestError(f"{name} is not supported by this server", name)
 
 
-class StreamOptions(BaseModel):
+class Body(BaseModel):
+    """A request object whose fields read an explicit null as their default, as OpenAI's do (clients
+    that pass None for an option send it)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data):
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
+
+
+class StreamOptions(Body):
     include_usage: bool = False
     continuous_usage_stats: bool = False  # vLLM's: with include_usage, each chunk's choice's usage so far
 
 
-class JsonSchemaFormat(BaseModel):
+class JsonSchemaFormat(Body):
     name: Text = "response"
     description: Text | None = None
     schema_: dict[str, Any] | bool = Field(True, alias="schema")  # absent: any JSON value
@@ -102,7 +113,7 @@ class StructuredOutputs(BaseModel):
 JSON_OBJECT = '{"type": "object"}'  # OpenAI's json_object: any JSON object
 
 
-class RequestBody(BaseModel):
+class RequestBody(Body):
     """The fields completions and chat completions share. Other fields land in `model_extra`:
     those of `UNSUPPORTED` are refused by `refuse_unsupported`, the rest (such as `user`) ignored."""
 
@@ -136,6 +147,11 @@ class RequestBody(BaseModel):
     guided_regex: Text | None = None
     guided_choice: list[Text] | None = None
     guided_grammar: Text | None = None
+
+    def check_fields(self) -> None:
+        """RequestError naming a field that only means something beside another one left out."""
+        if self.stream_options is not None and not self.stream:
+            raise RequestError("stream_options applies to streamed responses (stream: true)", "stream_options")
 
     def grammar_spec(self) -> GrammarSpec | None:
         """The request's output constraint, or None; RequestError names the field when two are
@@ -197,11 +213,6 @@ class RequestBody(BaseModel):
     def _guided_off(cls, value):
         return None if value in ({}, [], "") else value  # clients send empty values for "off"
 
-    @field_validator("stop_token_ids", mode="before")
-    @classmethod
-    def _token_ids(cls, ids):
-        return [] if ids is None else ids
-
     @field_validator("stop")
     @classmethod
     def _stops(cls, stop):
@@ -239,9 +250,20 @@ def _spec(kind: str, value, field: str = "structured_outputs") -> GrammarSpec:
 
 
 class CompletionRequest(RequestBody):
-    prompt: Text | list[int] | list[Text]
+    prompt: Text | list[int] | list[Text] | list[list[int]]  # one prompt, or a batch (`prompts`)
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS, strict=True)  # alternatives per token (0: none)
     echo: bool = False  # the prompt's text before the completion's, and with logprobs the prompt's logprobs
+
+    def prompts(self) -> list[str | list[int]]:
+        """The request's prompts, each a text or token ids: one, or a batch whose choices are numbered
+        prompt by prompt (prompt p's choice j is choice p·n + j, as vLLM numbers them) and decoded one
+        after another. RequestError past `MAX_BATCH` choices in all."""
+        prompt = self.prompt
+        prompts = [prompt] if isinstance(prompt, str) or not prompt or isinstance(prompt[0], int) else list(prompt)
+        if len(prompts) * self.n > MAX_BATCH:
+            raise RequestError(f"{len(prompts)} prompts × n = {self.n} is {len(prompts) * self.n} choices; "
+                               f"at most {MAX_BATCH} in one request", "prompt")
+        return prompts
 
     def logprob_count(self) -> int | None:
         return self.logprobs
@@ -283,6 +305,15 @@ class ChatMessage(BaseModel):
     tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
     tool_call_id: Text | None = None  # a tool's answer: to which call
 
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts(cls, content):
+        if isinstance(content, list):
+            kinds = sorted({str(part.get("type")) for part in content if isinstance(part, dict)} - {"text"})
+            if kinds:
+                raise ValueError(f"content parts of type {', '.join(kinds)} are not supported: this model reads text")
+        return content
+
     @model_validator(mode="after")
     def _content(self) -> "ChatMessage":
         if self.content is None and not (self.role == "assistant" and self.tool_calls):
@@ -317,7 +348,7 @@ RESERVED_TEMPLATE_VARIABLES = {"messages", "tools", "documents", "chat_template"
 class ChatRequest(RequestBody):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    logprobs: bool | None = False  # null: off, as vLLM reads it
+    logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS, strict=True)
     tools: list[Tool] | None = None  # rendered by the chat template; calls parsed from the output (`tools.py`)
     # "required": at least one call; a named function: a call of it (both held to the tools' schemas by a grammar)
@@ -332,6 +363,11 @@ class ChatRequest(RequestBody):
             raise ValueError(f"{', '.join(reserved)} cannot be set through chat_template_kwargs")
         return variables
 
+    def check_fields(self) -> None:
+        super().check_fields()
+        if self.tool_choice not in (None, "none") and not self.tools:
+            raise RequestError("tool_choice needs tools", "tool_choice")
+
     def calls_tools(self) -> bool:
         """Whether the output is parsed for tool calls: tools given and tool_choice not "none"."""
         return bool(self.tools) and self.tool_choice != "none"
@@ -342,12 +378,10 @@ class ChatRequest(RequestBody):
 
     def tool_grammar(self, fmt: str, reasoning: str) -> GrammarSpec | None:
         """The grammar of the calls tool_choice requires (`GrammarSpec.tool_calls`), or None;
-        RequestError names the field when there are no tools, the named function is not one of
-        them, or another output constraint is given too."""
+        RequestError names the field when the named function is not one of the tools (which
+        `check_fields` has required), or another output constraint is given too."""
         if not self.forced_calls():
             return None
-        if not self.tools:
-            raise RequestError("tool_choice requires calls but no tools are given", "tool_choice")
         names = [t.function.name for t in self.tools]
         if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function.name not in names:
             raise RequestError(f"tool_choice names {self.tool_choice.function.name!r}, which is not one of the "
@@ -369,7 +403,7 @@ class ChatRequest(RequestBody):
         return (self.top_logprobs or 0) if self.logprobs else None
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(Body):
     """vLLM's /tokenize: a prompt, or chat messages (with tools and template variables), to the token
     ids this server's completions or chat endpoint would decode from (no special tokens added,
     whatever `add_special_tokens` says, as those endpoints do; Qwen's tokenizers add none)."""

@@ -14,8 +14,8 @@ event when the engine fails mid-stream.
 
 from __future__ import annotations
 
+import codecs
 import hmac
-import itertools
 import json
 import logging
 import time
@@ -28,6 +28,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
 
 from ..runtime.logprobs import finite
 from .api import (ChatRequest, CompletionRequest, DetokenizeRequest, RequestBody, RequestError, TokenizeRequest,
@@ -167,16 +168,30 @@ class _ClosingStream(StreamingResponse):
             await self.body_iterator.aclose()
 
 
-def completion_logprobs(service: Service, entries: list[TokenLogprob], offset: int) -> dict:
-    """The `logprobs` of a completion choice (OpenAI's legacy form) for `entries`, whose first token's
-    text starts at character `offset` of the completion's token texts. Each token's alternatives
-    include the token itself, as vLLM gives them (up to logprobs + 1)."""
+class TextOffsets:
+    """Where each token's text begins in a completion's text (`text_offset`, in characters): the
+    characters that the tokens before it complete, so a token that ends inside a UTF-8 character
+    moves the offset only once a later token completes the character."""
+
+    def __init__(self):
+        self.chars, self._decoder = 0, codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def take(self, raw: bytes) -> int:
+        """The offset of the token whose bytes are `raw`, the tokens before it taken already."""
+        at = self.chars
+        self.chars += len(self._decoder.decode(raw))
+        return at
+
+
+def completion_logprobs(service: Service, entries: list[TokenLogprob], offsets: TextOffsets) -> dict:
+    """The `logprobs` of a completion choice (OpenAI's legacy form) for `entries`, the choice's tokens
+    after those `offsets` has taken. Each token's alternatives include the token itself, as vLLM
+    gives them (up to logprobs + 1)."""
     tokens = [service.token_text(e.token) for e in entries]
-    offsets = list(itertools.accumulate((len(t) for t in tokens[:-1]), initial=offset)) if tokens else []
     top = [None if e.top is None else
            {service.token_text(i): finite(v) for i, v in [*e.top, (e.token, e.logprob)]} for e in entries]
     return {"tokens": tokens, "token_logprobs": [finite(e.logprob) for e in entries], "top_logprobs": top,
-            "text_offset": offsets}
+            "text_offset": [offsets.take(service.token_bytes(e.token)) for e in entries]}
 
 
 def chat_logprobs(service: Service, entries: list[TokenLogprob]) -> dict:
@@ -193,12 +208,13 @@ def _sse(obj: dict | str) -> str:
 
 
 async def _respond(service: Service, choice: Callable[[int], Decoding], body: RequestBody, chat: bool,
-                   request: Request, echo: str = "", thinking: bool | None = None):
-    """The response to a validated request: JSON, or an SSE stream. `choice(i)` builds the decoding of
-    choice i (`choice(0)` already built, so validated); the `n` choices decode one after another,
-    each streamed whole before the next. `echo` (the prompt's text) goes before each choice's text.
-    `thinking` (chat, when the server splits reasoning off): whether the output starts inside a
-    `<think>` block (`reasoning.py`); None: no split."""
+                   request: Request, echoes: list[str] = ("",), thinking: bool | None = None):
+    """The response to a validated request: JSON, or an SSE stream. One prompt, or a batch of
+    `len(echoes)` (completions): `n` choices each, choice i of prompt i // n. `choice(i)` builds the
+    decoding of choice i (`choice(0)` already built, so validated); the choices decode one after
+    another, each streamed whole before the next. `echoes[p]` (prompt p's text, or "") goes before
+    each of its choices' text. `thinking` (chat, when the server splits reasoning off): whether the
+    output starts inside a `<think>` block (`reasoning.py`); None: no split."""
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     base = {"id": rid, "created": int(time.time()), "model": service.model_name}
     obj = ("chat.completion" if chat else "text_completion") + (".chunk" if body.stream and chat else "")
@@ -206,6 +222,7 @@ async def _respond(service: Service, choice: Callable[[int], Decoding], body: Re
     parallel = not tools or body.parallel_tool_calls  # false: the first call only
     specs = [t.model_dump(exclude_none=True) for t in body.tools] if tools else None
     done: list[Decoding] = []
+    count = len(echoes) * body.n  # choices
 
     def begin(i: int) -> Decoding:
         decoding = choice(i)
@@ -213,33 +230,29 @@ async def _respond(service: Service, choice: Callable[[int], Decoding], body: Re
         request.state.decodings = [*getattr(request.state, "decodings", []), decoding]  # the access log's tokens
         return decoding
 
-    def logprobs(decoding: Decoding, entries: list[TokenLogprob], offset: list[int]) -> dict | None:
+    def logprobs(decoding: Decoding, entries: list[TokenLogprob], offsets: TextOffsets) -> dict | None:
         if decoding.logprobs is None:
             return None
-        if chat:
-            return chat_logprobs(service, entries)
-        out = completion_logprobs(service, entries, offset[0])
-        offset[0] += sum(len(t) for t in out["tokens"])
-        return out
+        return chat_logprobs(service, entries) if chat else completion_logprobs(service, entries, offsets)
 
-    def usage() -> dict:
-        n_prompt, n_out = len(done[0].prompt_ids), sum(len(d.ids) for d in done)
+    def usage() -> dict:  # each prompt counted once, as vLLM counts a batch's
+        n_prompt, n_out = sum(len(d.prompt_ids) for d in done[:: body.n]), sum(len(d.ids) for d in done)
         return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
 
     def stats() -> dict:
         if not body.spec_decode_stats:
             return {}
-        return {"spec_decode_stats": done[0].stats() if body.n == 1 else [d.stats() for d in done]}
+        return {"spec_decode_stats": done[0].stats() if count == 1 else [d.stats() for d in done]}
 
     if not body.stream:
         choices = []
-        for i in range(body.n):
+        for i in range(count):
             decoding = begin(i)
             deltas = [d async for d in service.run(decoding, request.is_disconnected)]
             if decoding.finish_reason is None:  # the client went away; nobody reads this
                 return _error("the client closed the request", None, CLIENT_CLOSED)
             done.append(decoding)
-            text, entries = echo + "".join(d.text for d in deltas), [e for d in deltas for e in d.logprobs]
+            text, entries = echoes[i // body.n] + "".join(d.text for d in deltas), [e for d in deltas for e in d.logprobs]
             finish = decoding.finish_reason
             reasoning = {}
             if chat and thinking is not None:
@@ -254,7 +267,7 @@ async def _respond(service: Service, choice: Callable[[int], Decoding], body: Re
                 item, finish = {"index": i, "message": message}, "tool_calls" if calls else finish
             else:
                 item = {"index": i, "message": {"role": "assistant", "content": text} | reasoning}
-            choices.append(item | {"logprobs": logprobs(decoding, entries, [0]), "finish_reason": finish})
+            choices.append(item | {"logprobs": logprobs(decoding, entries, TextOffsets()), "finish_reason": finish})
         return JSONResponse({**base, "object": obj, "choices": choices, "usage": usage(), **stats()})
     include_usage = body.stream_options is not None and body.stream_options.include_usage
     # vLLM's continuous_usage_stats: every chunk carries its choice's usage so far
@@ -288,19 +301,20 @@ async def _respond(service: Service, choice: Callable[[int], Decoding], body: Re
     async def events():
         decoding = None
         try:
-            for i in range(body.n):
-                decoding, pending, offset = begin(i), echo, [0]  # the echo goes with the choice's first chunk
+            for i in range(count):
+                decoding, pending, offsets = begin(i), echoes[i // body.n], TextOffsets()  # echo: with the first chunk
                 live[:] = [decoding]
                 calls = ToolStream(service.tool_format, specs) if tools else None  # content until a call may begin
                 thoughts = ReasoningStream(thinking) if chat and thinking is not None else None
                 if chat:
                     yield _sse(chunk(i, None, None, first=True))
                 async for delta in service.run(decoding, request.is_disconnected):
-                    lps = logprobs(decoding, delta.logprobs, offset) if delta.logprobs else None
+                    lps = logprobs(decoding, delta.logprobs, offsets) if delta.logprobs else None
                     thought, text = thoughts.feed(delta.text) if thoughts else ("", delta.text)
                     text, found = calls.feed(text) if calls else (text, [])
-                    yield _sse(chunk(i, pending + text, None, lps, thought=thought))
-                    pending = ""
+                    if pending or text or thought or lps:  # no chunk for a round whose text is held back
+                        yield _sse(chunk(i, pending + text, None, lps, thought=thought))
+                        pending = ""
                     for call in found:
                         if sent := call_chunk(i, call):
                             yield _sse(sent)
@@ -324,7 +338,7 @@ async def _respond(service: Service, choice: Callable[[int], Decoding], body: Re
                         if sent := call_chunk(i, call):
                             yield _sse(sent)
                 finish = "tool_calls" if calls and calls.calls else decoding.finish_reason
-                yield _sse(chunk(i, pending or None, finish) | (stats() if i == body.n - 1 else {}))
+                yield _sse(chunk(i, pending or None, finish) | (stats() if i == count - 1 else {}))
             if include_usage:
                 yield _sse({**base, "object": obj, "choices": [], "usage": usage()})
         except Exception:  # the engine failed mid-stream: the status is sent, so an error event says it
@@ -338,9 +352,12 @@ async def _respond(service: Service, choice: Callable[[int], Decoding], body: Re
     return _ClosingStream(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
-def create_app(service: Service, *, api_key: str | None = None, max_request_bytes: int = MAX_REQUEST_BYTES):
+def create_app(service: Service, *, api_key: str | None = None, max_request_bytes: int = MAX_REQUEST_BYTES,
+               allowed_origins: tuple[str, ...] = ()):
     """The ASGI app over one `Service`: FastAPI routes inside `Gate`. With `api_key`, /v1/* needs
-    `Authorization: Bearer KEY` (the scheme in any case)."""
+    `Authorization: Bearer KEY` (the scheme in any case). With `allowed_origins` ("*": any), web
+    pages of those origins may call the server from a browser: CORS preflights are answered before
+    `Gate` (a browser sends them without the key) and every response carries the CORS headers."""
     app = FastAPI(title="hybridspec", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.exception_handler(RequestValidationError)
@@ -407,24 +424,29 @@ def create_app(service: Service, *, api_key: str | None = None, max_request_byte
     async def completions(body: CompletionRequest, request: Request):
         arrived = time.monotonic()
         refuse_unsupported(body)
-        prompt = body.prompt
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
-            if len(prompt) != 1:
-                raise RequestError("one prompt per request (batch size one)", "prompt")
-            prompt = prompt[0]
-        ids = await service.encode(prompt, "prompt") if isinstance(prompt, str) else list(prompt)
+        body.check_fields()
+        prompts = body.prompts()
         max_tokens = body.max_tokens if body.max_tokens is not None else 16
-        grammar = await service.check_grammar(body, ids, max_tokens, "prompt")
-        first = service.start(body, ids, max_tokens, "prompt", arrived, grammar=grammar)
-        echo = (prompt if isinstance(prompt, str) else service.prompt_text(ids)) if body.echo else ""
-        choice = lambda i: first if i == 0 else service.start(body, ids, max_tokens, "prompt", choice=i,  # noqa: E731
-                                                              grammar=grammar)
-        return await _respond(service, choice, body, False, request, echo)
+        params = ["prompt"] if len(prompts) == 1 else [f"prompt.{p}" for p in range(len(prompts))]
+        ids, grammar = [], None
+        for prompt, param in zip(prompts, params):  # every prompt checked before any decoding starts
+            ids.append(await service.encode(prompt, param) if isinstance(prompt, str) else list(prompt))
+            grammar = await service.check_grammar(body, ids[-1], max_tokens, param)
+            service.check(body, ids[-1], max_tokens, param)
+        first = service.start(body, ids[0], max_tokens, params[0], arrived, grammar=grammar)
+        echoes = [(p if isinstance(p, str) else service.prompt_text(i)) if body.echo else "" for p, i in zip(prompts, ids)]
+
+        def choice(k: int) -> Decoding:  # prompt k // n, its choice k % n
+            return first if k == 0 else service.start(body, ids[k // body.n], max_tokens, params[k // body.n],
+                                                      choice=k % body.n, grammar=grammar)
+
+        return await _respond(service, choice, body, False, request, echoes)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request):
         arrived = time.monotonic()
         refuse_unsupported(body)
+        body.check_fields()
         tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None  # "none" too, as vLLM
         ids, thinking = await service.encode_chat([m.for_template() for m in body.messages], tools,
                                                   body.chat_template_kwargs)
@@ -435,13 +457,17 @@ def create_app(service: Service, *, api_key: str | None = None, max_request_byte
                                                               grammar=grammar)
         return await _respond(service, choice, body, True, request, thinking=thinking if service.reasoning else None)
 
-    return Gate(app, service, api_key, max_request_bytes)
+    gate = Gate(app, service, api_key, max_request_bytes)
+    if not allowed_origins:
+        return gate
+    return CORSMiddleware(gate, allow_origins=list(allowed_origins), allow_methods=["*"], allow_headers=["*"])
 
 
 def serve(service: Service, *, host: str, port: int, api_key: str | None = None,
-          max_request_bytes: int = MAX_REQUEST_BYTES, log_level: str = "info") -> None:
+          max_request_bytes: int = MAX_REQUEST_BYTES, allowed_origins: tuple[str, ...] = (),
+          log_level: str = "info") -> None:
     """Run the app on host:port until interrupted (what `hybridspec serve` runs). Logs (the access
     log at info) go to stderr through `logging`."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = create_app(service, api_key=api_key, max_request_bytes=max_request_bytes)
+    app = create_app(service, api_key=api_key, max_request_bytes=max_request_bytes, allowed_origins=allowed_origins)
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)

@@ -211,7 +211,9 @@ class Decoding:
 
 def _first_stop(text: str, stops: list[str], begin: int = 0) -> tuple[int, str] | None:
     """(where, which) of the stop sequence found first in text[begin:] (the earlier in `stops` where
-    two begin at one place), or None."""
+    two begin at one place), or None. A trailing U+FFFD is not searched: it may be the first bytes of
+    a character that the next tokens complete (one that stays a U+FFFD is searched with them)."""
+    text = text.rstrip("\ufffd")
     hits = [(i, k) for k, i in enumerate(text.find(s, begin) for s in stops) if i >= 0]
     if not hits:
         return None

@@ -228,20 +228,31 @@ def test_a_grammar_after_reasoning_lets_the_block_run_free(session, compiler):
     assert not direct.complete  # still reasoning: the grammar starts after </think>
 
 
-def test_forced_calls_without_parallel_calls_allow_one(session, compiler):
-    """tool_choice required with parallel_tool_calls false: one call completes the output and the
-    grammar refuses the start of a second; with parallel calls a second may follow."""
+def test_forced_calls_are_the_whole_output(session, compiler):
+    """tool_choice required: the output is calls only, no text before, between or after them; with
+    parallel_tool_calls false one call completes it, with parallel calls a second may follow on
+    the next line."""
     tools = [{"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}}]
     call = session.codec.encode('<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>')
+    vocab = session.target.cfg.vocab_size
+
+    def allowed(st, text: str) -> bool:
+        return bool(st.constrain(torch.zeros(1, vocab))[0][session.codec.encode(text)[0]] > float("-inf"))
+
     for parallel in (True, False):
-        st = state(session, compiler, GrammarSpec.tool_calls("hermes", tools, "required", "disabled", parallel=parallel))
+        spec = GrammarSpec.tool_calls("hermes", tools, "required", "disabled", parallel=parallel)
+        fresh = state(session, compiler, spec)
+        assert allowed(fresh, "<") and not allowed(fresh, "x")  # the first call starts at once
+        st = state(session, compiler, spec)
         st.accept(call)
         assert st.complete
-        second = session.codec.encode("<tool_call>")[0]
-        allowed = st.constrain(torch.zeros(1, session.target.cfg.vocab_size))[0] > float("-inf")
-        assert bool(allowed[second]) == parallel, parallel
-        assert bool(allowed[list(session.eos_ids)].any())  # the output may end after one call
+        assert not allowed(st, "x") and not allowed(st, "#")  # nothing but another call after one
+        assert allowed(st, "\n") == parallel, parallel
+        assert bool((st.constrain(torch.zeros(1, vocab))[0][list(session.eos_ids)] > float("-inf")).any())
+        if parallel:
+            st.accept(session.codec.encode("\n"))
+            assert allowed(st, "<") and not st.complete
 
 
 class WarmedGraphs(RecordedGraphs):

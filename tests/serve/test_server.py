@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -480,7 +481,9 @@ def test_tool_calls_parsed_from_the_model_text():
         assert (out.finish_reason, out.message.content) == ("tool_calls", "Checking.")
         assert [(c.function.name, json.loads(c.function.arguments)) for c in out.message.tool_calls] == \
             [("get_weather", {"city": "Paris"})]
-        content, calls, finish, chunks = "", [], None, list(client.chat.completions.create(stream=True, **kw))
+        usage = {"include_usage": True, "continuous_usage_stats": True}  # each chunk: the tokens decoded so far
+        content, calls, finish = "", [], None
+        chunks = [c for c in client.chat.completions.create(stream=True, stream_options=usage, **kw) if c.choices]
         for chunk in chunks:
             delta = chunk.choices[0].delta
             content, calls = content + (delta.content or ""), calls + (delta.tool_calls or [])
@@ -488,8 +491,8 @@ def test_tool_calls_parsed_from_the_model_text():
         assert (content, finish) == ("Checking.", "tool_calls")
         assert [(c.index, c.function.name, json.loads(c.function.arguments)) for c in calls] == \
             [(0, "get_weather", {"city": "Paris"})]
-        at = next(k for k, chunk in enumerate(chunks) if chunk.choices[0].delta.tool_calls)
-        assert at < len(chunks) - 4  # sent when its block closed, with the text after it still to come
+        sent = next(chunk for chunk in chunks if chunk.choices[0].delta.tool_calls)
+        assert sent.usage.completion_tokens < 20 < 40 == chunks[-1].usage.completion_tokens  # sent when its block closed
         plain = client.chat.completions.create(tool_choice="none", **kw).choices[0]
         assert (plain.message.content, plain.finish_reason, plain.message.tool_calls) == (script, "length", None)
         call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
@@ -618,9 +621,24 @@ def test_tool_choice_required_and_named_hold_the_model_to_calls():
         assert [c.function.arguments for c in runs["full"].message.tool_calls] == \
             [c.function.arguments for c in out.message.tool_calls]
         required = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=60, temperature=0,
-                                                  tools=tools, tool_choice="required").choices[0]
+                                                  tools=tools, tool_choice="required", logprobs=True).choices[0]
         assert required.finish_reason == "tool_calls" and required.message.tool_calls
         assert all(c.function.name in ("get_weather", "get_time") for c in required.message.tool_calls)
+        assert required.message.content is None
+        block = r"<tool_call>\n\{.*?\}\n</tool_call>"  # calls only, one a line (the last cut by max_tokens)
+        assert re.fullmatch(f"{block}(\n{block})*(\n<tool_c.*)?", "".join(t.token for t in required.logprobs.content),
+                            re.S)
+        one = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=60, temperature=0,
+                                             tools=tools, tool_choice="required", parallel_tool_calls=False,
+                                             logprobs=True).choices[0]
+        [call] = one.message.tool_calls  # the grammar ends the output with the call's block, then the EOS
+        text = f'<tool_call>\n{{"name": "{call.function.name}", "arguments": {call.function.arguments}}}\n</tool_call>'
+        eos = service.token_text(service.session.eos_ids[0])
+        assert "".join(t.token for t in one.logprobs.content) == text + eos
+        chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=60, temperature=0,
+                                                     tools=tools, tool_choice="required", stream=True))
+        assert all(c.choices[0].delta.tool_calls or c.choices[0].finish_reason for c in chunks[1:]), \
+            [c.choices[0].delta for c in chunks]  # no empty deltas while the calls' text is held back
         for body, param in (({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
                             ({"tool_choice": "required", "tools": None}, "tool_choice"),
                             ({"tool_choice": "required", "guided_regex": "a"}, "tool_choice"),
