@@ -267,7 +267,8 @@ async def _respond(service: Service, choice: Callable[[int], Decoding], body: Re
                 item, finish = {"index": i, "message": message}, "tool_calls" if calls else finish
             else:
                 item = {"index": i, "message": {"role": "assistant", "content": text} | reasoning}
-            choices.append(item | {"logprobs": logprobs(decoding, entries, TextOffsets()), "finish_reason": finish})
+            choices.append(item | {"logprobs": logprobs(decoding, entries, TextOffsets()), "finish_reason": finish,
+                                   "stop_reason": decoding.stop_reason})
         return JSONResponse({**base, "object": obj, "choices": choices, "usage": usage(), **stats()})
     include_usage = body.stream_options is not None and body.stream_options.include_usage
     # vLLM's continuous_usage_stats: every chunk carries its choice's usage so far
@@ -282,6 +283,7 @@ async def _respond(service: Service, choice: Callable[[int], Decoding], body: Re
             item = {"index": i, "delta": delta, "logprobs": lps, "finish_reason": finish}
         else:
             item = {"index": i, "text": text or "", "logprobs": lps, "finish_reason": finish}
+        item["stop_reason"] = live[0].stop_reason if finish else None
         out = {**base, "object": obj, "choices": [item]}
         if continuous:
             n_prompt, n_out = len(live[0].prompt_ids), len(live[0].ids)
@@ -389,6 +391,7 @@ def create_app(service: Service, *, api_key: str | None = None, max_request_byte
 
     def card() -> dict:
         return {"id": service.model_name, "object": "model", "created": service.created, "owned_by": "hybridspec",
+                "root": str(service.session.model), "parent": None,  # vLLM's: the checkpoint served, no adapter
                 "max_model_len": service.session.engine.max_context}
 
     @app.get("/v1/models")

@@ -97,6 +97,7 @@ class Decoding:
         self.min_tokens = sampling.min_tokens  # stop sequences count only in the text after these
         self.stop_begin: int | None = None  # the text's length at min_tokens ids, once reached
         self.finish_reason: str | None = None
+        self.stop_reason: str | int | None = None  # vLLM's: the stop sequence or stop token id that ended it
         self.rounds, self.decode_tokens, self.draft_tokens, self.accepted_tokens = 0, 0, 0, 0
         self.verification: dict[int, int] = {}
         self.closed = False
@@ -108,6 +109,8 @@ class Decoding:
         if step is None:
             ended = bool(self.ids) and self.ids[-1] in self.end_ids
             self.finish_reason = "stop" if ended else "length"
+            if ended and self.ids[-1] not in self.service.session.eos_ids:  # one of the request's stop_token_ids
+                self.stop_reason = self.ids[-1]
             return
         new, record = step
         if isinstance(record, PrefillRecord):  # the prefill's anchor: the first token
@@ -156,6 +159,7 @@ class Decoding:
             if found is not None:
                 at, stop = found
                 self.ids, self.text = self.ids[:k], text[: at + len(stop) if self.include_stop else at]
+                self.stop_reason = stop
                 if self.logprobs is not None:  # only this round's tokens are cut: earlier ones never held a stop
                     self.logprobs = self.logprobs.head(k)
                 return True

@@ -103,11 +103,12 @@ def test_stop_sequence_cuts_text(client):
     stop = full.strip()[:2]
     assert stop, full
     out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=16, temperature=0, stop=[stop])
-    assert out.choices[0].finish_reason == "stop"
+    assert (out.choices[0].finish_reason, out.choices[0].stop_reason) == ("stop", stop)  # vLLM's stop_reason
     assert out.choices[0].text == full[: full.find(stop)]
-    streamed = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=16, temperature=0, stop=stop,
-                                         stream=True)
+    streamed = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=16, temperature=0, stop=stop,
+                                              stream=True))
     assert "".join(c.choices[0].text for c in streamed) == out.choices[0].text
+    assert [c.choices[0].stop_reason for c in streamed] == [None] * (len(streamed) - 1) + [stop]
     # vLLM's include_stop_str_in_output: the stop that ended the text stays in it, streamed or not
     kept = dict(model=MODEL, prompt=PROMPT, max_tokens=16, temperature=0, stop=[stop],
                 extra_body={"include_stop_str_in_output": True})
@@ -133,10 +134,12 @@ def test_stop_token_ids_and_ignore_eos(tmp_path):
         j = next(i for i in range(2, len(ids)) if ids[i] not in ids[:i])  # a token's first appearance
         for policy in ("ar", "full", "static:4"):
             out = complete(policy=policy, stop_token_ids=[ids[j]])
-            assert (out.finish_reason, out.text) == ("stop", codec.decode(ids[:j])), policy
+            assert (out.finish_reason, out.text, out.stop_reason) == ("stop", codec.decode(ids[:j]), ids[j]), policy
         assert complete(stop_token_ids=[ids[j]]).finish_reason == "stop"
+        assert complete().stop_reason is None
         service.session.eos_ids = (ids[j],)
-        assert (complete().finish_reason, complete().text) == ("stop", codec.decode(ids[:j]))
+        eos = complete()
+        assert (eos.finish_reason, eos.text, eos.stop_reason) == ("stop", codec.decode(ids[:j]), None)  # EOS: none
         past = complete(ignore_eos=True)
         assert past.finish_reason == "length"
         assert past.text == codec.decode([i for i in ids if i != ids[j]])
@@ -353,7 +356,8 @@ def test_min_tokens_holds_back_stop_sequences_too(client):
 
 def test_models_health_and_auth(server, client):
     assert [m.id for m in client.models.list()] == [MODEL]
-    assert client.models.retrieve(MODEL).id == MODEL
+    card = client.models.retrieve(MODEL)
+    assert (card.id, card.parent, card.max_model_len) == (MODEL, None, 512) and card.root.endswith("target")
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.models.retrieve("other/model")
     assert httpx.get(f"{server}/health").status_code == 200
