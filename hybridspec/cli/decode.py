@@ -190,6 +190,7 @@ def serve(
     expert_parallel: ExpertParallelOpt = False,
     prepare: Annotated[str, typer.Option("--prepare", help="Also capture these flavours' graphs at start-up, comma-separated: greedy, sample, top-k or filter, each with any of +logprobs, +penalties, +grammar (default: greedy only; others are captured by their first request).")] = "",
     tool_call_parser: Annotated[Literal["auto", "hermes", "qwen3_xml"], typer.Option("--tool-call-parser", help="The format of the tool calls in the model's text: hermes (Qwen3, Qwen3-Next), qwen3_xml (Qwen3.5, Qwen3.6), or auto (qwen3_xml where the chat template shows <function=…> blocks).")] = "auto",
+    grammar_timeout: Annotated[float, typer.Option("--grammar-timeout", min=0.001, help="Seconds a request's structured-output grammar (or forced tool calls' grammar) may take to compile before the request is refused (400).")] = 30.0,
     reasoning_parser: Annotated[Literal["auto", "none", "qwen3"], typer.Option("--reasoning-parser", help="qwen3: a chat output's <think> block comes back as reasoning_content; auto: where the chat template writes </think>.")] = "auto",
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API (completions, chat, models, health, metrics)."""
@@ -216,7 +217,8 @@ def serve(
                           "first request, which every rank runs")
     options = dict(artifact=artifact, model=model, drafter=drafter, policy=policy, device=device, dtype=dtype,
                    backend=backend, max_context=max_context, force=force, graphs=graphs, model_name=served_model_name,
-                   prepare=flavours, tool_call_parser=tool_call_parser, reasoning_parser=reasoning_parser)
+                   prepare=flavours, tool_call_parser=tool_call_parser, reasoning_parser=reasoning_parser,
+                   grammar_timeout=grammar_timeout)
     server = dict(host=host, port=port, api_key=api_key, max_request_bytes=max_request_bytes,
                   allowed_origins=tuple(allowed_origins or ()), log_level=log_level)
     banner = f"serving [bold]{{model}}[/] (policy {policy}) on http://{host}:{port}/v1"

@@ -225,6 +225,7 @@ def _first_stop(text: str, stops: list[str], begin: int = 0) -> tuple[int, str] 
     return at, stops[k]
 
 
+GRAMMAR_TIMEOUT = 30.0  # seconds a request's grammar may take to compile (`Service.check_grammar`)
 PREPARE_SAMPLING = {"greedy": SamplingParams(), "sample": SamplingParams(1.0), "top-k": SamplingParams(1.0, 20),
                     "filter": SamplingParams(1.0, 0, 0.9)}  # a request of each `resident.sampling_mode`
 PREPARE_EXTRAS = ("logprobs", "penalties", "grammar")
@@ -252,8 +253,12 @@ class Service:
 
     def __init__(self, session: Session, *, params: PolicyParameters | None, policy: str, model_name: str,
                  tensor_parallel: bool = False, prepare: tuple[str, ...] = (), tool_call_parser: str = "auto",
-                 reasoning_parser: str = "auto"):
+                 reasoning_parser: str = "auto", grammar_timeout: float = GRAMMAR_TIMEOUT):
         self.session, self.params, self.model_name = session, params, model_name
+        # a request's grammar compiles on a pool of its own (tokenizing never waits behind a slow one),
+        # refused past `grammar_timeout` seconds (the compile runs on; xgrammar keeps what it made)
+        self.grammar_timeout = grammar_timeout
+        self.compiles = ThreadPoolExecutor(max_workers=2, thread_name_prefix="grammar")
         templates = list(session.codec.chat_templates.values()) if session.codec is not None else []
         # the call format chat outputs are parsed for (`tools.py`), and whether their reasoning is split off
         self.tool_format = tool_call_parser if tool_call_parser != "auto" else tool_format(
@@ -339,7 +344,11 @@ class Service:
             except GrammarError as exc:
                 raise RequestError(str(exc), field) from None
 
-        await asyncio.to_thread(compile_)
+        try:
+            await asyncio.wait_for(asyncio.wrap_future(self.compiles.submit(compile_)), self.grammar_timeout)
+        except TimeoutError:
+            raise RequestError(f"the {spec.kind} grammar did not compile within {self.grammar_timeout:g} s "
+                               "(--grammar-timeout)", field) from None
         return spec
 
     def token_bytes(self, token: int) -> bytes:
@@ -543,14 +552,15 @@ def open_service(*, artifact: Path | None = None, model: str | None = None, draf
                  max_context: int = 4096, force: bool = False, model_name: str | None = None,
                  graphs: bool = True, tensor_parallel: bool = False, expert_parallel: bool = False,
                  prepare: tuple[str, ...] = (), tool_call_parser: str = "auto",
-                 reasoning_parser: str = "auto") -> Service:
+                 reasoning_parser: str = "auto", grammar_timeout: float = GRAMMAR_TIMEOUT) -> Service:
     """Check the default policy and the artifact, then load the model and the drafter for `serve`
     (`check_policy`, before any weights load: the default policy needs an artifact when it needs
     parameters; one fitted for another pair is refused unless `force`). Without `policy`: `hybridspec`
     with an artifact, else `default_policy`'s choice. `tensor_parallel`: on one rank of a process
     group (`serve/parallel.py`); `expert_parallel`: its experts split whole across the ranks;
     `prepare`: the flavours whose graphs are captured at start-up besides greedy's (`prepare_flavours`);
-    `tool_call_parser`, `reasoning_parser`: how chat outputs are read (`tools.py`, `reasoning.py`)."""
+    `tool_call_parser`, `reasoning_parser`: how chat outputs are read (`tools.py`, `reasoning.py`);
+    `grammar_timeout`: seconds a request's grammar may take to compile."""
     prepare_flavours(prepare)  # a bad item fails before any weights load
     policy = policy or default_policy(artifact)
     params = check_policy(policy, artifact, model, drafter, force=force)
@@ -558,4 +568,5 @@ def open_service(*, artifact: Path | None = None, model: str | None = None, draf
                            graphs=graphs, tensor_parallel=tensor_parallel, expert_parallel=expert_parallel)
     name = model_name or (model if model is not None else EMBEDDED_NAME)
     return Service(session, params=params, policy=policy, model_name=name, tensor_parallel=tensor_parallel,
-                   prepare=prepare, tool_call_parser=tool_call_parser, reasoning_parser=reasoning_parser)
+                   prepare=prepare, tool_call_parser=tool_call_parser, reasoning_parser=reasoning_parser,
+                   grammar_timeout=grammar_timeout)

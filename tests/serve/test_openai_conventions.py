@@ -4,6 +4,8 @@ partial characters, fields that need another, text content parts, CORS."""
 
 from __future__ import annotations
 
+import threading
+
 import httpx
 import pytest
 
@@ -125,3 +127,28 @@ def test_cors_only_for_the_allowed_origins(service, server):
         assert "access-control-allow-origin" not in other.headers
     plain = httpx.options(f"{server}{COMPLETION}", headers=preflight)
     assert plain.status_code == 405 and "access-control-allow-origin" not in plain.headers
+
+
+def test_a_grammar_that_compiles_too_long_is_refused_and_the_server_goes_on(server, service, monkeypatch):
+    """--grammar-timeout: a compile past it is a 400 naming the constraint's field; tokenizing and
+    other requests do not wait behind it (it runs on the grammar pool), and a later request with the
+    same grammar, compiled by then, runs."""
+    compiler = service.grammar_compiler()
+    compile_ = compiler.compile
+    released = threading.Event()
+
+    def slow(spec):
+        released.wait(30)
+        return compile_(spec)
+
+    monkeypatch.setattr(compiler, "compile", slow)
+    monkeypatch.setattr(service, "grammar_timeout", 0.2)
+    body = {"prompt": PROMPT, "max_tokens": 3, "temperature": 0, "guided_regex": "[a-z]+"}
+    refused = _post(server, COMPLETION, body)
+    assert _error_param(refused) == "guided_regex" and "0.2 s" in refused.json()["error"]["message"]
+    assert _post(server, "/tokenize", {"prompt": PROMPT}).status_code == 200  # while the compile still runs
+    assert _post(server, COMPLETION, {"prompt": PROMPT, "max_tokens": 2}).status_code == 200
+    released.set()
+    monkeypatch.undo()
+    text = _post(server, COMPLETION, body).json()["choices"][0]["text"]
+    assert text and text.isalpha() and text.islower()
