@@ -110,9 +110,9 @@ class Gate:
             decoding: Decoding | None = scope["state"].get("decoding")
             if decoding is not None and decoding.finish_reason is None and not decoding.failed and status[0] < 400:
                 status[0] = CLIENT_CLOSED  # a stream whose client left: logged so, counted as the 200 it was sent
-            choices = scope["state"].get("decodings") or []  # n > 1: every choice's output, the prompt once
-            tokens = (f" tokens={len(decoding.prompt_ids)}+{'+'.join(str(len(d.ids)) for d in choices)}"
-                      if decoding is not None else "")
+            choices = scope["state"].get("decodings") or []  # every choice's output, each prompt once
+            prompt = scope["state"].get("prompt_tokens", 0)
+            tokens = f" tokens={prompt}+{'+'.join(str(len(d.ids)) for d in choices)}" if decoding is not None else ""
             access_log.info('%s "%s %s" %d%s %.3fs', _client(scope), scope["method"], scope["path"], status[0],
                             tokens, time.monotonic() - start)
 
@@ -228,6 +228,8 @@ async def _respond(service: Service, choice: Callable[[int], Decoding], body: Re
         decoding = choice(i)
         request.state.decoding = decoding  # the current choice: for the access log's status and the cancellation count
         request.state.decodings = [*getattr(request.state, "decodings", []), decoding]  # the access log's tokens
+        if i % body.n == 0:  # a prompt's first choice: its tokens counted once in the access log
+            request.state.prompt_tokens = getattr(request.state, "prompt_tokens", 0) + len(decoding.prompt_ids)
         return decoding
 
     def logprobs(decoding: Decoding, entries: list[TokenLogprob], offsets: TextOffsets) -> dict | None:

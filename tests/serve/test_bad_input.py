@@ -327,11 +327,14 @@ def test_one_access_log_line_per_request(server, caplog):
         _post(server, COMPLETION, {"prompt": PROMPT, "max_tokens": 2})
         _post(server, COMPLETION, {"prompt": PROMPT, "seed": 2**70})
         three = _post(server, COMPLETION, {"prompt": PROMPT, "max_tokens": 3, "n": 3, "temperature": 1, "seed": 1})
+        batch = _post(server, COMPLETION, {"prompt": [PROMPT, "import os"], "max_tokens": 2, "n": 2,
+                                           "ignore_eos": True})
         access = lambda: [r.getMessage() for r in caplog.records if r.name == "hybridspec.access"]  # noqa: E731
-        _wait_for(lambda: len(access()) >= 3, "no access-log line")  # written just after the response is sent
+        _wait_for(lambda: len(access()) >= 4, "no access-log line")  # written just after the response is sent
     lines = access()
-    assert len(lines) == 3
+    assert len(lines) == 4
     assert '"POST /v1/completions" 200 tokens=' in lines[0] and lines[0].endswith("s")
     assert '"POST /v1/completions" 400' in lines[1]
     usage = three.json()["usage"]  # n = 3: the prompt once, then each choice's tokens
     assert f"tokens={usage['prompt_tokens']}+3+3+3 " in lines[2] and usage["completion_tokens"] == 9
+    assert f"tokens={batch.json()['usage']['prompt_tokens']}+2+2+2+2 " in lines[3]  # each prompt counted once
