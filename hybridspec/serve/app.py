@@ -1,7 +1,7 @@
 """The HTTP routes of `hybridspec serve` over one `Service`:
 
     POST /v1/completions, POST /v1/chat/completions   (both with `stream: true` as SSE chunks)
-    GET  /v1/models, /health, /metrics (Prometheus text)
+    GET  /v1/models, /health, /version, /metrics (Prometheus text)
 
 `Gate`, an ASGI middleware around the whole app, answers what must not reach the routes (a missing
 or wrong API key on /v1/*, as vLLM asks it; a body over `max_request_bytes`), turns any unhandled
@@ -30,6 +30,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 
+from .. import __version__
 from ..runtime.logprobs import finite
 from .api import (ChatRequest, CompletionRequest, DetokenizeRequest, RequestBody, RequestError, TokenizeRequest,
                   refuse_unsupported)
@@ -386,6 +387,10 @@ def create_app(service: Service, *, api_key: str | None = None, max_request_byte
     @app.get("/health")
     async def health():
         return {"status": "ok"}
+
+    @app.get("/version")
+    async def version():
+        return {"version": __version__}
 
     @app.get("/metrics")
     async def metrics():

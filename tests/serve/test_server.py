@@ -13,6 +13,7 @@ import pytest
 openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
 
+import hybridspec  # noqa: E402
 from hybridspec.artifacts.artifact import save_artifact  # noqa: E402
 from hybridspec.runtime.generation import GenerateRequest, run_generate  # noqa: E402
 from hybridspec.serve.service import open_service  # noqa: E402
@@ -361,6 +362,7 @@ def test_models_health_and_auth(server, client):
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.models.retrieve("other/model")
     assert httpx.get(f"{server}/health").status_code == 200
+    assert httpx.get(f"{server}/version").json() == {"version": hybridspec.__version__}  # vLLM's, open as /health
     assert httpx.get(f"{server}/v1/models").status_code == 401
     bad = httpx.post(f"{server}/v1/completions", headers={"Authorization": "Bearer nope"},
                      json={"prompt": "x", "max_tokens": 2})
