@@ -20,7 +20,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -209,7 +209,7 @@ def _sse(obj: dict | str) -> str:
 
 
 async def _respond(service: Service, choice: Callable[[int], Decoding], body: RequestBody, chat: bool,
-                   request: Request, echoes: list[str] = ("",), thinking: bool | None = None):
+                   request: Request, echoes: Sequence[str] = ("",), thinking: bool | None = None):
     """The response to a validated request: JSON, or an SSE stream. One prompt, or a batch of
     `len(echoes)` (completions): `n` choices each, choice i of prompt i // n. `choice(i)` builds the
     decoding of choice i (`choice(0)` already built, so validated); the choices decode one after
