@@ -49,6 +49,14 @@ def test_generate_checks_policy_and_artifact_before_loading(no_loading, args, me
     _one_line_error(runner.invoke(app, ["generate", "--prompt-ids", "1,2", *args]), message)
 
 
+@pytest.mark.parametrize("command", [["generate", "--prompt-ids", "1,2"], ["serve"]])
+def test_a_drafter_that_is_no_directory_is_named_before_loading(no_loading, tmp_path, command):
+    (tmp_path / "d.safetensors").write_bytes(b"")
+    for drafter in (str(tmp_path / "missing"), str(tmp_path / "d.safetensors")):
+        result = runner.invoke(app, [*command, "--policy", "full", "--drafter", drafter])
+        _one_line_error(result, repr(drafter), "not a drafter directory")
+
+
 def test_serve_checks_the_artifact_before_loading(no_loading):
     _one_line_error(runner.invoke(app, ["serve", "--artifact", "nope.safetensors"]), "no such artifact file")
 

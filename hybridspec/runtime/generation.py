@@ -46,14 +46,13 @@ def check_policy(name: str, artifact: Path | None, model: str | None, drafter: s
     if need_drafter and drafter is None and model not in PRESETS:
         raise ConfigError(f"a speculative policy needs --drafter (a DFlash directory) for {model}")
     drafter = drafter if need_drafter else None
+    dcfg = drafter_config(drafter) if drafter not in (None, "random") else None  # a bad reference named first
     ids = ModelIds(*model_identity(model, drafter, seed=seed, with_drafter=need_drafter))
     params, _ = resolve_policy(name, artifact, ids, force)
     if not need_drafter:
         draft_len = 0
-    elif drafter in (None, "random"):
-        draft_len = RANDOM_BLOCK_SIZE - 1
     else:
-        draft_len = drafter_config(drafter).draft_len
+        draft_len = RANDOM_BLOCK_SIZE - 1 if dcfg is None else dcfg.draft_len
     make_policy(name, draft_len, params)
     return params
 
