@@ -5,6 +5,7 @@ point does."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import runpy
 import sys
 
@@ -44,6 +45,8 @@ def test_markup_in_a_message_is_printed_as_given(tmp_path):
     (["--policy", "hybridspec", "--artifact", "nope.safetensors"], "nope.safetensors: no such artifact file"),
     (["--policy", "sometimes"], "unknown policy 'sometimes'"),
     (["--policy", "static:99"], "static:99: length must be in 2"),
+    (["--policy", " "], "--policy is empty"),
+    (["--policy", "ar", "--max-context", "100000"], "exceeds the model's max_position_embeddings (4096)"),
 ])
 def test_generate_checks_policy_and_artifact_before_loading(no_loading, args, message):
     _one_line_error(runner.invoke(app, ["generate", "--prompt-ids", "1,2", *args]), message)
@@ -155,3 +158,12 @@ def test_the_demo_prints_the_fit_command_it_runs(monkeypatch, tmp_path):
     text = console.export_text()
     assert seen == {"name": demo.CAMPAIGN, "allow_poor_fit": True}
     assert f"--name {demo.CAMPAIGN} " in text and text.rstrip().endswith("--allow-poor-fit") and "--run" not in text
+
+
+def test_generate_reads_prompt_ids_and_policy_names_strictly():
+    _one_line_error(runner.invoke(app, ["generate", "--prompt-ids", "1,,2", "--policy", "ar"]),
+                    "prompt ids must be comma-separated integers")
+    result = runner.invoke(app, ["generate", "--prompt-ids", "1, 2", "--policy", "static: 4", "--json",
+                                 "--max-new-tokens", "2"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["policy"] == "static:4"

@@ -20,6 +20,10 @@ def _policy_note(policy: str | None, artifact: Path | None) -> str:
     """The policy a command runs, and why when it was not named (printed to stderr)."""
     from ..runtime.generation import default_policy
 
+    if policy is not None:
+        policy = "".join(policy.split())  # `static: 4` is static:4
+        if not policy:
+            _fail("--policy is empty (a policy name: ar, full, static:N, hybridspec, …)")
     chosen = policy or default_policy(artifact)
     if policy is None and artifact is None:
         err_console.print(f"policy {chosen} (no --artifact: the calibrated policies hybridspec, nominal and ratio "
@@ -36,13 +40,14 @@ def generate(
     policy: PolicyOpt = None,
     artifact: ArtifactOpt = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1)] = 64,
+    max_context: Annotated[int, typer.Option("--max-context", min=2, help="Prompt + generated tokens (at most the model's max_position_embeddings).")] = 4096,
     temperature: Annotated[float, typer.Option("--temperature", min=0.0)] = 0.0,
     top_p: Annotated[float, typer.Option("--top-p")] = 1.0,
     top_k: Annotated[int, typer.Option("--top-k", min=0)] = 0,
     seed: Annotated[int, typer.Option("--seed", min=SEED_MIN, max=SEED_MAX, help="A 64-bit integer.")] = 0,
     presence_penalty: Annotated[float, typer.Option("--presence-penalty", min=-2.0, max=2.0)] = 0.0,
     frequency_penalty: Annotated[float, typer.Option("--frequency-penalty", min=-2.0, max=2.0)] = 0.0,
-    repetition_penalty: Annotated[float, typer.Option("--repetition-penalty", min=0.0, max=2.0)] = 1.0,
+    repetition_penalty: Annotated[float, typer.Option("--repetition-penalty", max=2.0, help="In (0, 2]; 1 is off.")] = 1.0,
     logprobs: Annotated[Optional[int], typer.Option(
         "--logprobs", min=0, max=20, help="Print each token's log-probability and this many alternatives.")] = None,
     json_schema: Annotated[Optional[Path], typer.Option(
@@ -67,7 +72,8 @@ def generate(
     policy = _policy_note(policy, artifact)
     spec = _grammar_spec(json_schema, regex, choice, grammar)
     request = GenerateRequest(model=model, drafter=drafter, prompt=prompt, prompt_ids=prompt_ids, policy=policy,
-                              artifact=artifact, max_new_tokens=max_new_tokens, temperature=temperature,
+                              artifact=artifact, max_new_tokens=max_new_tokens, max_context=max_context,
+                              temperature=temperature,
                               top_p=top_p, top_k=top_k, seed=seed, device=device, dtype=dtype, backend=backend, graphs=graphs,
                               force=force, tp=tp, expert_parallel=expert_parallel, logprobs=logprobs,
                               presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
@@ -184,7 +190,7 @@ def serve(
     dtype: DtypeOpt = "float32",
     backend: BackendOpt = "auto",
     graphs: GraphsOpt = True,
-    max_context: Annotated[int, typer.Option("--max-context", min=2, help="Prompt + generated tokens per request.")] = 4096,
+    max_context: Annotated[int, typer.Option("--max-context", min=2, help="Prompt + generated tokens per request (at most the model's max_position_embeddings).")] = 4096,
     force: Annotated[bool, typer.Option("--force", help="Use an artifact fitted for another model/drafter.")] = False,
     tp: TensorParallelOpt = 1,
     expert_parallel: ExpertParallelOpt = False,

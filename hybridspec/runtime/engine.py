@@ -173,7 +173,7 @@ class Engine:
             raise ValueError(f"max_new_tokens must be ≥ 1, got {max_new_tokens}")
         if len(prompt_ids) + max_new_tokens > self.max_context:
             raise ValueError(f"prompt ({len(prompt_ids)}) + max_new_tokens ({max_new_tokens}) exceeds the context "
-                             f"of {self.max_context} tokens")
+                             f"of {self.max_context} tokens (--max-context)")
         if policy.speculative and self.drafter is None:
             raise ValueError(f"policy {policy.name!r} is speculative and needs a drafter")
         if policy.speculative and policy.draft_len != self.drafter.draft_len:

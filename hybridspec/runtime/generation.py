@@ -67,6 +67,7 @@ class GenerateRequest:
     artifact: Path | None = None
     force: bool = False  # use an artifact fitted for another model/drafter
     max_new_tokens: int = 64
+    max_context: int = 4096  # prompt + generated tokens the cache holds
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
@@ -89,7 +90,7 @@ def _prompt(request: GenerateRequest, session: Session) -> list[int]:
         raise ValueError("give exactly one of a prompt text or prompt ids")
     if request.prompt_ids is not None:
         try:
-            ids = [int(x) for x in request.prompt_ids.split(",") if x.strip()]
+            ids = [int(x) for x in request.prompt_ids.split(",")]
         except ValueError:
             raise ValueError(f"prompt ids must be comma-separated integers, got {request.prompt_ids!r}") from None
         bad = [i for i in ids if not 0 <= i < session.target.cfg.vocab_size]
@@ -132,7 +133,7 @@ def _generate(request: GenerateRequest, sampling: SamplingParams, name: str, par
     session = open_session(request.model, request.drafter, need_drafter=name != "ar",
                            device=request.device, dtype=request.dtype, backend=request.backend, seed=request.seed,
                            graphs=request.graphs, tensor_parallel=tensor_parallel,
-                           expert_parallel=request.expert_parallel)
+                           expert_parallel=request.expert_parallel, max_context=request.max_context)
     draft_len = session.drafter.draft_len if session.drafter is not None else 0
     policy = make_policy(name, draft_len, params, device=request.device)
     grammar = _grammar(request.grammar, session)

@@ -65,6 +65,14 @@ class Session:
         return self.model in PRESETS
 
 
+def check_context(cfg: TargetConfig, max_context: int) -> None:
+    """ConfigError unless a context of `max_context` tokens fits the model's positions
+    (`max_position_embeddings`), checked before any cache is sized for it."""
+    if max_context > cfg.max_position_embeddings:
+        raise ConfigError(f"a context of {max_context} tokens exceeds the model's max_position_embeddings "
+                          f"({cfg.max_position_embeddings}): lower --max-context or --max-new-tokens")
+
+
 def open_session(model: str | None = None, drafter: str | None = None, *, need_drafter: bool = True,
                  device: str = "cpu", dtype: str = "auto", backend: str = "auto",
                  max_context: int = 4096, seed: int = 0, graphs: bool = True,
@@ -80,6 +88,7 @@ def open_session(model: str | None = None, drafter: str | None = None, *, need_d
     name = model if model is not None else default_model()[0]  # as given: what outputs call the model
     model, drafter = resolve_pair(model, drafter)
     cfg = target_config(model)
+    check_context(cfg, max_context)
     random = drafter in (None, "random")
     features: tuple[int, ...] = ()  # the target layers the drafter reads
     if need_drafter:

@@ -4,6 +4,7 @@ that is not UTF-8 or JSON included, is a `PromptFileError` naming the file and l
 
 from __future__ import annotations
 
+import codecs
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,10 +92,13 @@ def select_categories(prompts: list[Prompt], categories: tuple[str, ...] | None,
 def load_prompts(path: Path, *, split: str | None = None) -> list[Prompt]:
     """All prompts of a JSONL file (optionally one split), in file order; ids must be unique."""
     path = Path(path)
+    if path.is_dir():
+        raise PromptFileError(f"{path}: a directory, not a prompt file (JSONL)")
     if not path.is_file():
         raise PromptFileError(f"{path}: no such prompt file")
     prompts, seen = [], {}
-    for number, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
+    data = path.read_bytes().removeprefix(codecs.BOM_UTF8)  # editors that write a byte-order mark
+    for number, raw in enumerate(data.split(b"\n"), start=1):
         where = f"{path}:{number}"
         try:
             line = raw.decode("utf-8")

@@ -45,6 +45,15 @@ def test_missing_and_empty_files(tmp_path):
     (tmp_path / "e.jsonl").write_text("\n")
     with pytest.raises(PromptFileError, match="no prompts"):
         load_prompts(tmp_path / "e.jsonl")
+    with pytest.raises(PromptFileError, match="a directory, not a prompt file"):
+        load_prompts(tmp_path)
+
+
+def test_a_byte_order_mark_is_read_past(tmp_path):
+    path = _write(tmp_path, [GOOD, {**GOOD, "id": "b"}])
+    plain = load_prompts(path)
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    assert load_prompts(path) == plain
 
 
 def test_categories_keep_file_order_and_name_what_is_missing(tmp_path):
