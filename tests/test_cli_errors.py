@@ -167,3 +167,24 @@ def test_generate_reads_prompt_ids_and_policy_names_strictly():
                                  "--max-new-tokens", "2"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["policy"] == "static:4"
+
+
+def test_generate_and_serve_warn_of_an_artifact_that_fails_its_checks(tmp_path, monkeypatch):
+    """An artifact whose own fit-quality checks fail (η < 0 here, as an --allow-poor-fit fit or an
+    edit can leave it) decodes, with one warning line per failed check on stderr."""
+    import hybridspec.serve.app as serve_app
+    from hybridspec.artifacts.artifact import save_artifact
+    from tests.runtime.helpers import policy_parameters
+
+    path = tmp_path / "a.safetensors"
+    save_artifact(path, dataclasses.replace(policy_parameters(), eta=-1e-6), model_id="sha256:a",
+                  drafter_id="sha256:b", device="cpu", store_digest="none", diagnostics={})
+    result = runner.invoke(app, ["generate", "--prompt-ids", "1,2", "--policy", "ar", "--artifact", str(path),
+                                 "--max-new-tokens", "1"])
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "eta_positive" in warnings[0] and "hybridspec inspect" in warnings[0]
+    monkeypatch.setattr(serve_app, "serve", lambda service, **kw: None)
+    monkeypatch.setattr("hybridspec.serve.service.open_service", lambda **kw: type("S", (), {"model_name": "m"})())
+    served = runner.invoke(app, ["serve", "--artifact", str(path), "--policy", "full"])
+    assert served.exit_code == 0 and "eta_positive" in served.stderr

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -74,8 +75,16 @@ def save_artifact(path: Path, params: PolicyParameters, *, model_id: str, drafte
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     save_file(tensors, tmp, metadata={META_KEY: json.dumps(meta, sort_keys=True)})
+    tmp.chmod(0o666 & ~_umask())  # the mode any new file gets (safetensors writes it owner-only)
     tmp.replace(path)
     return meta
+
+
+def _umask() -> int:
+    """The process's file-creation mask (read by setting it, then putting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _read(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:

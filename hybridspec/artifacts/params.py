@@ -44,6 +44,9 @@ class AcceptanceModel:
             if len(x) != len(y) or not x:
                 raise ValueError(f"AcceptanceModel: position {pos} has {len(x)} thresholds and {len(y)} values")
             _finite(f"AcceptanceModel position {pos}", (*x, *y))
+            if min(y) < 0 or max(y) > 1:
+                raise ValueError(f"AcceptanceModel: calibrated values of position {pos} must be probabilities "
+                                 f"in [0, 1], got {min(y):g} … {max(y):g}")
             if np.any(np.diff(x) < 0):
                 raise ValueError(f"AcceptanceModel: isotonic thresholds of position {pos} are not sorted")
 

@@ -16,6 +16,25 @@ SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # runtime.sampling's (not imported: --
 LogLevel = Literal["debug", "info", "warning", "error"]
 
 
+def _warn_poor_fit(artifact: Path | None) -> None:
+    """A warning line per fit-quality check the artifact fails (as `inspect` runs them, under the
+    thresholds it was fitted with): one written with --allow-poor-fit, or edited since, decodes with
+    parameters its own checks reject. An artifact that does not load is left to the command's own
+    checks, which name what is wrong."""
+    if artifact is None:
+        return
+    from ..artifacts.artifact import ArtifactError, load_artifact
+    from ..fitters.checks import checks_from_artifact, failed
+
+    try:
+        params, meta = load_artifact(artifact)
+    except (ArtifactError, ValueError):
+        return
+    for check in failed(checks_from_artifact(params, meta)):
+        err_console.print(f"warning: {artifact} fails a fit-quality check (`hybridspec inspect`): {check.line()}",
+                          highlight=False, markup=False, soft_wrap=True)
+
+
 def _policy_note(policy: str | None, artifact: Path | None) -> str:
     """The policy a command runs, and why when it was not named (printed to stderr)."""
     from ..runtime.generation import default_policy
@@ -70,6 +89,7 @@ def generate(
     from ..runtime.generation import GenerateRequest, run_generate
 
     policy = _policy_note(policy, artifact)
+    _warn_poor_fit(artifact)
     spec = _grammar_spec(json_schema, regex, choice, grammar)
     request = GenerateRequest(model=model, drafter=drafter, prompt=prompt, prompt_ids=prompt_ids, policy=policy,
                               artifact=artifact, max_new_tokens=max_new_tokens, max_context=max_context,
@@ -211,6 +231,7 @@ def serve(
         except (OSError, UnicodeDecodeError, IndexError) as exc:
             _fail(f"--api-key-file {api_key_file}: cannot read a key ({type(exc).__name__}: {exc})")
     policy = _policy_note(policy, artifact)
+    _warn_poor_fit(artifact)
     flavours = tuple(p for p in prepare.split(",") if p.strip())
     try:
         from ..serve.service import prepare_flavours

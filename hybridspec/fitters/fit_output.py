@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .campaign import CampaignFit
-from .checks import FAILED, OK, Check
+from .checks import FAILED, OK, UNKNOWN, Check
 
 STYLE = {OK: "green", FAILED: "bold red"}
 
@@ -19,7 +19,7 @@ STYLE = {OK: "green", FAILED: "bold red"}
 def checks_table(checks: Sequence[Check], title: str = "fit-quality checks") -> Table:
     table = Table("check", "value", "needs", "", title=title)
     for c in checks:
-        value = c.detail if c.value is not None else "not recorded"
+        value = c.detail if c.value is not None or c.status != UNKNOWN else "not recorded"  # a verdict without a number
         table.add_row(c.name, escape(value), escape(c.limit), f"[{STYLE.get(c.status, 'yellow')}]{c.status}[/]")
     return table
 

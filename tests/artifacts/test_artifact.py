@@ -97,3 +97,20 @@ def test_not_an_artifact(tmp_path):
     (tmp_path / "x.safetensors").write_bytes(struct.pack("<Q", 2) + b"{}")
     with pytest.raises(ArtifactError, match="without hybridspec metadata"):
         load_artifact(tmp_path / "x.safetensors")
+
+
+def test_the_file_mode_follows_the_umask(tmp_path):
+    """Readable by whoever may read the store beside it (a serving account), as the umask allows."""
+    import os
+
+    previous = os.umask(0o022)
+    try:
+        save_artifact(tmp_path / "a.safetensors", policy_parameters(), model_id="sha256:a", drafter_id="sha256:b",
+                      device="cpu", store_digest="none", diagnostics={})
+        os.umask(0o077)
+        save_artifact(tmp_path / "b.safetensors", policy_parameters(), model_id="sha256:a", drafter_id="sha256:b",
+                      device="cpu", store_digest="none", diagnostics={})
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "a.safetensors").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "b.safetensors").stat().st_mode & 0o777 == 0o600

@@ -56,6 +56,7 @@ def _tensor(key, value):
     (_tensor("cost", torch.ones(17, dtype=torch.float32)), "cost"),
     (_tensor("acceptance.iso_offsets", torch.arange(16, dtype=torch.int64).flip(0)), "iso_offsets"),
     (_tensor("acceptance.coef", torch.zeros(5, dtype=torch.float64)), "coef"),
+    (lambda meta, tensors: tensors["acceptance.iso_y"].add_(4.0), "must be probabilities"),  # not in [0, 1]
 ])
 def test_mistyped_contents_with_a_recomputed_hash_are_refused_by_name(tmp_path, change, field):
     path = tmp_path / "a.safetensors"

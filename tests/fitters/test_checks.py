@@ -86,3 +86,19 @@ def test_a_drafter_never_accepted_gives_a_constant_model_and_a_failed_check():
     fitter = AcceptanceFitter(isotonic="auto").fit(conf, ent, np.zeros(40, dtype=int), groups=np.arange(40) % 5)
     assert fitter.single_class_
     np.testing.assert_allclose(fitter.predict_conditional(conf, ent), 0.5 / 41)
+
+
+def test_the_checks_table_shows_a_verdict_without_a_number():
+    """A check that has a verdict but no number (both outcomes seen) shows its detail, not "not
+    recorded"; one without a verdict shows "not recorded"."""
+    from rich.console import Console
+
+    from hybridspec.fitters.fit_output import checks_table
+
+    def row(**diagnostics) -> str:
+        console = Console(width=300, record=True)
+        console.print(checks_table([_checks(**diagnostics)["acceptance_two_classes"]]))
+        return console.export_text()
+
+    assert "both seen" in row() and "not recorded" not in row()
+    assert "not recorded" in row(acceptance_model={})

@@ -95,10 +95,12 @@ def test_quadratic_cost_and_slopes_come_back():
 
 
 def test_flat_or_noisy_costs_warn():
+    """A slope that is not positive warns; a noisy fit records its low R², which the fit-quality
+    checks judge under the run's thresholds (no second, fixed R² limit in the warnings)."""
     rng = np.random.default_rng(4)
     w = np.repeat(np.arange(2, 17), 10)
     noisy = QuadraticCost().fit(w, 1e-2 + rng.normal(0, 1e-3, w.size))
-    assert any("R²" in m for m in noisy.warnings_)
+    assert noisy.r2_ < 0.5 and not any("R²" in m for m in noisy.warnings_)
     falling = Slope(name="eta").fit(np.arange(10), 1.0 - 0.1 * np.arange(10))
     assert any("not positive" in m for m in falling.warnings_)
 
