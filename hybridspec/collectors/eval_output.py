@@ -85,8 +85,9 @@ def exactness_lines(result: EvalResult) -> list[tuple[str, bool]]:
 
 
 def eval_json(result: EvalResult) -> dict:
-    """`eval --json`: the run, the measured rows per policy and category (and the offline estimates
-    beside them when the campaign has a capture run), every output that differs from ar's."""
+    """`eval --json`: the run, the measured rows per policy and category (offline.MEASURED_COLUMNS:
+    `decode_seconds` measured), the offline estimates of the same categories when the campaign has a
+    capture run (ESTIMATE_COLUMNS: `est_seconds` estimated), every output that differs from ar's."""
     return {"run_id": result.run_id, "policies": list(result.policies), "greedy": result.greedy,
             "prompts": result.prompts, "measured": result.measured.to_dicts(),
             "estimates": result.estimates.to_dicts() if result.estimates is not None else None,

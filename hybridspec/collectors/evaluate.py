@@ -31,7 +31,8 @@ import torch
 from ..artifacts.artifact import ArtifactError
 from ..artifacts.params import PolicyParameters
 from ..evaluation.offline import (AVERAGE, OfflineError, best_static_length, compare_with_measured,
-                                  estimate_from_store, in_policy_order)
+                                  estimate_from_store, in_policy_order, missing_categories, restrict_categories,
+                                  table_categories)
 from ..evaluation.tables import EVAL_PASS, measured_from_store
 from ..runtime.config import drafter_config_from_dict, read_config_json
 from ..runtime.loading import RANDOM_BLOCK_SIZE
@@ -130,7 +131,8 @@ def choose_best_static(requested: tuple[str, ...] | None, store: Store, params: 
         return requested, None
     check_best_static(requested, params)
     try:
-        k, table = best_static_length(store, params, meta, campaign=config.name, source=str(config.artifact))
+        k, table = best_static_length(store, params, meta, campaign=config.name, source=str(config.artifact),
+                                      force=config.force)
     except OfflineError as exc:
         raise EvalConfigError(f"--policies {BEST_STATIC}: {exc}") from None
     tps = table.filter((pl.col("policy") == f"static:{k}") & (pl.col("category") == AVERAGE))["tps"][0]
@@ -211,9 +213,9 @@ class EvalResult:
     policies: tuple[str, ...]
     greedy: bool  # outputs were compared with ar
     prompts: int  # decoded prompts (requests per policy)
-    measured: pl.DataFrame  # offline.ESTIMATE_COLUMNS, from eval_requests (`est_seconds`: measured seconds)
+    measured: pl.DataFrame  # offline.MEASURED_COLUMNS, from eval_requests
     mismatches: pl.DataFrame  # policy, prompt_id, mismatch_position of every output that differs from ar's
-    estimates: pl.DataFrame | None = None  # from offline_estimates, the eval's policies
+    estimates: pl.DataFrame | None = None  # from offline_estimates, the eval's policies and categories
     comparison: pl.DataFrame | None = None  # offline.compare_with_measured
     notes: list[str] = field(default_factory=list)
 
@@ -277,13 +279,17 @@ def _check_store(config: EvalConfig, params: PolicyParameters | None, meta: dict
 
 
 def _attach_estimates(store: Store, result: EvalResult, params, meta, config: EvalConfig) -> None:
-    """Offline estimates of the campaign's capture run, committed once as a unit of the eval run."""
+    """Offline estimates of the campaign's capture run over the evaluated categories (so that each
+    Average row means the same categories as the measured one), committed once as a unit of the
+    eval run."""
     if params is None:
         result.notes.append("no --artifact: no offline estimates")
         return
+    evaluated = table_categories(result.measured)
     if ESTIMATES_UNIT not in store.done_units(result.run_id):
         try:
-            estimates = estimate_from_store(store, params, meta, campaign=config.name, source=str(config.artifact))
+            estimates = estimate_from_store(store, params, meta, campaign=config.name, categories=evaluated,
+                                            source=str(config.artifact), force=config.force)
         except (OfflineError, ArtifactError) as exc:
             result.notes.append(f"no offline estimates: {exc}")
             return
@@ -292,5 +298,17 @@ def _attach_estimates(store: Store, result: EvalResult, params, meta, config: Ev
         store.commit_unit(result.run_id, ESTIMATES_UNIT, {"offline_estimates": rows})
     stored = store.frame("SELECT policy, category, rounds, emitted, al, mean_w, est_seconds, tps, sr "
                          "FROM offline_estimates WHERE run_id = ?", [result.run_id])
-    result.estimates = in_policy_order(stored.filter(pl.col("policy").is_in(list(result.policies))), result.policies)
+    stored = stored.filter(pl.col("policy").is_in(list(result.policies)))
+    # the evaluated categories only, whichever the stored rows cover; Average rows over those
+    estimates = restrict_categories(stored, evaluated)
+    if estimates.is_empty():
+        result.notes.append(f"no offline estimates: the stored ones hold none of the evaluated categories "
+                            f"({', '.join(evaluated)})")
+        return
+    result.estimates = in_policy_order(estimates, result.policies)
     result.comparison = compare_with_measured(result.estimates, result.measured)
+    missing = missing_categories(result.estimates, result.measured)
+    if missing:
+        result.notes.append(f"offline estimates: the capture run of campaign {config.name!r} has no rounds of "
+                            f"{', '.join(missing)}; estimate − measured averages over "
+                            f"{', '.join(table_categories(result.comparison))}")

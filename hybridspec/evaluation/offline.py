@@ -44,6 +44,8 @@ from ..runtime.policies import NEEDS_PARAMETERS, Policy, make_policy
 from ..workbench.store import Store, run_id_for
 
 ESTIMATE_COLUMNS = ("policy", "category", "rounds", "emitted", "al", "mean_w", "est_seconds", "tps", "sr")
+# a measured table (`tables.measured_from_store`): the same, with the measured Σ decode seconds
+MEASURED_COLUMNS = tuple("decode_seconds" if c == "est_seconds" else c for c in ESTIMATE_COLUMNS)
 AVERAGE = "all"  # the category of each policy's average row
 METRICS = ("al", "mean_w", "tps", "sr")
 
@@ -104,6 +106,18 @@ def load_capture_rounds(store: Store, run_id: str, draft_len: int) -> CapturedRo
     return CapturedRounds(run_id, rounds.category, rounds.accepted_full, conf, ent, fresh)
 
 
+def of_categories(rounds: CapturedRounds, categories: Sequence[str]) -> CapturedRounds:
+    """The rounds of the prompts of `categories`; OfflineError when none of them has a round."""
+    keep = np.isin(rounds.category, list(categories))
+    if not keep.any():
+        held = ", ".join(sorted(set(rounds.category.tolist())))
+        raise OfflineError(f"capture run {rounds.run_id} has no untruncated rounds of categories "
+                           f"{', '.join(categories)} (its categories: {held})")
+    return dataclasses.replace(rounds, category=rounds.category[keep], accepted_full=rounds.accepted_full[keep],
+                               confidence=rounds.confidence[keep], entropy=rounds.entropy[keep],
+                               new_l0_experts=rounds.new_l0_experts[keep])
+
+
 def measured_ar_step(store: Store, campaign_run: dict) -> float | None:
     """Mean latency (s) of the ar steps (w = 1) of the fixed pass of the capture run's campaign."""
     (mean,), = store.query("SELECT avg(t.latency_us) FROM fixed_length_timings t JOIN runs r ON t.run_id = r.run_id "
@@ -142,22 +156,44 @@ def replay(policy: Policy, rounds: CapturedRounds, params: PolicyParameters,
     return w, seconds
 
 
-def pooled_table(sums: pl.DataFrame, policies: Sequence[str]) -> pl.DataFrame:
-    """Per-(policy, category) sums → ESTIMATE_COLUMNS (DESIGN A.10), each policy's AVERAGE row last.
+def pooled_table(sums: pl.DataFrame, policies: Sequence[str], *, seconds_column: str = "est_seconds"
+                 ) -> pl.DataFrame:
+    """Per-(policy, category) sums → ESTIMATE_COLUMNS or MEASURED_COLUMNS (DESIGN A.10), each
+    policy's AVERAGE row last.
 
     `sums`: policy, category, rounds, emitted, w_sum, seconds, ref_emitted, ref_seconds (`ar` on the
     same prompts or rounds). Pooled: TPS = Σ emitted / Σ seconds, SR = TPS / TPS of ar, AL = Σ emitted
-    / Σ rounds, mean w = Σ w / Σ rounds; AVERAGE: arithmetic means over categories (sums for rounds,
-    emitted, seconds)."""
+    / Σ rounds, mean w = Σ w / Σ rounds; AVERAGE: `with_average`. `seconds_column` names Σ seconds:
+    `est_seconds` for an estimate, `decode_seconds` for a measured table (MEASURED_COLUMNS)."""
     tps = pl.col("emitted") / pl.col("seconds")
     per = sums.select("policy", "category", pl.col("rounds").cast(pl.Int64), pl.col("emitted").cast(pl.Int64),
                       al=pl.col("emitted") / pl.col("rounds"), mean_w=pl.col("w_sum") / pl.col("rounds"),
-                      est_seconds=pl.col("seconds").cast(pl.Float64), tps=tps,
+                      **{seconds_column: pl.col("seconds").cast(pl.Float64)}, tps=tps,
                       sr=tps / (pl.col("ref_emitted") / pl.col("ref_seconds")))
-    average = per.group_by("policy").agg(pl.lit(AVERAGE).alias("category"), pl.col("rounds", "emitted").sum(),
-                                         pl.col("al", "mean_w").mean(), pl.col("est_seconds").sum(),
-                                         pl.col("tps", "sr").mean())
+    return with_average(per, policies)
+
+
+def with_average(per: pl.DataFrame, policies: Sequence[str]) -> pl.DataFrame:
+    """Per-category rows (no AVERAGE rows) and each policy's AVERAGE row over exactly those
+    categories: arithmetic means over categories of METRICS (every category weighs the same), sums
+    of every other column (rounds, emitted, seconds)."""
+    summed = [c for c in per.columns if c not in ("policy", "category", *METRICS)]
+    average = per.group_by("policy").agg(pl.lit(AVERAGE).alias("category"), pl.col(summed).sum(),
+                                         pl.col(list(METRICS)).mean())
     return in_policy_order(pl.concat([per, average.select(per.columns)]), policies)
+
+
+def restrict_categories(table: pl.DataFrame, categories: Sequence[str]) -> pl.DataFrame:
+    """A pooled table (ESTIMATE_COLUMNS or MEASURED_COLUMNS) kept to `categories`, its AVERAGE rows
+    computed again over the categories kept (`with_average`); policies in the table's order."""
+    policies = table["policy"].unique(maintain_order=True).to_list()
+    return with_average(table.filter(pl.col("category").is_in(list(categories)) & (pl.col("category") != AVERAGE)),
+                        policies)
+
+
+def table_categories(table: pl.DataFrame) -> list[str]:
+    """The categories of a pooled table's per-category rows, in order of appearance (no AVERAGE)."""
+    return [c for c in table["category"].unique(maintain_order=True).to_list() if c != AVERAGE]
 
 
 def in_policy_order(frame: pl.DataFrame, policies: Sequence[str]) -> pl.DataFrame:
@@ -191,14 +227,18 @@ def with_routing(rounds: CapturedRounds, samples: list[np.ndarray], seed: int = 
 
 
 def estimate_from_store(store: Store, params: PolicyParameters, meta: dict, *, campaign: str | None = None,
-                        policies: Sequence[str] | None = None, source: str = "artifact",
-                        ar_step: float | None = None, routing: list[np.ndarray] | None = None) -> pl.DataFrame:
-    """`estimate_policies` on an open store (see there). `ar_step` (s) and `routing`
-    (`routing_samples` of another store) replace the campaign's own, for an estimate whose costs
-    come from another target (`fitters.transfer`)."""
+                        policies: Sequence[str] | None = None, categories: Sequence[str] | None = None,
+                        source: str = "artifact", force: bool = False, ar_step: float | None = None,
+                        routing: list[np.ndarray] | None = None) -> pl.DataFrame:
+    """`estimate_policies` on an open store (see there). `force`: use an artifact fitted for another
+    model or drafter than the capture run's. `ar_step` (s) and `routing` (`routing_samples` of
+    another store) replace the campaign's own, for an estimate whose costs come from another target
+    (`fitters.transfer`)."""
     run = find_capture_run(store, campaign)
-    check_identity(meta, model_id=run["model_id"], drafter_id=run["drafter_id"] or "", source=source)
+    check_identity(meta, model_id=run["model_id"], drafter_id=run["drafter_id"] or "", force=force, source=source)
     rounds = load_capture_rounds(store, run["run_id"], params.draft_len)
+    if categories is not None:
+        rounds = of_categories(rounds, categories)
     if routing is not None:
         rounds = with_routing(rounds, routing)
     names = list(dict.fromkeys(policies)) if policies is not None else default_policies(params.draft_len)
@@ -217,38 +257,57 @@ def estimate_from_store(store: Store, params: PolicyParameters, meta: dict, *, c
 
 
 def best_static_length(store: Store, params: PolicyParameters, meta: dict, *, campaign: str | None = None,
-                       source: str = "artifact") -> tuple[int, pl.DataFrame]:
+                       source: str = "artifact", force: bool = False) -> tuple[int, pl.DataFrame]:
     """The static length with the highest estimated TPS (average over categories) on the campaign's
     capture run — the calibration prompts, never the evaluated ones — and the estimates of every
     static length 2 … D + 1 (ties: the shorter length)."""
     names = [f"static:{k}" for k in range(2, params.draft_len + 2)]
-    table = estimate_from_store(store, params, meta, campaign=campaign, policies=names, source=source)
+    table = estimate_from_store(store, params, meta, campaign=campaign, policies=names, source=source, force=force)
     average = table.filter(pl.col("category") == AVERAGE)
     best = max(average.iter_rows(named=True), key=lambda row: (row["tps"], -int(row["policy"].split(":")[1])))
     return int(best["policy"].split(":")[1]), table
 
 
 def estimate_policies(db: Path, artifact_path: Path, *, campaign: str | None = None,
-                      policies: Sequence[str] | None = None) -> pl.DataFrame:
+                      policies: Sequence[str] | None = None, categories: Sequence[str] | None = None
+                      ) -> pl.DataFrame:
     """Offline estimates (module docstring) of each policy on the capture run of `campaign` (None: the
     store's only capture run) with the artifact's parameters. Columns ESTIMATE_COLUMNS: one row per
-    (policy, category) and per policy a category "all" row (sums of rounds, emitted, est_seconds;
-    arithmetic means over categories of al, mean_w, tps, sr). `policies` default: `default_policies`.
+    (policy, category) and per policy a category "all" row (`with_average`: sums of rounds, emitted,
+    est_seconds; arithmetic means over categories of al, mean_w, tps, sr). `policies` default:
+    `default_policies`; `categories` (None: every category of the capture run): only the rounds of
+    those categories, so that "all" averages over the same categories as a measured table of them.
     Raises OfflineError, ArtifactError (artifact invalid or fitted for another model), PolicyError."""
     params, meta = load_artifact(artifact_path)
     with Store(db, read_only=True) as store:
         return estimate_from_store(store, params, meta, campaign=campaign, policies=policies,
-                                   source=str(artifact_path))
+                                   categories=categories, source=str(artifact_path))
 
 
 def compare_with_measured(estimates: pl.DataFrame, measured: pl.DataFrame) -> pl.DataFrame:
-    """For each (policy, category) of both tables, in the measured table's order: `{m}_measured`,
-    `{m}_estimated` and `{m}_diff` (estimated − measured) for m in al, mean_w, tps, sr."""
+    """For each (policy, category) of both tables, in the measured table's order, each policy's
+    AVERAGE row after its categories: `{m}_measured`, `{m}_estimated` and `{m}_diff` (estimated −
+    measured) for m in METRICS. The AVERAGE rows are computed here over the categories both tables
+    hold (the mean of the policy's rows, as `with_average` weighs them), so their difference
+    compares the same categories on both sides; a category only one table holds is left out
+    (`missing_categories`)."""
     keys = ["policy", "category"]
-    joined = (measured.with_row_index("_order").select("_order", *keys, *METRICS)
-              .join(estimates.select(*keys, *METRICS), on=keys, suffix="_estimated").sort("_order"))
-    columns = [keys[0], keys[1]]
-    for m in METRICS:
-        columns += [pl.col(m).alias(f"{m}_measured"), pl.col(f"{m}_estimated"),
-                    (pl.col(f"{m}_estimated") - pl.col(m)).alias(f"{m}_diff")]
-    return joined.select(columns)
+    per_category = pl.col("category") != AVERAGE
+    joined = (measured.filter(per_category).with_row_index("_order").select("_order", *keys, *METRICS)
+              .join(estimates.filter(per_category).select(*keys, *METRICS), on=keys, suffix="_estimated")
+              .select(pl.col("_order").cast(pl.Float64), *keys,
+                      *(c for m in METRICS for c in (pl.col(m).alias(f"{m}_measured"), pl.col(f"{m}_estimated")))))
+    sides = [f"{m}_{side}" for m in METRICS for side in ("measured", "estimated")]
+    average = joined.group_by("policy").agg(pl.col("_order").max() + 0.5, pl.lit(AVERAGE).alias("category"),
+                                            pl.col(sides).mean())
+    both = pl.concat([joined, average.select(joined.columns)]).sort("_order")
+    return both.select(*keys, *(c for m in METRICS for c in (
+        pl.col(f"{m}_measured"), pl.col(f"{m}_estimated"),
+        (pl.col(f"{m}_estimated") - pl.col(f"{m}_measured")).alias(f"{m}_diff"))))
+
+
+def missing_categories(estimates: pl.DataFrame, measured: pl.DataFrame) -> list[str]:
+    """The measured categories that the estimates lack (no captured rounds of them): left out of
+    `compare_with_measured`, its AVERAGE rows included."""
+    have = set(table_categories(estimates))
+    return [c for c in table_categories(measured) if c not in have]

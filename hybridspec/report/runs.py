@@ -9,7 +9,7 @@ from pathlib import Path
 
 import polars as pl
 
-from ..evaluation.offline import compare_with_measured, estimate_policies
+from ..evaluation.offline import compare_with_measured, estimate_policies, missing_categories, table_categories
 from ..evaluation.tables import measured_table
 from ..fitters.campaign import store_digest
 from ..fitters.capture_rounds import unfinished_run
@@ -82,14 +82,18 @@ def policy_section(db: Path, artifact: Path | None, campaign: str | None, eval_r
         section.partial("no artifact: the offline estimates need --artifact")
     else:
         policies = measured["policy"].unique(maintain_order=True).to_list() if measured is not None else None
+        categories = table_categories(measured) if measured is not None else None  # "all" means the same on both
         try:
-            estimates = estimate_policies(db, artifact, campaign=campaign, policies=policies)
+            estimates = estimate_policies(db, artifact, campaign=campaign, policies=policies, categories=categories)
         except ValueError as exc:  # OfflineError, ArtifactError, PolicyError: named in the message
             section.partial(f"offline estimates failed: {exc}")
     if measured is None and estimates is None:
         return section.missing(section.note)
     sides = {name: frame for name, frame in (("measured", measured), ("estimated", estimates)) if frame is not None}
     table = compare_with_measured(estimates, measured) if len(sides) == 2 else next(iter(sides.values()))
+    if len(sides) == 2 and (missing := missing_categories(estimates, measured)):
+        section.partial(f"the capture run has no rounds of {', '.join(missing)}: measured against estimated over "
+                        f"{', '.join(table_categories(table))} only")
     overall = table.filter(pl.col("category") == "all")
     section.tables = {"all_categories": overall, "policies": table}
     if len(sides) == 2:

@@ -17,9 +17,9 @@ from hybridspec.cli import app
 from hybridspec.collectors import evaluate
 from hybridspec.collectors.campaign import run_campaign
 from hybridspec.collectors.common import CaptureConfig
-from hybridspec.collectors.eval_output import exactness_lines
+from hybridspec.collectors.eval_output import eval_json, exactness_lines
 from hybridspec.collectors.evaluate import EvalConfig, first_mismatch, run_eval
-from hybridspec.evaluation.offline import AVERAGE
+from hybridspec.evaluation.offline import AVERAGE, ESTIMATE_COLUMNS, MEASURED_COLUMNS, METRICS
 from hybridspec.evaluation.tables import measured_table
 from hybridspec.runtime.engine import Engine
 from hybridspec.runtime.session import default_model, model_identity
@@ -102,7 +102,7 @@ def test_table_equals_a_recomputation_from_the_rows(evaluated, setup):
     with Store(setup["db"], read_only=True) as store:
         rows = store.frame("SELECT * FROM eval_requests WHERE run_id = ?", [evaluated.run_id]).to_dicts()
     table = measured_table(setup["db"], "t")
-    assert table.equals(evaluated.measured)
+    assert table.equals(evaluated.measured) and tuple(table.columns) == MEASURED_COLUMNS
     sums = defaultdict(lambda: defaultdict(float))
     for r in rows:
         s = sums[r["policy"], r["category"]]
@@ -116,7 +116,8 @@ def test_table_equals_a_recomputation_from_the_rows(evaluated, setup):
             s, ar = sums[policy, category], sums["ar", category]
             tps = s["emitted"] / s["seconds"]
             want.append({"al": s["emitted"] / s["rounds"], "mean_w": s["w"] / s["rounds"], "tps": tps,
-                         "sr": tps / (ar["emitted"] / ar["seconds"]), "rounds": s["rounds"]})
+                         "sr": tps / (ar["emitted"] / ar["seconds"]), "rounds": s["rounds"],
+                         "decode_seconds": s["seconds"]})
             got = table.filter((pl.col("policy") == policy) & (pl.col("category") == category)).to_dicts()[0]
             for key, value in want[-1].items():
                 assert got[key] == pytest.approx(value, rel=1e-9), (policy, category, key)
@@ -124,6 +125,10 @@ def test_table_equals_a_recomputation_from_the_rows(evaluated, setup):
         for key in ("al", "mean_w", "tps", "sr"):
             assert average[key] == pytest.approx(sum(w[key] for w in want) / len(want), rel=1e-9)
     assert table.filter(pl.col("policy") == "ar")["sr"].to_list() == pytest.approx([1.0] * (len(TEXTS) + 1))
+    summary = eval_json(evaluated)  # --json: measured seconds named as measured, estimated as estimated
+    assert [tuple(row) for row in summary["measured"]] == [MEASURED_COLUMNS] * table.height
+    assert summary["measured"] == table.to_dicts()
+    assert [tuple(row) for row in summary["estimates"]] == [ESTIMATE_COLUMNS] * evaluated.estimates.height
 
 
 def test_offline_estimates_are_stored_beside_the_run(evaluated, setup):
@@ -257,6 +262,16 @@ def test_categories_select_prompts_and_static_best_is_chosen_on_the_capture(setu
     assert result.policies == ("ar", f"static:{k}")
     assert any(note.startswith(f"static:best = static:{k}") for note in result.notes)
     assert categories == {"docs"} and json.loads(run_params)["categories"] == ["docs"]
+    # the capture holds code and docs: the estimates keep docs alone, so each Average row (stored,
+    # shown and compared) means the same one category as the measured Average
+    with Store(db, read_only=True) as store:
+        stored = {c for (c,) in store.query("SELECT DISTINCT category FROM offline_estimates WHERE run_id = ?",
+                                            [result.run_id])}
+    assert stored == set(result.estimates["category"]) == set(result.comparison["category"]) == {"docs", AVERAGE}
+    for policy in result.policies:
+        rows = {r["category"]: r for r in result.comparison.filter(pl.col("policy") == policy).iter_rows(named=True)}
+        for m in METRICS:
+            assert rows[AVERAGE][f"{m}_diff"] == pytest.approx(rows["docs"][f"{m}_diff"], rel=1e-12, abs=1e-12)
 
 
 def test_unknown_categories_and_static_best_without_artifact_are_refused(setup, tmp_path):

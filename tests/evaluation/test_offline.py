@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from hybridspec.artifacts.artifact import ArtifactError, save_artifact
-from hybridspec.evaluation.offline import (AVERAGE, ESTIMATE_COLUMNS, OfflineError, compare_with_measured,
-                                           estimate_policies)
+from hybridspec.evaluation.offline import (AVERAGE, ESTIMATE_COLUMNS, METRICS, OfflineError, compare_with_measured,
+                                           estimate_policies, missing_categories, restrict_categories)
 from hybridspec.runtime.policies import make_policy
 from hybridspec.workbench.store import RunSpec, Store
 from tests.fitters.synthetic import rounds as synthetic_rounds
@@ -191,11 +191,45 @@ def test_compare_with_measured_gives_both_and_the_difference(estimates):
                 .with_columns(pl.col("tps") * 0.5, pl.col("al") + 0.25).reverse())
     table = compare_with_measured(estimates, measured)
     assert table.height == measured.height
-    assert table.select("policy", "category").rows() == measured.select("policy", "category").rows()
+    order = measured.filter(pl.col("category") != AVERAGE).select("policy", "category").rows()
+    assert table.select("policy", "category").rows() == [*order[:3], ("static:4", AVERAGE), *order[3:],
+                                                         ("ar", AVERAGE)]  # each policy's Average after its rows
     for row in table.iter_rows(named=True):
         assert row["tps_diff"] == pytest.approx(row["tps_measured"])  # estimate = 2 × measured
         assert row["al_diff"] == pytest.approx(-0.25) and row["sr_diff"] == 0.0
         assert row["mean_w_estimated"] == row["mean_w_measured"]
+
+
+def test_the_average_difference_compares_the_same_categories(estimates):
+    """Measured over 2 of the 3 captured categories: the comparison keeps those 2, and each Average
+    row is the mean of the category rows above it on both sides (the Average's equal weights), so
+    the Average of the difference is the mean of the categories' differences."""
+    measured = restrict_categories(estimates.filter(pl.col("policy").is_in(["ar", "full", "static:4"]))
+                                   .with_columns(pl.col("tps") * 0.5, pl.col("al") + 0.25), CATEGORIES[:2])
+    table = compare_with_measured(estimates, measured)
+    assert set(table["category"]) == {*CATEGORIES[:2], AVERAGE} and missing_categories(estimates, measured) == []
+    for policy in ("ar", "full", "static:4"):
+        rows = table.filter(pl.col("policy") == policy)
+        per, (average,) = rows.filter(pl.col("category") != AVERAGE), rows.filter(pl.col("category") == AVERAGE).rows(
+            named=True)
+        for m in METRICS:
+            assert average[f"{m}_diff"] == pytest.approx(per[f"{m}_diff"].mean(), rel=1e-12, abs=1e-12)
+            assert average[f"{m}_measured"] == pytest.approx(_row(measured, policy, AVERAGE)[m], rel=1e-12)
+            assert average[f"{m}_estimated"] == pytest.approx(per[f"{m}_estimated"].mean(), rel=1e-12)
+    assert missing_categories(measured, estimates) == [CATEGORIES[2]]
+
+
+def test_categories_keep_their_rounds_and_average_over_them(estimates, synthetic):
+    db, artifact, _ = synthetic
+    kept = estimate_policies(db, artifact, policies=["ar", "full", "hybridspec"], categories=CATEGORIES[1:])
+    assert set(kept["category"]) == {*CATEGORIES[1:], AVERAGE}
+    want = restrict_categories(estimates.filter(pl.col("policy").is_in(["ar", "full", "hybridspec"])), CATEGORIES[1:])
+    assert kept.select("policy", "category").rows() == want.select("policy", "category").rows()
+    for column in ESTIMATE_COLUMNS[2:]:  # the same rounds replayed: the same rows, Average over 2 categories
+        assert kept[column].to_list() == pytest.approx(want[column].to_list(), rel=1e-12)
+    with pytest.raises(OfflineError, match=r"no untruncated rounds of categories docs \(its categories: code, "
+                                           r"prose, tests\)"):
+        estimate_policies(db, artifact, categories=["docs"])
 
 
 def test_ar_uses_the_measured_ar_steps_of_the_fixed_pass(tmp_path):
