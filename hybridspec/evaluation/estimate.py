@@ -15,7 +15,7 @@ import polars as pl
 from ..artifacts.artifact import check_identity, load_artifact
 from ..artifacts.params import PolicyParameters
 from ..fitters.transfer import transfer_from_store
-from ..workbench.store import Store, resolve_campaign
+from ..workbench.store import Store, StoreError, resolve_campaign
 from .offline import (OfflineError, ar_step_seconds, default_policies, estimate_from_store, find_capture_run,
                       in_policy_order, measured_ar_step, routing_samples)
 
@@ -43,30 +43,42 @@ class OfflineEstimate:
 
 
 def estimate_offline(db: Path, artifact: Path, *, campaign: str | None = None,
-                     policies: Sequence[str] | None = None, costs: OtherCosts | None = None) -> OfflineEstimate:
+                     policies: Sequence[str] | None = None, costs: OtherCosts | None = None,
+                     force: bool = False) -> OfflineEstimate:
     """Each policy replayed over the capture rounds of `campaign` (None: the store's only one) of
     `db` with `artifact`'s acceptance model and costs, or `costs`' (its C_tgt, fixed cost, s, η and
     n̄; its store's routing pass and measured ar step). `policies` default: `default_policies`.
+    `force`: use an artifact fitted for another model or drafter than its capture run's.
     Raises ArtifactError, StoreError, OfflineError, FitError, PolicyError (all ValueError)."""
     if policies is not None and not policies:
         raise OfflineError("--policies is empty")
+    _require_store("--db", db)
+    if costs is not None:
+        _require_store("--costs-db", costs.db)
     params, meta = load_artifact(artifact)
     campaign = resolve_campaign(db, campaign)
     sources = {"acceptance": f"{artifact} (campaign {campaign!r} of {db})", "rounds": f"{db}, campaign {campaign!r}"}
     ar_step = routing = None
     if costs is not None:
-        params, ar_step, routing, cost_sources = _with_other_costs(db, campaign, params, costs)
+        params, ar_step, routing, cost_sources = _with_other_costs(db, campaign, params, costs, force)
         sources.update(cost_sources)
     names = tuple(policies or default_policies(params.draft_len))
     with Store(db, read_only=True) as store:
         store.verify()
         table = estimate_from_store(store, params, meta, campaign=campaign, policies=names, source=str(artifact),
-                                    ar_step=ar_step, routing=routing)
+                                    force=force, ar_step=ar_step, routing=routing)
     kind = OTHER_COSTS if costs is not None else OWN_COSTS
     return OfflineEstimate(kind, names, in_policy_order(table, names), params.rho, sources)
 
 
-def _with_other_costs(db: Path, campaign: str, params: PolicyParameters, costs: OtherCosts
+def _require_store(option: str, db: Path) -> None:
+    """StoreError naming the option and the path when `db` is no file (as fit, report and export
+    refuse it), before a campaign is looked up in it."""
+    if not Path(db).is_file():
+        raise StoreError(f"{option} {db}: no such store")
+
+
+def _with_other_costs(db: Path, campaign: str, params: PolicyParameters, costs: OtherCosts, force: bool
                       ) -> tuple[PolicyParameters, float, list[np.ndarray], dict[str, str]]:
     """(`params`' acceptance with `costs`' costs and ρ solved again, the other target's ar step (s),
     its routing samples per position, the sources of each)."""
@@ -76,7 +88,7 @@ def _with_other_costs(db: Path, campaign: str, params: PolicyParameters, costs: 
         store.verify()
         run = find_capture_run(store, cost_campaign)
         check_identity(cost_meta, model_id=run["model_id"], drafter_id=run["drafter_id"] or "",
-                       source=str(costs.artifact))
+                       force=force, source=str(costs.artifact))
         routing = routing_samples(store, cost_campaign, params.draft_len)
         measured = measured_ar_step(store, run)
     combined, iterations = transfer_from_store(db, campaign, params, cost_params)
