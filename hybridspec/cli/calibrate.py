@@ -197,6 +197,7 @@ def estimate(
     costs_name: Annotated[Optional[str], typer.Option("--costs-name", help="Campaign of --costs-db (default: its only one).")] = None,
     policies: Annotated[Optional[str], typer.Option("--policies", help="Comma-separated (default: ar, full, every static length, ratio, ratio4, nominal, hybridspec).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Use an artifact fitted for another model/drafter.")] = False,
 ) -> None:
     """Offline estimate of each policy over a capture run's rounds (no model loaded). With --costs:
     the acceptance of --artifact's pair with another target's costs — an estimate for a target whose
@@ -210,7 +211,8 @@ def estimate(
         _fail("--costs and --costs-db go together (the costs' artifact and the store it was fitted on)")
     other = OtherCosts(costs, costs_db, costs_name) if costs is not None else None
     try:
-        result = estimate_offline(db, artifact, campaign=name, policies=parse_policies(policies), costs=other)
+        result = estimate_offline(db, artifact, campaign=name, policies=parse_policies(policies), costs=other,
+                                  force=force)
     except ValueError as exc:  # ArtifactError, StoreError, OfflineError, FitError, PolicyError
         _fail(str(exc))
     if as_json:

@@ -46,3 +46,15 @@ def test_force_uses_an_artifact_of_another_model(campaign):
     forced = estimate_offline(db, campaign / "other.safetensors", policies=POLICIES, force=True)
     own = estimate_offline(db, campaign / "own.safetensors", policies=POLICIES)
     assert_frame_equal(forced.table, own.table, rel_tol=1e-12)  # polars' group sums: order of addition varies
+
+
+def test_the_command_takes_force(campaign):
+    from typer.testing import CliRunner
+
+    from hybridspec.cli import app
+
+    args = ["estimate", "--db", str(campaign / "s.duckdb"), "--artifact", str(campaign / "other.safetensors"),
+            "--policies", ",".join(POLICIES), "--json"]
+    refused = CliRunner().invoke(app, args)
+    assert refused.exit_code == 2 and "sha256:other" in refused.stderr
+    assert CliRunner().invoke(app, [*args, "--force"]).exit_code == 0
