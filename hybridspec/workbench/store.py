@@ -7,7 +7,8 @@ Nothing lost, nothing doubled:
   nothing, and `--resume` skips exactly the units whose marker exists;
 - every table has a PRIMARY KEY on its natural key, so a duplicate cannot be written at all;
 - a run's id is a hash of (campaign name, pass), so shards written by separate processes or hosts
-  carry the same run id and `merge_stores` is a plain union of rows;
+  carry the same run id and `merge_stores` is a union of rows; two captures of one run (or of one
+  shard) share that id too, and a merge refuses them rather than keep one and drop the other;
 - a run resumed or merged must match its identity (`identity_keys`): model, drafter, device, dtype,
   backend, parameters, shards and, for the passes whose latencies are fitted or reported
   (`TIMED_PASSES`), the thread count and GPU.
@@ -118,7 +119,9 @@ def identity_conflict(have: dict, want: dict, pass_name: str) -> tuple[str, obje
 
 
 class Store:
-    """An open store file. Use as a context manager; `Store(path)` creates and migrates it."""
+    """An open store file. Use as a context manager; `Store(path)` creates and migrates it. Every read
+    fetches its whole result (`fetchall`): DuckDB refuses to register a unit's rows (`commit_unit`)
+    while a result of the connection is partly read."""
 
     def __init__(self, path: Path | str, *, read_only: bool = False):
         self.path = Path(path)
@@ -148,8 +151,8 @@ class Store:
     def _migrate(self, read_only: bool) -> int:
         """Apply every migration above the file's version; refuse a file newer than this code."""
         has_table = self.con.execute(
-            "SELECT count(*) FROM information_schema.tables WHERE table_name = 'schema_version'").fetchone()[0]
-        current = self.con.execute("SELECT max(version) FROM schema_version").fetchone()[0] if has_table else 0
+            "SELECT count(*) FROM information_schema.tables WHERE table_name = 'schema_version'").fetchall()[0][0]
+        current = self.con.execute("SELECT max(version) FROM schema_version").fetchall()[0][0] if has_table else 0
         current = current or 0
         if current > SCHEMA_VERSION:
             raise StoreError(f"{self.path}: store schema version {current} is newer than this hybridspec's "
@@ -198,24 +201,47 @@ class Store:
     # ---------------------------------------------------------------- runs
     def run_row(self, run_id: str) -> dict | None:
         cur = self.con.execute("SELECT * FROM runs WHERE run_id = ?", [run_id])
-        row = cur.fetchone()
-        return dict(zip([c[0] for c in cur.description], row)) if row else None
+        rows = cur.fetchall()
+        return dict(zip([c[0] for c in cur.description], rows[0])) if rows else None
 
     def shard_status(self, run_id: str, shard_index: int) -> str | None:
         row = self.con.execute("SELECT status FROM run_shards WHERE run_id = ? AND shard_index = ?",
-                               [run_id, shard_index]).fetchone()
-        return row[0] if row else None
+                               [run_id, shard_index]).fetchall()
+        return row[0][0] if row else None
+
+    def run_state(self, name: str, pass_name: str, shard_index: int) -> str | None:
+        """The state of run (name, pass) as this shard left it: `finished`, `unfinished (N units
+        committed)`, or None when the store has no such run."""
+        run_id = run_id_for(name, pass_name)
+        if self.run_row(run_id) is None:
+            return None
+        if self.shard_status(run_id, shard_index) == "finished":
+            return "finished"
+        units = self.con.execute("SELECT count(*) FROM units WHERE run_id = ?", [run_id]).fetchall()[0][0]
+        return f"unfinished ({units} units committed)"
 
     def check_name_free(self, name: str, pass_name: str, shard_index: int, *, resume: bool, overwrite: bool) -> None:
         """Refuse to reuse a run's name without --resume or --overwrite (cheap: before any model loads)."""
-        run_id = run_id_for(name, pass_name)
-        if resume or overwrite or self.run_row(run_id) is None:
+        self.check_names_free(name, (pass_name,), shard_index, resume=resume, overwrite=overwrite)
+
+    def check_names_free(self, name: str, passes: tuple[str, ...], shard_index: int, *, resume: bool,
+                         overwrite: bool) -> None:
+        """`check_name_free` for every pass of a campaign, in one error that gives each pass's state
+        (a finished pass beside unfinished or missing ones is an interrupted campaign, not a finished one)."""
+        if resume or overwrite:
             return
-        status = self.shard_status(run_id, shard_index)
-        units = self.con.execute("SELECT count(*) FROM units WHERE run_id = ?", [run_id]).fetchone()[0]
-        state = "finished" if status == "finished" else f"unfinished ({units} units committed)"
-        raise StoreError(f"{self.path}: run {name!r} (pass {pass_name}) already exists and is {state}; "
-                         "pass --resume to continue it or --overwrite to replace it")
+        states = {p: self.run_state(name, p, shard_index) for p in passes}
+        taken = [p for p, state in states.items() if state is not None]
+        if not taken:
+            return
+        if len(passes) == 1:
+            raise StoreError(f"{self.path}: run {name!r} (pass {taken[0]}) already exists and is "
+                             f"{states[taken[0]]}; pass --resume to continue it or --overwrite to replace it")
+        listed = ", ".join(f"{p} {state or 'not started'}" for p, state in states.items())
+        whole = "finished" if all(s == "finished" for s in states.values()) else "unfinished"
+        raise StoreError(f"{self.path}: campaign {name!r} already exists and is {whole} ({listed}); run the same "
+                         "command with --resume to continue it (committed units are kept and skipped) or with "
+                         "--overwrite to replace its runs")
 
     def start_run(self, spec: RunSpec, shard_index: int = 0, *, resume: bool = False,
                   overwrite: bool = False) -> str:
@@ -270,7 +296,7 @@ class Store:
     def _refresh_run_status(self, run_id: str) -> None:
         n, done, first, last = self.con.execute(
             "SELECT max(r.shard_count), count(*) FILTER (WHERE s.status = 'finished'), min(s.started_at), "
-            "max(s.finished_at) FROM runs r JOIN run_shards s USING (run_id) WHERE run_id = ?", [run_id]).fetchone()
+            "max(s.finished_at) FROM runs r JOIN run_shards s USING (run_id) WHERE run_id = ?", [run_id]).fetchall()[0]
         finished = n is not None and done == n
         self.con.execute("UPDATE runs SET status = ?, started_at = least(started_at, ?), finished_at = ? "
                          "WHERE run_id = ?", ["finished" if finished else "running", first, last if finished else None,
@@ -319,7 +345,7 @@ class Store:
     def counts(self, run_id: str | None = None) -> dict[str, int]:
         """Rows per data table (of one run, or all)."""
         where, args = ("WHERE run_id = ?", [run_id]) if run_id else ("", [])
-        return {t: self.con.execute(f"SELECT count(*) FROM {t} {where}", args).fetchone()[0]
+        return {t: self.con.execute(f"SELECT count(*) FROM {t} {where}", args).fetchall()[0][0]
                 for t in ("runs", *DATA_TABLES)}
 
 
@@ -365,20 +391,26 @@ def merge_stores(out: Path, inputs: list[Path], run_ids: list[str] | None = None
     `run_ids`: only those runs' rows (every run when None).
 
     Runs present in several stores must agree on their identity (`identity_keys`); a run's status is
-    recomputed from its shards. Identical rows are kept once; a row whose key exists with other values
-    (the same unit measured twice) keeps the first copy. Nothing is written unless all of it can be:
-    every input (and an existing `out`) is opened, its schema checked and read whole (`Store.verify`),
-    and every run's identity compared before `out` is created or opened; then all inputs are merged
-    in one transaction (an `out` of an older schema is migrated first)."""
+    recomputed from its shards. A shard present in several stores (`out` included) must be copies of
+    one capture of it (the same host and start time in `run_shards`, the same rows under every key;
+    one copy may be further along than another): it is kept once, finished if any copy is. Two
+    captures of one run or shard (a run's id is a hash of its name and pass, so two whole captures of
+    a campaign share it), or copies whose rows differ, are refused naming both stores, since a union
+    would keep one capture's rows and silently drop the other's. Nothing is written unless all of it
+    can be: every input (and an existing `out`) is opened, its schema checked and read whole
+    (`Store.verify`), every run's identity and every shared shard compared before `out` is created or
+    opened; then all inputs are merged in one transaction (an `out` of an older schema is migrated
+    first), and a new `out` whose merge fails is removed."""
     out = Path(out)
     check_writable(out)
     if not inputs:
         raise StoreError("merge: no input stores")
     inputs = list(dict.fromkeys(Path(p) for p in inputs))
     runs: dict[str, tuple[str, dict]] = {}  # run id → (the store it was first seen in, its row)
+    merged_label = f"{out} (the merged store)"
     if out.is_file():
         with Store(out, read_only=True) as target:
-            _check_runs(target.verify(), "the merged store", None, runs)
+            _check_runs(target.verify(), merged_label, None, runs)
     for path in inputs:
         if not path.is_file():
             raise StoreError(f"merge: {path}: no such store")
@@ -389,6 +421,8 @@ def merge_stores(out: Path, inputs: list[Path], run_ids: list[str] | None = None
                 raise StoreError(f"merge: {path} has schema version {source.version}; open it once with this "
                                  f"hybridspec (schema {SCHEMA_VERSION}) to migrate it")
             _check_runs(source.verify(), str(path), run_ids, runs)
+    stores = ([(merged_label, out)] if out.is_file() else []) + [(str(p), p) for p in inputs]
+    _check_copies(stores, run_ids, runs)
     created = not out.exists()
     try:
         with Store(out) as target:
@@ -416,10 +450,91 @@ def _check_runs(store: Store, where: str, run_ids: list[str] | None, runs: dict[
                              f"{first[0]} has {mine!r}")
 
 
+def _check_copies(stores: list[tuple[str, Path]], run_ids: list[str] | None, runs: dict[str, tuple[str, dict]]
+                  ) -> None:
+    """The runs held by more than one of `stores` [(label, path)]: each shard one capture (`run_shards`:
+    the same host, start and shard count in every store holding it), and every key of every data table
+    one row. Read-only (the stores attached to an in-memory database)."""
+    con = duckdb.connect()
+    try:
+        for index, (_, path) in enumerate(stores):
+            quoted = str(path).replace("'", "''")
+            con.execute(f"ATTACH '{quoted}' AS s{index} (READ_ONLY)")
+        tables = {}  # table → the attached stores that have it (an `out` of an older schema lacks some)
+        for table, database in con.execute("SELECT table_name, database_name FROM duckdb_tables() "
+                                           "ORDER BY database_name").fetchall():
+            tables.setdefault(table, []).append(database)
+        selected, params = ("", {}) if run_ids is None else ("WHERE run_id IN (SELECT unnest($ids))", {"ids": run_ids})
+        union = " UNION ALL ".join(f"SELECT run_id, '{s}' AS src FROM {s}.runs {selected}" for s in tables["runs"])
+        shared = [r for (r,) in con.execute(f"SELECT run_id FROM ({union}) GROUP BY run_id HAVING count(*) > 1 "
+                                            "ORDER BY run_id", params).fetchall()]
+        if not shared:
+            return
+        labels = {f"s{index}": label for index, (label, _) in enumerate(stores)}
+        _check_shard_copies(con, _rows_of(tables["run_shards"], "run_shards"), shared, labels, runs)
+        for table in DATA_TABLES:
+            if table in tables:
+                _check_row_copies(con, _rows_of(tables[table], table), table, shared, labels, runs)
+    finally:
+        con.close()
+
+
+def _rows_of(databases: list[str], table: str) -> str:
+    """SQL: the rows of `table` of the shared runs in each of the attached `databases`, with its name `src`."""
+    return " UNION ALL BY NAME ".join(f"SELECT *, '{s}' AS src FROM {s}.{table} WHERE run_id IN (SELECT "
+                                      "unnest($shared))" for s in databases)
+
+
+def _check_shard_copies(con, rows: str, shared: list[str], labels: dict[str, str], runs: dict) -> None:
+    """A shard of a shared run in two stores must be one capture: the same host, start and count."""
+    first: dict[tuple, tuple] = {}
+    for run_id, index, count, host, started, src in con.execute(
+            f"SELECT run_id, shard_index, shard_count, host, started_at, src FROM ({rows}) "
+            "ORDER BY run_id, shard_index, src", {"shared": shared}).fetchall():
+        have = first.setdefault((run_id, index), (count, host, started, src))
+        if have[:3] == (count, host, started):
+            continue
+        row = runs[run_id][1]
+        what = (f"run {row['name']!r} (pass {row['pass']})" if count == 1 and have[0] == 1
+                else f"shard {index} of run {row['name']!r} (pass {row['pass']})")
+        raise StoreError(f"merge: {labels[have[3]]} and {labels[src]} both hold {what}, captured separately "
+                         f"(started {have[2]} UTC on {have[1]}, and {started} UTC on {host}): a merge joins the "
+                         "shards of one capture, and a union would keep one capture's rows and drop the other's; "
+                         "merge one of them, or capture the other under another --name")
+
+
+def _same(a, b) -> bool:
+    return a == b or (a != a and b != b)  # NaN equals NaN, as in DuckDB's DISTINCT
+
+
+def _check_row_copies(con, rows: str, table: str, shared: list[str], labels: dict[str, str], runs: dict) -> None:
+    """Every key of `table` in the shared runs holds one row, whichever stores hold it."""
+    key = ", ".join(KEYS[table])
+    found = con.execute(f"SELECT {key} FROM (SELECT DISTINCT * EXCLUDE (src) FROM ({rows})) GROUP BY {key} "
+                        f"HAVING count(*) > 1 ORDER BY {key} LIMIT 1", {"shared": shared}).fetchall()
+    if not found:
+        return
+    match = " AND ".join(f"{k} = ${k}" for k in KEYS[table])
+    cur = con.execute(f"SELECT * FROM ({rows}) WHERE {match} ORDER BY src",
+                      {"shared": shared, **dict(zip(KEYS[table], found[0]))})
+    columns = [c[0] for c in cur.description if c[0] != "src"]
+    copies = [dict(zip([c[0] for c in cur.description], values)) for values in cur.fetchall()]
+    a = copies[0]
+    b, differs = next((c, k) for c in copies[1:] for k in columns if not _same(a[k], c[k]))
+    row = runs[found[0][0]][1]
+    where = ", ".join(f"{k}={v!r}" for k, v in zip(KEYS[table][1:], found[0][1:]))
+    raise StoreError(f"merge: {labels[a['src']]} and {labels[b['src']]} hold different copies of one row of run "
+                     f"{row['name']!r} (pass {row['pass']}): {table} ({where}) has {differs} {a[differs]!r} in the "
+                     f"first and {b[differs]!r} in the second; a union would keep one and drop the other")
+
+
 def _merge_all(target: Store, inputs: list[Path], run_ids: list[str] | None) -> None:
-    """Every input's rows (of `run_ids`) into `target` in one transaction, first copy of a key kept."""
+    """Every input's rows (of `run_ids`) into `target` in one transaction. A key already written is
+    skipped: `_check_copies` made its copies equal, except a `runs` row (its identity checked, its
+    status recomputed here) and a shard's status, finished if any copy's is."""
     con = target.con
-    where, params = ("WHERE run_id IN (SELECT unnest(?))", [run_ids]) if run_ids is not None else ("", [])
+    selected = "run_id IN (SELECT unnest(?))"
+    where, also, params = (f"WHERE {selected}", f"AND s.{selected}", [run_ids]) if run_ids is not None else ("", "", [])
     sources = []
     try:
         for index, path in enumerate(inputs):
@@ -431,6 +546,10 @@ def _merge_all(target: Store, inputs: list[Path], run_ids: list[str] | None) -> 
             for source in sources:
                 for table in KEYS:
                     con.execute(f"INSERT OR IGNORE INTO {table} BY NAME SELECT * FROM {source}.{table} {where}", params)
+                con.execute(f"UPDATE run_shards AS t SET status = 'finished', finished_at = s.finished_at FROM "
+                            f"{source}.run_shards AS s WHERE t.run_id = s.run_id AND t.shard_index = s.shard_index "
+                            f"AND s.status = 'finished' AND t.status <> 'finished' {also}",
+                            params)
                 merged |= {r for (r,) in con.execute(f"SELECT run_id FROM {source}.runs {where}", params).fetchall()}
             for run_id in sorted(merged):
                 target._refresh_run_status(run_id)

@@ -292,3 +292,119 @@ def test_a_prompt_is_written_once_per_run(tmp_path):
         with pytest.raises(Exception, match="(?i)duplicate|constraint"):  # a second unit with the same prompt
             store.commit_unit("r", "block=0:prompt:p", {"prompts": [row]})
         assert store.done_units("r") == {"prompt:p"}
+
+
+def _whole_run(path, latency: float) -> str:
+    """A store holding one whole, finished run c/stage0 (one process, one unit) timed at `latency`."""
+    with Store(path) as store:
+        run = store.start_run(_spec())
+        rows = _timings(run, 1)
+        for row in rows["stage0_timings"]:
+            row["latency_us"] = latency + row["sample_idx"]
+        store.commit_unit(run, "u=1", rows)
+        store.finish_shard(run, 0)
+    return run
+
+
+def test_two_captures_of_one_run_are_refused_by_merge_and_nothing_is_written(tmp_path):
+    """Two whole captures of one campaign share its run ids; a union would keep one capture's rows and
+    drop the other's, so the merge is refused naming both stores and the run."""
+    full, other, out = tmp_path / "full.duckdb", tmp_path / "r.duckdb", tmp_path / "m.duckdb"
+    _whole_run(full, 1.0)
+    _whole_run(other, 100.0)
+    with pytest.raises(StoreError, match=rf"merge: {full} and {other} both hold run 'c' \(pass stage0\), "
+                                         "captured separately"):
+        merge_stores(out, [full, other])
+    assert not out.exists() and not out.with_name(out.name + ".wal").exists()
+    merge_stores(out, [full])
+    before = out.read_bytes()
+    with pytest.raises(StoreError, match=rf"{out} \(the merged store\) and {other} both hold run 'c'"):
+        merge_stores(out, [other])
+    assert out.read_bytes() == before
+    assert merge_stores(out, [full])["stage0_timings"] == 3  # the same capture again: nothing doubled
+    for index in range(2):  # shards of two captures of one sharded run are refused too
+        _shard(tmp_path / f"a{index}.duckdb", index)
+        _shard(tmp_path / f"b{index}.duckdb", index)
+    with pytest.raises(StoreError, match=rf"a1.duckdb and {tmp_path / 'b1.duckdb'} both hold shard 1 of run 'c'"):
+        merge_stores(tmp_path / "ab.duckdb", [tmp_path / "a0.duckdb", tmp_path / "a1.duckdb", tmp_path / "b1.duckdb"])
+    assert not (tmp_path / "ab.duckdb").exists()
+
+
+def test_copies_of_one_shard_merge_once_unless_their_rows_differ(tmp_path):
+    """A shard copied while it ran and then finished merges with its copy (finished, nothing doubled);
+    copies of one shard continued separately (the same unit measured twice) are refused."""
+    import shutil
+
+    shard0, early, shard1 = tmp_path / "shard0.duckdb", tmp_path / "early.duckdb", tmp_path / "shard1.duckdb"
+    with Store(shard0) as store:
+        run = store.start_run(_spec(shard_count=2), 0)
+        store.commit_unit(run, "u=1", _timings(run, 1), 0)
+    shutil.copy(shard0, early)  # shard 0 while it runs
+    with Store(shard0) as store:
+        store.commit_unit(run, "u=3", _timings(run, 3), 0)
+        store.finish_shard(run, 0)
+    _shard(shard1, 1)
+    counts = merge_stores(tmp_path / "all.duckdb", [early, shard0, shard1])
+    assert counts["stage0_timings"] == 9 and counts["units"] == 3
+    with Store(tmp_path / "all.duckdb", read_only=True) as merged:
+        assert merged.run_row(run)["status"] == "finished"
+        assert merged.query("SELECT status FROM run_shards ORDER BY shard_index") == [("finished",), ("finished",)]
+    forked = tmp_path / "forked.duckdb"
+    shutil.copy(early, forked)
+    with Store(forked) as store:  # the copy continued on its own: u=3 measured again
+        rows = _timings(run, 3)
+        rows["stage0_timings"][0]["latency_us"] = 50.0
+        store.commit_unit(run, "u=3", rows, 0)
+    with pytest.raises(StoreError, match=rf"{shard0} and {forked} hold different copies of one row of run 'c' "
+                                         r"\(pass stage0\): units \(unit='u=3'\) has finished_at"):
+        merge_stores(tmp_path / "fork.duckdb", [shard0, forked, shard1])
+    assert not (tmp_path / "fork.duckdb").exists()
+
+
+def test_shards_merge_into_the_rows_of_one_process(tmp_path):
+    """Shards 0/3, 1/3, 2/3 of a run (every third unit each), merged: the data rows one process writes."""
+    units = [1, 2, 3, 4, 5]
+    with Store(tmp_path / "one.duckdb") as store:
+        run = store.start_run(_spec())
+        for u in units:
+            store.commit_unit(run, f"u={u}", _timings(run, u))
+        store.finish_shard(run, 0)
+    shards = []
+    for index in range(3):
+        path = tmp_path / f"shard{index}.duckdb"
+        with Store(path) as store:
+            store.start_run(_spec(shard_count=3), index)
+            for u in units[index::3]:
+                store.commit_unit(run, f"u={u}", _timings(run, u), index)
+            store.finish_shard(run, index)
+        shards.append(path)
+    merge_stores(tmp_path / "all.duckdb", shards)
+
+    def rows(path):
+        with Store(path, read_only=True) as store:
+            return (store.query("SELECT * FROM stage0_timings ORDER BY u, sample_idx"),
+                    store.query("SELECT unit, row_count FROM units ORDER BY unit"),
+                    store.query("SELECT name, pass, status, params FROM runs"))
+
+    assert rows(tmp_path / "all.duckdb") == rows(tmp_path / "one.duckdb")
+
+
+def test_a_campaign_name_in_use_is_refused_with_each_pass_state(tmp_path):
+    """An interrupted campaign (one pass finished, one unfinished, one not started) is not called
+    finished: the refusal gives every pass's state and the options that continue or replace it."""
+    with Store(tmp_path / "s.duckdb") as store:
+        done = store.start_run(_spec(pass_name="capture"))
+        store.finish_shard(done, 0)
+        partial = store.start_run(_spec(pass_name="fixed"))
+        store.commit_unit(partial, "u=1", {})
+        passes = ("capture", "fixed", "stage0")
+        with pytest.raises(StoreError, match=r"campaign 'c' already exists and is unfinished \(capture finished, "
+                                             r"fixed unfinished \(1 units committed\), stage0 not started\); run the "
+                                             r"same command with --resume .* or with --overwrite"):
+            store.check_names_free("c", passes, 0, resume=False, overwrite=False)
+        store.check_names_free("c", passes, 0, resume=True, overwrite=False)
+        store.check_names_free("c", passes, 0, resume=False, overwrite=True)
+        store.check_names_free("c", ("moe", "routing"), 0, resume=False, overwrite=False)  # none of them exists
+        store.finish_shard(partial, 0)
+        with pytest.raises(StoreError, match=r"already exists and is finished \(capture finished, fixed finished\)"):
+            store.check_names_free("c", ("capture", "fixed"), 0, resume=False, overwrite=False)
