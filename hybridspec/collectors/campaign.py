@@ -11,6 +11,7 @@ device, params and, for timed passes, threads and GPU: `store.identity_keys`).
 from __future__ import annotations
 
 import json
+import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -134,9 +135,102 @@ def tokenized_prompts(prompts: list[Prompt], models: ModelIdentity, prompt_file:
     return prompt_ids(prompts, codec, read_vocab_size(models.model), prompt_file)
 
 
+class CaptureInterrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) during a campaign. Every unit committed before it stays in the store (a unit
+    is one transaction) and the one in progress is rolled back; `message(argv)` says so in one line,
+    with the command that continues the campaign."""
+
+    def __init__(self, config: CaptureConfig, reached: tuple[str, ...] | None):
+        super().__init__(str(config.db))
+        self.config = config
+        self.reached = reached  # passes this process started (None: its worker processes did)
+
+    def message(self, argv: list[str]) -> str:
+        """The line for the terminal; `argv`: the command's arguments after the program name."""
+        if self.config.overwrite and self.reached is None:
+            return ("capture interrupted: a replacement (--overwrite) run in several processes is started again, "
+                    f"not continued (they do not report the passes they reached): {shlex.join(['hybridspec', *argv])}")
+        return (f"capture interrupted: the units committed so far are kept in {committed_where(self.config)}; "
+                f"continue with: {self.continuation(argv)}")
+
+    def continuation(self, argv: list[str]) -> str:
+        """The command(s) that finish the campaign without losing what was committed: --resume in place
+        of --overwrite; with --overwrite, the passes not reached still hold their earlier runs, which
+        --resume would keep, so they get a second command that replaces them."""
+        resume = resume_command(argv)
+        if not self.config.overwrite:
+            return resume
+        rest = [p for p in self.config.passes if p not in self.reached]
+        if not rest:
+            return resume
+        replace = shlex.join(["hybridspec", *with_passes(argv, rest)])
+        if not self.reached:
+            return replace
+        return f"{resume_command(with_passes(argv, self.reached))}, then {replace}"
+
+
+def resume_command(argv: list[str]) -> str:
+    """`hybridspec ARGV` as one shell line that continues the campaign: --overwrite (which would
+    discard the committed units) dropped and --resume added."""
+    kept = [a for a in argv if a != "--overwrite"]
+    return shlex.join(["hybridspec", *kept, *([] if "--resume" in kept else ["--resume"])])
+
+
+def with_passes(argv: list[str], passes) -> list[str]:
+    """`argv` with its --passes value (`--passes X` or `--passes=X`; appended when absent) set to `passes`."""
+    value = ",".join(passes)
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] == "--passes" and i + 1 < len(argv):
+            i += 2
+        elif argv[i].startswith("--passes="):
+            i += 1
+        else:
+            out.append(argv[i])
+            i += 1
+    return [*out, "--passes", value]
+
+
+def committed_where(config: CaptureConfig) -> str:
+    """Where an interrupted campaign's committed units are: `--db`, or under --nproc N the shard
+    stores beside it (merged into `--db` only once every shard has finished)."""
+    if config.nproc > 1:
+        from .parallel import shard_store
+
+        return f"the shard stores {shard_store(config.db, 0, config.nproc).name} … beside {config.db}"
+    return str(config.db)
+
+
+class _NotingReporter:
+    """A reporter that also notes each pass started (its run opened: replaced, with --overwrite)."""
+
+    def __init__(self, reporter: Reporter, reached: list[str]):
+        self.reporter, self.reached = reporter, reached
+
+    def pass_started(self, name, units, already_done):
+        self.reached.append(name)
+        self.reporter.pass_started(name, units, already_done)
+
+    def __getattr__(self, name: str):
+        return getattr(self.reporter, name)
+
+
 def run_campaign(config: CaptureConfig, reporter: Reporter | None = None) -> list[PassSummary]:
     """Run `config.passes` into `config.db`; one summary per pass (`--nproc` and `--tp` run it over
-    several processes: `parallel.py`; None on torchrun's ranks other than 0)."""
+    several processes: `parallel.py`; None on torchrun's ranks other than 0). Ctrl-C raises
+    `CaptureInterrupted` (a KeyboardInterrupt) once the unit in progress is rolled back."""
+    reached: list[str] = []
+    try:
+        return _run_campaign(config, _NotingReporter(reporter or NullReporter(), reached))
+    except CaptureInterrupted:
+        raise
+    except KeyboardInterrupt:
+        in_process = config.nproc == 1 and (config.tp == 1 or dist.is_initialized())
+        raise CaptureInterrupted(config, tuple(reached) if in_process else None) from None
+
+
+def _run_campaign(config: CaptureConfig, reporter: Reporter) -> list[PassSummary]:
+    """`run_campaign` itself, in the order of checks of the module's docstring."""
     prompt_file, prompts = load_run_prompts(config, CaptureConfigError)  # before any store is touched
     models = resolve_models(config)
     ids = tokenized_prompts(prompts, models, prompt_file)
@@ -145,12 +239,11 @@ def run_campaign(config: CaptureConfig, reporter: Reporter | None = None) -> lis
         return run_data_parallel(config)
     if config.tp > 1 and not dist.is_initialized():
         return run_tensor_parallel(config)
-    reporter = reporter or NullReporter()
     shard_index, shard_count = config.shard
     threads = set_threads(config.threads, config.device)
     with campaign_store(config) as store:
-        for name in config.passes:
-            store.check_name_free(config.name, name, shard_index, resume=config.resume, overwrite=config.overwrite)
+        store.check_names_free(config.name, config.passes, shard_index, resume=config.resume,
+                               overwrite=config.overwrite)
         session = open_session(models.model, models.drafter, device=config.device, dtype=config.dtype,
                                backend=backend, seed=config.seed, graphs=config.graphs, tensor_parallel=config.tp > 1,
                                expert_parallel=config.expert_parallel,

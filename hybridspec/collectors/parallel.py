@@ -59,7 +59,7 @@ class LeaderStore:
 class FollowerStore:
     """The store as a rank other than 0 sees it: rank 0's answers, nothing written."""
 
-    def check_name_free(self, *args, **options) -> None:
+    def check_names_free(self, *args, **options) -> None:
         pass
 
     def start_run(self, spec: RunSpec, shard_index: int = 0, **options) -> str:
@@ -135,8 +135,8 @@ def run_data_parallel(config: CaptureConfig) -> list:
     with tempfile.TemporaryDirectory() as tmp:  # each shard's summaries, read once all have ended
         run_processes(_shard_main, count, (shards, Path(tmp)))
         missing = [i for i in range(count) if not (Path(tmp) / f"shard{i}.pkl").is_file()]
-        if missing:
-            raise RuntimeError(f"--nproc {count}: shard(s) {missing} ended without a result (interrupted?)")
+        if missing:  # a spawned process ends quietly, without a result, only on Ctrl-C (SIGINT)
+            raise KeyboardInterrupt(f"--nproc {count}: shard(s) {missing} were interrupted")
         per_shard = [pickle.loads((Path(tmp) / f"shard{i}.pkl").read_bytes()) for i in range(count)]
     if config.overwrite and Path(config.db).is_file():
         with Store(config.db) as store:
@@ -161,8 +161,8 @@ def _check_campaign_store(config: CaptureConfig, run_ids: list[str]) -> None:
     count = config.nproc
     with Store(config.db, read_only=True) as store:
         store.verify()
+        store.check_names_free(config.name, config.passes, 0, resume=config.resume, overwrite=config.overwrite)
         for name, run_id in zip(config.passes, run_ids):
-            store.check_name_free(config.name, name, 0, resume=config.resume, overwrite=config.overwrite)
             row = store.run_row(run_id)
             if row is not None and not config.overwrite and row["shard_count"] != count:
                 raise StoreError(f"{config.db}: run {config.name!r} (pass {name}) was captured in {row['shard_count']} "

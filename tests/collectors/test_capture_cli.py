@@ -304,3 +304,91 @@ def test_capture_config_checks_passes_and_shards_as_the_parsers_do():
     with pytest.raises(CaptureConfigError, match="--shard '2/2': need n ≥ 1 and 0 ≤ i < n"):
         parse_shard("2/2")
     assert parse_passes("all,profile") == (*ALL_PASSES, "profile") and parse_shard("1/3") == (1, 3)
+
+
+# ---------------------------------------------------------------- Ctrl-C, and a campaign name in use
+def test_ctrl_c_keeps_the_committed_units_and_resume_finishes_the_campaign(qwen35_dir, prompt_file, tmp_path,
+                                                                            monkeypatch):
+    """Ctrl-C in the second unit of stage0: `CaptureInterrupted` naming the passes reached, the capture
+    pass and stage0's first unit kept; the same command is refused with each pass's state (the campaign
+    unfinished, not the capture pass "finished" alone), and with --resume it gives the rows of an
+    uninterrupted campaign."""
+    from hybridspec.collectors.stage0 import Stage0Pass
+    from hybridspec.workbench.store import StoreError
+
+    class Interrupted(Stage0Pass):
+        def collect(self, ctx, block):
+            if block == 1:
+                raise KeyboardInterrupt
+            return super().collect(ctx, block)
+
+    db = tmp_path / "s.duckdb"
+    config = CaptureConfig(model=str(qwen35_dir), drafter="random", prompts=prompt_file, db=db, name="t",
+                           passes=("capture", "stage0", "moe"), quick=True, categories=("a",), max_new_tokens=24)
+    with monkeypatch.context() as patch:
+        patch.setitem(campaign.PASSES, "stage0", Interrupted)
+        with pytest.raises(campaign.CaptureInterrupted) as caught:
+            campaign.run_campaign(config)
+    assert isinstance(caught.value, KeyboardInterrupt) and caught.value.reached == ("capture", "stage0")
+    assert caught.value.message(["capture", "--db", str(db), "--name", "t"]) == (
+        f"capture interrupted: the units committed so far are kept in {db}; continue with: "
+        f"hybridspec capture --db {db} --name t --resume")
+    with Store(db, read_only=True) as store:
+        assert store.query("SELECT pass, status FROM runs ORDER BY pass") == [("capture", "finished"),
+                                                                             ("stage0", "running")]
+        assert store.query("SELECT unit FROM units WHERE unit LIKE 'block=%'") == [("block=0",)]
+    with pytest.raises(StoreError, match=r"campaign 't' already exists and is unfinished \(capture finished, stage0 "
+                                         r"unfinished \(1 units committed\), moe not started\); run the same command "
+                                         "with --resume"):
+        campaign.run_campaign(config)
+    summaries = campaign.run_campaign(dataclasses.replace(config, resume=True))
+    assert [(s.name, s.status, s.resumed) for s in summaries] == [("capture", "finished", 2),
+                                                                  ("stage0", "finished", 1), ("moe", "finished", 0)]
+    reference = _reference(qwen35_dir, prompt_file, tmp_path / "ref.duckdb", passes=config.passes, quick=True,
+                           categories=("a",), max_new_tokens=24)
+    assert deterministic_rows(db) == reference
+
+
+def test_the_continuation_of_an_interrupted_capture():
+    """--resume added once; with --overwrite, the passes reached continue with --resume and the others
+    are replaced by a second command (--resume would keep their earlier runs)."""
+    config = CaptureConfig(passes=("capture", "fixed", "stage0"), overwrite=True)
+
+    def continuation(argv, reached, **changes):
+        return campaign.CaptureInterrupted(dataclasses.replace(config, **changes), reached).continuation(argv)
+
+    assert continuation(["capture", "--db", "my store.duckdb"], (), overwrite=False) == (
+        "hybridspec capture --db 'my store.duckdb' --resume")
+    assert continuation(["capture", "--resume"], ("capture",), overwrite=False) == "hybridspec capture --resume"
+    argv = ["capture", "--passes", "all", "--overwrite", "--quick"]
+    assert continuation(argv, ("capture", "fixed")) == (
+        "hybridspec capture --quick --passes capture,fixed --resume, then "
+        "hybridspec capture --overwrite --quick --passes stage0")
+    assert continuation(["capture", "--passes=all", "--overwrite"], ("capture", "fixed", "stage0")) == (
+        "hybridspec capture --passes=all --resume")
+    assert continuation(["capture", "--overwrite"], ()) == (
+        "hybridspec capture --overwrite --passes capture,fixed,stage0")
+    several = campaign.CaptureInterrupted(dataclasses.replace(config, nproc=2), None)  # reached: not known
+    assert several.message(["capture", "--overwrite", "--nproc", "2"]).endswith(
+        "started again, not continued (they do not report the passes they reached): "
+        "hybridspec capture --overwrite --nproc 2")
+
+
+def test_ctrl_c_during_capture_exits_130_keeping_whole_units(qwen35_dir, prompt_file, tmp_path):
+    """SIGINT to `hybridspec capture` after two commits: exit status 130, the unit in progress rolled
+    back, and every unit committed before it kept."""
+    args = _args(qwen35_dir, prompt_file, tmp_path / "s.duckdb", "--passes", "capture", "--max-new-tokens", "24")
+    proc = subprocess.Popen(_subprocess(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+                            cwd=ROOT)
+    seen = 0
+    for line in proc.stdout:
+        seen += " committed (" in line
+        if seen == 2:
+            proc.send_signal(signal.SIGINT)
+            break
+    proc.stdout.read()
+    assert proc.wait(timeout=120) == 130, proc.stderr.read()
+    with Store(tmp_path / "s.duckdb", read_only=True) as store:
+        done = store.query("SELECT count(*) FROM units")[0][0]
+        assert 2 <= done < 8 and store.query("SELECT status FROM runs") == [("running",)]
+        assert store.query("SELECT count(DISTINCT prompt_id) FROM rounds")[0][0] == done  # whole prompts only
