@@ -173,6 +173,7 @@ def test_generate_and_serve_warn_of_an_artifact_that_fails_its_checks(tmp_path, 
     """An artifact whose own fit-quality checks fail (η < 0 here, as an --allow-poor-fit fit or an
     edit can leave it) decodes, with one warning line per failed check on stderr."""
     import hybridspec.serve.app as serve_app
+    import hybridspec.serve.service as serve_service
     from hybridspec.artifacts.artifact import save_artifact
     from tests.runtime.helpers import policy_parameters
 
@@ -185,6 +186,14 @@ def test_generate_and_serve_warn_of_an_artifact_that_fails_its_checks(tmp_path, 
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1 and "eta_positive" in warnings[0] and "hybridspec inspect" in warnings[0]
     monkeypatch.setattr(serve_app, "serve", lambda service, **kw: None)
-    monkeypatch.setattr("hybridspec.serve.service.open_service", lambda **kw: type("S", (), {"model_name": "m"})())
+    monkeypatch.setattr(serve_service, "open_service", lambda **kw: type("S", (), {"model_name": "m"})())
     served = runner.invoke(app, ["serve", "--artifact", str(path), "--policy", "full"])
     assert served.exit_code == 0 and "eta_positive" in served.stderr
+
+
+@pytest.mark.parametrize("command", [["capture", "--passes", "capture"], ["eval", "--policies", "ar"]])
+def test_a_context_past_the_model_is_refused_before_any_store(no_loading, tmp_path, command):
+    db = tmp_path / "s.duckdb"
+    result = runner.invoke(app, [*command, "--quick", "--db", str(db), "--max-new-tokens", "1000000000"])
+    _one_line_error(result, "exceeds the model's max_position_embeddings (4096)")
+    assert not db.exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -49,7 +50,7 @@ def capture(
     nproc: Annotated[int, typer.Option("--nproc", min=1, help="Data-parallel processes (one GPU each on CUDA): process i runs --shard i/N into a store beside --db, and the shards are merged into --db.")] = 1,
 ) -> None:
     """Run calibration passes through the real runtime and record every round and timing in DuckDB."""
-    from ..collectors.campaign import run_campaign
+    from ..collectors.campaign import CaptureInterrupted, run_campaign
     from ..collectors.common import CaptureConfig, parse_passes, parse_shard
     from ..workbench.prompts import parse_categories
     from ..collectors.progress import RichReporter, summary_table
@@ -66,6 +67,9 @@ def capture(
         else:
             with RichReporter(console) as reporter:
                 summaries = run_campaign(config, reporter)
+    except CaptureInterrupted as exc:  # Ctrl-C: the committed units stay; say how to continue
+        err_console.print(escape(exc.message(sys.argv[1:])), soft_wrap=True, highlight=False)
+        raise typer.Exit(130)
     except ValueError as exc:  # CaptureConfigError, StoreError, PromptFileError, ConfigError
         _fail(str(exc))
     if summaries is not None:  # None: a rank other than 0 under torchrun

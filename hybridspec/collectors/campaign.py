@@ -21,7 +21,8 @@ import torch
 import torch.distributed as dist
 
 from ..runtime.presets import PRESETS, preset_config
-from ..runtime.session import EMBEDDED, model_identity, open_session, resolve_backend, resolve_pair
+from ..runtime.loading import target_config
+from ..runtime.session import EMBEDDED, check_context, model_identity, open_session, resolve_backend, resolve_pair
 from ..runtime.tokenizer import load_codec
 from ..workbench.prompts import Prompt, load_prompts, select_categories
 from ..workbench.runinfo import cpu_model, file_digest, gpu_model, set_threads, software_versions
@@ -234,6 +235,8 @@ def _run_campaign(config: CaptureConfig, reporter: Reporter) -> list[PassSummary
     prompt_file, prompts = load_run_prompts(config, CaptureConfigError)  # before any store is touched
     models = resolve_models(config)
     ids = tokenized_prompts(prompts, models, prompt_file)
+    context = max(len(p.ids) for p in ids) + config.new_tokens + 2 * MAX_BLOCK  # the longest request, and drafts
+    check_context(target_config(models.model), context)  # before any store is created
     backend = resolve_backend(config.backend, config.device)
     if config.nproc > 1:
         return run_data_parallel(config)
@@ -246,8 +249,7 @@ def _run_campaign(config: CaptureConfig, reporter: Reporter) -> list[PassSummary
                                overwrite=config.overwrite)
         session = open_session(models.model, models.drafter, device=config.device, dtype=config.dtype,
                                backend=backend, seed=config.seed, graphs=config.graphs, tensor_parallel=config.tp > 1,
-                               expert_parallel=config.expert_parallel,
-                               max_context=max(len(p.ids) for p in ids) + config.new_tokens + 2 * MAX_BLOCK)
+                               expert_parallel=config.expert_parallel, max_context=context)
         ctx = PassContext(config, session, ids, file_digest(prompt_file))
         host = dict(versions=software_versions(), threads=threads, host_cpu=cpu_model(),
                     host_gpu=gpu_model(config.device))

@@ -388,6 +388,7 @@ def test_ctrl_c_during_capture_exits_130_keeping_whole_units(qwen35_dir, prompt_
             break
     proc.stdout.read()
     assert proc.wait(timeout=120) == 130, proc.stderr.read()
+    assert "capture interrupted" in proc.stderr.read()  # and how to continue
     with Store(tmp_path / "s.duckdb", read_only=True) as store:
         done = store.query("SELECT count(*) FROM units")[0][0]
         assert 2 <= done < 8 and store.query("SELECT status FROM runs") == [("running",)]
