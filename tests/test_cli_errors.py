@@ -46,6 +46,7 @@ def test_markup_in_a_message_is_printed_as_given(tmp_path):
     (["--policy", "sometimes"], "unknown policy 'sometimes'"),
     (["--policy", "static:99"], "static:99: length must be in 2"),
     (["--policy", " "], "--policy is empty"),
+    (["--policy", "ar", "--repetition-penalty", "0"], "repetition_penalty must be in (0, 2]"),
     (["--policy", "ar", "--max-context", "100000"], "exceeds the model's max_position_embeddings (4096)"),
 ])
 def test_generate_checks_policy_and_artifact_before_loading(no_loading, args, message):
@@ -195,5 +196,5 @@ def test_generate_and_serve_warn_of_an_artifact_that_fails_its_checks(tmp_path, 
 def test_a_context_past_the_model_is_refused_before_any_store(no_loading, tmp_path, command):
     db = tmp_path / "s.duckdb"
     result = runner.invoke(app, [*command, "--quick", "--db", str(db), "--max-new-tokens", "1000000000"])
-    _one_line_error(result, "exceeds the model's max_position_embeddings (4096)")
+    _one_line_error(result, "exceeds the model's max_position_embeddings (4096)", "lower --max-new-tokens")
     assert not db.exists()

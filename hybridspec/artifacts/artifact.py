@@ -13,14 +13,13 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
+from safetensors.torch import save
 
 from .params import AcceptanceModel, PolicyParameters
 
@@ -74,17 +73,10 @@ def save_artifact(path: Path, params: PolicyParameters, *, model_id: str, drafte
     meta["content_sha256"] = content_hash(meta, tensors)
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    save_file(tensors, tmp, metadata={META_KEY: json.dumps(meta, sort_keys=True)})
-    tmp.chmod(0o666 & ~_umask())  # the mode any new file gets (safetensors writes it owner-only)
+    # written by Python's open, whose mode follows the umask (safetensors' own writer makes it owner-only)
+    tmp.write_bytes(save(tensors, metadata={META_KEY: json.dumps(meta, sort_keys=True)}))
     tmp.replace(path)
     return meta
-
-
-def _umask() -> int:
-    """The process's file-creation mask (read by setting it, then putting it back)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def _read(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:

@@ -40,6 +40,7 @@ from .stage0 import Stage0Pass
 PASSES: dict[str, type] = {"capture": CapturePass, "fixed": FixedPass, "stage0": Stage0Pass, "moe": MoePass,
                            "routing": RoutingPass, "profile": ProfilePass}
 MAX_BLOCK = 64  # context headroom for the drafter block (generate_fully_verified runs N + W tokens)
+REMEDY = f"lower --max-new-tokens (the context is the longest prompt, --max-new-tokens and {2 * MAX_BLOCK} more)"
 
 
 class Reporter(Protocol):
@@ -236,7 +237,7 @@ def _run_campaign(config: CaptureConfig, reporter: Reporter) -> list[PassSummary
     models = resolve_models(config)
     ids = tokenized_prompts(prompts, models, prompt_file)
     context = max(len(p.ids) for p in ids) + config.new_tokens + 2 * MAX_BLOCK  # the longest request, and drafts
-    check_context(target_config(models.model), context)  # before any store is created
+    check_context(target_config(models.model), context, REMEDY)  # before any store is created
     backend = resolve_backend(config.backend, config.device)
     if config.nproc > 1:
         return run_data_parallel(config)

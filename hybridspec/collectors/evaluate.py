@@ -35,14 +35,14 @@ from ..evaluation.offline import (AVERAGE, OfflineError, best_static_length, com
                                   table_categories)
 from ..evaluation.tables import EVAL_PASS, measured_from_store
 from ..runtime.config import drafter_config_from_dict, read_config_json
-from ..runtime.loading import RANDOM_BLOCK_SIZE
+from ..runtime.loading import RANDOM_BLOCK_SIZE, target_config
 from ..runtime.policies import NEEDS_PARAMETERS, PolicyError, make_policy, resolve_policy
 from ..runtime.sampling import SamplingParams
-from ..runtime.session import open_session, resolve_backend
+from ..runtime.session import check_context, open_session, resolve_backend
 from ..workbench.runinfo import cpu_model, file_digest, gpu_model, set_threads, software_versions
 from ..workbench.store import RunSpec, Store, check_writable, run_id_for
-from .campaign import (MAX_BLOCK, NullReporter, PassSummary, Reporter, load_run_prompts, resolve_models, run_pass,
-                       tokenized_prompts)
+from .campaign import (MAX_BLOCK, REMEDY, NullReporter, PassSummary, Reporter, load_run_prompts, resolve_models,
+                       run_pass, tokenized_prompts)
 from .common import CaptureConfigError, OutputLimit, PassContext, PromptIds, Unit, check_run_options, microseconds
 
 PASS = EVAL_PASS
@@ -238,9 +238,11 @@ def run_eval(config: EvalConfig, reporter: Reporter | None = None) -> EvalResult
     requested, best_note = _check_store(config, params, meta)
     policies = resolve_policies(requested, draft_len, params)
     threads = set_threads(config.threads, config.device)
+    context = max(len(p.ids) for p in ids) + config.new_tokens + 2 * MAX_BLOCK
+    check_context(target_config(models.model), context, REMEDY)
     session = open_session(models.model, models.drafter, need_drafter=len(policies) > 1, device=config.device,
                            dtype=config.dtype, backend=backend, seed=config.seed, graphs=config.graphs,
-                           max_context=max(len(p.ids) for p in ids) + config.new_tokens + 2 * MAX_BLOCK)
+                           max_context=context)
     with Store(config.db) as store:
         ctx = PassContext(config, session, ids, file_digest(prompt_file))
         collector = EvalPass(store, policies, params, meta, SamplingParams(config.temperature, seed=config.seed),

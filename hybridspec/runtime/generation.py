@@ -37,8 +37,9 @@ class ModelIds:
 def check_policy(name: str, artifact: Path | None, model: str | None, drafter: str | None, *,
                  need_drafter: bool = True, seed: int = 0, force: bool = False) -> PolicyParameters | None:
     """The parameters policy `name` decodes with, every check done before any weights load: the
-    target's config, the pair's content ids (`model_identity`, as `open_session` computes them for
-    the same arguments), the artifact (`resolve_policy`: needed, valid, fitted for this pair unless
+    target's config, the drafter's config (a reference that is no drafter named before its files
+    are read), the pair's content ids (`model_identity`, as `open_session` computes them for the
+    same arguments), the artifact (`resolve_policy`: needed, valid, fitted for this pair unless
     `force`), then the name and length against the drafter's D read from its config (`make_policy`).
     ConfigError, PolicyError, ArtifactError (all ValueError)."""
     model, drafter = resolve_pair(model, drafter)

@@ -65,12 +65,13 @@ class Session:
         return self.model in PRESETS
 
 
-def check_context(cfg: TargetConfig, max_context: int) -> None:
+def check_context(cfg: TargetConfig, max_context: int, remedy: str = "lower --max-context") -> None:
     """ConfigError unless a context of `max_context` tokens fits the model's positions
-    (`max_position_embeddings`), checked before any cache is sized for it."""
+    (`max_position_embeddings`), checked before any cache is sized for it; `remedy`: what the
+    caller's user can change."""
     if max_context > cfg.max_position_embeddings:
         raise ConfigError(f"a context of {max_context} tokens exceeds the model's max_position_embeddings "
-                          f"({cfg.max_position_embeddings}): lower --max-context or --max-new-tokens")
+                          f"({cfg.max_position_embeddings}): {remedy}")
 
 
 def open_session(model: str | None = None, drafter: str | None = None, *, need_drafter: bool = True,

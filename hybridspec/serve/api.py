@@ -254,6 +254,17 @@ class CompletionRequest(RequestBody):
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS, strict=True)  # alternatives per token (0: none)
     echo: bool = False  # the prompt's text before the completion's, and with logprobs the prompt's logprobs
 
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt_form(cls, prompt):
+        def ids(value) -> bool:
+            return isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in value)
+
+        if isinstance(prompt, str) or ids(prompt) or (isinstance(prompt, list) and (
+                all(isinstance(p, str) for p in prompt) or all(ids(p) for p in prompt))):
+            return prompt
+        raise ValueError("must be a string, token ids (integers), a list of strings or a list of token-id lists")
+
     def prompts(self) -> list[str | list[int]]:
         """The request's prompts, each a text or token ids: one, or a batch whose choices are numbered
         prompt by prompt (prompt p's choice j is choice p·n + j, as vLLM numbers them) and decoded one
@@ -365,7 +376,7 @@ class ChatRequest(RequestBody):
 
     def check_fields(self) -> None:
         super().check_fields()
-        if self.tool_choice not in (None, "none") and not self.tools:
+        if self.tool_choice not in (None, "none") and self.tools is None:
             raise RequestError("tool_choice needs tools", "tool_choice")
 
     def calls_tools(self) -> bool:
@@ -378,10 +389,12 @@ class ChatRequest(RequestBody):
 
     def tool_grammar(self, fmt: str, reasoning: str) -> GrammarSpec | None:
         """The grammar of the calls tool_choice requires (`GrammarSpec.tool_calls`), or None;
-        RequestError names the field when the named function is not one of the tools (which
-        `check_fields` has required), or another output constraint is given too."""
+        RequestError names the field when there are no tools, the named function is not one of
+        them, or another output constraint is given too."""
         if not self.forced_calls():
             return None
+        if not self.tools:
+            raise RequestError("tool_choice requires calls but tools is empty", "tool_choice")
         names = [t.function.name for t in self.tools]
         if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function.name not in names:
             raise RequestError(f"tool_choice names {self.tool_choice.function.name!r}, which is not one of the "

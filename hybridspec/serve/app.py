@@ -6,8 +6,8 @@
 `Gate`, an ASGI middleware around the whole app, answers what must not reach the routes (a missing
 or wrong API key on /v1/*, as vLLM asks it; a body over `max_request_bytes`), turns any unhandled
 exception into a 500, counts every response by the status it is sent with in /metrics and writes
-one access-log line per request (499 for a client that went away; `tokens=P+O1+O2…`: the prompt,
-then each choice's output). Every 4xx/5xx body is an OpenAI error object naming the field at fault.
+one access-log line per request (499 for a client that went away; `tokens=P+O1+O2…`: the prompt's
+tokens, summed over a batch's prompts, then each choice's output). Every 4xx/5xx body is an OpenAI error object naming the field at fault.
 A stream starts only after the request is validated, and always ends with `[DONE]`, after an error
 event when the engine fails mid-stream.
 """
@@ -179,6 +179,9 @@ class TextOffsets:
 
     def take(self, raw: bytes) -> int:
         """The offset of the token whose bytes are `raw`, the tokens before it taken already."""
+        pending, _ = self._decoder.getstate()
+        if pending and raw and not 0x80 <= raw[0] <= 0xBF:  # no continuation: the unfinished character is a U+FFFD
+            self.chars += len(self._decoder.decode(b"", final=True))
         at = self.chars
         self.chars += len(self._decoder.decode(raw))
         return at

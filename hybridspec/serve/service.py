@@ -15,7 +15,7 @@ import threading
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -226,6 +226,22 @@ def _first_stop(text: str, stops: list[str], begin: int = 0) -> tuple[int, str] 
 
 
 GRAMMAR_TIMEOUT = 30.0  # seconds a request's grammar may take to compile (`Service.check_grammar`)
+STUCK_COMPILES = 2  # compiles past the timeout that may still run before grammar requests are refused (503)
+
+
+def _on_daemon_thread(fn: Callable[[], object]) -> Future:
+    """fn() on a daemon thread of its own, as a future (no pool: none waits for it at exit)."""
+    future: Future = Future()
+
+    def run() -> None:
+        if future.set_running_or_notify_cancel():
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # handed to the awaiting request
+                future.set_exception(exc)
+
+    threading.Thread(target=run, daemon=True, name="grammar").start()
+    return future
 PREPARE_SAMPLING = {"greedy": SamplingParams(), "sample": SamplingParams(1.0), "top-k": SamplingParams(1.0, 20),
                     "filter": SamplingParams(1.0, 0, 0.9)}  # a request of each `resident.sampling_mode`
 PREPARE_EXTRAS = ("logprobs", "penalties", "grammar")
@@ -255,10 +271,12 @@ class Service:
                  tensor_parallel: bool = False, prepare: tuple[str, ...] = (), tool_call_parser: str = "auto",
                  reasoning_parser: str = "auto", grammar_timeout: float = GRAMMAR_TIMEOUT):
         self.session, self.params, self.model_name = session, params, model_name
-        # a request's grammar compiles on a pool of its own (tokenizing never waits behind a slow one),
-        # refused past `grammar_timeout` seconds (the compile runs on; xgrammar keeps what it made)
+        # a request's grammar compiles on a daemon thread of its own (tokenizing never waits behind a
+        # slow one, and a runaway compile does not hold the server's exit), refused past
+        # `grammar_timeout` seconds; the compile runs on (xgrammar keeps what it made), counted in
+        # `overrun` until it ends: while STUCK_COMPILES such run, grammar requests are refused at once
         self.grammar_timeout = grammar_timeout
-        self.compiles = ThreadPoolExecutor(max_workers=2, thread_name_prefix="grammar")
+        self.overrun = 0
         templates = list(session.codec.chat_templates.values()) if session.codec is not None else []
         # the call format chat outputs are parsed for (`tools.py`), and whether their reasoning is split off
         self.tool_format = tool_call_parser if tool_call_parser != "auto" else tool_format(
@@ -344,12 +362,22 @@ class Service:
             except GrammarError as exc:
                 raise RequestError(str(exc), field) from None
 
+        if self.overrun >= STUCK_COMPILES:
+            raise RequestError(f"{self.overrun} grammars are still compiling past --grammar-timeout; retry later",
+                               field, 503)
+        done = _on_daemon_thread(compile_)
         try:
-            await asyncio.wait_for(asyncio.wrap_future(self.compiles.submit(compile_)), self.grammar_timeout)
+            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(done)), self.grammar_timeout)
         except TimeoutError:
+            self.overrun += 1
+            loop = asyncio.get_running_loop()
+            done.add_done_callback(lambda _: loop.call_soon_threadsafe(self._compile_ended))
             raise RequestError(f"the {spec.kind} grammar did not compile within {self.grammar_timeout:g} s "
                                "(--grammar-timeout)", field) from None
         return spec
+
+    def _compile_ended(self) -> None:
+        self.overrun -= 1
 
     def token_bytes(self, token: int) -> bytes:
         """One token's own bytes (`TextCodec.token_bytes`; its id's text for a model without a tokenizer)."""

@@ -520,7 +520,10 @@ def _check_row_copies(con, rows: str, table: str, shared: list[str], labels: dic
     columns = [c[0] for c in cur.description if c[0] != "src"]
     copies = [dict(zip([c[0] for c in cur.description], values)) for values in cur.fetchall()]
     a = copies[0]
-    b, differs = next((c, k) for c in copies[1:] for k in columns if not _same(a[k], c[k]))
+    first_difference = next(((c, k) for c in copies[1:] for k in columns if not _same(a[k], c[k])), None)
+    if first_difference is None:  # apart to DISTINCT only (0.0 and -0.0): one copy is kept, nothing lost
+        return
+    b, differs = first_difference
     row = runs[found[0][0]][1]
     where = ", ".join(f"{k}={v!r}" for k, v in zip(KEYS[table][1:], found[0][1:]))
     raise StoreError(f"merge: {labels[a['src']]} and {labels[b['src']]} hold different copies of one row of run "

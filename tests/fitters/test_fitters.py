@@ -95,8 +95,8 @@ def test_quadratic_cost_and_slopes_come_back():
 
 
 def test_flat_or_noisy_costs_warn():
-    """A slope that is not positive warns; a noisy fit records its low R², which the fit-quality
-    checks judge under the run's thresholds (no second, fixed R² limit in the warnings)."""
+    """A slope that is not positive warns; a noisy fit records its low R² without a warning (the
+    fit-quality checks judge R² under the run's thresholds)."""
     rng = np.random.default_rng(4)
     w = np.repeat(np.arange(2, 17), 10)
     noisy = QuadraticCost().fit(w, 1e-2 + rng.normal(0, 1e-3, w.size))

@@ -4,7 +4,9 @@ partial characters, fields that need another, text content parts, CORS."""
 
 from __future__ import annotations
 
+import json
 import threading
+import time
 
 import httpx
 import pytest
@@ -74,10 +76,17 @@ def test_token_id_prompts_and_batches(server, service):
     assert batch["usage"]["completion_tokens"] == 2 * sum(a["usage"]["completion_tokens"] for a in alone)
     texts = _post(server, COMPLETION, {"prompt": [PROMPT, "import os\n"], **greedy}).json()["choices"]
     assert [c["text"] for c in texts] == [a["choices"][0]["text"] for a in alone]
-    streamed = httpx.post(f"{server}{COMPLETION}", json={"prompt": [ids, other], "stream": True, **greedy}, timeout=60)
-    indices = {line.split('"index": ')[1][0] for line in streamed.text.splitlines() if '"index": ' in line}
-    assert indices == {"0", "1"}
+    echoed = _post(server, COMPLETION, {"prompt": [PROMPT, "import os\n"], "echo": True, **greedy}).json()["choices"]
+    assert [c["text"] for c in echoed] == [p + c["text"] for p, c in zip((PROMPT, "import os\n"), texts)]
+    streamed = httpx.post(f"{server}{COMPLETION}", json={"prompt": [ids, other], "n": 2, "stream": True, **greedy},
+                          timeout=60)
+    chunks = [json.loads(line[6:]) for line in streamed.text.splitlines() if line.startswith("data: {")]
+    joined = {i: "".join(c["choices"][0]["text"] for c in chunks if c["choices"][0]["index"] == i) for i in range(4)}
+    assert list(joined.values()) == [c["text"] for c in batch["choices"]]
     assert _error_param(_post(server, COMPLETION, {"prompt": [ids, []], **greedy})) == "prompt.1"
+    for mixed in (["1", 2], [True, 2], [[True]], [1, "a"], [ids, "x"]):  # token ids are JSON integers
+        refused = _post(server, COMPLETION, {"prompt": mixed, **greedy})
+        assert _error_param(refused) == "prompt" and "token ids" in refused.json()["error"]["message"], mixed
     assert _error_param(_post(server, COMPLETION, {"prompt": [ids] * 5, "n": 16, **greedy})) == "prompt"
 
 
@@ -87,6 +96,8 @@ def test_text_offsets_count_the_characters_before_each_token():
     smile = "😀".encode()
     assert [offsets.take(b) for b in (b"a", smile[:2], smile[2:], b"bc", "é".encode(), b"\xff", b"d")] == \
         [0, 1, 1, 2, 4, 5, 6]  # "a😀bcé\ufffdd"
+    cut = TextOffsets()  # a character that never completes is one U+FFFD before the next one
+    assert [cut.take(b) for b in (b"\xe2\x82", b"a", b"b", smile[:1], "é".encode())] == [0, 1, 2, 3, 4]
 
 
 def test_a_stop_sequence_waits_for_a_partial_character():
@@ -99,7 +110,10 @@ def test_fields_that_need_another_are_refused(server):
     assert _error_param(_post(server, COMPLETION, {"prompt": PROMPT, "stream_options": {"include_usage": True}})) \
         == "stream_options"
     assert _error_param(_post(server, CHAT, {"messages": MESSAGES, "tool_choice": "auto"})) == "tool_choice"
-    assert _post(server, CHAT, {"messages": MESSAGES, "tool_choice": "none", "max_tokens": 1}).status_code == 200
+    assert _error_param(_post(server, CHAT, {"messages": MESSAGES, "tool_choice": "required", "tools": []})) \
+        == "tool_choice"
+    for fine in ({"tool_choice": "none"}, {"tool_choice": "auto", "tools": []}):  # as vLLM: an empty list is tools
+        assert _post(server, CHAT, {"messages": MESSAGES, "max_tokens": 1, **fine}).status_code == 200
 
 
 def test_text_parts_are_joined_by_newlines_and_other_parts_are_named(server):
@@ -122,7 +136,8 @@ def test_cors_only_for_the_allowed_origins(service, server):
         ok = _post(base, COMPLETION, {"prompt": PROMPT, "max_tokens": 1},
                    headers={"Origin": "http://a.test", "Authorization": "Bearer k"})
         assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == "http://a.test"
-        assert _post(base, COMPLETION, {"prompt": PROMPT}, headers={"Origin": "http://a.test"}).status_code == 401
+        keyless = _post(base, COMPLETION, {"prompt": PROMPT}, headers={"Origin": "http://a.test"})
+        assert keyless.status_code == 401 and keyless.headers["access-control-allow-origin"] == "http://a.test"
         other = httpx.options(f"{base}{COMPLETION}", headers={**preflight, "Origin": "http://b.test"})
         assert "access-control-allow-origin" not in other.headers
     plain = httpx.options(f"{server}{COMPLETION}", headers=preflight)
@@ -148,7 +163,13 @@ def test_a_grammar_that_compiles_too_long_is_refused_and_the_server_goes_on(serv
     assert _error_param(refused) == "guided_regex" and "0.2 s" in refused.json()["error"]["message"]
     assert _post(server, "/tokenize", {"prompt": PROMPT}).status_code == 200  # while the compile still runs
     assert _post(server, COMPLETION, {"prompt": PROMPT, "max_tokens": 2}).status_code == 200
+    assert _post(server, COMPLETION, {**body, "guided_regex": "[0-9]+"}).status_code == 400  # a second one overruns
+    busy = _post(server, COMPLETION, {**body, "guided_regex": "[a-c]+"})  # two still run: refused at once
+    assert busy.status_code == 503 and busy.json()["error"]["param"] == "guided_regex"
     released.set()
     monkeypatch.undo()
+    deadline = time.monotonic() + 30
+    while service.overrun and time.monotonic() < deadline:  # the overrun compiles end once released
+        time.sleep(0.05)
     text = _post(server, COMPLETION, body).json()["choices"][0]["text"]
     assert text and text.isalpha() and text.islower()

@@ -110,6 +110,11 @@ def test_stop_sequence_cuts_text(client):
                                               stream=True))
     assert "".join(c.choices[0].text for c in streamed) == out.choices[0].text
     assert [c.choices[0].stop_reason for c in streamed] == [None] * (len(streamed) - 1) + [stop]
+    messages = [{"role": "user", "content": "add two numbers"}]
+    said = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0)
+    chat_stop = said.choices[0].message.content.strip()[:2]
+    cut = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0, stop=chat_stop)
+    assert (cut.choices[0].finish_reason, cut.choices[0].stop_reason) == ("stop", chat_stop)
     # vLLM's include_stop_str_in_output: the stop that ended the text stays in it, streamed or not
     kept = dict(model=MODEL, prompt=PROMPT, max_tokens=16, temperature=0, stop=[stop],
                 extra_body={"include_stop_str_in_output": True})
@@ -138,6 +143,9 @@ def test_stop_token_ids_and_ignore_eos(tmp_path):
             assert (out.finish_reason, out.text, out.stop_reason) == ("stop", codec.decode(ids[:j]), ids[j]), policy
         assert complete(stop_token_ids=[ids[j]]).finish_reason == "stop"
         assert complete().stop_reason is None
+        streamed = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0, stream=True,
+                                                  extra_body={"stop_token_ids": [ids[j]]}))
+        assert (streamed[-1].choices[0].finish_reason, streamed[-1].choices[0].stop_reason) == ("stop", ids[j])
         service.session.eos_ids = (ids[j],)
         eos = complete()
         assert (eos.finish_reason, eos.text, eos.stop_reason) == ("stop", codec.decode(ids[:j]), None)  # EOS: none
