@@ -263,7 +263,8 @@ class CompletionRequest(RequestBody):
         if isinstance(prompt, str) or ids(prompt) or (isinstance(prompt, list) and (
                 all(isinstance(p, str) for p in prompt) or all(ids(p) for p in prompt))):
             return prompt
-        raise ValueError("must be a string, token ids (integers), a list of strings or a list of token-id lists")
+        raise PydanticCustomError("prompt", "must be a string, token ids (integers), a list of strings or a list of "
+                                  "token-id lists")
 
     def prompts(self) -> list[str | list[int]]:
         """The request's prompts, each a text or token ids: one, or a batch whose choices are numbered
@@ -322,7 +323,8 @@ class ChatMessage(BaseModel):
         if isinstance(content, list):
             kinds = sorted({str(part.get("type")) for part in content if isinstance(part, dict)} - {"text"})
             if kinds:
-                raise ValueError(f"content parts of type {', '.join(kinds)} are not supported: this model reads text")
+                raise PydanticCustomError("content", "content parts of type {kinds} are not supported: this model "
+                                          "reads text", {"kinds": ", ".join(kinds)})
         return content
 
     @model_validator(mode="after")

@@ -55,7 +55,8 @@ def client():
 
 
 @pytest.mark.parametrize("path, body, param, message", [
-    ("/v1/completions", {"prompt": {"a": 1}}, "prompt", "prompt: Input should be a valid string"),
+    ("/v1/completions", {"prompt": {"a": 1}}, "prompt",
+     "prompt: must be a string, token ids (integers), a list of strings or a list of token-id lists"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": None}]}, "messages",
      "messages.0: content is required (null only for an assistant message with tool_calls)"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, "messages",
