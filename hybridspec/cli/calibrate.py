@@ -238,6 +238,7 @@ def report(
     artifact: ArtifactOpt = None,
     name: Annotated[Optional[str], typer.Option("--name", help="Campaign (capture's --name); default: the store's only campaign, else the newest.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (the summary) instead of tables.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Estimate with an artifact fitted for another model/drafter.")] = False,
 ) -> None:
     """Diagnostics of a calibration (and its evals) as one HTML page with plots, plus a terminal summary."""
     from ..report import build_report, summary
@@ -246,7 +247,7 @@ def report(
 
     try:
         check_output_dir(out)
-        result = build_report(db, out, artifact=artifact, campaign=name)
+        result = build_report(db, out, artifact=artifact, campaign=name, force=force)
     except ValueError as exc:  # ReportError, ArtifactError, StoreError (damaged store), OutputPathError
         _fail(str(exc))
     if as_json:

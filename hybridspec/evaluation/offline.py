@@ -269,19 +269,20 @@ def best_static_length(store: Store, params: PolicyParameters, meta: dict, *, ca
 
 
 def estimate_policies(db: Path, artifact_path: Path, *, campaign: str | None = None,
-                      policies: Sequence[str] | None = None, categories: Sequence[str] | None = None
-                      ) -> pl.DataFrame:
+                      policies: Sequence[str] | None = None, categories: Sequence[str] | None = None,
+                      force: bool = False) -> pl.DataFrame:
     """Offline estimates (module docstring) of each policy on the capture run of `campaign` (None: the
     store's only capture run) with the artifact's parameters. Columns ESTIMATE_COLUMNS: one row per
     (policy, category) and per policy a category "all" row (`with_average`: sums of rounds, emitted,
     est_seconds; arithmetic means over categories of al, mean_w, tps, sr). `policies` default:
     `default_policies`; `categories` (None: every category of the capture run): only the rounds of
     those categories, so that "all" averages over the same categories as a measured table of them.
-    Raises OfflineError, ArtifactError (artifact invalid or fitted for another model), PolicyError."""
+    Raises OfflineError, ArtifactError (artifact invalid, or fitted for another model unless `force`),
+    PolicyError."""
     params, meta = load_artifact(artifact_path)
     with Store(db, read_only=True) as store:
         return estimate_from_store(store, params, meta, campaign=campaign, policies=policies,
-                                   categories=categories, source=str(artifact_path))
+                                   categories=categories, source=str(artifact_path), force=force)
 
 
 def compare_with_measured(estimates: pl.DataFrame, measured: pl.DataFrame) -> pl.DataFrame:

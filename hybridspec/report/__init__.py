@@ -27,8 +27,10 @@ STORE_SECTIONS = (reliability_section, acceptance_section, cost_section, stage0_
 __all__ = ["Figure", "ReportError", "ReportResult", "Section", "build_report", "summary"]
 
 
-def build_report(db: Path, out: Path, *, artifact: Path | None = None, campaign: str | None = None) -> ReportResult:
-    """Write `out/index.html` from the store at `db` (read-only) and, when given, the artifact.
+def build_report(db: Path, out: Path, *, artifact: Path | None = None, campaign: str | None = None,
+                 force: bool = False) -> ReportResult:
+    """Write `out/index.html` from the store at `db` (read-only) and, when given, the artifact
+    (`force`: its offline estimates even when it was fitted for another model or drafter).
 
     `campaign`: the calibration campaign (capture's `--name`); default: the newest capture
     campaign. Raises `ReportError` for a missing store or unknown campaign, `ArtifactError` for an
@@ -41,7 +43,7 @@ def build_report(db: Path, out: Path, *, artifact: Path | None = None, campaign:
     finally:
         inputs.store.close()
     # the offline estimates open the store themselves: after this report's connection is closed
-    sections += [policy_section(inputs.db, artifact, inputs.campaign, inputs.eval_runs), metadata]
+    sections += [policy_section(inputs.db, artifact, inputs.campaign, inputs.eval_runs, force), metadata]
     checks = checks_from_artifact(inputs.params, inputs.meta) if inputs.params is not None else []
     by_key = {s.key: s for s in sections}
     for check in checks:

@@ -62,9 +62,11 @@ def chosen_eval_run(eval_runs: list[dict], campaign: str | None) -> dict | None:
     return next((r for r in eval_runs if r["name"] == campaign), None)
 
 
-def policy_section(db: Path, artifact: Path | None, campaign: str | None, eval_runs: list[dict]) -> Section:
-    """Measured vs estimated per policy, for the report's campaign. Reads the store itself (through
-    evaluation.offline), so it runs after the report's own connection is closed."""
+def policy_section(db: Path, artifact: Path | None, campaign: str | None, eval_runs: list[dict],
+                   force: bool = False) -> Section:
+    """Measured vs estimated per policy, for the report's campaign (`force`: with an artifact fitted
+    for another model or drafter). Reads the store itself (through evaluation.offline), so it runs
+    after the report's own connection is closed."""
     section = Section("policies", "10. Policies: measured against estimated")
     hint = EVAL_HINT.format(db=db, campaign=campaign)
     run = chosen_eval_run(eval_runs, campaign)
@@ -84,7 +86,8 @@ def policy_section(db: Path, artifact: Path | None, campaign: str | None, eval_r
         policies = measured["policy"].unique(maintain_order=True).to_list() if measured is not None else None
         categories = table_categories(measured) if measured is not None else None  # "all" means the same on both
         try:
-            estimates = estimate_policies(db, artifact, campaign=campaign, policies=policies, categories=categories)
+            estimates = estimate_policies(db, artifact, campaign=campaign, policies=policies, categories=categories,
+                                          force=force)
         except ValueError as exc:  # OfflineError, ArtifactError, PolicyError: named in the message
             section.partial(f"offline estimates failed: {exc}")
     if measured is None and estimates is None:

@@ -59,3 +59,21 @@ def test_an_unfinished_calibration_run_is_named_in_the_runs_section(tmp_path):
     section = build_report(db, tmp_path / "page").section("metadata")
     assert section.status == "partial"
     assert "is unfinished (status 'running')" in section.note and "--resume" in section.note
+
+
+def test_force_estimates_with_an_artifact_of_another_model(tmp_path):
+    """An artifact fitted for another model: the policy section names both ids and says to pass
+    --force; with force it holds the estimates."""
+    from hybridspec.artifacts.artifact import load_artifact, save_artifact
+
+    db, artifact, foreign = tmp_path / "s.duckdb", tmp_path / "a.safetensors", tmp_path / "f.safetensors"
+    write_synthetic_store(db, n_rounds=300)
+    fit_artifact(db, "synth", artifact, allow_poor_fit=True)
+    params, meta = load_artifact(artifact)
+    save_artifact(foreign, params, model_id="sha256:another", drafter_id=meta["drafter_id"], device="cpu",
+                  store_digest=meta["store_digest"], diagnostics=meta["diagnostics"])
+    refused = build_report(db, tmp_path / "page", artifact=foreign).section("policies")
+    assert refused.status == "missing" and "sha256:another" in refused.note and "--force" in refused.note
+    forced = build_report(db, tmp_path / "forced", artifact=foreign, force=True).section("policies")
+    own = build_report(db, tmp_path / "own", artifact=artifact).section("policies")
+    assert forced.tables["policies"].equals(own.tables["policies"])
