@@ -117,11 +117,10 @@ def fit(
     from ..fitters.checks import Thresholds
     from ..fitters.export import PoorFitError, fit_artifact
     from ..fitters.fit_output import fit_json, print_fit
-    from ..workbench.store import resolve_campaign
+    from ..workbench.store import require_store, resolve_campaign
 
-    if not db.is_file():
-        _fail(f"--db {db}: no such store")
     try:
+        require_store(db)
         thresholds = Thresholds.parse(threshold or ())
         campaign = resolve_campaign(db, name)
         result, meta = fit_artifact(db, campaign, out, thresholds=thresholds, allow_poor_fit=allow_poor_fit)

@@ -15,7 +15,7 @@ import polars as pl
 from ..artifacts.artifact import check_identity, load_artifact
 from ..artifacts.params import PolicyParameters
 from ..fitters.transfer import transfer_from_store
-from ..workbench.store import Store, StoreError, resolve_campaign
+from ..workbench.store import Store, require_store, resolve_campaign
 from .offline import (OfflineError, ar_step_seconds, default_policies, estimate_from_store, find_capture_run,
                       in_policy_order, measured_ar_step, routing_samples)
 
@@ -52,9 +52,9 @@ def estimate_offline(db: Path, artifact: Path, *, campaign: str | None = None,
     Raises ArtifactError, StoreError, OfflineError, FitError, PolicyError (all ValueError)."""
     if policies is not None and not policies:
         raise OfflineError("--policies is empty")
-    _require_store("--db", db)
+    require_store(db)
     if costs is not None:
-        _require_store("--costs-db", costs.db)
+        require_store(costs.db, "--costs-db")
     params, meta = load_artifact(artifact)
     campaign = resolve_campaign(db, campaign)
     sources = {"acceptance": f"{artifact} (campaign {campaign!r} of {db})", "rounds": f"{db}, campaign {campaign!r}"}
@@ -69,13 +69,6 @@ def estimate_offline(db: Path, artifact: Path, *, campaign: str | None = None,
                                     force=force, ar_step=ar_step, routing=routing)
     kind = OTHER_COSTS if costs is not None else OWN_COSTS
     return OfflineEstimate(kind, names, in_policy_order(table, names), params.rho, sources)
-
-
-def _require_store(option: str, db: Path) -> None:
-    """StoreError naming the option and the path when `db` is no file (as fit, report and export
-    refuse it), before a campaign is looked up in it."""
-    if not Path(db).is_file():
-        raise StoreError(f"{option} {db}: no such store")
 
 
 def _with_other_costs(db: Path, campaign: str, params: PolicyParameters, costs: OtherCosts, force: bool

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 from .schema import KEYS, SCHEMA_VERSION
-from .store import Store, StoreError
+from .store import Store, StoreError, require_store
 
 FORMATS = {"parquet": "(FORMAT parquet)", "csv": "(FORMAT csv, HEADER true)"}
 
@@ -24,8 +24,7 @@ def export_store(db: Path, out: Path, *, fmt: str = "parquet", campaign: str | N
     if fmt not in FORMATS:
         raise StoreError(f"--format {fmt!r}: parquet or csv")
     db, out = Path(db), Path(out)
-    if not db.is_file():
-        raise StoreError(f"--db {db}: no such store")
+    require_store(db)
     if out.exists() and not out.is_dir():
         raise StoreError(f"--out {out}: exists and is not a directory")
     with Store(db, read_only=True) as store:

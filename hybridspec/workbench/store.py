@@ -43,6 +43,13 @@ def _now() -> datetime:
     return datetime.now(timezone.utc).replace(tzinfo=None)  # stored as UTC TIMESTAMP
 
 
+def require_store(db: Path, option: str = "--db") -> None:
+    """StoreError naming the option and the path unless `db` is a file: a store to read must exist
+    (opening a missing path would create an empty one)."""
+    if not Path(db).is_file():
+        raise StoreError(f"{option} {db}: no such store")
+
+
 def check_writable(path: Path) -> None:
     """Fail early (before any model is loaded) when `path` cannot be created or written."""
     path = Path(path)
