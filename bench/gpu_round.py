@@ -25,8 +25,7 @@ Correctness first, then timing, for the embedded pair (fp32) and a random-weight
 `variant`): `shipped`, an op family put back on its PyTorch reference or its previous form, a
 switch turned off, or a form on trial (`VARIANTS`: `two-step-topk`, `prepare-ref`, `no-pdl`,
 `torch-sampling`, `torch-request-ops`, `library-linear`, `moe-tiles`, `router-tiles`, `library-head`,
-`gdn-v8w1`, `gdn-state-after-wait`, `l2-prefetch`, `l2-prefetch-bulk`, `l2-prefetch-out`; `a+b` both at
-once), or a step taken
+`gdn-v8w1`, `gdn-state-after-wait`; `a+b` both at once), or a step taken
 out of the captured passes to bound what removing it could save (`free-norms`, `free-post-norms`,
 `free-gated-norm`, `free-conv`, `free-router`, `free-experts`, `free-projections`, `free-attention`,
 `free-gdn-verify`, `free-head`; only their verification rows mean anything), to measure a kernel or a launch mode
@@ -79,7 +78,6 @@ from hybridspec.runtime.engine import Engine, RoundRecord  # noqa: E402
 from hybridspec.runtime.layers.attention import GatedAttention  # noqa: E402
 from hybridspec.runtime.layers.gdn import GatedDeltaNet  # noqa: E402
 from hybridspec.runtime.layers.moe import Router, SparseMoE  # noqa: E402
-from hybridspec.runtime.layers import prefetch  # noqa: E402
 from hybridspec.runtime.layers.norms import GatedRMSNorm, OffsetRMSNorm  # noqa: E402
 from hybridspec.runtime.backends import gdn_ops  # noqa: E402
 from hybridspec.runtime.models.hybrid import HybridTarget  # noqa: E402
@@ -162,12 +160,6 @@ VARIANTS = {
     "free-head": {HybridTarget: {"head_op": REPLAY}},  # the LM head's product (its cast and the argmax stay)
     # the LM head's product of one or two tokens by the library, not `kernels/linear`'s register-slice rows
     "library-head": {HybridTarget: {"head_op": F.linear}},
-    # the mixers' output projections, routers and shared experts read into the L2 on a side branch of every
-    # captured pass (`runtime/layers/prefetch.py`): per 128-byte line, in bulk units of 64 KB, output
-    # projections alone
-    "l2-prefetch": {prefetch: {"MAX_TOKENS": 16}},
-    "l2-prefetch-bulk": {prefetch: {"MAX_TOKENS": 16, "LINE": 65536}},
-    "l2-prefetch-out": {prefetch: {"MAX_TOKENS": 16, "MLP": False}},
 }
 
 

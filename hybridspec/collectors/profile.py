@@ -44,7 +44,7 @@ def module_ranges(target):
     undone on exit (the instance attributes removed, the class's methods show through again)."""
     patched = []
     for layer in target.layers:
-        mixer = layer.mixer
+        mixer = layer.linear_attn if layer.is_gdn else layer.self_attn
         patched.append((mixer, "forward", "gdn" if layer.is_gdn else "attention"))
         for method in ("forward", "route", "run_experts") if layer.is_moe else ("forward",):  # nested: one part
             patched.append((layer.mlp, method, "moe" if layer.is_moe else "other"))

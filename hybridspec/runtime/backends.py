@@ -118,13 +118,6 @@ def linear_op(backend: str) -> Callable:
     return torch.nn.functional.linear if dense is None else dense.linear
 
 
-def prefetch_op(backend: str) -> Callable | None:
-    """The L2 prefetch of a weight for a backend (`kernels/prefetch`): None for the torch backend,
-    whose passes are not captured."""
-    prefetch = triton_kernels(backend, "prefetch.triton")
-    return None if prefetch is None else prefetch.l2_prefetch
-
-
 def norm_ops(backend: str) -> tuple[Callable, Callable]:
     """(offset_rms_norm, gated_rms_norm) of a backend (`kernels/norm`): the reference, or one Triton
     launch per norm with the residual add fused in."""

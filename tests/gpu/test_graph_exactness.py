@@ -38,36 +38,3 @@ def test_graph_pass_equals_eager_pass_at_every_layer(model, dtype, w):
     assert not differ, (f"layer {differ[0]} ({target.cfg.layer_types[differ[0]]}) differs first, "
                         f"{len(differ)} of {L} layers differ")
     assert torch.equal(eager[1], graph[1])
-
-
-@pytest.mark.parametrize("line", [128, 65536])
-@pytest.mark.parametrize("w", [1, 4])
-def test_graph_pass_with_l2_prefetch_equals_eager_pass(monkeypatch, line, w):
-    """The weights' L2 prefetch on a side branch of the captured pass (`runtime/layers/prefetch.py`)
-    changes no bit, issues one launch per weight per layer in the capture, and none eagerly."""
-    from hybridspec.runtime.layers import prefetch
-
-    monkeypatch.setattr(prefetch, "MAX_TOKENS", 16)
-    monkeypatch.setattr(prefetch, "LINE", line)
-    session = open_session("random-tiny", "random", device="cuda", dtype="bfloat16", backend="triton",
-                           max_context=256)
-    target = session.target
-    target.feature_layers = tuple(range(len(target.layers)))
-    calls = []
-    op = target.prefetch.op
-    monkeypatch.setattr(target.prefetch, "op", lambda t, **kw: (calls.append(t.data_ptr()), op(t, **kw)))
-    engine = Engine(target, None, max_context=200, resident=False)
-    cache = engine.cache
-    cache.reset()
-    gen = torch.Generator().manual_seed(w)
-    target.prefill(torch.randint(0, target.cfg.vocab_size, (1, 120), generator=gen).cuda(), cache)
-    target.enter_static(cache, 16)
-    block = torch.randint(0, target.cfg.vocab_size, (1, w), generator=gen).cuda()
-    calls.clear()
-    eager = pass_outputs(target, cache, block, graph=False)
-    assert calls == []
-    graph = pass_outputs(target, cache, block, graph=True)
-    per_layer = [1 + 4 * layer.is_moe for layer in target.layers]
-    assert len(calls) >= sum(per_layer) and len(calls) % sum(per_layer) == 0  # each capture issues every layer's
-    for e, g in zip(eager, graph):
-        assert torch.equal(e, g)

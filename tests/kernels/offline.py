@@ -8,8 +8,8 @@ one per specialization (written to `directory` by the function it returns); `pyt
 tests.kernels.offline DIRECTORY` compiles each recorded launch with this machine's Triton,
 `triton.compile` for `GPUTarget("cuda", 90, 32)` (front end, LLVM and the bundled ptxas), and
 prints one JSON object {kernel: "ok", or its first error, else why a launch was skipped}. The
-switches that only the interpreter turns (WIDEN: 16-bit products widened; FENCE off; ISSUE off: no
-inline PTX) take their GPU values, and programmatic dependent launch (USE_GDC) is on, as the GPU launches them.
+switches that only the interpreter turns (WIDEN: 16-bit products widened; FENCE off) take their
+GPU values, and programmatic dependent launch (USE_GDC) is on, as the GPU launches them.
 `tests/conftest.py` records in every test process and compiles at the end of the session. To
 compile with another Triton (the GPU machine's), keep the records and point PYTHONPATH at it:
 
@@ -29,7 +29,7 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-GPU_VALUES = {"USE_GDC": True, "WIDEN": False, "FENCE": True, "ISSUE": True}  # constexprs the launchers set from the interpreter
+GPU_VALUES = {"USE_GDC": True, "WIDEN": False, "FENCE": True}  # constexprs the launchers set from the interpreter
 OPTIONS = ("num_warps", "num_stages", "launch_pdl", "maxnreg", "num_ctas")  # launch options, not parameters
 MAX_SPECIALIZATIONS = 4  # launches recorded per kernel and process
 

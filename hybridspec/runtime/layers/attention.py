@@ -34,8 +34,6 @@ class GatedAttention(nn.Module):
         self.k_norm = OffsetRMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
         self._qkv: Tensor | None = None  # q (with its gate), k and v projections as one weight
         self.linear_op: Callable[[Tensor, Tensor], Tensor] = torch.nn.functional.linear
-        # called with T once the input projection is launched (the model's L2 prefetch of later weights)
-        self.after_projection: Callable[[int], None] | None = None
 
     def fuse_projections(self) -> None:
         """The q (2× wide), k and v projections as one GEMM (`fuse_linears`)."""
@@ -55,8 +53,6 @@ class GatedAttention(nn.Module):
         the length, up to length + T; the Triton kernels read the length on the device instead."""
         B, T, _ = x.shape
         q_gate, k, v = self._project(x)
-        if self.after_projection is not None:
-            self.after_projection(T)
         q, gate = q_gate.view(B, T, self.n_heads, 2 * self.head_dim).chunk(2, dim=-1)
         kv_shape = (B, T, self.n_kv, self.head_dim)
         q = self.prepare_op(q, k.view(kv_shape), v.view(kv_shape), self.q_norm.weight, self.k_norm.weight,

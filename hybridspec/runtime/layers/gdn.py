@@ -41,8 +41,6 @@ class GatedDeltaNet(nn.Module):
         self.conv_op = gdn_reference.causal_conv_silu  # the model sets the backend's (`kernels/gdn`)
         self.linear_op: Callable[[Tensor, Tensor], Tensor] = F.linear  # the projections' product (the model's)
         self._in_proj: Tensor | None = None  # the four input projections as one weight (`fuse_projections`)
-        # called with T once the input projection is launched (the model's L2 prefetch of later weights)
-        self.after_projection: Callable[[int], None] | None = None
 
     def fuse_projections(self) -> None:
         """The qkv, z, b and a projections as one GEMM (`fuse_linears`): one launch, one pass over x."""
@@ -61,8 +59,6 @@ class GatedDeltaNet(nn.Module):
         `index` of the cache's GDN tensors) for these T tokens."""
         B, T, _ = x.shape
         mixed, z, b, a = self._project(x)  # mixed: [B, T, conv_dim]
-        if self.after_projection is not None:
-            self.after_projection(T)
         # the conv inputs also go to the round buffer, from which the commit advances the window
         mixed = self.conv_op(mixed, cache.conv[index], self.conv1d.weight, x_out=cache.conv_in[index, :, :T])
         key_dim = self.hk * self.dk

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 from torch import Tensor, nn
@@ -21,7 +20,6 @@ from torch import Tensor, nn
 from .. import backends
 from ..cache import TargetCache
 from ..config import TargetConfig
-from ..layers import prefetch
 from ..layers.attention import GatedAttention
 from ..layers.gdn import GatedDeltaNet
 from ..layers.moe import DenseMLP, Router, SparseMoE
@@ -73,10 +71,6 @@ class DecoderLayer(nn.Module):
     @property
     def is_moe(self) -> bool:
         return isinstance(self.mlp, SparseMoE)
-
-    @property
-    def mixer(self) -> GatedDeltaNet | GatedAttention:
-        return self.linear_attn if self.is_gdn else self.self_attn
 
     def mix(self, h: Tensor, cache: TargetCache, index: int, rope: tuple[Tensor, Tensor] | None) -> Tensor:
         """The token mixer's output on h = input_layernorm(x), completed by `reduce` (not yet added to
@@ -133,28 +127,13 @@ class HybridTarget(nn.Module):
             elif isinstance(module, GatedRMSNorm):
                 module.op = gated_norm
         self.head_op = project  # the LM head's product
-        l2_prefetch = backends.prefetch_op(backend)
-        self.prefetch = None if l2_prefetch is None else prefetch.WeightPrefetch(l2_prefetch)
-        if self.prefetch is not None:
-            for layer in self.layers:
-                layer.mixer.after_projection = partial(self._prefetch_after_projection, layer)
-
-    def _prefetch_after_projection(self, layer: DecoderLayer, tokens: int) -> None:
-        """Once a layer's input projection is launched: the weights its next products read, the
-        mixer's output projection, then a MoE block's router and shared expert (`layers/prefetch.py`)."""
-        weights = [layer.mixer.out_proj.weight if layer.is_gdn else layer.mixer.o_proj.weight]
-        if layer.is_moe and prefetch.MLP:
-            mlp = layer.mlp
-            weights += [mlp.gate.weight, mlp.shared_expert.gate_proj.weight, mlp.shared_expert.up_proj.weight,
-                        mlp.shared_expert.down_proj.weight]
-        self.prefetch.issue(tokens, *weights)
 
     def fuse_projections(self) -> None:
         """Each layer's input projections as one GEMM (`GatedDeltaNet.fuse_projections`: q, k, v, z, b,
         a; `GatedAttention.fuse_projections`: q with its gate, k, v); called by the loaders once the
         weights are in place."""
         for layer in self.layers:
-            layer.mixer.fuse_projections()
+            (layer.linear_attn if layer.is_gdn else layer.self_attn).fuse_projections()
 
     # ---------------------------------------------------------------- caches
     def new_cache(self, *, max_len: int, tokens_per_pass: int = 64, batch: int = 1) -> TargetCache:
@@ -198,8 +177,6 @@ class HybridTarget(nn.Module):
         x = self.embed_tokens(tokens)
         delta = layer.mix(layer.input_layernorm(x), cache, 0, rope=None)  # [B, u, hidden]
         ids, weights, moe_input, residual = layer.mlp.norm_route(delta, x, layer.post_attention_layernorm)
-        if self.prefetch is not None:
-            self.prefetch.join()
         return Stage0(u, residual, moe_input, ids, weights)
 
     @torch.no_grad()
@@ -230,8 +207,6 @@ class HybridTarget(nn.Module):
         if len(self.layers) - 1 in taps:
             outputs[len(self.layers) - 1] = x
         logits = self.head_op(normed, self.lm_head.weight).float()
-        if self.prefetch is not None:
-            self.prefetch.join()
         # in the drafter's order, repeats allowed (DFlash concatenates per listed layer)
         feats = torch.cat([outputs[i] for i in self.feature_layers], dim=-1) if taps else None
         return PassOutput(w, logits, feats, routing)
