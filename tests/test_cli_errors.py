@@ -71,6 +71,24 @@ def test_estimate_refuses_empty_policies_as_eval_does(tmp_path):
         _one_line_error(result, "--policies is empty")
 
 
+@pytest.mark.parametrize("command", [["report", "--out", "{out}/report"], ["estimate", "--artifact", "{artifact}"],
+                                     ["fit", "--out", "{out}/a.safetensors"], ["export", "--out", "{out}/export"],
+                                     ["eval", "--quick"]])
+def test_a_duckdb_file_that_is_no_store_is_one_line(no_loading, tmp_path, command):
+    import duckdb
+
+    from hybridspec.artifacts.artifact import save_artifact
+    from tests.runtime.helpers import policy_parameters
+
+    db, artifact = tmp_path / "blank.duckdb", tmp_path / "a.safetensors"
+    duckdb.connect(str(db)).close()  # a valid DuckDB file without hybridspec's tables
+    save_artifact(artifact, policy_parameters(), model_id="m", drafter_id="d", device="cpu", store_digest="s",
+                  diagnostics={})
+    args = [a.format(out=tmp_path / "out", artifact=artifact) for a in command]
+    _one_line_error(runner.invoke(app, [*args, "--db", str(db)]), "blank.duckdb: not a hybridspec store")
+    assert not (tmp_path / "out").exists()  # nothing written
+
+
 def test_fit_has_no_run_option_and_its_poor_fit_line_goes_to_stderr(tmp_path):
     from hybridspec.workbench.store import Store
     from tests.fitters.test_campaign import write_synthetic_store

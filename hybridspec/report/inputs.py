@@ -50,12 +50,24 @@ class ReportInputs:
 
     def missing_pass(self, pass_name: str) -> str:
         """The note of a section whose pass is absent, with the command that records it."""
-        return (f"no {pass_name} run in campaign {self.campaign!r} of {self.db}: run "
-                f"`hybridspec capture --db {self.db} --name {self.campaign} --passes {pass_name}`")
+        where = (f"campaign {self.campaign!r} of {self.db}" if self.campaign is not None
+                 else f"{self.db}, which holds no calibration campaign")
+        return (f"no {pass_name} run in {where}: run "
+                f"`hybridspec capture --db {self.db} --name {name_arg(self.campaign)} --passes {pass_name}`")
 
     def missing_artifact(self, what: str) -> str:
-        return (f"no artifact given: {what} needs one (`hybridspec fit --db {self.db} --name {self.campaign} "
-                "--out A`, then report with --artifact A)")
+        return (f"no artifact given: {what} needs one (`hybridspec fit --db {self.db} --name "
+                f"{name_arg(self.campaign)} --out A`, then report with --artifact A)")
+
+
+def name_arg(campaign: str | None) -> str:
+    """The `--name` of a suggested command line: the campaign, or NAME for a store without one."""
+    return campaign if campaign is not None else "NAME"
+
+
+def describe_campaign(campaign: str | None) -> str:
+    """`campaign 'c'`, or what a store without a calibration campaign has instead."""
+    return f"campaign {campaign!r}" if campaign is not None else "a calibration campaign (the store holds none)"
 
 
 def open_inputs(db: Path, artifact: Path | None, campaign: str | None) -> ReportInputs:

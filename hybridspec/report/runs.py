@@ -14,7 +14,7 @@ from ..evaluation.tables import measured_table
 from ..fitters.campaign import store_digest
 from ..fitters.capture_rounds import unfinished_run
 from . import plots
-from .inputs import ReportInputs
+from .inputs import ReportInputs, describe_campaign, name_arg
 from .result import Figure, Section
 
 EVAL_HINT = ("run `hybridspec eval --db {db} --name {campaign} --artifact A` to measure the policies on the "
@@ -23,12 +23,13 @@ EVAL_HINT = ("run `hybridspec eval --db {db} --name {campaign} --artifact A` to 
 
 def _length_frame(inputs: ReportInputs) -> pl.DataFrame | None:
     """(series, w, rounds) of the executed lengths of the eval runs, one series per policy (per run
-    and policy when the store holds several eval runs); None without eval rounds. Only `eval`
+    and policy, `name / policy`, when the store holds an eval run of another campaign than the
+    report's, so that it is never read as this campaign's); None without eval rounds. Only `eval`
     executes the policies' lengths: the capture pass always verifies W."""
     if not inputs.has_table("eval_rounds"):
         return None
-    several = len(inputs.eval_runs) > 1
-    label = "r.name || ' / ' || e.policy" if several else "e.policy"
+    own_only = {r["name"] for r in inputs.eval_runs} == {inputs.campaign}
+    label = "e.policy" if own_only else "r.name || ' / ' || e.policy"
     frame = inputs.frame(f"SELECT {label} AS series, e.w, count(*) AS rounds, min(e.rowid) AS first "
                          "FROM eval_rounds e JOIN runs r USING (run_id) GROUP BY ALL")
     if frame.is_empty():
@@ -41,7 +42,7 @@ def lengths_section(inputs: ReportInputs) -> Section:
     section = Section("lengths", "8. Executed verification lengths")
     frame = _length_frame(inputs)
     if frame is None:
-        hint = EVAL_HINT.format(db=inputs.db, campaign=inputs.campaign)
+        hint = EVAL_HINT.format(db=inputs.db, campaign=name_arg(inputs.campaign))
         return section.missing(f"no eval rounds in the store, so no executed lengths per policy (the capture run "
                                f"always verifies W); {hint}")
     totals = frame.group_by("series", maintain_order=True).agg(
@@ -53,6 +54,10 @@ def lengths_section(inputs: ReportInputs) -> Section:
     section.figures = [Figure("Fraction of rounds per executed length w (the paper's Figure 4)",
                               plots.lengths(table, totals, max_w))]
     section.headline = "; ".join(f"{s}: mean w {m:.2f}" for s, m in totals.select("series", "mean_w").iter_rows())
+    if chosen_eval_run(inputs.eval_runs, inputs.campaign) is None:
+        others = ", ".join(sorted(repr(r["name"]) for r in inputs.eval_runs))
+        section.partial(f"no eval run of {describe_campaign(inputs.campaign)}: the lengths of other campaigns' "
+                        f"eval runs ({others}), labelled with their name")
     return section
 
 
@@ -68,13 +73,13 @@ def policy_section(db: Path, artifact: Path | None, campaign: str | None, eval_r
     for another model or drafter). Reads the store itself (through evaluation.offline), so it runs
     after the report's own connection is closed."""
     section = Section("policies", "10. Policies: measured against estimated")
-    hint = EVAL_HINT.format(db=db, campaign=campaign)
+    hint = EVAL_HINT.format(db=db, campaign=name_arg(campaign))
     run = chosen_eval_run(eval_runs, campaign)
     measured = estimates = None
     if run is None:
         others = sorted({r["name"] for r in eval_runs})
         elsewhere = f" (eval runs of other campaigns: {', '.join(map(repr, others))})" if others else ""
-        section.partial(f"no eval run of campaign {campaign!r}{elsewhere}: measured columns missing; {hint}")
+        section.partial(f"no eval run of {describe_campaign(campaign)}{elsewhere}: measured columns missing; {hint}")
     else:
         try:
             measured = measured_table(db, run["name"])

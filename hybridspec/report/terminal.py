@@ -44,8 +44,12 @@ def _checks_lines(result: ReportResult) -> Text:
 
 
 def _policy_table(overall) -> Table:
-    """Category "all": one column per metric, `measured / estimated` when both are known."""
-    table = Table("policy", *(label for _, label in METRICS), title="policies, all categories (measured / estimated)")
+    """Category "all": one column per metric, `measured / estimated` when both are known; the title
+    names the side(s) shown (a one-sided table has `decode_seconds` when measured, `est_seconds`
+    when estimated)."""
+    sides = ("measured / estimated" if "al_measured" in overall.columns
+             else "measured" if "decode_seconds" in overall.columns else "estimated")
+    table = Table("policy", *(label for _, label in METRICS), title=f"policies, all categories ({sides})")
     for row in overall.iter_rows(named=True):
         cells = []
         for metric, _ in METRICS:

@@ -34,6 +34,15 @@ class StoreError(ValueError):
     """A store that cannot be used as asked (path, schema version, run-name conflict)."""
 
 
+class NotAStore(StoreError):
+    """A DuckDB file without hybridspec's tables, opened to be read; `empty`: it has no tables at all
+    (a writer may make it a store; one holding other tables is another program's database)."""
+
+    def __init__(self, message: str, *, empty: bool):
+        super().__init__(message)
+        self.empty = empty
+
+
 def run_id_for(name: str, pass_name: str) -> str:
     """Deterministic run identity: the same (campaign name, pass) in every shard and every process."""
     return hashlib.sha256(f"{name}\0{pass_name}".encode()).hexdigest()[:16]
@@ -161,6 +170,11 @@ class Store:
             "SELECT count(*) FROM information_schema.tables WHERE table_name = 'schema_version'").fetchall()[0][0]
         current = self.con.execute("SELECT max(version) FROM schema_version").fetchall()[0][0] if has_table else 0
         current = current or 0
+        if current == 0 and read_only:  # a DuckDB file hybridspec never wrote: no `runs` to read
+            tables = self.con.execute("SELECT count(*) FROM duckdb_tables()").fetchall()[0][0]
+            raise NotAStore(f"{self.path}: not a hybridspec store (a DuckDB file without hybridspec's tables"
+                            + (f", holding {tables} other table(s)" if tables else "")
+                            + "; `hybridspec capture` writes one)", empty=not tables)
         if current > SCHEMA_VERSION:
             raise StoreError(f"{self.path}: store schema version {current} is newer than this hybridspec's "
                              f"schema version {SCHEMA_VERSION}; upgrade hybridspec to read it")
@@ -360,8 +374,12 @@ def open_verified(path: Path) -> Store:
     """Open a store to extend it; an existing file is first read whole (read-only, `Store.verify`), so a
     damaged one is refused before anything (a migration, a run row) is written into it."""
     if Path(path).is_file():
-        with Store(path, read_only=True) as existing:
-            existing.verify()
+        try:
+            with Store(path, read_only=True) as existing:
+                existing.verify()
+        except NotAStore as exc:  # a DuckDB file with no tables becomes a store; another program's is kept
+            if not exc.empty:
+                raise
     return Store(path)
 
 

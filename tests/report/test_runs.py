@@ -77,3 +77,22 @@ def test_force_estimates_with_an_artifact_of_another_model(tmp_path):
     forced = build_report(db, tmp_path / "forced", artifact=foreign, force=True).section("policies")
     own = build_report(db, tmp_path / "own", artifact=artifact).section("policies")
     assert forced.tables["policies"].equals(own.tables["policies"])
+
+
+def test_another_campaigns_eval_lengths_are_labelled_with_its_name(tmp_path):
+    """Section 8 of campaign `synth` when the store holds only campaign `other`'s eval rounds: each
+    series carries the run's name, and the section says they are not this campaign's."""
+    db = tmp_path / "s.duckdb"
+    write_synthetic_store(db, n_rounds=300)
+    with Store(db) as store:
+        run_id = store.start_run(dataclasses.replace(_spec("eval"), name="other"))
+        for policy, ws in (("ar", (1, 1, 1)), ("full", (16, 16, 4))):
+            for i, w in enumerate(ws):
+                store.con.execute("INSERT INTO eval_rounds VALUES (?, ?, 'p0', ?, NULL, ?, ?, 0, 1, false, 10.0)",
+                                  [run_id, policy, i, w, w])
+        store.finish_shard(run_id, 0)
+    section = build_report(db, tmp_path / "page").section("lengths")
+    assert sorted(set(section.tables["per_series"]["series"])) == ["other / ar", "other / full"]
+    assert section.headline == "other / ar: mean w 1.00; other / full: mean w 12.00"
+    assert section.status == "partial" and "'other'" in section.note
+    assert "no eval run of campaign 'synth'" in section.note

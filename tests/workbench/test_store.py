@@ -67,6 +67,17 @@ def test_a_newer_schema_is_refused_naming_both_versions(tmp_path):
         Store(path)
 
 
+def test_a_duckdb_file_without_hybridspec_tables_is_refused_for_reading(tmp_path):
+    import duckdb
+
+    path = tmp_path / "blank.duckdb"
+    duckdb.connect(str(path)).close()  # a valid DuckDB file with no tables
+    with pytest.raises(StoreError, match="blank.duckdb: not a hybridspec store"):
+        Store(path, read_only=True)
+    with duckdb.connect(str(path), read_only=True) as con:  # refused without writing into it
+        assert con.execute("SELECT count(*) FROM duckdb_tables()").fetchall() == [(0,)]
+
+
 def test_a_unit_is_all_or_nothing_and_never_doubled(tmp_path):
     with Store(tmp_path / "s.duckdb") as store:
         run = store.start_run(_spec())
@@ -408,3 +419,22 @@ def test_a_campaign_name_in_use_is_refused_with_each_pass_state(tmp_path):
         store.finish_shard(partial, 0)
         with pytest.raises(StoreError, match=r"already exists and is finished \(capture finished, fixed finished\)"):
             store.check_names_free("c", ("capture", "fixed"), 0, resume=False, overwrite=False)
+
+
+def test_a_blank_duckdb_file_becomes_a_store_but_another_programs_database_is_kept(tmp_path):
+    import duckdb
+
+    from hybridspec.workbench.store import open_verified
+
+    blank, other = tmp_path / "blank.duckdb", tmp_path / "other.duckdb"
+    duckdb.connect(str(blank)).close()
+    with duckdb.connect(str(other)) as con:
+        con.execute("CREATE TABLE orders (id INTEGER)")
+    with open_verified(blank) as store:
+        assert store.campaigns() == []
+    with Store(blank, read_only=True) as store:  # now a store
+        assert store.campaigns() == []
+    with pytest.raises(StoreError, match="other.duckdb: not a hybridspec store .*1 other table"):
+        open_verified(other)
+    with duckdb.connect(str(other), read_only=True) as con:
+        assert [r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()] == ["orders"]
