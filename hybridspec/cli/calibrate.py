@@ -235,7 +235,7 @@ def report(
     db: Annotated[Path, typer.Option("--db", help="The campaign's DuckDB file.")] = Path("capture.duckdb"),
     out: Annotated[Path, typer.Option("--out", help="Folder for index.html (self-contained).")] = Path("report"),
     artifact: ArtifactOpt = None,
-    name: Annotated[Optional[str], typer.Option("--name", help="Campaign (capture's --name); default: the store's only campaign, else the newest.")] = None,
+    name: Annotated[Optional[str], typer.Option("--name", help="Campaign (capture's --name); default: the newest campaign with a capture run, else the newest campaign.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (the summary) instead of tables.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Estimate with an artifact fitted for another model/drafter.")] = False,
 ) -> None:

@@ -400,8 +400,10 @@ def resolve_campaign(db: Path, name: str | None, *, fallback: str | None = None)
         return names[0]
     if fallback is not None:
         return fallback
-    listed = ", ".join(repr(n) for n in names) or "none"
-    raise StoreError(f"{db}: name the campaign with --name (campaigns in the store: {listed})")
+    if not names:
+        raise StoreError(f"{db}: holds no calibration campaign; record one first (`hybridspec capture --db {db}`)")
+    raise StoreError(f"{db}: name the campaign with --name (campaigns in the store: "
+                     f"{', '.join(repr(n) for n in names)})")
 
 
 def _column(values: list) -> np.ndarray:

@@ -93,6 +93,11 @@ def test_identity_check_names_both_ids(tmp_path):
     check_identity(meta, **IDS)
 
 
+def test_a_directory_is_named_as_one(tmp_path):
+    with pytest.raises(ArtifactError, match=": a directory, not an artifact file"):
+        load_artifact(tmp_path)
+
+
 def test_not_an_artifact(tmp_path):
     (tmp_path / "x.safetensors").write_bytes(struct.pack("<Q", 2) + b"{}")
     with pytest.raises(ArtifactError, match="without hybridspec metadata"):

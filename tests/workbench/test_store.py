@@ -221,6 +221,16 @@ def test_resolve_campaign_takes_the_only_one(tmp_path):
     assert resolve_campaign(path, None, fallback="default") == "default"
 
 
+def test_resolve_campaign_in_a_store_without_one_says_to_capture(tmp_path):
+    from hybridspec.workbench.store import resolve_campaign
+
+    path = tmp_path / "s.duckdb"
+    with Store(path) as store:
+        store.start_run(_spec(name="ev", pass_name="eval"))  # an eval run alone: no campaign
+    with pytest.raises(StoreError, match="holds no calibration campaign; record one first .*hybridspec capture"):
+        resolve_campaign(path, None)
+
+
 def _shard(path, index: int, count: int = 2, **kw) -> str:
     """A store holding shard `index` of run c/stage0 (one unit per shard), finished."""
     with Store(path) as store:
