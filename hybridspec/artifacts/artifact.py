@@ -81,7 +81,8 @@ def save_artifact(path: Path, params: PolicyParameters, *, model_id: str, drafte
 
 def _read(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     if not path.is_file():
-        raise ArtifactError(f"{path}: " + ("a directory, not an artifact file" if path.is_dir() else "no such artifact file"))
+        what = "a directory, not an artifact file" if path.is_dir() else "no such artifact file"
+        raise ArtifactError(f"{path}: {what}")
     try:
         with safe_open(str(path), framework="pt") as f:
             header = f.metadata() or {}
