@@ -70,23 +70,27 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def _report_compiles(session, done: subprocess.CompletedProcess) -> None:
-    """The compile's summary on the terminal; the session fails on a kernel that does not compile."""
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    """The compile's summary, kept for `pytest_terminal_summary` (which writes after the progress
+    line has ended); the session fails on a kernel that does not compile."""
+    lines = []
     if done.returncode or not done.stdout.strip():
         failures = {"tests.kernels.offline": done.stderr[-3000:] or "printed nothing"}
     else:
         results = json.loads(done.stdout.splitlines()[-1])
         failures = {k: v for k, v in results.items() if v != "ok" and not v.startswith("skipped")}
-        if reporter:
-            reporter.write_line(f"kernels compiled for sm_90 from the interpreted launches: "
-                                f"{sum(v == 'ok' for v in results.values())} of {len(results)}"
-                                + "".join(f"\n  {k}: {v}" for k, v in results.items() if v.startswith("skipped")))
+        lines.append((f"kernels compiled for sm_90 from the interpreted launches: "
+                      f"{sum(v == 'ok' for v in results.values())} of {len(results)}"
+                      + "".join(f"\n  {k}: {v}" for k, v in results.items() if v.startswith("skipped")), False))
     if failures:
-        if reporter:
-            reporter.write_line("kernels that do not compile for sm_90:", red=True)
-            for key, error in failures.items():
-                reporter.write_line(f"  {key}: {error}", red=True)
+        lines.append(("kernels that do not compile for sm_90:", True))
+        lines += [(f"  {key}: {error}", True) for key, error in failures.items()]
         session.exitstatus = 1
+    session.config._compile_lines = lines
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    for line, red in getattr(config, "_compile_lines", ()):
+        terminalreporter.write_line(line, red=red)
 
 
 @pytest.fixture(scope="session")

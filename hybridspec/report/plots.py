@@ -213,7 +213,7 @@ def lengths(table: pl.DataFrame, summary: pl.DataFrame, max_w: int) -> bytes:
         part = table.filter(pl.col("series") == name)
         mean_w = summary.filter(pl.col("series") == name)["mean_w"][0]
         ax.bar(part["w"].to_numpy() - 0.4 + width * (k + 0.5), part["fraction"], width=width,
-               label=f"{name} (mean w {mean_w:.2f})")
+               label=f"{name} (mean w over its rounds {mean_w:.2f})")
     ax.set_xticks(range(1, max_w + 1))
     ax.set(xlabel="executed verification length w (tokens, counting the anchor)", ylabel="fraction of rounds",
            title="Executed verification lengths")

@@ -53,7 +53,8 @@ def lengths_section(inputs: ReportInputs) -> Section:
     max_w = int(max(frame["w"].max(), inputs.params.draft_len + 1 if inputs.params else 0))
     section.figures = [Figure("Fraction of rounds per executed length w (the paper's Figure 4)",
                               plots.lengths(table, totals, max_w))]
-    section.headline = "; ".join(f"{s}: mean w {m:.2f}" for s, m in totals.select("series", "mean_w").iter_rows())
+    section.headline = "; ".join(f"{s}: mean w over its rounds {m:.2f}"
+                                 for s, m in totals.select("series", "mean_w").iter_rows())
     if chosen_eval_run(inputs.eval_runs, inputs.campaign) is None:
         others = ", ".join(sorted(repr(r["name"]) for r in inputs.eval_runs))
         section.partial(f"no eval run of {describe_campaign(inputs.campaign)}: the lengths of other campaigns' "

@@ -93,6 +93,7 @@ def test_another_campaigns_eval_lengths_are_labelled_with_its_name(tmp_path):
         store.finish_shard(run_id, 0)
     section = build_report(db, tmp_path / "page").section("lengths")
     assert sorted(set(section.tables["per_series"]["series"])) == ["other / ar", "other / full"]
-    assert section.headline == "other / ar: mean w 1.00; other / full: mean w 12.00"
+    assert section.headline == ("other / ar: mean w over its rounds 1.00; "
+                                "other / full: mean w over its rounds 12.00")
     assert section.status == "partial" and "'other'" in section.note
     assert "no eval run of campaign 'synth'" in section.note
