@@ -21,3 +21,16 @@ def last_to_arrive(counter_ptr, programs):
     barrier orders each program's threads, the acquire-release add orders the programs)."""
     tl.debug_barrier()  # every thread's stores made before the release below
     return tl.atomic_add(counter_ptr, 1, sem="acq_rel") == programs - 1
+
+
+@triton.jit
+def vocab_block(p_rows, stride, V, BV: tl.constexpr, OTHER: tl.constexpr):
+    """The (row, block) program's slice of a [rows, V] tensor at `p_rows` (row stride `stride`, unit
+    column stride), for the kernels whose grid is (rows, ceil(V / BV)): (i_r, i_b, o_v [BV] column
+    ids, ok [BV] columns inside V, x [BV] fp32 with OTHER outside V). Row offsets are 64-bit: rows · V
+    may pass 2^31."""
+    i_r, i_b = tl.program_id(0), tl.program_id(1)
+    o_v = i_b * BV + tl.arange(0, BV)
+    ok = o_v < V
+    x = tl.load(p_rows + i_r.to(tl.int64) * stride + o_v, mask=ok, other=OTHER).to(tl.float32)
+    return i_r, i_b, o_v, ok, x

@@ -15,6 +15,7 @@ from torch import Tensor
 from hybridspec.kernels import pdl
 from hybridspec.kernels.interpreter import check_device
 from hybridspec.kernels.pdl import wait_then_release
+from hybridspec.kernels.tiles import vocab_block
 
 BLOCK_V = 4096  # logits per program
 
@@ -24,11 +25,8 @@ def _masked_logits_kernel(logits_ptr, bitmask_ptr, out_ptr, stride_l, V, WORDS, 
                           USE_GDC: tl.constexpr):
     if USE_GDC:
         wait_then_release()
-    i_r, i_b = tl.program_id(0), tl.program_id(1)
-    o_v = i_b * BV + tl.arange(0, BV)
-    ok = o_v < V
+    i_r, _, o_v, ok, x = vocab_block(logits_ptr, stride_l, V, BV, 0.0)
     row = i_r.to(tl.int64)  # 64-bit row offsets: w · V may pass 2^31
-    x = tl.load(logits_ptr + row * stride_l + o_v, mask=ok, other=0.0).to(tl.float32)
     word = tl.load(bitmask_ptr + row * WORDS + (o_v >> 5), mask=ok, other=0)  # [BV]: each token's word
     allowed = ((word >> (o_v & 31)) & 1) != 0
     tl.store(out_ptr + row * V + o_v, tl.where(allowed, x, float("-inf")), mask=ok)

@@ -25,7 +25,7 @@ from torch import Tensor
 from hybridspec.kernels import pdl
 from hybridspec.kernels.interpreter import check_device
 from hybridspec.kernels.pdl import wait_then_release
-from hybridspec.kernels.tiles import last_to_arrive
+from hybridspec.kernels.tiles import last_to_arrive, vocab_block
 
 BLOCK_V = 4096  # logits per (row, block) program
 MAX_TOP = 64  # the most alternatives per row the kernel takes
@@ -37,11 +37,7 @@ def _logprob_rows_kernel(logits_ptr, token_ptr, part_ptr, value_ptr, id_ptr, arr
                          USE_GDC: tl.constexpr):
     if USE_GDC:
         wait_then_release()
-    i_r, i_b = tl.program_id(0), tl.program_id(1)
-    o_v = i_b * BV + tl.arange(0, BV)
-    ok = o_v < V
-    p_logits = logits_ptr + i_r.to(tl.int64) * stride_l  # row i (64-bit: n · V may pass 2^31)
-    x = tl.load(p_logits + o_v, mask=ok, other=float("-inf")).to(tl.float32)  # [BV]
+    i_r, i_b, o_v, ok, x = vocab_block(logits_ptr, stride_l, V, BV, float("-inf"))  # x [BV]
     b_m = tl.max(x, 0)
     b_s = tl.sum(tl.where(ok, tl.exp(x - tl.where(b_m > float("-inf"), b_m, 0.0)), 0.0), 0)
     p_block = i_r * NB + i_b
@@ -65,7 +61,7 @@ def _logprob_rows_kernel(logits_ptr, token_ptr, part_ptr, value_ptr, id_ptr, arr
         log_total = tl.log(tl.sum(tl.where(has, s * tl.exp(m - shift), 0.0), 0))
         row = out_ptr + i_r * (1 + 2 * TOP)
         token = tl.load(token_ptr + i_r)
-        chosen = tl.load(p_logits + token).to(tl.float32)
+        chosen = tl.load(logits_ptr + i_r.to(tl.int64) * stride_l + token).to(tl.float32)  # 64-bit row offset
         tl.store(row, chosen - shift - log_total)
         o_c = tl.arange(0, CP)
         given = o_c < NB * K

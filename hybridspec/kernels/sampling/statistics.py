@@ -23,6 +23,7 @@ from hybridspec.kernels.interpreter import check_device
 from hybridspec.kernels.pdl import wait_then_release
 from hybridspec.kernels.sampling import BLOCK_V
 from hybridspec.kernels.sampling.blocks import arrive_with_block, load_blocks
+from hybridspec.kernels.tiles import vocab_block
 
 
 @triton.jit
@@ -31,10 +32,7 @@ def _draft_statistics_kernel(logits_ptr, part_ptr, index_ptr, arrivals_ptr, toke
                              USE_GDC: tl.constexpr):
     if USE_GDC:
         wait_then_release()
-    i_r, i_b = tl.program_id(0), tl.program_id(1)
-    o_v = i_b * BV + tl.arange(0, BV)
-    ok = o_v < V
-    x = tl.load(logits_ptr + i_r * stride_l + o_v, mask=ok, other=float("-inf")).to(tl.float32)  # [BV]
+    i_r, i_b, o_v, ok, x = vocab_block(logits_ptr, stride_l, V, BV, float("-inf"))  # x [BV]
     m = tl.max(x, 0)  # finite: every block holds at least one logit
     d = tl.where(ok, x - m, 0.0)
     e = tl.where(ok, tl.exp(d), 0.0)
