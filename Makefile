@@ -31,8 +31,9 @@ browser:
 	  echo "make browser: could not install chromium-headless-shell; the report's browser test will skip"
 
 # One pytest worker per core; a test file stays on one worker (its module fixtures are built once).
+# The 15 slowest tests are listed at the end, so that a CI log shows where its minutes went.
 test: venv browser
-	$(BIN)/python -m pytest -n auto --dist loadfile
+	$(BIN)/python -m pytest -n auto --dist loadfile --durations=15
 
 clean:
 	rm -rf $(VENV) build *.egg-info
