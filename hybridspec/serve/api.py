@@ -1,8 +1,10 @@
 """Request bodies of the OpenAI-compatible API and the fields it refuses.
 
 Every string a client sends must be encodable as UTF-8 (JSON admits lone surrogates such as
-`"\\ud800"`, which no tokenizer accepts); `seed` is a signed 64-bit integer, as in vLLM. Chat
-messages are rendered by the model's own chat template (`TextCodec.render_chat`).
+`"\\ud800"`, which no tokenizer accepts); `seed` is a signed 64-bit integer, as in vLLM. Values
+keep their JSON types, as OpenAI's API holds them (`Strict`): `true` is no count, `"0.5"` no number,
+`1.0` no integer, `"yes"` no switch. Chat messages are rendered by the model's own chat template
+(`TextCodec.render_chat`).
 """
 
 from __future__ import annotations
@@ -64,7 +66,15 @@ def refuse_unsupported(body: BaseModel) -> None:
             raise RequestError(f"{name} is not supported by this server", name)
 
 
-class Body(BaseModel):
+class Strict(BaseModel):
+    """A request object (or part of one) whose fields take only their own JSON type: pydantic's lax
+    mode would read `true` as 1, `"1"` as 1 and `"yes"` as true, and so decode what the client did
+    not mean instead of naming the field (an integer still reads as a number)."""
+
+    model_config = ConfigDict(strict=True)
+
+
+class Body(Strict):
     """A request object whose fields read an explicit null as their default, as OpenAI's do (clients
     that pass None for an option send it)."""
 
@@ -86,7 +96,7 @@ class JsonSchemaFormat(Body):
     strict: bool | None = None
 
 
-class ResponseFormat(BaseModel):
+class ResponseFormat(Strict):
     """OpenAI's `response_format`: text (no constraint), any JSON object, or a JSON schema."""
 
     type: Literal["text", "json_object", "json_schema"]
@@ -99,7 +109,7 @@ class ResponseFormat(BaseModel):
         return self
 
 
-class StructuredOutputs(BaseModel):
+class StructuredOutputs(Strict):
     """vLLM's `structured_outputs`: exactly one of its constraints."""
 
     model_config = ConfigDict(extra="forbid")
@@ -251,6 +261,7 @@ def _spec(kind: str, value, field: str = "structured_outputs") -> GrammarSpec:
 
 class CompletionRequest(RequestBody):
     prompt: Text | list[int] | list[Text] | list[list[int]]  # one prompt, or a batch (`prompts`)
+    max_tokens: int | None = Field(None, ge=0)  # 0 with echo: the prompt (and its logprobs) only, as OpenAI's
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS, strict=True)  # alternatives per token (0: none)
     echo: bool = False  # the prompt's text before the completion's, and with logprobs the prompt's logprobs
 
@@ -265,6 +276,12 @@ class CompletionRequest(RequestBody):
             return prompt
         raise PydanticCustomError("prompt", "must be a string, token ids (integers), a list of strings or a list of "
                                   "token-id lists")
+
+    def check_fields(self) -> None:
+        super().check_fields()
+        if self.max_tokens == 0 and not self.echo:
+            raise RequestError("max_tokens 0 asks for no completion: it needs echo: true (the prompt and, with "
+                               "logprobs, its logprobs)", "max_tokens")
 
     def prompts(self) -> list[str | list[int]]:
         """The request's prompts, each a text or token ids: one, or a batch whose choices are numbered
@@ -284,34 +301,34 @@ class CompletionRequest(RequestBody):
         return self.logprobs if self.echo else None
 
 
-class TextPart(BaseModel):
+class TextPart(Strict):
     type: Literal["text"]
     text: Text
 
 
-class ToolFunction(BaseModel):
+class ToolFunction(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule: a call's name must survive its JSON
     description: Text | None = None
     parameters: dict[str, Any] | None = None  # a JSON schema, rendered by the chat template
 
 
-class Tool(BaseModel):
+class Tool(Strict):
     type: Literal["function"]
     function: ToolFunction
 
 
-class CalledFunction(BaseModel):
+class CalledFunction(Strict):
     name: Text
     arguments: Text  # JSON, as OpenAI sends it back
 
 
-class ToolCall(BaseModel):
+class ToolCall(Strict):
     id: Text | None = None
     type: Literal["function"] = "function"
     function: CalledFunction
 
 
-class ChatMessage(BaseModel):
+class ChatMessage(Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Text | list[TextPart] | None = None  # None only beside an assistant's tool_calls
     tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
@@ -345,17 +362,25 @@ class ChatMessage(BaseModel):
         return message
 
 
-class NamedFunction(BaseModel):
+class NamedFunction(Strict):
     name: Text
 
 
-class NamedToolChoice(BaseModel):
+class NamedToolChoice(Strict):
     type: Literal["function"]
     function: NamedFunction
 
 
 RESERVED_TEMPLATE_VARIABLES = {"messages", "tools", "documents", "chat_template", "add_generation_prompt",
                                "continue_final_message", "tokenize", "return_dict", "return_assistant_tokens_mask"}
+
+
+def _template_variables(variables: dict[str, Any] | None) -> dict[str, Any] | None:
+    """`chat_template_kwargs` as given; ValueError where it sets a name that the server itself passes
+    to the template (the chat endpoint and /tokenize alike)."""
+    if reserved := sorted(set(variables or {}) & RESERVED_TEMPLATE_VARIABLES):
+        raise ValueError(f"{', '.join(reserved)} cannot be set through chat_template_kwargs")
+    return variables
 
 
 class ChatRequest(RequestBody):
@@ -369,12 +394,7 @@ class ChatRequest(RequestBody):
     parallel_tool_calls: bool = True  # false: at most one call (the first; a forced call's grammar allows one)
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: extra template variables (enable_thinking, …)
 
-    @field_validator("chat_template_kwargs")
-    @classmethod
-    def _template_variables(cls, variables):
-        if reserved := sorted(set(variables or {}) & RESERVED_TEMPLATE_VARIABLES):
-            raise ValueError(f"{', '.join(reserved)} cannot be set through chat_template_kwargs")
-        return variables
+    _check_template_variables = field_validator("chat_template_kwargs")(_template_variables)
 
     def check_fields(self) -> None:
         super().check_fields()
@@ -431,6 +451,8 @@ class TokenizeRequest(Body):
     chat_template_kwargs: dict[str, Any] | None = None
     return_token_strs: bool = False  # each id's vocabulary string beside it
 
+    _check_template_variables = field_validator("chat_template_kwargs")(_template_variables)
+
     @field_validator("messages")
     @classmethod
     def _messages(cls, messages):
@@ -448,7 +470,7 @@ class TokenizeRequest(Body):
                 raise RequestError(f"{name} applies to messages, not to a prompt", name)
 
 
-class DetokenizeRequest(BaseModel):
+class DetokenizeRequest(Strict):
     """vLLM's /detokenize: token ids to their text (special tokens included, as `echo` writes them)."""
 
     model_config = ConfigDict(extra="allow")

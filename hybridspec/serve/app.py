@@ -70,6 +70,10 @@ def _validation_param(exc: RequestValidationError) -> tuple[str, str]:
     loc = [str(x) for x in first.get("loc", ()) if _is_field(x)]
     if first.get("type") == "json_invalid":
         return "body", f"invalid JSON: {first.get('ctx', {}).get('error') or first.get('msg', '')}"
+    if not loc and first.get("type") in ("model_attributes_type", "missing"):  # no body, or no JSON object
+        # FastAPI reads JSON only under a JSON Content-Type: any other (curl -d sends a form's) leaves bytes
+        unread = isinstance(first.get("input"), bytes)
+        return "body", "the body must be a JSON object" + (" sent as Content-Type: application/json" if unread else "")
     param = loc[0] if loc else "body"
     return param, f"{'.'.join(loc) or 'body'}: {first.get('msg', 'invalid value')}"
 

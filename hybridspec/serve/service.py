@@ -86,8 +86,10 @@ class Decoding:
         self.include_stop = include_stop  # the stop sequence that ends the output stays in its text
         self.end_ids = end_ids
         self.labels = {"model_name": service.model_name, "policy": policy_name}
-        request = StreamRequest(prompt_ids, policy_name, max_tokens, sampling, end_ids, logprobs, prompt_logprobs,
-                                grammar)
+        # max_tokens 0 (OpenAI's echo without a completion): the prefill scores the prompt, its token is dropped
+        self.prompt_only = max_tokens == 0
+        request = StreamRequest(prompt_ids, policy_name, max(max_tokens, 1), sampling, end_ids, logprobs,
+                                prompt_logprobs, grammar)
         self.steps = service.steps(request)
         self.ids: list[int] = []
         self.text, self.sent = "", 0  # visible text; characters already handed out
@@ -119,6 +121,9 @@ class Decoding:
                 lps = record.prompt_logprobs
                 self.prompt_logprobs = [TokenLogprob(self.prompt_ids[0], None, None)] + [
                     TokenLogprob(token, lps.chosen[i], lps.top[i]) for i, token in enumerate(self.prompt_ids[1:])]
+            if self.prompt_only:
+                self.finish_reason = "length"
+                return
         else:
             self._count_round(record)
         start = len(self.ids)
@@ -454,7 +459,8 @@ class Service:
         if grammar is not None and not end_ids:
             raise RequestError("structured output needs an end token: this model has no EOS; give stop_token_ids",
                                body.grammar_field() or "tool_choice")
-        return Decoding(self, prompt_ids, name, max_tokens or room, sampling, body.stop, arrived, end_ids,
+        max_tokens = room if max_tokens is None else max_tokens  # 0: the prompt only (`Decoding.prompt_only`)
+        return Decoding(self, prompt_ids, name, max_tokens, sampling, body.stop, arrived, end_ids,
                         body.logprob_count(), body.prompt_logprob_count(), grammar, body.include_stop_str_in_output)
 
     def end_ids(self, body: RequestBody) -> tuple[int, ...]:
@@ -502,19 +508,20 @@ class Service:
         if max_tokens is not None and max_tokens > room:
             raise RequestError(f"max_tokens ({max_tokens}) + prompt ({len(prompt_ids)} tokens) exceeds the context "
                                f"of {engine.max_context} tokens", "max_tokens")
+        budget = room if max_tokens is None else max_tokens  # 0: the prompt only (`Decoding.prompt_only`)
         name = body.policy if body.policy is not None else self.default_policy_name
         try:
             policy = self.policy(name)
         except ValueError as exc:  # make_policy's PolicyError
             raise RequestError(str(exc), "policy") from None
         try:
-            engine.check(prompt_ids, policy=policy, max_new_tokens=max_tokens or room)
+            engine.check(prompt_ids, policy=policy, max_new_tokens=max(budget, 1))
         except ValueError as exc:  # a speculative policy on a model served without a drafter
             raise RequestError(str(exc), "policy") from None
         if body.stop and self.session.codec is None:
             raise RequestError("stop sequences need a tokenizer", "stop")
-        if body.min_tokens > (max_tokens or room):
-            raise RequestError(f"min_tokens ({body.min_tokens}) exceeds max_tokens ({max_tokens or room})", "min_tokens")
+        if body.min_tokens > budget:
+            raise RequestError(f"min_tokens ({body.min_tokens}) exceeds max_tokens ({budget})", "min_tokens")
         if any(not 0 <= i < vocab for i in body.stop_token_ids):
             raise RequestError(f"stop_token_ids must be token ids in 0 … {vocab - 1}", "stop_token_ids")
         return name, room

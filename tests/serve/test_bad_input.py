@@ -114,6 +114,47 @@ def test_unsupported_sampling_fields_are_refused_by_name(server, field, value):
         _assert_error(_post(server, path, {**body, "max_tokens": 1, field: value}), 400, field)
 
 
+MESSAGES = [{"role": "user", "content": "x"}]
+
+
+@pytest.mark.parametrize("path, field, value", [
+    (COMPLETION, "max_tokens", True), (CHAT, "max_tokens", "4"), (CHAT, "max_completion_tokens", 4.0),
+    (COMPLETION, "n", True), (CHAT, "seed", "7"), (COMPLETION, "seed", 1e3), (COMPLETION, "top_k", 1.0),
+    (CHAT, "temperature", True), (COMPLETION, "temperature", "0.5"), (CHAT, "top_p", "1"),
+    (COMPLETION, "presence_penalty", False), (COMPLETION, "min_tokens", True),
+    (COMPLETION, "stream", "yes"), (CHAT, "stream", 1), (COMPLETION, "echo", "on"), (CHAT, "logprobs", 1),
+    (COMPLETION, "ignore_eos", "true"), (CHAT, "stop_token_ids", [True]), (COMPLETION, "logit_bias", {"5": "1"}),
+    (CHAT, "stream_options", {"include_usage": "yes"}), (CHAT, "parallel_tool_calls", 0),
+    (CHAT, "tools", [{"type": "function", "function": {"name": "f", "parameters": "{}"}}]),
+])
+def test_values_of_another_json_type_are_refused_not_coerced(server, path, field, value):
+    """A value of the wrong JSON type is a 400 naming its field, as OpenAI's API answers it, never read
+    as what pydantic's lax mode makes of it (`true` as 1, `"yes"` as true, `"0.5"` as 0.5)."""
+    body = {"prompt": PROMPT} if path == COMPLETION else {"messages": MESSAGES}
+    stream = {"stream": True} if field == "stream_options" else {}
+    _assert_error(_post(server, path, {**body, "max_tokens": 1, **stream, field: value}), 400, field)
+
+
+def test_integers_read_as_numbers_and_reserved_template_variables_are_refused_on_tokenize_too(server):
+    for path, body in ((COMPLETION, {"prompt": PROMPT}), (CHAT, {"messages": MESSAGES})):
+        ok = _post(server, path, {**body, "max_tokens": 1, "temperature": 0, "top_p": 1, "presence_penalty": 0})
+        assert ok.status_code == 200, ok.text
+    for path in (CHAT, "/tokenize"):  # named before the template runs (it would fail on a second `tools`)
+        error = _assert_error(_post(server, path, {"messages": MESSAGES, "chat_template_kwargs": {"tools": 1}}), 400,
+                              "chat_template_kwargs")
+        assert error["message"].endswith("tools cannot be set through chat_template_kwargs"), error
+
+
+@pytest.mark.parametrize("content_type", ["application/x-www-form-urlencoded", "text/plain"])
+def test_a_json_body_under_another_content_type_is_named(server, content_type):
+    """curl -d sends a form's Content-Type, under which the body is not read as JSON: the error says so."""
+    body = json.dumps({"prompt": PROMPT, "max_tokens": 1})
+    error = _assert_error(_post(server, COMPLETION, body, headers={"Content-Type": content_type}), 400, "body")
+    assert "Content-Type: application/json" in error["message"]
+    for empty in ("null", "[]", ""):
+        assert _assert_error(_post(server, CHAT, empty), 400, "body")["message"] == "the body must be a JSON object"
+
+
 def test_echo_is_refused_on_chat_only(server):
     _assert_error(_post(server, CHAT, {"messages": [{"role": "user", "content": "x"}], "echo": True}), 400, "echo")
     off = _post(server, CHAT, {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1, "logprobs": None})

@@ -242,6 +242,29 @@ def test_echo_with_logprobs_scores_the_prompt(client):
     assert [v for p in pieces if p.logprobs for v in p.logprobs.token_logprobs] == lp.token_logprobs
 
 
+def test_echo_with_max_tokens_0_gives_the_prompt_only(client):
+    """OpenAI's scoring request (echo, max_tokens 0): the prompt's text and logprobs, those of the
+    same prompt with a completion up to its last prompt token, no completion tokens; streamed, the
+    same. Without echo, max_tokens 0 asks for nothing and is refused by name."""
+    whole = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, temperature=0, logprobs=1, echo=True)
+    n_prompt = whole.usage.prompt_tokens
+    for stream in (False, True):
+        usage = {"stream_options": {"include_usage": True}} if stream else {}
+        out = client.completions.create(model=MODEL, prompt=[PROMPT, PROMPT], max_tokens=0, logprobs=1, echo=True,
+                                        stream=stream, **usage)
+        chunks = list(out) if stream else [out]
+        assert chunks[-1].usage.completion_tokens == 0 and chunks[-1].usage.prompt_tokens == 2 * n_prompt
+        for index in (0, 1):
+            pieces = [c for chunk in chunks for c in chunk.choices if c.index == index]
+            assert "".join(p.text for p in pieces) == PROMPT and pieces[-1].finish_reason == "length"
+            token_logprobs = [v for p in pieces if p.logprobs for v in p.logprobs.token_logprobs]
+            assert token_logprobs[0] is None
+            assert token_logprobs[1:] == pytest.approx(whole.choices[0].logprobs.token_logprobs[1:n_prompt], abs=2e-4)
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=0)
+    assert refused.value.body["param"] == "max_tokens"
+
+
 def test_penalties_change_the_output_and_keep_speculation_exact(client):
     """presence/frequency/repetition penalties apply under greedy decoding; every policy emits the
     `ar` tokens under them (each verification row penalised for its own history)."""
