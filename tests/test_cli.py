@@ -211,6 +211,34 @@ def test_without_an_artifact_generate_says_which_policy_it_uses():
     assert "policy static:7 (no --artifact" in result.stderr
 
 
+class _Listening:
+    """What `serve_app.listen` returns, without a port taken."""
+
+    def __init__(self, host: str, port: int):
+        self.address = (host, port)
+
+    def getsockname(self) -> tuple[str, int]:
+        return self.address
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def real_listen():
+    """Asked for by the tests that bind a real socket (`_stand_in_listen` then leaves `listen` alone)."""
+
+
+@pytest.fixture(autouse=True)
+def _stand_in_listen(monkeypatch, request):
+    """`serve` binds its address before the model loads; the tests that run it with the server
+    patched out bind nothing (port 30000 may be taken on the machine, or by another test)."""
+    if "real_listen" not in request.fixturenames:
+        import hybridspec.serve.app as serve_app
+
+        monkeypatch.setattr(serve_app, "listen", _Listening)
+
+
 def test_serve_reads_the_key_from_a_file_or_the_environment(monkeypatch, tmp_path):
     import hybridspec.serve.app as serve_app
     import hybridspec.serve.service as serve_service
@@ -225,9 +253,41 @@ def test_serve_reads_the_key_from_a_file_or_the_environment(monkeypatch, tmp_pat
     result = runner.invoke(app, ["serve", "--log-level", "warning", "--max-request-bytes", "99", "--allowed-origin",
                                  "http://a.test", "--allowed-origin", "*"], env={"HYBRIDSPEC_API_KEY": "from-env"})
     assert result.exit_code == 0, result.output
+    sock = seen["serve"].pop("sock")
+    assert sock.address == ("127.0.0.1", 30000)
     assert seen["serve"] == {"host": "127.0.0.1", "port": 30000, "api_key": "from-env", "max_request_bytes": 99,
                              "allowed_origins": ("http://a.test", "*"), "log_level": "warning"}
     _one_line_error(runner.invoke(app, ["serve", "--api-key-file", str(tmp_path / "none")]), "--api-key-file")
+
+
+def test_serve_binds_its_address_before_the_model_loads(monkeypatch, real_listen):
+    """A port in use is one line naming it, and no model is loaded; --port 0 serves on the port the
+    system picked, which the banner names, on the socket bound before loading."""
+    import socket
+
+    import hybridspec.serve.app as serve_app
+    import hybridspec.serve.service as serve_service
+
+    loaded, served = [], {}
+    monkeypatch.setattr(serve_service, "open_service", lambda **kw: loaded.append(kw) or
+                        type("S", (), {"model_name": "m"})())
+    monkeypatch.setattr(serve_app, "serve", lambda service, **kw: served.update(kw))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        _one_line_error(runner.invoke(app, ["serve", "--port", str(port)]), f"--port {port}", f"127.0.0.1:{port}")
+        assert loaded == []
+    result = runner.invoke(app, ["serve", "--port", "0"])
+    assert result.exit_code == 0, result.output
+    bound = served.pop("sock")
+    try:
+        picked = bound.getsockname()[1]
+        assert picked != 0 and f"http://127.0.0.1:{picked}/v1" in result.stdout and len(loaded) == 1
+        with socket.create_connection(("127.0.0.1", picked), timeout=5):  # listening before any server runs
+            pass
+    finally:
+        bound.close()
 
 
 def test_a_missing_extra_is_a_one_line_hint(monkeypatch, capsys):

@@ -221,6 +221,7 @@ def serve(
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API (completions, chat, models, health, metrics)."""
     try:
+        from ..serve.app import listen
         from ..serve.app import serve as run_server
         from ..serve.service import open_service
     except ModuleNotFoundError as exc:
@@ -230,6 +231,11 @@ def serve(
             api_key = api_key_file.read_text(encoding="utf-8").splitlines()[0].strip()
         except (OSError, UnicodeDecodeError, IndexError) as exc:
             _fail(f"--api-key-file {api_key_file}: cannot read a key ({type(exc).__name__}: {exc})")
+    parallel = tp > 1 or expert_parallel
+    try:  # the address before the weights: a port in use is named now, not after the model loads
+        sock = listen(host, port)
+    except OSError as exc:
+        _fail(f"--port {port}: {exc.strerror}")
     policy = _policy_note(policy, artifact)
     _warn_poor_fit(artifact)
     flavours = tuple(p for p in prepare.split(",") if p.strip())
@@ -239,7 +245,7 @@ def serve(
         prepare_flavours(flavours)
     except ValueError as exc:
         _fail(str(exc))
-    if flavours and (tp > 1 or expert_parallel):
+    if flavours and parallel:
         err_console.print("--prepare has no effect under --tp: a tensor-parallel group captures in each flavour's "
                           "first request, which every rank runs")
     options = dict(artifact=artifact, model=model, drafter=drafter, policy=policy, device=device, dtype=dtype,
@@ -248,9 +254,14 @@ def serve(
                    grammar_timeout=grammar_timeout)
     server = dict(host=host, port=port, api_key=api_key, max_request_bytes=max_request_bytes,
                   allowed_origins=tuple(allowed_origins or ()), log_level=log_level)
+    port = server["port"] = sock.getsockname()[1]  # --port 0: the port the system picked
+    if parallel:  # rank 0 binds the address again, in its own process
+        sock.close()
+    else:
+        server["sock"] = sock
     banner = f"serving [bold]{{model}}[/] (policy {policy}) on http://{host}:{port}/v1"
     try:
-        if tp > 1 or expert_parallel:  # rank 0 serves, the other ranks run its engine steps with it
+        if parallel:  # rank 0 serves, the other ranks run its engine steps with it
             from ..runtime.session import check_tensor_parallel
             from ..runtime.tensor_parallel import launch
             from ..serve.parallel import serve_rank
@@ -261,6 +272,7 @@ def serve(
             return
         service = open_service(**options)
     except ValueError as exc:  # ConfigError, PolicyError, ArtifactError
+        sock.close()
         _fail(str(exc))
     console.print(banner.format(model=service.model_name))
     run_server(service, **server)

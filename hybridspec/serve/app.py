@@ -18,6 +18,7 @@ import codecs
 import hmac
 import json
 import logging
+import socket
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -480,11 +481,30 @@ def create_app(service: Service, *, api_key: str | None = None, max_request_byte
     return CORSMiddleware(gate, allow_origins=list(allowed_origins), allow_methods=["*"], allow_headers=["*"])
 
 
-def serve(service: Service, *, host: str, port: int, api_key: str | None = None,
+def listen(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port and listening (port 0: one the system picks). `hybridspec
+    serve` makes it before the model loads, so that an address in use is named at once, not after
+    minutes of loading weights. OSError naming the address where it cannot be bound."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port a stopped server left in TIME_WAIT
+        sock.bind((host, port))
+        sock.listen(2048)  # uvicorn's backlog
+    except OSError as exc:
+        sock.close()
+        raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
+def serve(service: Service, *, host: str, port: int, sock: socket.socket | None = None, api_key: str | None = None,
           max_request_bytes: int = MAX_REQUEST_BYTES, allowed_origins: tuple[str, ...] = (),
           log_level: str = "info") -> None:
-    """Run the app on host:port until interrupted (what `hybridspec serve` runs). Logs (the access
-    log at info) go to stderr through `logging`."""
+    """Run the app until interrupted (what `hybridspec serve` runs) on `sock` (from `listen`), or
+    on a socket bound to host:port here when None. Logs (the access log at info) go to stderr
+    through `logging`. SystemExit(3), uvicorn's status, where the server did not start."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(service, api_key=api_key, max_request_bytes=max_request_bytes, allowed_origins=allowed_origins)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False))
+    server.run(sockets=[sock if sock is not None else listen(host, port)])
+    if not server.started:
+        raise SystemExit(3)
