@@ -200,7 +200,7 @@ def serve(
     host: Annotated[str, typer.Option("--host", help="Interface to bind (0.0.0.0 exposes the server).")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=0, max=65535)] = 30000,
     policy: PolicyOpt = None,
-    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="HYBRIDSPEC_API_KEY", show_envvar=True, help="Require `Authorization: Bearer KEY` on /v1/* (the environment variable keeps it out of `ps`).")] = None,
+    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="HYBRIDSPEC_API_KEY", show_envvar=True, help="Require `Authorization: Bearer KEY` on /v1/*, /tokenize and /detokenize (the environment variable keeps it out of `ps`).")] = None,
     api_key_file: Annotated[Optional[Path], typer.Option("--api-key-file", help="Read the API key from this file (its first line).")] = None,
     max_request_bytes: Annotated[int, typer.Option("--max-request-bytes", min=1, help="Larger request bodies are answered 413 before they are parsed.")] = 1 << 20,
     allowed_origins: Annotated[Optional[list[str]], typer.Option("--allowed-origin", help="Let web pages of this origin call the server from a browser (CORS; repeat for several; * for any). Default: none.")] = None,
@@ -219,7 +219,8 @@ def serve(
     grammar_timeout: Annotated[float, typer.Option("--grammar-timeout", min=0.001, help="Seconds a request's structured-output grammar (or forced tool calls' grammar) may take to compile before the request is refused (400).")] = 30.0,
     reasoning_parser: Annotated[Literal["auto", "none", "qwen3"], typer.Option("--reasoning-parser", help="qwen3: a chat output's <think> block comes back as reasoning_content; auto: where the chat template writes </think>.")] = "auto",
 ) -> None:
-    """Serve the model over an OpenAI-compatible HTTP API (completions, chat, models, health, metrics)."""
+    """Serve the model over an OpenAI-compatible HTTP API (completions, chat, models, tokenize, detokenize,
+    health, version, metrics)."""
     try:
         from ..serve.app import listen
         from ..serve.app import serve as run_server

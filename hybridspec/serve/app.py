@@ -1,11 +1,13 @@
 """The HTTP routes of `hybridspec serve` over one `Service`:
 
     POST /v1/completions, POST /v1/chat/completions   (both with `stream: true` as SSE chunks)
-    GET  /v1/models, /health, /version, /metrics (Prometheus text)
+    POST /tokenize, /detokenize
+    GET  /v1/models, /v1/models/{model}, /health, /version, /metrics (Prometheus text)
 
 `Gate`, an ASGI middleware around the whole app, answers what must not reach the routes (a missing
-or wrong API key on /v1/*, as vLLM asks it; a body over `max_request_bytes`), turns any unhandled
-exception into a 500, counts every response by the status it is sent with in /metrics and writes
+or wrong API key on /v1/*, /tokenize and /detokenize, as vLLM asks it; a body over
+`max_request_bytes`), turns any unhandled exception into a 500, counts every response by its route
+and the status it is sent with in /metrics and writes
 one access-log line per request (499 for a client that went away; `tokens=P+O1+O2…`: the prompt's
 tokens, summed over a batch's prompts, then each choice's output). Every 4xx/5xx body is an OpenAI error object naming the field at fault.
 A stream starts only after the request is validated, and always ends with `[DONE]`, after an error
@@ -85,6 +87,15 @@ class Gate:
     def __init__(self, app, service: Service, api_key: str | None, max_request_bytes: int):
         self.app, self.service, self.max_request_bytes = app, service, max_request_bytes
         self.expected = f"bearer {api_key}".encode() if api_key is not None else None
+        self.paths = {route.path for route in app.routes}
+
+    def _path_label(self, scope) -> str:
+        """A response's `path` label: the route that answered (its template: `/v1/models/{model:path}`),
+        for a request refused before routing the route of that exact path, else "other": one label
+        per route, whatever paths clients send."""
+        if (route := scope.get("route")) is not None:
+            return route.path
+        return scope["path"] if scope["path"] in self.paths else "other"
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -94,7 +105,7 @@ class Gate:
         async def send_and_note(message) -> None:
             if message["type"] == "http.response.start":  # counted before the client can see it
                 status[0], sent[0] = message["status"], True
-                self.service.metrics.response(scope["method"], scope["path"], status[0])
+                self.service.metrics.response(scope["method"], self._path_label(scope), status[0])
             await send(message)
 
         async def reply(response: Response) -> None:

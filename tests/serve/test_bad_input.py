@@ -361,6 +361,25 @@ def test_sixteen_clients_mixing_valid_and_bad_requests(server):
     assert scrape(after)["hybridspec:num_requests_waiting"] == 0
 
 
+def test_responses_are_counted_by_the_route_that_answered(server):
+    """`http_responses_total`'s path label: each route by its own path (its template where it takes a
+    parameter), a request refused before routing by the path it asked for, anything else "other"."""
+    def count(path: str, status: str) -> float:
+        return _metrics(server, path=path, status=status).get("hybridspec:http_responses_total", 0)
+
+    asks = [(lambda: _post(server, "/tokenize", {"prompt": PROMPT}), "/tokenize", "200"),
+            (lambda: _post(server, "/detokenize", {"tokens": [1, 2]}), "/detokenize", "200"),
+            (lambda: httpx.get(f"{server}/version"), "/version", "200"),
+            (lambda: httpx.get(f"{server}/v1/models/someone/else", headers=AUTH), "/v1/models/{model:path}", "404"),
+            (lambda: httpx.get(f"{server}/v1/models", headers={"Authorization": "Bearer nope"}), "/v1/models", "401"),
+            (lambda: httpx.get(f"{server}/nothing/here"), "other", "404")]
+    for ask, path, status in asks:
+        before = count(path, status)
+        assert str(ask().status_code) == status, path
+        assert count(path, status) == before + 1, path
+    assert not _metrics(server, path="/nothing/here")
+
+
 def test_one_access_log_line_per_request(server, caplog):
     import logging
 

@@ -12,7 +12,7 @@ def _page() -> str:
             metrics.round_seconds.labels("m", policy).observe(0.01)
         metrics.decode_tokens.labels("m", policy).inc(7 if policy == "full" else 1)
     metrics.response("POST", "/v1/completions", 200)
-    metrics.response("BREW", "/coffee", 418)
+    metrics.response("BREW", "other", 418)
     return metrics.render().decode()
 
 
