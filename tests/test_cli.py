@@ -373,3 +373,36 @@ def test_serve_prepare_captures_the_named_flavours_at_start_up(monkeypatch):
                      ("full", 1.0, 20, 1.0, True, False, False), ("full", 0.0, 0, 1.0, False, False, True)]
     bad = runner.invoke(app, ["serve", "--prepare", "sample+fast"])
     assert bad.exit_code == 2 and "sample+fast" in " ".join(bad.output.split())
+
+
+@pytest.mark.parametrize("diagnostics,exit_code,message", [
+    ({"acceptance": 5, "dinkelbach": 7, "cost": {"cells": "x"}}, 0, "not recorded"),
+    ({"thresholds": {"cost_r2": 5.0}}, 2, "threshold cost_r2: 5.0 outside [0, 1]"),
+    ({"thresholds": {"cost_r2": "high"}}, 2, "diagnostics.thresholds must be an object of finite numbers"),
+])
+def test_inspect_names_hand_edited_diagnostics_or_leaves_their_checks_unknown(tmp_path, diagnostics, exit_code,
+                                                                             message):
+    """Diagnostics written by hand (the hash made to match): sections of another shape are checks not
+    recorded; a recorded limit that is unusable is one line naming the file, never a traceback."""
+    path = tmp_path / "p.safetensors"
+    save_artifact(path, policy_parameters(), model_id="sha256:m", drafter_id="sha256:d", device="cpu",
+                  store_digest="none", diagnostics=diagnostics)
+    result = runner.invoke(app, ["inspect", str(path)], terminal_width=200)
+    assert result.exit_code == exit_code and not isinstance(result.exception, (TypeError, AttributeError)), result.output
+    shown = " ".join(result.output.split())
+    assert message in shown and (exit_code != 2 or str(path.name) in shown), result.output
+
+
+def test_generate_warns_of_an_artifact_whose_recorded_limit_is_out_of_range(tmp_path):
+    """An artifact whose recorded fit-quality limit is out of its range (its hash made to match)
+    decodes with one warning line naming the file and the limit, never a traceback."""
+    session = open_session("random-tiny")
+    path = tmp_path / "p.safetensors"
+    save_artifact(path, policy_parameters(), model_id=session.model_id, drafter_id=session.drafter_id, device="cpu",
+                  store_digest="none", diagnostics={"thresholds": {"cost_r2": 5.0}})
+    result = runner.invoke(app, ["generate", "--model", "random-tiny", "--prompt-ids", "3,1,4", "--artifact",
+                                 str(path), "--max-new-tokens", "4", "--json"])
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "p.safetensors" in warnings[0] and "cost_r2" in warnings[0], result.stderr
+    assert len(json.loads(result.stdout)["token_ids"]) == 4

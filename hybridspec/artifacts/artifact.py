@@ -123,6 +123,10 @@ def _check_fields(path: Path, meta: dict, tensors: dict[str, torch.Tensor]) -> N
                                 f"{path}: metadata field {name} must be a {want}, got {meta[name]!r:.80}")
     if not all(_kind_ok(w, INTEGER) for w in meta["lengths"]):
         raise ArtifactError(f"{path}: metadata field lengths must be a list of integers, got {meta['lengths']!r:.80}")
+    thresholds = meta["diagnostics"].get("thresholds", {})  # the fit-quality limits `inspect` reapplies
+    if not isinstance(thresholds, dict) or not all(_kind_ok(v, NUMBER) for v in thresholds.values()):
+        raise ArtifactError(f"{path}: metadata field diagnostics.thresholds must be an object of finite numbers, "
+                            f"got {thresholds!r:.80}")
     for name, (dtype, ndim) in TENSOR_SPECS.items():
         t = tensors[name]
         if t.dtype != dtype or t.dim() != ndim:

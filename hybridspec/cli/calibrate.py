@@ -271,8 +271,15 @@ def inspect(
     try:
         params, meta = load_artifact(path)
         diagnostics = meta["diagnostics"] if isinstance(meta.get("diagnostics"), dict) else {}
-        thresholds = Thresholds.parse(threshold or (), base=diagnostics.get("thresholds"))
     except (ArtifactError, ValueError) as exc:
+        _fail(str(exc))
+    try:
+        recorded = Thresholds.parse(base=diagnostics.get("thresholds"))
+    except ValueError as exc:  # a limit the artifact records, outside its range
+        _fail(f"{path}: {exc}")
+    try:
+        thresholds = Thresholds.parse(threshold or (), base=recorded.as_dict())
+    except ValueError as exc:
         _fail(str(exc))
     shown = {k: v for k, v in meta.items() if k != "diagnostics"}
     console.print_json(_json.dumps(shown))

@@ -47,8 +47,8 @@ def check_device(device: Optional[str]) -> Optional[str]:
     return device
 
 
-ModelOpt = Annotated[Optional[str], typer.Option("--model", help="Model directory or preset name (default: the embedded model).")]
-DrafterOpt = Annotated[Optional[str], typer.Option("--drafter", help="DFlash drafter directory, or `random`.")]
+ModelOpt = Annotated[Optional[str], typer.Option("--model", help="Hugging Face repo id (org/name[@revision]; the cache first), model directory or preset name (default: the embedded model).")]
+DrafterOpt = Annotated[Optional[str], typer.Option("--drafter", help="DFlash drafter: Hugging Face repo id (org/name[@revision]), directory, or `random`.")]
 PolicyOpt = Annotated[Optional[str], typer.Option("--policy", metavar="POLICY", help=f"One of {POLICIES}. Default: hybridspec with --artifact, else static:7 (the fastest policy that needs no artifact on the embedded pair).")]
 ArtifactOpt = Annotated[Optional[Path], typer.Option("--artifact", help="Policy parameters from `hybridspec fit`.")]
 DeviceOpt = Annotated[str, typer.Option("--device", metavar="[cpu|cuda|cuda:N]", callback=check_device, help="Where the model runs.")]

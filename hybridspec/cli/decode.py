@@ -30,7 +30,13 @@ def _warn_poor_fit(artifact: Path | None) -> None:
         params, meta = load_artifact(artifact)
     except (ArtifactError, ValueError):
         return
-    for check in failed(checks_from_artifact(params, meta)):
+    try:
+        checks = checks_from_artifact(params, meta)
+    except ValueError as exc:  # a limit the artifact records, outside its range
+        err_console.print(f"warning: {artifact}: its fit-quality checks cannot run: {exc}", highlight=False,
+                          markup=False, soft_wrap=True)
+        return
+    for check in failed(checks):
         err_console.print(f"warning: {artifact} fails a fit-quality check (`hybridspec inspect`): {check.line()}",
                           highlight=False, markup=False, soft_wrap=True)
 

@@ -2,10 +2,11 @@
 
 Order of checks (every cheap error before any model is loaded, and every error that needs no store
 before the store is created or opened, so that a refused invocation leaves no store behind and an
-existing one as it was): options → prompt file (its split, categories) → model identity hashes →
-prompt token ids → store path writable → store schema and damage → run names free (or --resume /
---overwrite) → model load → per pass: run identity (a resumed run must match model, drafter,
-device, params and, for timed passes, threads and GPU: `store.identity_keys`).
+existing one as it was): options → prompt file (its split, categories) → model and drafter configs
+and identity hashes → prompt token ids → store path writable → store schema and damage → run names
+free (or --resume / --overwrite) → model load (a store this invocation created is removed again when
+the load is refused) → per pass: run identity (a resumed run must match model, drafter, device,
+params and, for timed passes, threads and GPU: `store.identity_keys`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import shlex
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -21,8 +23,9 @@ import torch
 import torch.distributed as dist
 
 from ..runtime.presets import PRESETS, preset_config
-from ..runtime.loading import target_config
+from ..runtime.loading import drafter_config, target_config
 from ..runtime.session import EMBEDDED, check_context, model_identity, open_session, resolve_backend, resolve_pair
+from ..runtime.tensor_parallel import rank
 from ..runtime.tokenizer import load_codec
 from ..workbench.prompts import Prompt, load_prompts, select_categories
 from ..workbench.runinfo import cpu_model, file_digest, gpu_model, set_threads, software_versions
@@ -89,24 +92,30 @@ def resolve_models(config: CaptureConfig) -> ModelIdentity:
         raise CaptureConfigError(f"--drafter is required for --model {model} (a DFlash directory, or random)")
     if drafter not in (None, "random") and not Path(drafter).is_dir():
         raise CaptureConfigError(f"--drafter {drafter!r}: not a directory (a DFlash checkpoint) nor `random`")
+    target_config(model)  # ConfigError naming the directory (no config.json, unusable) before it is hashed
+    if drafter not in (None, "random"):
+        drafter_config(drafter)
     model_id, drafter_id = model_identity(model, drafter, seed=config.seed)  # the ids artifacts are checked against
     return ModelIdentity(model, drafter or "random", model_id, drafter_id)
 
 
 def prompt_ids(prompts: list[Prompt], codec, vocab: int, where: Path) -> list[PromptIds]:
-    """Token ids of each prompt (text through the model's tokenizer); errors name the prompt."""
+    """Token ids of each prompt (text through the model's tokenizer); errors name the file, line and prompt."""
     out = []
     for p in prompts:
+        at = f"{where}:{p.line}" if p.line else str(where)
         if p.ids is not None:
             ids = p.ids
         elif codec is None:
-            raise CaptureConfigError(f"{where}: prompt {p.id!r} is text, but the model has no tokenizer.json; "
+            raise CaptureConfigError(f"{at}: prompt {p.id!r} is text, but the model has no tokenizer.json; "
                                      "give prompt_ids")
         else:
             ids = tuple(codec.encode(p.text))
+        if not ids:
+            raise CaptureConfigError(f"{at}: prompt {p.id!r} encodes to no tokens")
         bad = [i for i in ids if not 0 <= i < vocab]
-        if bad or not ids:
-            raise CaptureConfigError(f"{where}: prompt {p.id!r} has ids {bad[:5]} outside the vocabulary ({vocab})")
+        if bad:
+            raise CaptureConfigError(f"{at}: prompt {p.id!r} has ids {bad[:5]} outside the vocabulary ({vocab})")
         out.append(PromptIds(p.id, p.category, p.split, tuple(ids)))
     return out
 
@@ -245,7 +254,8 @@ def _run_campaign(config: CaptureConfig, reporter: Reporter) -> list[PassSummary
         return run_tensor_parallel(config)
     shard_index, shard_count = config.shard
     threads = set_threads(config.threads, config.device)
-    with campaign_store(config) as store:
+    existed = Path(config.db).exists()
+    with campaign_store(config) as store, _removed_if_unused(config.db, store, existed):
         store.check_names_free(config.name, config.passes, shard_index, resume=config.resume,
                                overwrite=config.overwrite)
         session = open_session(models.model, models.drafter, device=config.device, dtype=config.dtype,
@@ -266,6 +276,31 @@ def _run_campaign(config: CaptureConfig, reporter: Reporter) -> list[PassSummary
                 reporter.pass_finished(summary)
                 summaries.append(summary)
         return summaries
+
+
+@contextmanager
+def _removed_if_unused(db: Path, store, existed: bool):
+    """Around the use of `store`, opened by this process: when the block fails before any run row is
+    written (the model or drafter refused while loading: a pair that does not fit, too little
+    memory), a store file that did not exist before (`existed`) is removed again, so that the refused
+    invocation leaves none behind; a store that existed, or holds a run, stays as it is."""
+    try:
+        yield
+    except BaseException:
+        if not existed and rank() == 0 and _holds_no_run(store):
+            store.close()
+            for leftover in (Path(db), Path(f"{db}.wal")):
+                leftover.unlink(missing_ok=True)
+        raise
+
+
+def _holds_no_run(store) -> bool:
+    """Whether the store holds no run row; False where it cannot be read (kept, and the failure that
+    led here is the one reported)."""
+    try:
+        return store.counts()["runs"] == 0
+    except Exception:  # noqa: BLE001 - any read failure means: keep the file
+        return False
 
 
 def run_params(collector: CollectorPass, ctx: PassContext) -> dict:

@@ -103,6 +103,22 @@ def _number(value) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+def _section(record: dict, name: str) -> dict:
+    """`record[name]` when it is a JSON object, else {}: a section an artifact lacks or holds in another
+    shape (edited by hand) leaves its checks `unknown`."""
+    value = record.get(name)
+    return value if isinstance(value, dict) else {}
+
+
+def _cells(value) -> list[dict] | None:
+    """The recorded per-length cells [{w, median, …}], or None unless each has numeric w and median."""
+    if not isinstance(value, list) or not all(
+            isinstance(c, dict) and _number(c.get("w")) is not None and _number(c.get("median")) is not None
+            for c in value):
+        return None
+    return value
+
+
 def _r2_check(name: str, section: str, what: str, r2, minimum: float) -> Check:
     r2 = _number(r2)
     shown = "not recorded" if r2 is None else f"{r2:.3f}"
@@ -130,23 +146,24 @@ def quality_checks(*, cost: Sequence[float], lengths: Sequence[int], s: float, e
                    thresholds: Thresholds) -> list[Check]:
     """Every check of the module docstring, from an artifact's numbers (`cost[w]` in seconds)."""
     t = thresholds
-    cost_diag = diagnostics.get("cost", {}) if isinstance(diagnostics.get("cost"), dict) else {}
+    cost_diag = _section(diagnostics, "cost")
     table = np.array([cost[w] for w in lengths], dtype=float)
     lowest = int(np.argmin(table))
     checks = [Check("cost_positive", "cost", _verdict(bool(np.all(table > 0))), float(table[lowest]), "> 0",
                     f"smallest C_tgt(w) = {table[lowest] * 1e3:.3g} ms at w = {lengths[lowest]}")]
-    cells = cost_diag.get("cells")
+    cells = _cells(cost_diag.get("cells"))
     rank = monotone_correlation(cells) if cells else None
     shown = "not recorded" if rank is None else f"{rank:.3f}"
     checks.append(Check("cost_monotone", "cost", _verdict(None if rank is None else rank >= t.cost_monotone), rank,
                         f"≥ {t.cost_monotone:g}", f"rank correlation of the median round latency with w {shown}"))
     checks.append(_r2_check("cost_r2", "cost", "the C_tgt quadratic", cost_diag.get("r2"), t.cost_r2))
     checks.append(_positive("s_positive", "stage0", "s", s, "µs/token", 1e6))
-    checks.append(_r2_check("s_r2", "stage0", "the Stage-0 line", diagnostics.get("s", {}).get("r2"), t.s_r2))
+    checks.append(_r2_check("s_r2", "stage0", "the Stage-0 line", _section(diagnostics, "s").get("r2"), t.s_r2))
     checks.append(_positive("eta_positive", "moe", "η", eta, "µs/expert", 1e6))
-    checks.append(_r2_check("eta_r2", "moe", "the MoE line", diagnostics.get("eta", {}).get("r2"), t.eta_r2))
-    checks.append(_log_loss_check(diagnostics.get("acceptance", {}), t.log_loss_margin, t.log_loss_z))
-    single = (diagnostics.get("acceptance_model") or {}).get("single_class")
+    checks.append(_r2_check("eta_r2", "moe", "the MoE line", _section(diagnostics, "eta").get("r2"), t.eta_r2))
+    checks.append(_log_loss_check(_section(diagnostics, "acceptance"), t.log_loss_margin, t.log_loss_z))
+    single = _section(diagnostics, "acceptance_model").get("single_class")
+    single = single if isinstance(single, bool) else None
     checks.append(Check("acceptance_two_classes", "reliability", _verdict(None if single is None else not single),
                         None, "both outcomes", "not recorded" if single is None else
                         ("every draft token had the same outcome: a constant acceptance model" if single
@@ -156,33 +173,38 @@ def quality_checks(*, cost: Sequence[float], lengths: Sequence[int], s: float, e
 
 
 def _log_loss_check(metrics: dict, margin: float, z: float) -> Check:
-    full, raw = (_number(metrics.get(k, {}).get("log_loss")) for k in ("full", "raw"))
+    full, raw = (_number(_section(metrics, k).get("log_loss")) for k in ("full", "raw"))
     if full is None or raw is None:
         return Check("acceptance_log_loss", "reliability", UNKNOWN, full, f"≤ raw + {margin:g}",
                      "held-out log-loss not recorded")
-    se = _number(metrics.get("full_vs_raw", {}).get("se"))
+    se = _number(_section(metrics, "full_vs_raw").get("se"))
     detail = f"held-out log-loss of the calibrated model {full:.3f}"
     if se is None or not np.isfinite(se):  # not recorded, or one row: the plain comparison
         return Check("acceptance_log_loss", "reliability", _verdict(full <= raw + margin), full,
                      f"≤ raw confidence's {raw:.3f} + {margin:g}", detail)
-    rows = metrics["full_vs_raw"].get("rows")
+    rows = _section(metrics, "full_vs_raw").get("rows")
     return Check("acceptance_log_loss", "reliability", _verdict(full <= raw + margin + z * se), full,
                  f"≤ raw confidence's {raw:.3f} + {margin:g} + {z:g} × {se:.3f} (s.e. of the difference)",
                  f"{detail}, {full - raw:+.3f} against raw confidence over {rows} held-out rows")
 
 
 def _rho_check(diagnostics: dict) -> Check:
-    iterations = diagnostics.get("dinkelbach") or []
+    iterations = diagnostics.get("dinkelbach")
+    iterations = iterations if isinstance(iterations, list) and all(isinstance(i, dict) for i in iterations) else []
     converged = diagnostics.get("dinkelbach_converged")
+    converged = converged if isinstance(converged, bool) else None
     if converged is None and iterations:  # not recorded: the last step's change of ρ says
         last = iterations[-1]
-        converged = last.get("converged",
-                             abs(last["next_rho"] - last["rho"]) <= RHO_TOLERANCE * max(1.0, abs(last["rho"])))
+        rho, next_rho = _number(last.get("rho")), _number(last.get("next_rho"))
+        converged = last.get("converged")
+        if not isinstance(converged, bool):
+            converged = (None if rho is None or next_rho is None
+                         else abs(next_rho - rho) <= RHO_TOLERANCE * max(1.0, abs(rho)))
     if converged is None:
         return Check("rho_converged", "dinkelbach", UNKNOWN, None, "converged", "Dinkelbach iterations not recorded")
     detail = f"Dinkelbach's iteration {'converged' if converged else 'did not converge'} in {len(iterations)} steps"
     return Check("rho_converged", "dinkelbach", _verdict(bool(converged)), float(len(iterations)), "converged",
-                 detail + (diagnostics.get("dinkelbach_note", "") if not converged else ""))
+                 detail + (str(diagnostics.get("dinkelbach_note") or "") if not converged else ""))
 
 
 def failed(checks: Sequence[Check]) -> list[Check]:

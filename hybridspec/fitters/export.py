@@ -10,11 +10,12 @@ the fitting process's software versions."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from ..artifacts.artifact import save_artifact
 from ..artifacts.params import AcceptanceModel, PolicyParameters
-from ..workbench.paths import check_output_file
+from ..workbench.paths import OutputPathError, check_output_file
 from .campaign import CampaignFit, FitError, fit_campaign
 from .checks import Check, Thresholds, check_rows, failed, quality_checks
 
@@ -35,6 +36,8 @@ def fit_artifact(db: Path, name: str, out: Path, *, thresholds: Thresholds | Non
     (fit, metadata). `out` is checked before fitting. `allow_poor_fit`: write it even when a check
     fails (PoorFitError otherwise); the caller says which, as `fit --allow-poor-fit` does."""
     check_output_file(out)
+    if Path(out).exists() and Path(db).exists() and os.path.samefile(out, db):  # the artifact would replace its store
+        raise OutputPathError(f"--out {out}: is the store being fitted (--db {db}); write the artifact to its own file")
     thresholds = thresholds or Thresholds()
     result = fit_campaign(db, name)
     try:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import codecs
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 SPLITS = ("calib", "test")
@@ -24,6 +24,7 @@ class Prompt:
     split: str
     text: str | None
     ids: tuple[int, ...] | None
+    line: int = field(default=0, compare=False)  # its line in the prompt file (0: not read from one)
 
 
 def _field(record: dict, name: str, kind: type, where: str):
@@ -112,7 +113,7 @@ def load_prompts(path: Path, *, split: str | None = None) -> list[Prompt]:
             raise PromptFileError(f"{where}: invalid JSON ({exc.msg})") from None
         except (ValueError, RecursionError) as exc:  # an integer of over 4,300 digits; nesting too deep
             raise PromptFileError(f"{where}: unreadable JSON ({type(exc).__name__}: {exc})") from None
-        prompt = parse_prompt(record, where)
+        prompt = replace(parse_prompt(record, where), line=number)
         if prompt.id in seen:
             raise PromptFileError(f"{where}: id {prompt.id!r} already used on line {seen[prompt.id]}")
         seen[prompt.id] = number

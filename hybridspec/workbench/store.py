@@ -141,6 +141,7 @@ class Store:
 
     def __init__(self, path: Path | str, *, read_only: bool = False):
         self.path = Path(path)
+        _check_duckdb_file(self.path)
         try:
             self.con = duckdb.connect(str(self.path), read_only=read_only)
         except duckdb.Error as exc:
@@ -383,6 +384,25 @@ def open_verified(path: Path) -> Store:
     return Store(path)
 
 
+DUCKDB_MAGIC = (8, b"DUCK")  # a DuckDB file's main header holds these bytes at this offset
+
+
+def _check_duckdb_file(path: Path) -> None:
+    """StoreError unless `path` is absent or a DuckDB file. DuckDB itself opens an existing file named
+    `*.json`, `*.jsonl`, `*.csv`, … that is no database as an empty in-memory one (refused read-only
+    with a message about in-memory databases), so a prompt file given as --db is named here."""
+    if not path.is_file():
+        return
+    offset, magic = DUCKDB_MAGIC
+    try:
+        with path.open("rb") as f:
+            head = f.read(offset + len(magic))
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot open the store ({exc.strerror})") from None
+    if head[offset:] != magic:
+        raise StoreError(f"{path}: not a DuckDB file, so not a hybridspec store (`hybridspec capture` writes one)")
+
+
 def _one_line(exc: Exception) -> str:
     return " ".join(str(exc).split())
 
@@ -395,7 +415,10 @@ def resolve_campaign(db: Path, name: str | None, *, fallback: str | None = None)
     names = []
     if Path(db).is_file():
         with Store(db, read_only=True) as store:
-            names = store.campaigns()
+            try:
+                names = store.campaigns()
+            except duckdb.Error as exc:  # damaged in the blocks of `runs` (the whole file is verified later)
+                raise StoreError(f"{db}: damaged store (table runs): {_one_line(exc)}") from None
     if len(names) == 1:
         return names[0]
     if fallback is not None:

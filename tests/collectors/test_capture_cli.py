@@ -164,6 +164,46 @@ def test_bad_input_is_named_before_any_model_loads(no_model_load, qwen35_dir, pr
     bad = tmp_path / "bad.jsonl"
     bad.write_text(prompt_file.read_text().splitlines()[0] + "\n{not json\n")
     assert _has(_error(_args(qwen35_dir, bad, tmp_path / "s.duckdb")), f"{bad}:2: invalid JSON")
+    bad.write_text(prompt_file.read_text().splitlines()[0] + "\n\n" + json.dumps(
+        {"id": "far", "category": "a", "split": "calib", "prompt_ids": [1, 10**6]}) + "\n")
+    assert _has(_error(_args(qwen35_dir, bad, tmp_path / "s.duckdb")),
+                f"{bad}:3: prompt 'far' has ids [1000000] outside the vocabulary")
+
+
+def test_a_model_or_drafter_directory_without_a_usable_config_is_one_line(no_model_load, qwen35_dir, prompt_file,
+                                                                           tmp_path):
+    """A directory given as --model or --drafter that holds no config.json (or one of the other kind) is
+    named in one line, before it is hashed and before any store is created."""
+    empty, db = tmp_path / "empty", tmp_path / "s.duckdb"
+    empty.mkdir()
+    rest = ["--prompts", str(prompt_file), "--db", str(db), "--name", "t"]
+    for pair, message in ((["--model", str(qwen35_dir), "--drafter", str(empty)], f"{empty}: no config.json"),
+                          (["--model", str(empty), "--drafter", "random"], f"{empty}: no config.json"),
+                          (["--model", str(qwen35_dir), "--drafter", str(qwen35_dir)], "not a DFlash drafter")):
+        assert _has(_error([*pair, *rest]), message)
+        assert not db.exists()
+
+
+def test_a_model_refused_while_loading_leaves_no_new_store_and_an_existing_one_as_it_was(monkeypatch, qwen35_dir,
+                                                                                        prompt_file, tmp_path):
+    """A pair refused only as it loads (a drafter tapping layers the target lacks, too little memory):
+    the store this invocation created is removed again; an existing store keeps every byte."""
+    from hybridspec.runtime.config import ConfigError
+
+    def refuse(*args, **kwargs):
+        raise ConfigError("drafter: target_layer_ids [99] outside the target's 4 layers")
+
+    monkeypatch.setattr(campaign, "open_session", refuse)
+    db = tmp_path / "s.duckdb"
+    assert _has(_error(_args(qwen35_dir, prompt_file, db)), "target_layer_ids [99]")
+    assert not db.exists() and not (tmp_path / "s.duckdb.wal").exists()
+    with Store(db) as store:
+        spec = RunSpec(name="other", pass_name="capture", model_id="m", drafter_id="d", device="cpu",
+                       dtype="float32", backend="torch")
+        store.finish_shard(store.start_run(spec), 0)
+    before = db.read_bytes()
+    assert _has(_error(_args(qwen35_dir, prompt_file, db)), "target_layer_ids [99]")
+    assert db.read_bytes() == before
 
 
 def test_newer_schema_and_reused_names_are_refused(no_model_load, qwen35_dir, prompt_file, tmp_path):

@@ -102,3 +102,35 @@ def test_the_checks_table_shows_a_verdict_without_a_number():
 
     assert "both seen" in row() and "not recorded" not in row()
     assert "not recorded" in row(acceptance_model={})
+
+
+def test_an_artifact_path_that_is_the_store_itself_is_refused_and_the_store_kept(tmp_path):
+    """`fit --out` naming the `--db` store (directly or through a link) would replace the calibration
+    data with the artifact: refused before fitting, the store unchanged."""
+    from hybridspec.workbench.paths import OutputPathError
+
+    db = tmp_path / "s.duckdb"
+    write_synthetic_store(db, n_rounds=200)
+    (tmp_path / "link.duckdb").symlink_to(db)
+    before = db.read_bytes()
+    for out in (db, tmp_path / "link.duckdb", tmp_path / "." / "s.duckdb"):
+        with pytest.raises(OutputPathError, match="is the store being fitted"):
+            fit_artifact(db, "synth", out, allow_poor_fit=True)
+    assert db.read_bytes() == before
+
+
+@pytest.mark.parametrize("diagnostics", [
+    {"acceptance": 5, "dinkelbach": 7, "s": None, "eta": [], "acceptance_model": []},
+    {"acceptance": {"full": 3, "raw": {"log_loss": "x"}, "full_vs_raw": []}, "cost": {"cells": "x", "r2": "y"}},
+    {"dinkelbach": [{"rho": "a"}], "dinkelbach_converged": None, "cost": {"cells": [{"w": 2}, {"median": 1}, 3]}},
+    {"dinkelbach": [1, 2], "dinkelbach_converged": "yes", "acceptance_model": {"single_class": "no"}},
+])
+def test_diagnostics_in_another_shape_leave_their_checks_unknown(diagnostics):
+    """An artifact's diagnostics edited by hand (its hash recomputed): a section that is not of the shape
+    the fit writes is a number not recorded, so its check is `unknown`, never an exception."""
+    checks = {c.name: c for c in quality_checks(cost=COST, lengths=W, s=1e-6, eta=1e-6, diagnostics=diagnostics,
+                                                thresholds=Thresholds())}
+    for name in ("cost_monotone", "cost_r2", "s_r2", "eta_r2", "acceptance_log_loss", "acceptance_two_classes",
+                 "rho_converged"):
+        assert checks[name].status == UNKNOWN, name
+    assert {checks[name].status for name in ("cost_positive", "s_positive", "eta_positive")} == {OK}

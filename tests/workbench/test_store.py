@@ -448,3 +448,48 @@ def test_a_blank_duckdb_file_becomes_a_store_but_another_programs_database_is_ke
         open_verified(other)
     with duckdb.connect(str(other), read_only=True) as con:
         assert [r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()] == ["orders"]
+
+
+@pytest.mark.parametrize("name", ["prompts.jsonl", "rows.csv", "s.duckdb"])
+def test_a_file_that_is_no_duckdb_database_is_refused_as_such_and_kept(tmp_path, name):
+    """DuckDB opens an existing `*.jsonl` or `*.csv` that is no database as an in-memory one; the store
+    names the file as no DuckDB file instead, for reading and for writing, and leaves it as it was."""
+    from hybridspec.workbench.store import open_verified
+
+    path = tmp_path / name
+    path.write_text('{"id": "a", "category": "c", "split": "calib", "prompt": "x"}\n')
+    before = path.read_bytes()
+    for open_store in (lambda: Store(path, read_only=True), lambda: Store(path), lambda: open_verified(path)):
+        with pytest.raises(StoreError, match=f"{name}: not a DuckDB file"):
+            open_store()
+    with pytest.raises(StoreError, match=f"{name}: not a DuckDB file"):
+        merge_stores(tmp_path / "out.duckdb", [path])
+    assert path.read_bytes() == before and not (tmp_path / "out.duckdb").exists()
+
+
+def test_resolve_campaign_in_a_truncated_store_raises_only_store_error(tmp_path):
+    """`fit`, `eval` and `estimate` name the campaign from the store before reading it whole: a store cut
+    short anywhere, its `runs` blocks included, is a StoreError naming the file, or still names the
+    campaign (the damage is then found by `Store.verify`)."""
+    import os
+    import shutil
+
+    from hybridspec.workbench.store import resolve_campaign
+
+    path = tmp_path / "s.duckdb"
+    with Store(path) as store:
+        run = store.start_run(_spec(name="calib"))
+        for u in range(1, 30):
+            store.commit_unit(run, f"u={u}", _timings(run, u, n=500))
+        store.finish_shard(run, 0)  # `runs` written again, after the data
+    size, errors = os.path.getsize(path), 0
+    for cut in range(1, 10):
+        damaged = tmp_path / f"cut{cut}.duckdb"
+        shutil.copy(path, damaged)
+        os.truncate(damaged, size * cut // 10)
+        try:
+            assert resolve_campaign(damaged, None) == "calib"
+        except StoreError as exc:
+            assert str(damaged) in str(exc)
+            errors += 1
+    assert errors  # some cut reaches the blocks `runs` is read from
