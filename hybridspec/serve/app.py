@@ -516,6 +516,9 @@ def serve(service: Service, *, host: str, port: int, sock: socket.socket | None 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(service, api_key=api_key, max_request_bytes=max_request_bytes, allowed_origins=allowed_origins)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False))
-    server.run(sockets=[sock if sock is not None else listen(host, port)])
+    try:
+        server.run(sockets=[sock if sock is not None else listen(host, port)])
+    except KeyboardInterrupt:  # uvicorn raises the Ctrl-C it caught again once it has shut down: a clean stop
+        pass
     if not server.started:
         raise SystemExit(3)
