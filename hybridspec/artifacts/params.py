@@ -75,6 +75,8 @@ class PolicyParameters:
             raise ValueError(f"PolicyParameters.lengths must be integers, got {self.lengths!r}")
         if not self.lengths or min(self.lengths) < 2 or max(self.lengths) > W:
             raise ValueError(f"PolicyParameters.lengths {self.lengths} must lie in 2..{W}")
+        if any(b <= a for a, b in zip(self.lengths, self.lengths[1:])):  # the policies take them in this order
+            raise ValueError(f"PolicyParameters.lengths {self.lengths} must be increasing, each length once")
         for name in ("cost", "nbar_all", "nbar_cond"):
             if len(getattr(self, name)) != W + 1:
                 raise ValueError(f"PolicyParameters.{name} has {len(getattr(self, name))} entries, expected W+1 = {W + 1}")

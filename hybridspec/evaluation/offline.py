@@ -82,7 +82,9 @@ def find_capture_run(store: Store, campaign: str | None) -> dict:
         campaign = names[0]
     row = store.run_row(run_id_for(campaign, "capture"))
     if row is None:
-        raise OfflineError(f"{store.path}: campaign {campaign!r} has no capture run")
+        names = [n for (n,) in store.query("SELECT name FROM runs WHERE pass = 'capture' ORDER BY name")]
+        raise OfflineError(f"{store.path}: campaign {campaign!r} has no capture run (campaigns with one: "
+                           f"{', '.join(names) or 'none'})")
     unfinished = unfinished_run(store, row)
     if unfinished is not None:
         raise OfflineError(f"{unfinished}; only finished capture runs are replayed")

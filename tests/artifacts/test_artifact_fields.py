@@ -53,6 +53,8 @@ def _tensor(key, value):
     (_set("diagnostics", {"thresholds": {"cost_r2": "abc"}}), "diagnostics.thresholds"),
     (_set("diagnostics", {"thresholds": {"cost_r2": True}}), "diagnostics.thresholds"),
     (_set("lengths", [2, "3"]), "lengths"),
+    (_set("lengths", [4, 2, 3]), "lengths .* must be increasing"),
+    (_set("lengths", [2, 3, 3]), "lengths .* must be increasing"),
     (_set("model_id", 5), "model_id"),
     (_tensor("nbar_cond", torch.ones(17, dtype=torch.float64)), "nbar_cond"),
     (_tensor("cost", torch.full((17,), math.nan, dtype=torch.float64)), "cost"),

@@ -169,7 +169,7 @@ def test_campaign_choice_identity_and_policy_names(synthetic, tmp_path):
     db, artifact, _ = synthetic
     subset = estimate_policies(db, artifact, campaign="synth", policies=["static:4", "ar"])
     assert subset["policy"].unique(maintain_order=True).to_list() == ["static:4", "ar"]
-    with pytest.raises(OfflineError, match="'nope' has no capture run"):
+    with pytest.raises(OfflineError, match=r"'nope' has no capture run \(campaigns with one: synth\)"):
         estimate_policies(db, artifact, campaign="nope")
     with pytest.raises(ValueError, match="unknown policy 'bogus'"):
         estimate_policies(db, artifact, policies=["bogus"])
