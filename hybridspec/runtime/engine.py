@@ -16,6 +16,7 @@ backend). Both sample with the same keyed draws (`sampling.py`), so they emit th
 
 from __future__ import annotations
 
+import numbers
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -130,6 +131,7 @@ class Engine:
                          if resident else None)
         self._policies: dict[str, tuple[Policy, Policy]] = {}  # host rounds: name → (as given, on the device)
         self.grammar: GrammarState | None = None  # the current request's: its prefill token and host rounds
+        self.requests = 0  # `stream` calls so far: a stream decodes only while its request is the latest
 
     def prepare(self, policy: Policy, sampling: SamplingParams = SamplingParams(), *, logprobs: bool = False,
                 grammar: bool = False) -> None:
@@ -144,7 +146,7 @@ class Engine:
                  sampling: SamplingParams = SamplingParams(), eos_ids: tuple[int, ...] = (),
                  record_routing: bool = False, logprobs: int | None = None,
                  grammar: GrammarState | None = None) -> GenerationResult:
-        self.check(prompt_ids, policy=policy, max_new_tokens=max_new_tokens)
+        self.check(prompt_ids, policy=policy, max_new_tokens=max_new_tokens, sampling=sampling)
         if not record_routing:  # graph capture is start-up work, not the prefill's
             self.prepare(policy, sampling, logprobs=logprobs is not None, grammar=grammar is not None)
         steps = self.stream(prompt_ids, policy=policy, max_new_tokens=max_new_tokens, sampling=sampling,
@@ -165,12 +167,22 @@ class Engine:
                 lps.extend(part.logprobs)
         return GenerationResult(tokens, reason, rounds, decode_start - start, end - decode_start, lps)
 
-    def check(self, prompt_ids: list[int], *, policy: Policy, max_new_tokens: int) -> None:
-        """Raise ValueError when the request cannot run (empty prompt, context, missing drafter)."""
+    def check(self, prompt_ids: list[int], *, policy: Policy, max_new_tokens: int,
+              sampling: SamplingParams | None = None) -> None:
+        """Raise ValueError when the request cannot run (empty prompt, ids outside the vocabulary,
+        context, missing drafter, logit_bias ids outside the vocabulary)."""
         if not prompt_ids:
             raise ValueError("prompt is empty")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be ≥ 1, got {max_new_tokens}")
+        vocab = self.target.cfg.vocab_size
+        bad = [i for i in prompt_ids if not 0 <= i < vocab]
+        if bad:
+            raise ValueError(f"prompt ids {bad[:5]} are outside the vocabulary of {vocab}")
+        if sampling is not None:
+            bad = [i for i, _ in sampling.logit_bias if not 0 <= i < vocab]
+            if bad:
+                raise ValueError(f"logit_bias ids {bad[:5]} are outside the vocabulary of {vocab}")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an integer ≥ 1, got {max_new_tokens!r}")
         if len(prompt_ids) + max_new_tokens > self.max_context:
             raise ValueError(f"prompt ({len(prompt_ids)}) + max_new_tokens ({max_new_tokens}) exceeds the context "
                              f"of {self.max_context} tokens (--max-context)")
@@ -189,8 +201,10 @@ class Engine:
         ids, record) per round. `logprobs`: each record carries its tokens' logprobs with that many
         alternatives (`logprobs.py`; at most MAX_TOP_LOGPROBS); `prompt_logprobs`: the prefill's
         record carries the prompt's; `grammar`: the output is held to it (`grammar.py`). Closing
-        the generator early stops decoding (the next request resets the cache)."""
-        self.check(prompt_ids, policy=policy, max_new_tokens=max_new_tokens)
+        the generator early stops decoding (the next request resets the cache); a generator that a
+        later request of this engine overtook raises RuntimeError instead of decoding from that
+        request's caches."""
+        self.check(prompt_ids, policy=policy, max_new_tokens=max_new_tokens, sampling=sampling)
         for name, count in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
             if count is not None and not 0 <= count <= MAX_TOP_LOGPROBS:
                 raise ValueError(f"{name} must be in 0 … {MAX_TOP_LOGPROBS}, got {count}")
@@ -200,6 +214,8 @@ class Engine:
             policy = resident.prepare(given, sampling, logprobs=logprobs is not None, grammar=grammar is not None)
         else:
             policy = self._on_device(given)
+        self.requests += 1
+        request = self.requests
         self.cache.reset()
         prompt = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
         rows: list[Tensor] = []  # logprob_rows of the prompt's rows, chunk by chunk
@@ -223,10 +239,13 @@ class Engine:
         yield [last], PrefillRecord(first, of_prompt)
         eos = set(eos_ids)
         if resident is not None and last not in eos and produced < max_new_tokens:
+            self._check_current(request)
             resident.begin(given, last, max_new_tokens - produced, sampling, logprobs=logprobs, grammar=grammar)
-            yield from _resident_rounds(resident, policy, max_new_tokens - produced, eos)
+            yield from _resident_rounds(resident, policy, max_new_tokens - produced, eos,
+                                        lambda: self._check_current(request))
             return
         while last not in eos and produced < max_new_tokens:
+            self._check_current(request)
             remaining = max_new_tokens - produced
             if policy.speculative:
                 new, record = self._speculative_round(last, policy, remaining, sampling, record_routing, logprobs)
@@ -235,6 +254,13 @@ class Engine:
             new = _emitted(new, record, remaining, eos)
             last, produced = new[-1], produced + len(new)
             yield new, record
+
+    def _check_current(self, request: int) -> None:
+        """RuntimeError unless `request` (a count of `stream` calls) is the engine's latest: the
+        caches, the drafter's context, the penalties and the grammar hold one request's state."""
+        if request != self.requests:
+            raise RuntimeError("this stream was overtaken by a later request on the same Engine (one request at a "
+                               "time: finish or close a stream before starting another)")
 
     def _on_device(self, policy: Policy) -> Policy:
         """The policy with its tensors on the engine's device for host rounds (one copy per policy name;
@@ -327,12 +353,13 @@ class Engine:
         return torch.tensor([ids], dtype=torch.long, device=self.device)
 
 
-def _resident_rounds(resident: ResidentDecoder, policy: Policy, remaining: int,
-                     eos: set[int]) -> Iterator[tuple[list[int], RoundRecord]]:
+def _resident_rounds(resident: ResidentDecoder, policy: Policy, remaining: int, eos: set[int],
+                     check_current) -> Iterator[tuple[list[int], RoundRecord]]:
     """Resident rounds until EOS or the budget: each launched before the previous one's report is
     read wherever the budget makes it certain to run, so that the host's reading, truncation and
     yield overlap the GPU's next round. A round launched after the one that emits EOS is
-    collected and dropped (its commit stays in the caches, which the next request resets)."""
+    collected and dropped (its commit stays in the caches, which the next request resets).
+    `check_current` raises when a later request overtook this one while it waited at a yield."""
     launched = resident.launch(remaining)
     while True:
         ahead = None
@@ -342,6 +369,7 @@ def _resident_rounds(resident: ResidentDecoder, policy: Policy, remaining: int,
         new = _emitted(new, record, remaining, eos)
         remaining -= len(new)
         yield new, record
+        check_current()
         if new[-1] in eos or remaining == 0:
             if ahead is not None:
                 resident.collect(ahead)  # the host's lengths follow the device's

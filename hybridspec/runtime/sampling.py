@@ -17,6 +17,7 @@ stays exact.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -26,11 +27,12 @@ from ..kernels.sampling.reference import point_mass, race, sampling_probs
 
 
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # the seed is hashed as a long tensor
+GREEDY_BELOW = 1e-5  # temperatures below it decode greedily, as vLLM (logits / T would overflow fp32)
 
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    temperature: float = 0.0  # 0 → greedy
+    temperature: float = 0.0  # 0 (or below GREEDY_BELOW) → greedy
     top_k: int = 0  # 0 → off
     top_p: float = 1.0
     seed: int = 0
@@ -42,8 +44,8 @@ class SamplingParams:
     min_p: float = 0.0  # sampled requests: tokens below min_p × the most likely one's probability are cut
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be ≥ 0, got {self.temperature}")
+        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
+            raise ValueError(f"temperature must be finite and ≥ 0, got {self.temperature}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be ≥ 0, got {self.top_k}")
         if not 0 < self.top_p <= 1:
@@ -64,7 +66,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW
 
     @property
     def penalized(self) -> bool:

@@ -25,7 +25,7 @@ from ..runtime.generation import check_policy, default_policy
 from ..runtime.grammar import GrammarCompiler, GrammarError, GrammarSpec, GrammarState
 from ..runtime.logprobs import TokenLogprobs
 from ..runtime.policies import Policy, make_policy
-from ..runtime.sampling import SEED_MIN, SamplingParams
+from ..runtime.sampling import GREEDY_BELOW, SEED_MIN, SamplingParams
 from ..runtime.session import Session, open_session
 from ..runtime.tensor_parallel import mirrored
 from ..runtime.tokenizer import ChatTemplateError, TextCodec
@@ -36,7 +36,6 @@ from .reasoning import reasoning_parser as reasoning_parser_on
 from .tools import tool_format
 
 EMBEDDED_NAME = "hybridspec-embedded"  # the served model name of the default pair
-SAMPLING_EPS = 1e-5  # temperatures below it decode greedily (logits / T would overflow)
 QUEUE_POLL_S = 0.1  # how often a queued request checks that its client is still there
 Abandoned = Callable[[], Awaitable[bool]]  # True once the client has gone away
 
@@ -447,7 +446,7 @@ class Service:
         end_ids = self.end_ids(body)
         seed = body.seed if body.seed is not None else random.randrange(2**31)
         seed = (seed + choice - SEED_MIN) % 2**64 + SEED_MIN  # wraps within the 64-bit seeds
-        temperature = body.temperature if body.temperature >= SAMPLING_EPS else 0.0  # as vLLM: greedy below it
+        temperature = body.temperature if body.temperature >= GREEDY_BELOW else 0.0  # as vLLM: greedy below it
         logit_bias = body.logit_bias_pairs(vocab)
         try:
             sampling = SamplingParams(temperature, max(body.top_k, 0), body.top_p, seed, body.presence_penalty,
