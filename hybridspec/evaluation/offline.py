@@ -74,15 +74,14 @@ def default_policies(draft_len: int) -> list[str]:
 def find_capture_run(store: Store, campaign: str | None) -> dict:
     """The `runs` row of campaign's capture run (None: the store's only capture run); OfflineError
     when there is none or it is unfinished."""
+    names = [n for (n,) in store.query("SELECT name FROM runs WHERE pass = 'capture' ORDER BY name")]
     if campaign is None:
-        names = [n for (n,) in store.query("SELECT name FROM runs WHERE pass = 'capture' ORDER BY name")]
         if len(names) != 1:
             raise OfflineError(f"{store.path}: {len(names)} capture runs ({', '.join(names) or 'none'}); "
                                "name the campaign")
         campaign = names[0]
     row = store.run_row(run_id_for(campaign, "capture"))
     if row is None:
-        names = [n for (n,) in store.query("SELECT name FROM runs WHERE pass = 'capture' ORDER BY name")]
         raise OfflineError(f"{store.path}: campaign {campaign!r} has no capture run (campaigns with one: "
                            f"{', '.join(names) or 'none'})")
     unfinished = unfinished_run(store, row)
