@@ -173,9 +173,17 @@ def load_artifact(path: Path) -> tuple[PolicyParameters, dict]:
     return params, meta
 
 
+def identity_mismatch(meta: dict, *, model_id: str, drafter_id: str, source: str = "artifact") -> str:
+    """What differs between the model and drafter an artifact was fitted for and the given ones, naming
+    both ids ("" when both match)."""
+    for what, want, got in (("model", meta["model_id"], model_id), ("drafter", meta["drafter_id"], drafter_id)):
+        if want != got:
+            return f"{source} was fitted for {what} {want}, but this {what} is {got}"
+    return ""
+
+
 def check_identity(meta: dict, *, model_id: str, drafter_id: str, force: bool = False, source: str = "artifact") -> None:
     """Refuse an artifact fitted for another model or drafter, naming both ids (unless forced)."""
-    for what, want, got in (("model", meta["model_id"], model_id), ("drafter", meta["drafter_id"], drafter_id)):
-        if want != got and not force:
-            raise ArtifactError(f"{source} was fitted for {what} {want}, but this {what} is {got} "
-                                "(pass --force to use it anyway)")
+    mismatch = identity_mismatch(meta, model_id=model_id, drafter_id=drafter_id, source=source)
+    if mismatch and not force:
+        raise ArtifactError(f"{mismatch} (pass --force to use it anyway)")

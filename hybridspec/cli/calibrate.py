@@ -237,7 +237,7 @@ def report(
     artifact: ArtifactOpt = None,
     name: Annotated[Optional[str], typer.Option("--name", help="Campaign (capture's --name); default: the newest campaign with a capture run, else the newest campaign.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (the summary) instead of tables.")] = False,
-    force: Annotated[bool, typer.Option("--force", help="Estimate with an artifact fitted for another model/drafter.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Show the fit, checks and estimates of an artifact fitted for another model/drafter (each section says so).")] = False,
 ) -> None:
     """Diagnostics of a calibration (and its evals) as one HTML page with plots, plus a terminal summary."""
     from ..report import build_report, summary

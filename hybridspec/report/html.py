@@ -109,9 +109,15 @@ def page(result: ReportResult) -> str:
 
 
 def checks_summary(result: ReportResult) -> str:
-    """Every failed fit-quality check, at the top of the page (or that all passed, or why none ran)."""
+    """At the top of the page: whose fit the artifact is when it is another model's, then every failed
+    fit-quality check (or that all passed, or why none ran)."""
+    other = f'<p class="note">{escape(result.other_model)}</p>' if result.other_model else ""
     if not result.checks:
-        return '<p class="note">No artifact: the fit-quality checks did not run.</p>'
+        return other or '<p class="note">No artifact: the fit-quality checks did not run.</p>'
+    return other + _checks(result)
+
+
+def _checks(result: ReportResult) -> str:
     failed = result.failed_checks
     if not failed:
         unknown = sum(c.status == "unknown" for c in result.checks)

@@ -1,6 +1,10 @@
 """What a report reads: the store (read-only), the campaign's runs by pass, the eval runs and the
 artifact. Every section builder takes one `ReportInputs` and reads through it.
 
+An artifact fitted for another model or drafter than the campaign's runs (`identity_mismatch`) is
+kept out of every section's fit unless forced: `params` and `meta` stay None, and each note that
+would ask for an artifact names both ids instead.
+
 The campaign is the `--name` of `hybridspec capture`: its runs are found by (name, pass), as
 `fitters/campaign.py` finds them. Without a name the campaign of the newest capture run is used."""
 
@@ -12,12 +16,13 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from ..artifacts.artifact import load_artifact
+from ..artifacts.artifact import identity_mismatch, load_artifact
 from ..artifacts.params import PolicyParameters
 from ..fitters.capture_rounds import held_out_prompts, read_capture_rounds
 from ..workbench.store import Store, run_id_for
 
 CALIBRATION_PASSES = ("capture", "fixed", "stage0", "moe", "routing", "profile")
+IDENTITY_PASSES = ("capture", "fixed", "routing")  # `fit` checks that their runs share one model and drafter
 
 
 class ReportError(ValueError):
@@ -33,8 +38,10 @@ class ReportInputs:
     runs: dict[str, dict] = field(default_factory=dict)  # pass → runs row of the campaign
     eval_runs: list[dict] = field(default_factory=list)  # runs rows with pass = 'eval', oldest first
     artifact_path: Path | None = None
-    params: PolicyParameters | None = None
-    meta: dict | None = None
+    params: PolicyParameters | None = None  # the fit the sections draw, and its metadata: None without an
+    meta: dict | None = None  # artifact, or when it is another model's and not forced
+    artifact_meta: dict | None = None  # the artifact's metadata as read, whichever model it was fitted for
+    other_model: str = ""  # the artifact was fitted for another model or drafter: both ids; else ""
     cache: dict = field(default_factory=dict)  # what several sections read (capture_rounds)
 
     def run_id(self, pass_name: str) -> str | None:
@@ -56,6 +63,8 @@ class ReportInputs:
                 f"`hybridspec capture --db {self.db} --name {name_arg(self.campaign)} --passes {pass_name}`")
 
     def missing_artifact(self, what: str) -> str:
+        if self.other_model:
+            return f"{what} not shown: {self.other_model} (pass --force to show it anyway)"
         return (f"no artifact given: {what} needs one (`hybridspec fit --db {self.db} --name "
                 f"{name_arg(self.campaign)} --out A`, then report with --artifact A)")
 
@@ -70,8 +79,9 @@ def describe_campaign(campaign: str | None) -> str:
     return f"campaign {campaign!r}" if campaign is not None else "a calibration campaign (the store holds none)"
 
 
-def open_inputs(db: Path, artifact: Path | None, campaign: str | None) -> ReportInputs:
-    """Open the store read-only, resolve the campaign and load (and validate) the artifact."""
+def open_inputs(db: Path, artifact: Path | None, campaign: str | None, force: bool = False) -> ReportInputs:
+    """Open the store read-only, resolve the campaign and load (and validate) the artifact (`force`:
+    its fit even when it was fitted for another model or drafter)."""
     db = Path(db)
     if not db.is_file():
         raise ReportError(f"--db {db}: no such store")
@@ -90,7 +100,20 @@ def open_inputs(db: Path, artifact: Path | None, campaign: str | None) -> Report
     except BaseException:
         store.close()
         raise
-    return ReportInputs(db, store, campaign, note, runs, eval_runs, artifact, params, meta)
+    inputs = ReportInputs(db, store, campaign, note, runs, eval_runs, artifact, params, meta, artifact_meta=meta,
+                          other_model=other_model(meta, runs, artifact))
+    if inputs.other_model and not force:  # another model's fit: no section draws or judges it
+        inputs.params = inputs.meta = None
+    return inputs
+
+
+def other_model(meta: dict | None, runs: dict[str, dict], artifact: Path | None) -> str:
+    """Both ids when the artifact was fitted for another model or drafter than the campaign's runs
+    (`identity_mismatch`); "" when it was not, or without an artifact or such a run."""
+    run = next((runs[p] for p in IDENTITY_PASSES if p in runs), None)
+    if meta is None or run is None:
+        return ""
+    return identity_mismatch(meta, model_id=run["model_id"], drafter_id=run["drafter_id"] or "", source=str(artifact))
 
 
 def _resolve_campaign(store: Store, campaign: str | None) -> tuple[str | None, str]:

@@ -140,9 +140,9 @@ def metadata_section(inputs: ReportInputs) -> Section:
                       "identity": runs.select("name", "pass", "model", "model_id", "drafter", "drafter_id"),
                       "params": runs.select("name", "pass", "versions", "params")}
     section.values = {"campaign": inputs.campaign, "campaign_note": inputs.campaign_note, "store": str(inputs.db)}
-    if inputs.meta is not None:
-        meta = {k: v for k, v in inputs.meta.items() if k != "diagnostics"}
-        meta["warnings"] = "; ".join(inputs.meta.get("diagnostics", {}).get("warnings", [])) or "none"
+    if inputs.artifact_meta is not None:  # shown whichever model it was fitted for: its ids say which
+        meta = {k: v for k, v in inputs.artifact_meta.items() if k != "diagnostics"}
+        meta["warnings"] = "; ".join(inputs.artifact_meta.get("diagnostics", {}).get("warnings", [])) or "none"
         section.tables["artifact"] = pl.DataFrame({"field": list(meta), "value": [_compact(v) for v in meta.values()]})
         section.values.update(rho_tokens_per_s=meta["rho"], s_us_per_token=meta["s"] * 1e6,
                               eta_us_per_expert=meta["eta"] * 1e6, fixed_cost_ms=meta["fixed_cost"] * 1e3,
@@ -161,13 +161,11 @@ def metadata_section(inputs: ReportInputs) -> Section:
 
 
 def _check_identity(section: Section, inputs: ReportInputs) -> None:
-    capture = inputs.runs.get("capture")
-    for key in ("model_id", "drafter_id"):
-        if capture is not None and capture[key] != inputs.meta[key]:
-            section.partial(f"the artifact's {key} {inputs.meta[key]} is not the capture run's {capture[key]}")
+    if inputs.other_model:
+        section.partial(inputs.other_model)
     digest = store_digest(inputs.db)
-    section.values["store_digest_matches"] = digest == inputs.meta["store_digest"]
-    if digest != inputs.meta["store_digest"]:
+    section.values["store_digest_matches"] = digest == inputs.artifact_meta["store_digest"]
+    if digest != inputs.artifact_meta["store_digest"]:
         section.note = (f"{section.note}; " if section.note else "") + (
             "the store changed since the fit (its digest is not the artifact's store_digest; e.g. eval runs "
             "were added)")

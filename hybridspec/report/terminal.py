@@ -1,5 +1,5 @@
-"""The terminal summary of a report: every failed fit-quality check, one row per section, then the
-policy table when present."""
+"""The terminal summary of a report: whose fit an artifact of another model is, every failed
+fit-quality check, one row per section, then the policy table when present."""
 
 from __future__ import annotations
 
@@ -34,6 +34,14 @@ def summary(result: ReportResult) -> Group:
 
 
 def _checks_lines(result: ReportResult) -> Text:
+    """Whose fit the artifact is when it is another model's, then the fit-quality checks (as the page)."""
+    if not result.other_model:
+        return _checks_text(result)
+    other = Text(result.other_model, style="bold yellow")
+    return Text("\n").join([other, _checks_text(result)]) if result.checks else other
+
+
+def _checks_text(result: ReportResult) -> Text:
     if not result.checks:
         return Text("no artifact: the fit-quality checks did not run", style="yellow")
     failed = result.failed_checks
@@ -65,4 +73,4 @@ def report_json(result: ReportResult) -> dict:
             "artifact": str(result.artifact) if result.artifact is not None else None,
             "sections": [{"key": s.key, "title": s.title, "status": s.status, "headline": s.headline,
                           "note": s.note, "failed_checks": list(s.failed_checks)} for s in result.sections],
-            "failed_checks": [c.line() for c in result.failed_checks]}
+            "failed_checks": [c.line() for c in result.failed_checks], "other_model": result.other_model}

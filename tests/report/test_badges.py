@@ -72,3 +72,60 @@ def test_reliability_bins_have_counts_and_wilson_intervals(good):
         assert row["observed"] == pytest.approx(row["accepted"] / row["rows"])
         assert 0 <= row["ci_low"] <= row["observed"] <= row["ci_high"] <= 1
         assert row["ci_low"] < row["ci_high"]
+
+
+# ---------------------------------------------------------------- an artifact of another model
+FIT_KEYS = ("reliability", "cost", "stage0", "moe", "routing", "dinkelbach", "policies")  # draw the artifact
+
+
+@pytest.fixture(scope="module")
+def foreign(tmp_path_factory):
+    """(report without --force, report with --force, the mismatch as worded) of the good synthetic
+    campaign, its own fit re-saved as fitted for another model."""
+    from hybridspec.artifacts.artifact import load_artifact, save_artifact
+
+    root = tmp_path_factory.mktemp("foreign")
+    db, own, other = root / "s.duckdb", root / "a.safetensors", root / "other.safetensors"
+    write_synthetic_store(db, n_rounds=500)
+    fit_artifact(db, "synth", own, allow_poor_fit=True)
+    params, meta = load_artifact(own)
+    save_artifact(other, params, model_id="sha256:another", drafter_id=meta["drafter_id"], device=meta["device"],
+                  store_digest=meta["store_digest"], diagnostics=meta["diagnostics"])
+    mismatch = f"was fitted for model sha256:another, but this model is {meta['model_id']}"
+    return (build_report(db, root / "refused", artifact=other),
+            build_report(db, root / "forced", artifact=other, force=True), mismatch)
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())  # the terminal wraps long lines
+
+
+def test_another_models_artifact_is_named_and_never_ok(foreign):
+    refused, _, mismatch = foreign
+    assert not refused.checks  # they would judge another model's fit
+    for key in FIT_KEYS:
+        section = refused.section(key)
+        assert section.status != "ok" and mismatch in section.note and "--force" in section.note, (key, section.note)
+    assert "fit_ms" not in refused.section("cost").tables["per_length"].columns  # its fit is not drawn
+    assert "slope_us" not in refused.section("stage0").values and "nbar_all" not in refused.section("routing").tables
+    assert {"raw"} == set(refused.section("reliability").tables["metrics"]["estimate"])
+    html, text = _flat(unescape(refused.path.read_text())), _flat(_terminal(refused))
+    for shown in (html, text):  # both summaries name both ids and never say the checks passed
+        assert mismatch in shown and "no fit-quality check failed" not in shown.lower()
+        assert "no artifact" not in shown.lower()
+    assert html.count('class="badge ok"') == 1  # only section 2, which reads the store alone
+    assert mismatch in refused.section("metadata").note  # its metadata is still listed
+    assert "artifact" in refused.section("metadata").tables
+
+
+def test_force_shows_another_models_fit_with_a_note(foreign):
+    refused, forced, mismatch = foreign
+    assert forced.checks and forced.other_model != refused.other_model
+    for key in FIT_KEYS:
+        section = forced.section(key)
+        assert section.status != "ok" and mismatch in section.note and "--force" in section.note, (key, section.note)
+    assert "fit_ms" in forced.section("cost").tables["per_length"].columns  # its fit is drawn
+    assert {"raw", "isotonic", "full"} == set(forced.section("reliability").tables["metrics"]["estimate"])
+    html, text = _flat(unescape(forced.path.read_text())), _flat(_terminal(forced))
+    for shown in (html, text):
+        assert forced.other_model in shown and "no fit-quality check failed" in shown.lower()
