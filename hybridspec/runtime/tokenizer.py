@@ -12,6 +12,7 @@ as `apply_chat_template(messages, tokenize=False, add_generation_prompt=True)` d
 from __future__ import annotations
 
 import json
+from functools import cached_property
 from pathlib import Path
 
 from tokenizers import Tokenizer
@@ -40,7 +41,16 @@ class TextCodec:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int]) -> str:
+        """The text of `ids`, special tokens included (a caller leaves out the ids it hides, as
+        `Service.visible_text` does)."""
         return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    @cached_property
+    def special_ids(self) -> frozenset[int]:
+        """The ids of the added tokens the tokenizer marks special (`<|im_end|>`, `<|endoftext|>`):
+        those `skip_special_tokens` leaves out of a text, as the tokenizer's own decode would. Qwen's
+        tokenizers add `<think>`, `</think>`, `<tool_call>` and `</tool_call>` unmarked, so those stay."""
+        return frozenset(i for i, token in self.tokenizer.get_added_tokens_decoder().items() if token.special)
 
     def token_bytes(self, token: int) -> bytes:
         """One token's own bytes, which may be part of a UTF-8 character: through the byte map of a

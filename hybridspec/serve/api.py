@@ -147,6 +147,12 @@ class RequestBody(Body):
     include_stop_str_in_output: bool = False  # vLLM's: the stop sequence that ended the output stays in its text
     stop_token_ids: list[int] = Field(default_factory=list)  # vLLM's: tokens that end the request, as EOS does
     ignore_eos: bool = False  # vLLM's: decode past the model's EOS (to max_tokens or a stop)
+    # vLLM's: the tokens the tokenizer marks special are left out of the output text (`Service.hidden_ids`);
+    # echo's prompt text and the logprobs' token strings keep them, as vLLM's do
+    skip_special_tokens: bool = True
+    # vLLM's, taken for its type only: the fast tokenizers this server decodes with write special
+    # tokens without spaces around them either way, as vLLM's fast detokenizer does
+    spaces_between_special_tokens: bool = True
     policy: Text | None = None  # extension: one of the engine's policy names
     spec_decode_stats: bool = False  # extension: the round statistics in the response (a list per choice when n > 1)
     # structured output (`runtime/grammar.py`): OpenAI's response_format, vLLM's structured_outputs or

@@ -206,7 +206,8 @@ class TextOffsets:
 def completion_logprobs(service: Service, entries: list[TokenLogprob], offsets: TextOffsets) -> dict:
     """The `logprobs` of a completion choice (OpenAI's legacy form) for `entries`, the choice's tokens
     after those `offsets` has taken. Each token's alternatives include the token itself, as vLLM
-    gives them (up to logprobs + 1)."""
+    gives them (up to logprobs + 1). Special tokens keep their strings, and count in `text_offset`,
+    whatever skip_special_tokens says, as in vLLM (`Service.token_text`)."""
     tokens = [service.token_text(e.token) for e in entries]
     top = [None if e.top is None else
            {service.token_text(i): finite(v) for i, v in [*e.top, (e.token, e.logprob)]} for e in entries]
@@ -215,8 +216,8 @@ def completion_logprobs(service: Service, entries: list[TokenLogprob], offsets: 
 
 
 def chat_logprobs(service: Service, entries: list[TokenLogprob]) -> dict:
-    """The `logprobs` of a chat choice for `entries`: per token its text, log-probability, UTF-8
-    bytes and alternatives."""
+    """The `logprobs` of a chat choice for `entries`: per token its text (a special token's too,
+    whatever skip_special_tokens says, as in vLLM), log-probability, UTF-8 bytes and alternatives."""
     def item(token: int, logprob: float) -> dict:
         return {"token": service.token_text(token), "logprob": finite(logprob), "bytes": list(service.token_bytes(token))}
 
@@ -463,6 +464,8 @@ def create_app(service: Service, *, api_key: str | None = None, max_request_byte
             grammar = await service.check_grammar(body, ids[-1], max_tokens, param)
             service.check(body, ids[-1], max_tokens, param)
         first = service.start(body, ids[0], max_tokens, params[0], arrived, grammar=grammar)
+        # echo: the prompt as sent, or a token-id prompt's text with its special tokens whatever
+        # skip_special_tokens says (it applies to the output, as in vLLM)
         echoes = [(p if isinstance(p, str) else service.prompt_text(i)) if body.echo else "" for p, i in zip(prompts, ids)]
 
         def choice(k: int) -> Decoding:  # prompt k // n, its choice k % n

@@ -31,13 +31,16 @@ from ..runtime.tensor_parallel import mirrored
 from ..runtime.tokenizer import ChatTemplateError, TextCodec
 from .api import ChatRequest, RequestBody, RequestError
 from .metrics import ServerMetrics
-from .reasoning import opens_in_prompt
+from .reasoning import THINK_CLOSE, THINK_OPEN, opens_in_prompt
 from .reasoning import reasoning_parser as reasoning_parser_on
+from .tools import CLOSE as TOOL_CLOSE
+from .tools import OPEN as TOOL_OPEN
 from .tools import tool_format
 
 EMBEDDED_NAME = "hybridspec-embedded"  # the served model name of the default pair
 QUEUE_POLL_S = 0.1  # how often a queued request checks that its client is still there
 Abandoned = Callable[[], Awaitable[bool]]  # True once the client has gone away
+PARSED_MARKERS = (THINK_OPEN, THINK_CLOSE, TOOL_OPEN, TOOL_CLOSE)  # what the chat output's parsers look for
 
 
 @dataclass(frozen=True)
@@ -80,10 +83,14 @@ class Decoding:
     def __init__(self, service: Service, prompt_ids: list[int], policy_name: str, max_tokens: int,
                  sampling: SamplingParams, stops: list[str], arrived: float, end_ids: tuple[int, ...],
                  logprobs: int | None = None, prompt_logprobs: int | None = None,
-                 grammar: GrammarSpec | None = None, include_stop: bool = False):
+                 grammar: GrammarSpec | None = None, include_stop: bool = False,
+                 hidden: frozenset[int] | None = None):
         self.service, self.prompt_ids, self.stops, self.arrived = service, prompt_ids, stops or [], arrived
         self.include_stop = include_stop  # the stop sequence that ends the output stays in its text
         self.end_ids = end_ids
+        # the ids left out of the text (`Service.hidden_ids`; None: the end ids): stop sequences are
+        # matched in the text the client gets
+        self.hidden = frozenset(end_ids) if hidden is None else hidden
         self.labels = {"model_name": service.model_name, "policy": policy_name}
         # max_tokens 0 (OpenAI's echo without a completion): the prefill scores the prompt, its token is dropped
         self.prompt_only = max_tokens == 0
@@ -129,7 +136,7 @@ class Decoding:
         self.ids.extend(new)
         if self.logprobs is not None:
             self.logprobs.extend(record.logprobs)
-        self.text = self.service.visible_text(self.ids, self.end_ids)
+        self.text = self.service.visible_text(self.ids, self.hidden)
         if self.stops and len(self.ids) > self.min_tokens and self._stop_within(max(start, self.min_tokens)):
             self.finish_reason = "stop"
 
@@ -154,11 +161,11 @@ class Decoding:
         """Cut ids and text at the first stop sequence past the text of the first min_tokens ids (as
         vLLM, stop sequences count only after them), keeping the fewest ids that produce it."""
         if self.stop_begin is None:
-            self.stop_begin = len(self.service.visible_text(self.ids[: self.min_tokens], self.end_ids))
+            self.stop_begin = len(self.service.visible_text(self.ids[: self.min_tokens], self.hidden))
         if _first_stop(self.text, self.stops, self.stop_begin) is None:
             return False
         for k in range(start + 1, len(self.ids) + 1):
-            text = self.service.visible_text(self.ids[:k], self.end_ids)
+            text = self.service.visible_text(self.ids[:k], self.hidden)
             found = _first_stop(text, self.stops, self.stop_begin)
             if found is not None:
                 at, stop = found
@@ -393,7 +400,8 @@ class Service:
     def token_text(self, token: int) -> str:
         """One token's text as logprobs name it: its bytes as UTF-8, or as OpenAI writes a token that
         is part of a character, `bytes:\\xNN…` (`token_id:N` for a model without a tokenizer, as
-        vLLM's `return_tokens_as_token_ids`)."""
+        vLLM's `return_tokens_as_token_ids`). A special token is named by its text whatever
+        skip_special_tokens says, as vLLM names it in logprobs."""
         raw = self.token_bytes(token)
         try:
             return raw.decode("utf-8")
@@ -401,15 +409,35 @@ class Service:
             return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
 
     def prompt_text(self, ids: list[int]) -> str:
-        """A token-id prompt's text as `echo` gives it: every token, special ones included."""
+        """A token-id prompt's text as `echo` and /detokenize give it: every token, special ones
+        included, whatever skip_special_tokens says (vLLM decodes a token-id prompt so)."""
         return self.session.codec.decode(ids) if self.session.codec else ""
 
-    def visible_text(self, ids: list[int], end_ids: tuple[int, ...] = ()) -> str:
-        """The text of `ids` without the model's EOS tokens and the request's other ending tokens
-        (`end_ids`): a token that ends a request is not part of its text, as a stop sequence is not."""
+    def visible_text(self, ids: list[int], hidden: frozenset[int] = frozenset()) -> str:
+        """The text of output `ids` without the `hidden` ones (`hidden_ids`)."""
         codec = self.session.codec
-        hidden = set(self.session.eos_ids) | set(end_ids)
         return codec.decode([i for i in ids if i not in hidden]) if codec else ""
+
+    def hidden_ids(self, body: RequestBody, end_ids: tuple[int, ...]) -> frozenset[int]:
+        """The ids left out of a request's output text: its end tokens (`end_ids`: the one that ends
+        it is no more part of its text than a stop sequence is; an EOS under ignore_eos is an
+        ordinary token, as in vLLM) and, with skip_special_tokens (the default), the tokens the
+        tokenizer marks special (`TextCodec.special_ids`) but for the markers the request's parsers
+        read (`parsed_markers`)."""
+        codec = self.session.codec
+        if codec is None or not body.skip_special_tokens:
+            return frozenset(end_ids)
+        return frozenset(end_ids) | (codec.special_ids - self.parsed_markers(body))
+
+    def parsed_markers(self, body: RequestBody) -> frozenset[int]:
+        """The ids of the tokens `<think>`, `</think>`, `<tool_call>` and `</tool_call>` where a chat
+        request's output is split into reasoning or parsed for tool calls: they stay in its text even
+        where the tokenizer marks them special (Qwen's tokenizers do not; vLLM's tool parsers turn
+        skip_special_tokens off for such a request, which keeps every special token)."""
+        if not isinstance(body, ChatRequest) or not (self.reasoning or body.calls_tools()):
+            return frozenset()
+        ids = (self.session.codec.tokenizer.token_to_id(marker) for marker in PARSED_MARKERS)
+        return frozenset(i for i in ids if i is not None)
 
     async def encode(self, text: str, param: str) -> list[int]:
         """Token ids of `text`, tokenized in a thread (the tokenizer releases the GIL)."""
@@ -460,7 +488,8 @@ class Service:
                                body.grammar_field() or "tool_choice")
         max_tokens = room if max_tokens is None else max_tokens  # 0: the prompt only (`Decoding.prompt_only`)
         return Decoding(self, prompt_ids, name, max_tokens, sampling, body.stop, arrived, end_ids,
-                        body.logprob_count(), body.prompt_logprob_count(), grammar, body.include_stop_str_in_output)
+                        body.logprob_count(), body.prompt_logprob_count(), grammar, body.include_stop_str_in_output,
+                        self.hidden_ids(body, end_ids))
 
     def end_ids(self, body: RequestBody) -> tuple[int, ...]:
         """The tokens that end the request: the model's EOS (unless ignore_eos) and its stop_token_ids."""

@@ -125,6 +125,8 @@ MESSAGES = [{"role": "user", "content": "x"}]
     (COMPLETION, "stream", "yes"), (CHAT, "stream", 1), (COMPLETION, "echo", "on"), (CHAT, "logprobs", 1),
     (COMPLETION, "ignore_eos", "true"), (CHAT, "stop_token_ids", [True]), (COMPLETION, "logit_bias", {"5": "1"}),
     (CHAT, "stream_options", {"include_usage": "yes"}), (CHAT, "parallel_tool_calls", 0),
+    (COMPLETION, "skip_special_tokens", "true"), (CHAT, "skip_special_tokens", 1),
+    (CHAT, "spaces_between_special_tokens", "false"),
     (CHAT, "tools", [{"type": "function", "function": {"name": "f", "parameters": "{}"}}]),
 ])
 def test_values_of_another_json_type_are_refused_not_coerced(server, path, field, value):

@@ -149,9 +149,9 @@ def test_stop_token_ids_and_ignore_eos(tmp_path):
         service.session.eos_ids = (ids[j],)
         eos = complete()
         assert (eos.finish_reason, eos.text, eos.stop_reason) == ("stop", codec.decode(ids[:j]), None)  # EOS: none
-        past = complete(ignore_eos=True)
+        past = complete(ignore_eos=True)  # the EOS is then an ordinary output token (here not a special one)
         assert past.finish_reason == "length"
-        assert past.text == codec.decode([i for i in ids if i != ids[j]])
+        assert past.text == codec.decode(ids)
         usage = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0,
                                           extra_body={"stop_token_ids": [ids[j]], "ignore_eos": True}).usage
         assert usage.completion_tokens == j + 1  # a stop token id still ends it
@@ -507,7 +507,7 @@ def test_tool_calls_parsed_from_the_model_text():
     codec = service.session.codec
     codec.chat_templates = {"default": TOOLS_TEMPLATE}  # renders tools, calls and tool answers (this service's codec only)
     script = 'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n' + "…" * 60
-    service.visible_text = lambda ids, end_ids=(): script[: 6 * len(ids)]
+    service.visible_text = lambda ids, hidden=frozenset(): script[: 6 * len(ids)]
     tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather now",
                                                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
     kw = dict(model=MODEL, messages=[{"role": "user", "content": "weather?"}], max_tokens=40, temperature=0,
@@ -560,7 +560,7 @@ def test_parallel_tool_calls_false_keeps_the_first_call():
     service.session.codec.chat_templates = {"default": TOOLS_TEMPLATE}
     call = '<tool_call>\n{{"name": "get_weather", "arguments": {{"city": "{}"}}}}\n</tool_call>'
     script = "Checking.\n" + call.format("Paris") + "\n" + call.format("Rome")
-    service.visible_text = lambda ids, end_ids=(): script[: 8 * len(ids)]
+    service.visible_text = lambda ids, hidden=frozenset(): script[: 8 * len(ids)]
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}}}}}]
     kw = dict(model=MODEL, messages=[{"role": "user", "content": "weather?"}], max_tokens=40, temperature=0,
@@ -584,7 +584,7 @@ def test_reasoning_and_qwen35_tool_calls_through_the_client():
     service.tool_format, service.reasoning = "qwen3_xml", True  # what `auto` picks for this template at start-up
     script = ("The user asks for weather.\n</think>\n\nChecking.\n<tool_call>\n<function=get_weather>\n"
               "<parameter=city>\nParis\n</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>")
-    service.visible_text = lambda ids, end_ids=(): script[: 6 * len(ids)]
+    service.visible_text = lambda ids, hidden=frozenset(): script[: 6 * len(ids)]
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}]
     kw = dict(model=MODEL, messages=[{"role": "user", "content": "weather?"}], max_tokens=60, temperature=0,
@@ -606,7 +606,7 @@ def test_reasoning_and_qwen35_tool_calls_through_the_client():
         assert [(c.index, c.function.name) for c in calls][0] == (0, "get_weather") and len(calls) == 4
         assert {c.index for c in calls} == {0} and all(c.function.name is None for c in calls[1:])
         assert json.loads("".join(c.function.arguments for c in calls)) == {"city": "Paris", "days": 2}
-        service.visible_text = lambda ids, end_ids=(): "Plain answer."[: 6 * len(ids)]
+        service.visible_text = lambda ids, hidden=frozenset(): "Plain answer."[: 6 * len(ids)]
         direct = client.chat.completions.create(model=MODEL, messages=kw["messages"], max_tokens=4, temperature=0,
                                                 extra_body={"chat_template_kwargs": {"enable_thinking": False}})
         message = direct.choices[0].message
