@@ -100,6 +100,9 @@ def test_generate_with_a_checkpoint_directory(qwen35_dir):
     (["--prompt-ids", "1,2", "--prompt", "x", "--policy", "ar"], "exactly one"),
     (["--prompt-ids", "1,99999", "--policy", "ar"], "outside the vocabulary"),
     (["--prompt-ids", "1", "--policy", "ar", "--top-p", "0"], "top_p"),
+    (["--prompt-ids", "1", "--policy", "ar", "--logit-bias", "99999=1"], "logit_bias ids [99999] are outside the vocabulary"),
+    (["--prompt-ids", "1", "--policy", "ar", "--stop-token-id", "99999"], "--stop-token-id 99999 is outside the vocabulary"),
+    (["--model", "random-tiny", "--prompt-ids", "1", "--policy", "ar", "--stop", "x"], "stop sequences (--stop) need one"),
 ])
 def test_generate_errors_name_what_is_wrong(args, message):
     result = runner.invoke(app, ["generate", *args])
@@ -406,3 +409,90 @@ def test_generate_warns_of_an_artifact_whose_recorded_limit_is_out_of_range(tmp_
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1 and "p.safetensors" in warnings[0] and "cost_r2" in warnings[0], result.stderr
     assert len(json.loads(result.stdout)["token_ids"]) == 4
+
+
+CODE = ["--prompt", "def add(a, b):"]  # greedy: " pass\n        self.assertEqual(a, b)\n …", no EOS in 24 tokens
+
+
+def _ended_at(pieces: list[str], stop: str, begin: int) -> int:
+    """The fewest tokens whose text (`pieces`: each token's) holds `stop` past character `begin`."""
+    return next(k for k in range(1, len(pieces) + 1) if "".join(pieces[:k]).find(stop, begin) >= 0)
+
+
+@pytest.mark.parametrize("stops, min_tokens", [(["(a"], 0), (["f.a"], 0), (["b)", "(a"], 0), (["pa"], 0), (["a"], 1)])
+def test_generate_stop_cuts_the_output_where_its_text_holds_the_stop(stops, min_tokens):
+    """--stop: the output is the plain output's fewest tokens whose text holds a stop sequence (past
+    the text of the first --min-tokens tokens), its text the plain text up to the stop, which is
+    left out; the stop found first in the text wins; under `full` the round is cut within."""
+    plain = _json([*CODE, "--policy", "full", "--max-new-tokens", "24", "--logprobs", "0"])
+    pieces = [entry["text"] for entry in plain["logprobs"]]
+    text, begin = "".join(pieces), len("".join(pieces[:min_tokens]))
+    assert text == plain["text"]
+    at, stop = min((text.find(s, begin), s) for s in stops if text.find(s, begin) >= 0)
+    options = [a for s in stops for a in ("--stop", s)] + ["--min-tokens", str(min_tokens)]
+    cut = _json([*CODE, "--policy", "full", "--max-new-tokens", "24", *options])
+    length = _ended_at(pieces, stop, begin)
+    assert cut["token_ids"] == plain["token_ids"][:length] and length < 24
+    assert (cut["text"], cut["finish_reason"], cut["stop_reason"]) == (text[:at], "stop", stop)
+    assert 1 + cut["rounds"] * cut["acceptance_length"] == pytest.approx(length)
+    if stops == ["(a"]:
+        assert _json([*CODE, "--policy", "ar", "--max-new-tokens", "24", *options])["token_ids"] == cut["token_ids"]
+
+
+def test_generate_min_tokens_holds_off_an_end_token():
+    """--stop-token-id T, T greedy's first token, ends the output at once; with --min-tokens 4 no T
+    comes before the fifth token, even with T's logit raised by 100 (then T is the fifth), the same
+    under `full` as under `ar`."""
+    args = [*CODE, "--max-new-tokens", "12"]
+    first = _json([*args, "--policy", "ar"])["token_ids"][0]
+    end = ["--stop-token-id", str(first)]
+    ended = _json([*args, *end, "--policy", "full"])
+    assert (ended["token_ids"], ended["finish_reason"], ended["stop_reason"]) == ([first], "eos", first)
+    held = [_json([*args, *end, "--min-tokens", "4", "--policy", policy])["token_ids"] for policy in ("ar", "full")]
+    assert held[0] == held[1] and first not in held[0][:4] and len(held[0]) > 4
+    forced = _json([*args, *end, "--min-tokens", "4", "--logit-bias", f"{first}=100", "--policy", "full"])
+    assert forced["token_ids"][4:] == [first] and first not in forced["token_ids"][:4]
+    assert forced["finish_reason"] == "eos"
+
+
+def test_generate_logit_bias_steers_greedy_decoding():
+    """--logit-bias ID=100 makes greedy decoding emit ID at every step; ID=-100 on greedy's first
+    token keeps it out; the same under `full` as under `ar`."""
+    args = [*CODE, "--max-new-tokens", "8"]
+    plain = _json([*args, "--policy", "ar"])["token_ids"]
+    token = next(t for t in range(40, 100) if t not in plain)
+    raised = [_json([*args, "--logit-bias", f"{token}=100", "--policy", p])["token_ids"] for p in ("ar", "full")]
+    assert raised[0] == raised[1] == [token] * 8
+    lowered = _json([*args, "--logit-bias", f"{plain[0]}=-100", "--logit-bias", f"{token}=0", "--policy", "full"])
+    assert plain[0] not in lowered["token_ids"]
+
+
+def test_generate_ignore_eos_decodes_past_the_models_eos():
+    """The model's EOS, raised by 100, ends the output at its first token; --ignore-eos decodes on to
+    --max-new-tokens."""
+    from hybridspec.runtime.loading import target_config
+    from hybridspec.runtime.session import default_model, eos_ids
+
+    model = default_model()[0]
+    eos = eos_ids(model, target_config(model))[0]
+    args = [*CODE, "--max-new-tokens", "5", "--policy", "full", "--logit-bias", f"{eos}=100"]
+    ended = _json(args)
+    assert (ended["token_ids"], ended["finish_reason"], ended["stop_reason"]) == ([eos], "eos", None)
+    ignored = _json([*args, "--ignore-eos"])
+    assert (ignored["token_ids"], ignored["finish_reason"]) == ([eos] * 5, "length")
+
+
+def test_generate_min_p_one_samples_the_most_likely_token():
+    """--min-p 1 cuts every token less likely than the most likely one: sampling decodes greedily."""
+    args = [*CODE, "--max-new-tokens", "12", "--policy", "full"]
+    sampled = ["--temperature", "1", "--seed", "3"]
+    greedy = _json(args)["token_ids"]
+    assert _json([*args, *sampled, "--min-p", "1"])["token_ids"] == greedy != _json([*args, *sampled])["token_ids"]
+
+
+def test_generate_top_k_minus_one_is_off():
+    """--top-k -1 samples as --top-k 0 (off), as vLLM and the server read it; --top-k 1 is greedy."""
+    args = [*CODE, "--max-new-tokens", "12", "--policy", "full", "--temperature", "1", "--seed", "3"]
+    off, minus_one, one = (_json([*args, "--top-k", k])["token_ids"] for k in ("0", "-1", "1"))
+    assert minus_one == off != one
+    assert runner.invoke(app, ["generate", *args, "--top-k", "-2"]).exit_code == 2

@@ -53,6 +53,31 @@ def test_generate_checks_policy_and_artifact_before_loading(no_loading, args, me
     _one_line_error(runner.invoke(app, ["generate", "--prompt-ids", "1,2", *args]), message)
 
 
+@pytest.mark.parametrize("value, message", [("5", "not ID=BIAS"), ("a=1", "not ID=BIAS"), ("5=x", "not ID=BIAS"),
+                                            ("=3", "not ID=BIAS"), ("5=", "not ID=BIAS"),
+                                            ("5=200", "a finite number in [-100, 100]"),
+                                            ("5=nan", "a finite number in [-100, 100]"),
+                                            ("5=-inf", "a finite number in [-100, 100]")])
+def test_generate_names_a_malformed_logit_bias(no_loading, value, message):
+    result = runner.invoke(app, ["generate", "--prompt-ids", "1,2", "--logit-bias", "3=1", "--logit-bias", value])
+    _one_line_error(result, f"--logit-bias {value!r}", message)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--stop", "x", "--stop", ""], "--stop: stop sequences must be non-empty"),
+    (["--min-tokens", "5", "--max-new-tokens", "4"], "--min-tokens (5) exceeds --max-new-tokens (4)"),
+    (["--ignore-eos", "--regex", "a+"], "--ignore-eos cannot be combined with an output constraint"),
+])
+def test_generate_checks_its_ending_options_before_loading(no_loading, args, message):
+    _one_line_error(runner.invoke(app, ["generate", "--prompt-ids", "1,2", "--policy", "ar", *args]), message)
+
+
+@pytest.mark.parametrize("value", ["-0.1", "1.5", "nan"])
+def test_generate_refuses_a_min_p_outside_0_1(no_loading, value):
+    result = runner.invoke(app, ["generate", "--prompt-ids", "1,2", "--policy", "ar", "--min-p", value])
+    assert result.exit_code == 2 and "--min-p" in result.output, result.output
+
+
 @pytest.mark.parametrize("command", [["generate", "--prompt-ids", "1,2"], ["serve"]])
 def test_a_drafter_that_is_no_directory_is_named_before_loading(no_loading, tmp_path, command):
     (tmp_path / "d.safetensors").write_bytes(b"")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Annotated, Literal, Optional
 
@@ -68,11 +69,20 @@ def generate(
     max_context: Annotated[int, typer.Option("--max-context", min=2, help="Prompt + generated tokens (at most the model's max_position_embeddings).")] = 4096,
     temperature: Annotated[float, typer.Option("--temperature", min=0.0)] = 0.0,
     top_p: Annotated[float, typer.Option("--top-p")] = 1.0,
-    top_k: Annotated[int, typer.Option("--top-k", min=0)] = 0,
+    top_k: Annotated[int, typer.Option("--top-k", min=-1, help="0 or -1: off.")] = 0,
+    min_p: Annotated[float, typer.Option("--min-p", min=0.0, max=1.0, help="Sampled requests: cut the tokens less likely than this fraction of the most likely one.")] = 0.0,
     seed: Annotated[int, typer.Option("--seed", min=SEED_MIN, max=SEED_MAX, help="A 64-bit integer.")] = 0,
     presence_penalty: Annotated[float, typer.Option("--presence-penalty", min=-2.0, max=2.0)] = 0.0,
     frequency_penalty: Annotated[float, typer.Option("--frequency-penalty", min=-2.0, max=2.0)] = 0.0,
     repetition_penalty: Annotated[float, typer.Option("--repetition-penalty", max=2.0, help="In (0, 2]; 1 is off.")] = 1.0,
+    logit_bias: Annotated[Optional[list[str]], typer.Option(
+        "--logit-bias", metavar="ID=BIAS", help="Add BIAS (-100 … 100) to token ID's logit (repeat the option for each token).")] = None,
+    stop: Annotated[Optional[list[str]], typer.Option(
+        "--stop", help="End the output before this text, which is left out (repeat the option for each).")] = None,
+    stop_token_ids: Annotated[Optional[list[int]], typer.Option(
+        "--stop-token-id", help="End the output at this token, as EOS does (repeat the option for each).")] = None,
+    ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Decode past the model's EOS (to --max-new-tokens, a --stop or a --stop-token-id).")] = False,
+    min_tokens: Annotated[int, typer.Option("--min-tokens", min=0, help="No end token and no --stop before this many output tokens.")] = 0,
     logprobs: Annotated[Optional[int], typer.Option(
         "--logprobs", min=0, max=20, help="Print each token's log-probability and this many alternatives.")] = None,
     json_schema: Annotated[Optional[Path], typer.Option(
@@ -94,6 +104,7 @@ def generate(
     """Generate from one prompt with a length policy and print the tokens and round statistics."""
     from ..runtime.generation import GenerateRequest, run_generate
 
+    biases = _logit_bias(logit_bias)
     policy = _policy_note(policy, artifact)
     _warn_poor_fit(artifact)
     spec = _grammar_spec(json_schema, regex, choice, grammar)
@@ -103,7 +114,9 @@ def generate(
                               top_p=top_p, top_k=top_k, seed=seed, device=device, dtype=dtype, backend=backend, graphs=graphs,
                               force=force, tp=tp, expert_parallel=expert_parallel, logprobs=logprobs,
                               presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                              repetition_penalty=repetition_penalty, grammar=spec)
+                              repetition_penalty=repetition_penalty, logit_bias=biases,
+                              min_tokens=min_tokens, min_p=min_p, stop=tuple(stop or ()),
+                              stop_token_ids=tuple(stop_token_ids or ()), ignore_eos=ignore_eos, grammar=spec)
     try:
         summary = run_generate(request)
     except ValueError as exc:  # ConfigError, PolicyError, ArtifactError, bad sampling values
@@ -114,6 +127,23 @@ def generate(
         print(json.dumps(summary))
         return
     _print_summary(summary)
+
+
+def _logit_bias(items: list[str] | None) -> tuple[tuple[int, float], ...]:
+    """--logit-bias ID=BIAS items as (token id, bias) pairs, a later item for one id replacing an
+    earlier one (exits naming a malformed item; the ids are checked against the vocabulary once the
+    model loads, by `Engine.check`)."""
+    biases: dict[int, float] = {}
+    for item in items or ():
+        token, _, bias = item.partition("=")
+        try:
+            token_id, value = int(token), float(bias)
+        except ValueError:
+            _fail(f"--logit-bias {item!r}: not ID=BIAS (a token id and a bias in [-100, 100], such as 42=-100)")
+        if not (math.isfinite(value) and -100 <= value <= 100):
+            _fail(f"--logit-bias {item!r}: the bias must be a finite number in [-100, 100]")
+        biases[token_id] = value
+    return tuple(biases.items())
 
 
 def _grammar_spec(json_schema: Path | None, regex: str | None, choice: list[str] | None, grammar: Path | None):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numbers
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -33,6 +33,9 @@ from .policies import Policy
 from .penalties import PenaltyState, penalized
 from .resident import Report, ResidentDecoder, fused_request_ops
 from .sampling import SamplingParams, choose, verify_greedy, verify_point_mass
+
+
+StopAt = Callable[[list[int], int], int | None]  # (output ids, ids already shown) → the length to end at, or None
 
 
 @dataclass
@@ -71,7 +74,7 @@ class PrefillRecord:
 @dataclass
 class GenerationResult:
     token_ids: list[int]  # generated ids only
-    finish_reason: str  # "eos" or "length"
+    finish_reason: str  # "eos" (an end token), "length", or "stop" (`Engine.generate`'s `stop` ended it)
     rounds: list[RoundRecord]
     prefill_seconds: float
     decode_seconds: float  # after the prefill-produced anchor
@@ -145,7 +148,11 @@ class Engine:
     def generate(self, prompt_ids: list[int], *, policy: Policy, max_new_tokens: int,
                  sampling: SamplingParams = SamplingParams(), eos_ids: tuple[int, ...] = (),
                  record_routing: bool = False, logprobs: int | None = None,
-                 grammar: GrammarState | None = None) -> GenerationResult:
+                 grammar: GrammarState | None = None, stop: StopAt | None = None) -> GenerationResult:
+        """Decode a request whole (`stream`). `stop(ids, seen)` is asked after the prefill and each
+        round, with the output so far and how many of its ids it was shown before: a length it
+        returns, in (seen, len(ids)], ends the output there with finish_reason "stop" and no
+        further round runs (`generation.StopSequences.length`: stop sequences)."""
         self.check(prompt_ids, policy=policy, max_new_tokens=max_new_tokens, sampling=sampling)
         if not record_routing:  # graph capture is start-up work, not the prefill's
             self.prepare(policy, sampling, logprobs=logprobs is not None, grammar=grammar is not None)
@@ -155,11 +162,17 @@ class Engine:
         tokens, prefill = next(steps)  # the prefill-produced anchor
         decode_start = self.clock.now()
         rounds: list[RoundRecord] = []
-        for new, record in steps:
+        cut = stop(tokens, 0) if stop is not None else None
+        while cut is None and (step := next(steps, None)) is not None:
+            new, record = step
             tokens.extend(new)
             rounds.append(record)
+            cut = stop(tokens, len(tokens) - len(new)) if stop is not None else None
+        steps.close()  # a stop leaves the remaining rounds undecoded
         end = self.clock.now()
-        reason = "eos" if tokens[-1] in set(eos_ids) else "length"
+        if cut is not None:
+            _cut_last_round(tokens, rounds, cut)
+        reason = "stop" if cut is not None else "eos" if tokens[-1] in set(eos_ids) else "length"
         lps = None
         if logprobs is not None:
             lps = TokenLogprobs()
@@ -375,6 +388,19 @@ def _resident_rounds(resident: ResidentDecoder, policy: Policy, remaining: int, 
                 resident.collect(ahead)  # the host's lengths follow the device's
             return
         launched = ahead if ahead is not None else resident.launch(remaining)
+
+
+def _cut_last_round(tokens: list[int], rounds: list[RoundRecord], length: int) -> None:
+    """Cut the output to `length` tokens, all dropped ones the last round's (a stop's length is
+    past the ids it was shown before that round), with the round's emitted count and logprobs."""
+    dropped = len(tokens) - length
+    del tokens[length:]
+    if dropped:
+        last = rounds[-1]
+        last.emitted -= dropped
+        last.truncated = True
+        if last.logprobs is not None:
+            last.logprobs = last.logprobs.head(last.emitted)
 
 
 def _emitted(new: list[int], record: RoundRecord, remaining: int, eos: set[int]) -> list[int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,7 +72,7 @@ class GenerateRequest:
     max_context: int = 4096  # prompt + generated tokens the cache holds
     temperature: float = 0.0
     top_p: float = 1.0
-    top_k: int = 0
+    top_k: int = 0  # 0 or -1: off
     seed: int = 0
     device: str = "cpu"
     dtype: str = "float32"
@@ -83,6 +84,12 @@ class GenerateRequest:
     presence_penalty: float = 0.0  # `penalties.py`
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [−100, 100]) pairs
+    min_tokens: int = 0  # no end token and no stop sequence before this many output tokens
+    min_p: float = 0.0  # sampled requests: tokens below min_p × the most likely one's probability are cut
+    stop: tuple[str, ...] = ()  # stop sequences: the output ends before the first (`StopSequences`)
+    stop_token_ids: tuple[int, ...] = ()  # tokens that end the output, as EOS does
+    ignore_eos: bool = False  # decode past the model's EOS (to max_new_tokens, a stop sequence or stop token)
     grammar: GrammarSpec | None = None  # what the output must match (`grammar.py`)
 
 
@@ -108,12 +115,15 @@ def run_generate(request: GenerateRequest) -> dict | None:
     """Check, load, decode, and summarise as the JSON object `generate --json` prints (None on the
     ranks other than 0 under torchrun, `tensor_parallel.launch`). The policy and the artifact are
     checked before any rank starts or any weights load (`check_policy`)."""
-    sampling = SamplingParams(request.temperature, request.top_k, request.top_p, request.seed, request.presence_penalty,
-                              request.frequency_penalty, request.repetition_penalty)
+    top_k = 0 if request.top_k == -1 else request.top_k  # vLLM's −1: off
+    sampling = SamplingParams(request.temperature, top_k, request.top_p, request.seed, request.presence_penalty,
+                              request.frequency_penalty, request.repetition_penalty, request.logit_bias,
+                              request.min_tokens, request.min_p)
     if request.tp < 1:
         raise ValueError(f"--tp must be at least 1, got {request.tp}")
     if (request.prompt is None) == (request.prompt_ids is None):  # before any rank is spawned
         raise ValueError("give exactly one of a prompt text or prompt ids")
+    _check_ending(request)
     name = request.policy or default_policy(request.artifact)
     params = check_policy(name, request.artifact, request.model, request.drafter, need_drafter=name != "ar",
                           seed=request.seed, force=request.force)
@@ -125,6 +135,18 @@ def run_generate(request: GenerateRequest) -> dict | None:
     return _generate(request, sampling, name, params, False)
 
 
+def _check_ending(request: GenerateRequest) -> None:
+    """The request's stop sequences, min_tokens and ignore_eos, as far as they are checked before
+    the model loads (ValueError naming the option)."""
+    if any(not s for s in request.stop):
+        raise ValueError("--stop: stop sequences must be non-empty")
+    if request.min_tokens > request.max_new_tokens:
+        raise ValueError(f"--min-tokens ({request.min_tokens}) exceeds --max-new-tokens ({request.max_new_tokens})")
+    if request.ignore_eos and request.grammar is not None:
+        raise ValueError("--ignore-eos cannot be combined with an output constraint (the grammar ends the output "
+                         "with an end token)")
+
+
 def _generate(request: GenerateRequest, sampling: SamplingParams, name: str, params: PolicyParameters | None,
               tensor_parallel: bool) -> dict:
     """Load the pair and decode with policy `name` and its `params` (`check_policy`'s)."""
@@ -134,32 +156,113 @@ def _generate(request: GenerateRequest, sampling: SamplingParams, name: str, par
                            expert_parallel=request.expert_parallel, max_context=request.max_context)
     draft_len = session.drafter.draft_len if session.drafter is not None else 0
     policy = make_policy(name, draft_len, params, device=request.device)
-    grammar = _grammar(request.grammar, session)
+    end_ids = _end_ids(request, session)
+    stops = _stop_sequences(request, session, end_ids)
+    grammar = _grammar(request.grammar, session, end_ids)
     result = session.engine.generate(_prompt(request, session), policy=policy, max_new_tokens=request.max_new_tokens,
-                                     sampling=sampling, eos_ids=session.eos_ids, logprobs=request.logprobs,
-                                     grammar=grammar)
-    return summarize(result, session, name)
+                                     sampling=sampling, eos_ids=end_ids, logprobs=request.logprobs,
+                                     grammar=grammar, stop=stops.length if stops is not None else None)
+    text, stop_reason = None, None
+    if result.finish_reason == "stop":
+        text, stop_reason = stops.cut(result.token_ids)
+    elif result.finish_reason == "eos" and result.token_ids[-1] not in session.eos_ids:  # a stop token id
+        stop_reason = result.token_ids[-1]
+    return summarize(result, session, name, text=text, stop_reason=stop_reason)
 
 
-def _grammar(spec: GrammarSpec | None, session: Session) -> GrammarState | None:
-    """The request's grammar compiled against the model's tokenizer (GrammarError: why not)."""
+def _end_ids(request: GenerateRequest, session: Session) -> tuple[int, ...]:
+    """The tokens that end the output: the model's EOS (unless ignore_eos) and the request's stop
+    token ids (ValueError: one outside the vocabulary)."""
+    vocab = session.target.cfg.vocab_size
+    bad = [i for i in request.stop_token_ids if not 0 <= i < vocab]
+    if bad:
+        raise ValueError(f"--stop-token-id {bad[0]} is outside the vocabulary of {vocab}")
+    return tuple(dict.fromkeys((*(() if request.ignore_eos else session.eos_ids), *request.stop_token_ids)))
+
+
+def _stop_sequences(request: GenerateRequest, session: Session, end_ids: tuple[int, ...]) -> StopSequences | None:
+    """The request's stop sequences over its output's text, the end tokens left out of it (the one
+    that ends an output is no more part of its text than a stop sequence is; an EOS under
+    ignore_eos is an ordinary token)."""
+    if not request.stop:
+        return None
+    if session.codec is None:
+        raise ValueError(f"model {session.model!r} has no tokenizer.json: stop sequences (--stop) need one")
+    codec, hidden = session.codec, frozenset(end_ids)
+    return StopSequences(request.stop, lambda ids: codec.decode([i for i in ids if i not in hidden]),
+                         request.min_tokens)
+
+
+def first_stop(text: str, stops: tuple[str, ...] | list[str], begin: int = 0) -> tuple[int, str] | None:
+    """(where, which) of the stop sequence found first in text[begin:] (the earlier in `stops` where
+    two begin at one place), or None. A trailing U+FFFD is not searched: it may be the first bytes of
+    a character that the next tokens complete (one that stays a U+FFFD is searched with them)."""
+    text = text.rstrip("\ufffd")
+    hits = [(i, k) for k, i in enumerate(text.find(s, begin) for s in stops) if i >= 0]
+    if not hits:
+        return None
+    at, k = min(hits)
+    return at, stops[k]
+
+
+@dataclass(frozen=True)
+class StopSequences:
+    """vLLM's stop sequences, as `serve` applies them: they count only in the text after that of
+    the first `min_tokens` ids; the output ends at the fewest ids whose text holds one, its text
+    before the stop sequence. `text_of`: the text of output ids (without the end tokens)."""
+
+    stops: tuple[str, ...]
+    text_of: Callable[[list[int]], str]
+    min_tokens: int = 0
+
+    def length(self, ids: list[int], seen: int) -> int | None:
+        """`Engine.generate`'s `stop`: the fewest ids, more than `seen` and `min_tokens`, whose text
+        holds a stop sequence; None while the text of `ids` holds none."""
+        if len(ids) <= self.min_tokens:
+            return None
+        begin = self._begin(ids)
+        if first_stop(self.text_of(ids), self.stops, begin) is None:
+            return None
+        return next((k for k in range(max(seen, self.min_tokens) + 1, len(ids) + 1)
+                     if first_stop(self.text_of(ids[:k]), self.stops, begin) is not None), None)
+
+    def cut(self, ids: list[int]) -> tuple[str, str]:
+        """(text before the stop sequence, the stop sequence) of an output that `length` ended."""
+        text = self.text_of(ids)
+        at, stop = first_stop(text, self.stops, self._begin(ids))
+        return text[:at], stop
+
+    def _begin(self, ids: list[int]) -> int:
+        """Where in the text the search starts: after the text of the first min_tokens ids."""
+        return len(self.text_of(ids[: self.min_tokens]))
+
+
+def _grammar(spec: GrammarSpec | None, session: Session, end_ids: tuple[int, ...]) -> GrammarState | None:
+    """The request's grammar compiled against the model's tokenizer, ending with one of `end_ids`
+    (GrammarError: why not)."""
     if spec is None:
         return None
     if session.codec is None:
         raise GrammarError(f"model {session.model!r} has no tokenizer.json: structured output needs one")
     compiled = GrammarCompiler(session.codec.tokenizer, session.target.cfg.vocab_size, session.eos_ids).compile(spec)
-    return GrammarState(compiled, session.eos_ids, session.target.cfg.vocab_size)
+    return GrammarState(compiled, end_ids, session.target.cfg.vocab_size)
 
 
-def summarize(result: GenerationResult, session: Session, policy: str) -> dict:
+def summarize(result: GenerationResult, session: Session, policy: str, *, text: str | None = None,
+              stop_reason: str | int | None = None) -> dict:
+    """`generate --json`'s object. `text`: the output's, when a stop sequence cut it (otherwise the
+    text of every generated id); `stop_reason`: the stop sequence or stop token id that ended it."""
     seconds = result.decode_seconds
+    if text is None:
+        text = session.codec.decode(result.token_ids) if session.codec else ""
     return {
         "model": session.model,
         "random_weights": session.random_weights,
         "policy": policy,
         "token_ids": result.token_ids,
-        "text": session.codec.decode(result.token_ids) if session.codec else "",
+        "text": text,
         "finish_reason": result.finish_reason,
+        "stop_reason": stop_reason,
         "rounds": len(result.rounds),
         "acceptance_length": result.acceptance_length,
         "mean_verification_length": result.mean_verification_length,

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..artifacts.params import PolicyParameters
 from ..runtime.engine import PrefillRecord
-from ..runtime.generation import check_policy, default_policy
+from ..runtime.generation import StopSequences, check_policy, default_policy
 from ..runtime.grammar import GrammarCompiler, GrammarError, GrammarSpec, GrammarState
 from ..runtime.logprobs import TokenLogprobs
 from ..runtime.policies import Policy, make_policy
@@ -102,8 +102,9 @@ class Decoding:
         self.logprobs = TokenLogprobs() if logprobs is not None else None  # of `ids`
         self.logprobs_sent = 0  # tokens whose logprobs were handed out
         self.prompt_logprobs: list[TokenLogprob] = []  # the prompt's, until handed out
-        self.min_tokens = sampling.min_tokens  # stop sequences count only in the text after these
-        self.stop_begin: int | None = None  # the text's length at min_tokens ids, once reached
+        # stop sequences, matched in the text the client gets, after that of the first min_tokens ids
+        self.stop_sequences = StopSequences(tuple(self.stops), lambda ids: service.visible_text(ids, self.hidden),
+                                            sampling.min_tokens)
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None  # vLLM's: the stop sequence or stop token id that ended it
         self.rounds, self.decode_tokens, self.draft_tokens, self.accepted_tokens = 0, 0, 0, 0
@@ -137,7 +138,7 @@ class Decoding:
         if self.logprobs is not None:
             self.logprobs.extend(record.logprobs)
         self.text = self.service.visible_text(self.ids, self.hidden)
-        if self.stops and len(self.ids) > self.min_tokens and self._stop_within(max(start, self.min_tokens)):
+        if self.stops and self._stop_within(start):
             self.finish_reason = "stop"
 
     def _count_round(self, record) -> None:
@@ -158,23 +159,16 @@ class Decoding:
                 m.accepted_per_pos.labels(**labels, position=str(position)).inc()
 
     def _stop_within(self, start: int) -> bool:
-        """Cut ids and text at the first stop sequence past the text of the first min_tokens ids (as
-        vLLM, stop sequences count only after them), keeping the fewest ids that produce it."""
-        if self.stop_begin is None:
-            self.stop_begin = len(self.service.visible_text(self.ids[: self.min_tokens], self.hidden))
-        if _first_stop(self.text, self.stops, self.stop_begin) is None:
+        """Cut ids and text at the first stop sequence (`StopSequences`: vLLM's rule), keeping the
+        fewest ids that produce it; `start`: the ids before this step's, which held none."""
+        k = self.stop_sequences.length(self.ids, start)
+        if k is None:
             return False
-        for k in range(start + 1, len(self.ids) + 1):
-            text = self.service.visible_text(self.ids[:k], self.hidden)
-            found = _first_stop(text, self.stops, self.stop_begin)
-            if found is not None:
-                at, stop = found
-                self.ids, self.text = self.ids[:k], text[: at + len(stop) if self.include_stop else at]
-                self.stop_reason = stop
-                if self.logprobs is not None:  # only this round's tokens are cut: earlier ones never held a stop
-                    self.logprobs = self.logprobs.head(k)
-                return True
-        return False  # pragma: no cover (the full list matched above)
+        text, stop = self.stop_sequences.cut(self.ids[:k])
+        self.ids, self.text, self.stop_reason = self.ids[:k], text + stop if self.include_stop else text, stop
+        if self.logprobs is not None:  # only this step's tokens are cut: earlier ones never held a stop
+            self.logprobs = self.logprobs.head(k)
+        return True
 
     def delta(self) -> Delta:
         """Text not yet handed out, holding back what may still become a stop sequence or a
@@ -222,18 +216,6 @@ class Decoding:
                 "acceptance_length": self.decode_tokens / self.rounds if self.rounds else 0.0,
                 "num_draft_tokens": self.draft_tokens, "num_accepted_tokens": self.accepted_tokens,
                 "verification_lengths": {str(w): n for w, n in sorted(self.verification.items())}}
-
-
-def _first_stop(text: str, stops: list[str], begin: int = 0) -> tuple[int, str] | None:
-    """(where, which) of the stop sequence found first in text[begin:] (the earlier in `stops` where
-    two begin at one place), or None. A trailing U+FFFD is not searched: it may be the first bytes of
-    a character that the next tokens complete (one that stays a U+FFFD is searched with them)."""
-    text = text.rstrip("\ufffd")
-    hits = [(i, k) for k, i in enumerate(text.find(s, begin) for s in stops) if i >= 0]
-    if not hits:
-        return None
-    at, k = min(hits)
-    return at, stops[k]
 
 
 GRAMMAR_TIMEOUT = 30.0  # seconds a request's grammar may take to compile (`Service.check_grammar`)

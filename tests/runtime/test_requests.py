@@ -8,6 +8,7 @@ import math
 import pytest
 
 from hybridspec.runtime.engine import Engine
+from hybridspec.runtime.generation import StopSequences, first_stop
 from hybridspec.runtime.loading import load_target, random_drafter
 from hybridspec.runtime.policies import make_policy
 from hybridspec.runtime.sampling import GREEDY_BELOW, SamplingParams
@@ -77,3 +78,50 @@ def test_a_stream_overtaken_by_a_later_request_refuses_to_go_on(engines, kind, n
     with pytest.raises(RuntimeError, match="overtaken by a later request"):
         next(stale)
     assert head + [t for new, _ in later for t in new] == alone  # the later request is untouched
+
+
+@pytest.mark.parametrize("kind", ["host", "resident"])
+@pytest.mark.parametrize("name", ["ar", "static:5"])
+def test_a_stop_ends_the_output_within_a_round(engines, kind, name):
+    """`Engine.generate`'s stop: the output is the whole output's first `length` ids, the rounds'
+    emitted counts and logprobs cut with it, finish_reason "stop"; the stop is shown each step's
+    output with the count it saw before; the engine's next request decodes whole."""
+    engine, policy = engines[kind], make_policy(name, 15)
+    whole = engine.generate(PROMPT, policy=policy, max_new_tokens=20, logprobs=1)
+    assert len(whole.token_ids) == 20 and whole.finish_reason == "length"
+    for length in (1, 2, 7):
+        calls = []
+
+        def stop(ids, seen):
+            calls.append((len(ids), seen))
+            return length if len(ids) >= length else None
+
+        cut = engine.generate(PROMPT, policy=policy, max_new_tokens=20, logprobs=1, stop=stop)
+        assert cut.token_ids == whole.token_ids[:length] and cut.finish_reason == "stop"
+        assert 1 + sum(r.emitted for r in cut.rounds) == len(cut.logprobs) == length
+        assert cut.logprobs.chosen == pytest.approx(whole.logprobs.chosen[:length])
+        assert calls[0] == (1, 0) and all(seen == before for (_, seen), (before, _) in zip(calls[1:], calls))
+        assert calls[-1][1] < length <= calls[-1][0]
+    assert engine.generate(PROMPT, policy=policy, max_new_tokens=20).token_ids == whole.token_ids
+
+
+PIECES = {0: " x", 1: "(", 2: "a", 3: "b)", 4: "ab", 5: "\ufffd"}  # token id → its text
+
+
+def _text(ids: list[int]) -> str:
+    return "".join(PIECES[i] for i in ids)
+
+
+def test_stop_sequences_end_at_the_fewest_ids_whose_text_holds_one():
+    """The fewest ids whose text holds a stop sequence; the one found first in the text wins (the
+    earlier given where two begin at one place); the text of the first min_tokens ids is not
+    searched, nor a trailing U+FFFD (maybe part of a character)."""
+    stops = StopSequences(("b)", "(a"), _text)
+    ids = [0, 1, 2, 3, 4]  # " x(ab)ab"
+    assert stops.length(ids, 0) == 3 and stops.cut(ids) == (" x", "(a")
+    assert stops.length(ids[:2], 0) is None
+    assert first_stop("xabc", ["bc", "b"]) == (2, "bc") and first_stop("xabc", ["b", "ab"]) == (1, "ab")
+    late = StopSequences(("a",), _text, min_tokens=3)  # the text after " x(a" is searched
+    assert late.length(ids[:3], 0) is None and late.length(ids, 3) == 5 and late.cut(ids) == (" x(ab)", "a")
+    assert first_stop("ab\ufffd", ["\ufffd"]) is None and first_stop("a\ufffdb", ["\ufffd"]) == (1, "\ufffd")
+    assert StopSequences(("\ufffd",), _text).length([0, 5], 0) is None

@@ -14,7 +14,8 @@ import pytest
 pytest.importorskip("uvicorn")
 
 from hybridspec.serve.app import TextOffsets  # noqa: E402
-from hybridspec.serve.service import _first_stop, open_service  # noqa: E402
+from hybridspec.runtime.generation import first_stop  # noqa: E402
+from hybridspec.serve.service import open_service  # noqa: E402
 from tests.serve.live import live_server  # noqa: E402
 
 PROMPT = "def add(a, b):\n    return"
@@ -101,9 +102,9 @@ def test_text_offsets_count_the_characters_before_each_token():
 
 
 def test_a_stop_sequence_waits_for_a_partial_character():
-    assert _first_stop("ab\ufffd", ["\ufffd"]) is None  # maybe the first bytes of a character
-    assert _first_stop("a\ufffdb", ["\ufffd"]) == (1, "\ufffd")  # a character that stayed invalid
-    assert _first_stop("abc\ufffd", ["c", "b"]) == (1, "b")
+    assert first_stop("ab\ufffd", ["\ufffd"]) is None  # maybe the first bytes of a character
+    assert first_stop("a\ufffdb", ["\ufffd"]) == (1, "\ufffd")  # a character that stayed invalid
+    assert first_stop("abc\ufffd", ["c", "b"]) == (1, "b")
 
 
 def test_fields_that_need_another_are_refused(server):
