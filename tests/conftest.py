@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from tests.checkpoints import write_tiny_qwen3_5_moe, write_tiny_qwen3_next
-from tests.interpreter import patch_the_language_once_per_launch
+from tests.interpreter import patch_the_language_once_per_launch, skip_the_overflow_checks
 
 # The tests run tiny models: one thread avoids thread start-up cost per op (several times faster).
 torch.set_num_threads(1)
@@ -40,11 +40,13 @@ def pytest_configure(config):
 
 def pytest_sessionstart(session):
     """After every conftest's pytest_configure (tests/gpu's turns the interpreter off for a GPU run):
-    the interpreter's set-up once per launch, and the record of each kernel's launches
-    (`tests/kernels/offline.py`), where the kernels are interpreted. Triton is first imported here
-    or later, never while TRITON_INTERPRET may still change."""
+    the interpreter's set-up once per launch and without its overflow checks (`tests/interpreter.py`),
+    and the record of each kernel's launches (`tests/kernels/offline.py`), where the kernels are
+    interpreted. Triton is first imported here or later, never while TRITON_INTERPRET may still
+    change."""
     if _interpreted():
         patch_the_language_once_per_launch()
+        skip_the_overflow_checks()
         if os.environ.get(LAUNCHES):
             from tests.kernels.offline import record_launches
             session.config._write_launches = record_launches(Path(os.environ[LAUNCHES]))

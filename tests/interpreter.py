@@ -8,10 +8,16 @@ triton's standard library) rebinds the modules that function sees again and neve
 about 3 ms per call, most of the interpreter's time in kernels that call helpers in their loops.
 Here, inside a launch, a rebinding is done once per language module; a call whose modules are all
 rebound already skips it, which leaves every builtin bound exactly as the repeated rebinding would.
+
+The interpreter also checks every 32-bit integer add, sub and mul of a kernel for overflow
+(`sanitize_overflow`, which compiled kernels do only in debug builds): a widened copy of each
+operation and an assert, about a quarter of the interpreter's time. No offset of the tests' shapes
+comes near 2**31, so the check cannot fire here; `skip_the_overflow_checks` turns it off.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 
@@ -63,3 +69,16 @@ def patch_the_language_once_per_launch() -> None:
 
     patch_lang.once_per_launch = True
     interpreter._patch_lang = patch_lang
+
+
+def skip_the_overflow_checks() -> None:
+    """Turn off the interpreter's 32-bit overflow checks (module docstring); a no-op without triton
+    or where its interpreter has no such option."""
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    builder = getattr(interpreter, "interpreter_builder", None)
+    options = getattr(builder, "options", None)
+    if dataclasses.is_dataclass(options) and hasattr(options, "sanitize_overflow"):
+        builder.options = dataclasses.replace(options, sanitize_overflow=False)
