@@ -164,3 +164,18 @@ def test_graph_rounds_under_a_grammar_equal_host_rounds(sessions, prompts, polic
             assert runs[1] == runs[0], f"{policy} {spec.kind} {sampling}"
             if runs[0][-1] in tri.eos_ids and spec.kind == "choice":
                 assert tri.codec.decode(runs[0][:-1]) in ("alpha", "beta", "gamma")
+
+
+@pytest.mark.parametrize("policy", ("ar", "full"))
+def test_a_stop_within_a_graph_round_leaves_the_next_request_whole(sessions, prompts, policy):
+    """`Engine.generate`'s stop on the graph path, whose rounds are launched ahead of the last
+    report: the output is the whole output's first ids, and a request after the stream closed with
+    a round in flight decodes what it decodes alone."""
+    tri, _ = sessions
+    chosen = make_policy(policy, DRAFT_LEN, hand_parameters(), device="cuda")
+    kw = dict(policy=chosen, max_new_tokens=TOKENS, eos_ids=())
+    whole, alone = (tri.engine.generate(ids, **kw).token_ids for ids in prompts[:2])
+    for length in (1, 5, 17):
+        cut = tri.engine.generate(prompts[0], stop=lambda ids, seen, n=length: n if len(ids) >= n else None, **kw)
+        assert cut.token_ids == whole[:length] and cut.finish_reason == "stop", length
+        assert tri.engine.generate(prompts[1], **kw).token_ids == alone, length
