@@ -414,29 +414,40 @@ def test_generate_warns_of_an_artifact_whose_recorded_limit_is_out_of_range(tmp_
 CODE = ["--prompt", "def add(a, b):"]  # greedy: " pass\n        self.assertEqual(a, b)\n …", no EOS in 24 tokens
 
 
-def _ended_at(pieces: list[str], stop: str, begin: int) -> int:
-    """The fewest tokens whose text (`pieces`: each token's) holds `stop` past character `begin`."""
-    return next(k for k in range(1, len(pieces) + 1) if "".join(pieces[:k]).find(stop, begin) >= 0)
+def _vllm_stop(pieces: list[str], stops: list[str], min_tokens: int) -> tuple[int, int, str]:
+    """(tokens, where, which) of the stop that ends the output as vLLM's detokenizer finds it, a
+    token at a time (`pieces`: each token's text): after each token past the first min_tokens, the
+    first of `stops`, in their order, that ends in the text that token added."""
+    for k in range(min_tokens + 1, len(pieces) + 1):
+        text, new = "".join(pieces[:k]), len(pieces[k - 1])
+        for stop in stops:
+            at = text.find(stop, max(0, len(text) - new - len(stop) + 1))
+            if at >= 0:
+                return k, at, stop
+    raise AssertionError(f"no stop of {stops} in {''.join(pieces)!r}")
 
 
-@pytest.mark.parametrize("stops, min_tokens", [(["(a"], 0), (["f.a"], 0), (["b)", "(a"], 0), (["pa"], 0), (["a"], 1)])
+@pytest.mark.parametrize("stops, min_tokens", [(["(a"], 0), (["f.a"], 0), (["b)", "(a"], 0), (["pa"], 0), (["a"], 1),
+                                               (["al(", "Equal("], 0), (["Equal(", "al("], 0), (["s\n"], 1)])
 def test_generate_stop_cuts_the_output_where_its_text_holds_the_stop(stops, min_tokens):
-    """--stop: the output is the plain output's fewest tokens whose text holds a stop sequence (past
-    the text of the first --min-tokens tokens), its text the plain text up to the stop, which is
-    left out; the stop found first in the text wins; under `full` the round is cut within."""
+    """--stop: the output ends at the first token whose text ends a stop sequence, past the first
+    --min-tokens tokens (it may begin in theirs); the first of the stops given wins where several
+    end in one token; its text is the plain text up to the stop, which is left out (vLLM's rule,
+    `_vllm_stop`); under `full` the round is cut within."""
     plain = _json([*CODE, "--policy", "full", "--max-new-tokens", "24", "--logprobs", "0"])
     pieces = [entry["text"] for entry in plain["logprobs"]]
-    text, begin = "".join(pieces), len("".join(pieces[:min_tokens]))
+    text = "".join(pieces)
     assert text == plain["text"]
-    at, stop = min((text.find(s, begin), s) for s in stops if text.find(s, begin) >= 0)
+    length, at, stop = _vllm_stop(pieces, stops, min_tokens)
     options = [a for s in stops for a in ("--stop", s)] + ["--min-tokens", str(min_tokens)]
     cut = _json([*CODE, "--policy", "full", "--max-new-tokens", "24", *options])
-    length = _ended_at(pieces, stop, begin)
     assert cut["token_ids"] == plain["token_ids"][:length] and length < 24
     assert (cut["text"], cut["finish_reason"], cut["stop_reason"]) == (text[:at], "stop", stop)
     assert 1 + cut["rounds"] * cut["acceptance_length"] == pytest.approx(length)
     if stops == ["(a"]:
         assert _json([*CODE, "--policy", "ar", "--max-new-tokens", "24", *options])["token_ids"] == cut["token_ids"]
+        kept = _json([*CODE, "--policy", "full", "--max-new-tokens", "24", *options, "--include-stop"])
+        assert (kept["token_ids"], kept["text"]) == (cut["token_ids"], text[:at] + stop)
 
 
 def test_generate_min_tokens_holds_off_an_end_token():
@@ -480,6 +491,12 @@ def test_generate_ignore_eos_decodes_past_the_models_eos():
     assert (ended["token_ids"], ended["finish_reason"], ended["stop_reason"]) == ([eos], "eos", None)
     ignored = _json([*args, "--ignore-eos"])
     assert (ignored["token_ids"], ignored["finish_reason"]) == ([eos] * 5, "length")
+    # the text, as serve's: the end token left out unless --include-stop, special tokens unless kept
+    kept = _json([*args, "--ignore-eos", "--keep-special-tokens"])["text"]
+    special = kept[: len(kept) // 5]  # the EOS's text, a special token of this tokenizer
+    assert special and kept == special * 5 and ignored["text"] == ""
+    assert ended["text"] == _json([*args, "--keep-special-tokens"])["text"] == ""
+    assert _json([*args, "--keep-special-tokens", "--include-stop"])["text"] == special
 
 
 def test_generate_min_p_one_samples_the_most_likely_token():

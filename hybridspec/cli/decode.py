@@ -83,6 +83,8 @@ def generate(
         "--stop-token-id", help="End the output at this token, as EOS does (repeat the option for each).")] = None,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Decode past the model's EOS (to --max-new-tokens, a --stop or a --stop-token-id).")] = False,
     min_tokens: Annotated[int, typer.Option("--min-tokens", min=0, help="No end token and no --stop before this many output tokens.")] = 0,
+    include_stop: Annotated[bool, typer.Option("--include-stop", help="Keep the --stop text or the end token that ended the output in its text (vLLM's include_stop_str_in_output).")] = False,
+    keep_special_tokens: Annotated[bool, typer.Option("--keep-special-tokens", help="Keep the tokenizer's special tokens in the text (by default left out, as vLLM's skip_special_tokens does).")] = False,
     logprobs: Annotated[Optional[int], typer.Option(
         "--logprobs", min=0, max=20, help="Print each token's log-probability and this many alternatives.")] = None,
     json_schema: Annotated[Optional[Path], typer.Option(
@@ -116,7 +118,8 @@ def generate(
                               presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                               repetition_penalty=repetition_penalty, logit_bias=biases,
                               min_tokens=min_tokens, min_p=min_p, stop=tuple(stop or ()),
-                              stop_token_ids=tuple(stop_token_ids or ()), ignore_eos=ignore_eos, grammar=spec)
+                              stop_token_ids=tuple(stop_token_ids or ()), ignore_eos=ignore_eos,
+                              include_stop=include_stop, skip_special_tokens=not keep_special_tokens, grammar=spec)
     try:
         summary = run_generate(request)
     except ValueError as exc:  # ConfigError, PolicyError, ArtifactError, bad sampling values

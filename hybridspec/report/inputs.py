@@ -41,7 +41,7 @@ class ReportInputs:
     params: PolicyParameters | None = None  # the fit the sections draw, and its metadata: None without an
     meta: dict | None = None  # artifact, or when it is another model's and not forced
     artifact_meta: dict | None = None  # the artifact's metadata as read, whichever model it was fitted for
-    other_model: str = ""  # the artifact was fitted for another model or drafter: both ids; else ""
+    other_model: str = ""  # the artifact was fitted for another model or drafter: a sentence naming both ids
     cache: dict = field(default_factory=dict)  # what several sections read (capture_rounds)
 
     def run_id(self, pass_name: str) -> str | None:
@@ -108,8 +108,9 @@ def open_inputs(db: Path, artifact: Path | None, campaign: str | None, force: bo
 
 
 def other_model(meta: dict | None, runs: dict[str, dict], artifact: Path | None) -> str:
-    """Both ids when the artifact was fitted for another model or drafter than the campaign's runs
-    (`identity_mismatch`); "" when it was not, or without an artifact or such a run."""
+    """A sentence naming both ids when the artifact was fitted for another model or drafter than
+    the campaign's runs (`identity_mismatch`); "" when it was not, or without an artifact or such a
+    run."""
     run = next((runs[p] for p in IDENTITY_PASSES if p in runs), None)
     if meta is None or run is None:
         return ""

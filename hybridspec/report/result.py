@@ -60,8 +60,8 @@ class ReportResult:
     artifact: Path | None
     sections: list[Section]
     checks: list = field(default_factory=list)  # fitters.checks.Check of the artifact; empty without one
-    other_model: str = ""  # the artifact was fitted for another model or drafter: both ids and what the report
-    #                        does about it (`build_report`'s `force`); "" for the campaign's own artifact or none
+    other_model: str = ""  # the artifact was fitted for another model or drafter: a sentence naming both ids and
+    #                        what the report does about it (`build_report`'s `force`); "" otherwise
 
     @property
     def failed_checks(self) -> list:

@@ -152,7 +152,7 @@ class Engine:
         """Decode a request whole (`stream`). `stop(ids, seen)` is asked after the prefill and each
         round, with the output so far and how many of its ids it was shown before: a length it
         returns, in (seen, len(ids)], ends the output there with finish_reason "stop" and no
-        further round runs (`generation.StopSequences.length`: stop sequences)."""
+        further round runs (`ending.StopSequences.length`: stop sequences)."""
         self.check(prompt_ids, policy=policy, max_new_tokens=max_new_tokens, sampling=sampling)
         if not record_routing:  # graph capture is start-up work, not the prefill's
             self.prepare(policy, sampling, logprobs=logprobs is not None, grammar=grammar is not None)
@@ -162,15 +162,19 @@ class Engine:
         tokens, prefill = next(steps)  # the prefill-produced anchor
         decode_start = self.clock.now()
         rounds: list[RoundRecord] = []
-        cut = stop(tokens, 0) if stop is not None else None
+        seen = 0  # output ids the stop has been shown before the latest step's
+        cut = stop(tokens, seen) if stop is not None else None
         while cut is None and (step := next(steps, None)) is not None:
             new, record = step
+            seen = len(tokens)
             tokens.extend(new)
             rounds.append(record)
-            cut = stop(tokens, len(tokens) - len(new)) if stop is not None else None
+            cut = stop(tokens, seen) if stop is not None else None
         steps.close()  # a stop leaves the remaining rounds undecoded
         end = self.clock.now()
         if cut is not None:
+            if not seen < cut <= len(tokens):
+                raise ValueError(f"stop returned {cut}: not past the {seen} ids it had seen, or past all {len(tokens)}")
             _cut_last_round(tokens, rounds, cut)
         reason = "stop" if cut is not None else "eos" if tokens[-1] in set(eos_ids) else "length"
         lps = None
@@ -371,8 +375,11 @@ def _resident_rounds(resident: ResidentDecoder, policy: Policy, remaining: int, 
     """Resident rounds until EOS or the budget: each launched before the previous one's report is
     read wherever the budget makes it certain to run, so that the host's reading, truncation and
     yield overlap the GPU's next round. A round launched after the one that emits EOS is
-    collected and dropped (its commit stays in the caches, which the next request resets).
-    `check_current` raises when a later request overtook this one while it waited at a yield."""
+    collected and dropped (its commit stays in the caches, which the next request resets). One
+    launched after the round at which the consumer closes the stream (a stop) is left uncollected:
+    the next request's kernels run after it on the same stream, and its reset of the caches, the
+    drafter and the request state covers what that round wrote. `check_current` raises when a
+    later request overtook this one while it waited at a yield."""
     launched = resident.launch(remaining)
     while True:
         ahead = None

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..artifacts.params import PolicyParameters
 from .config import ConfigError
+from .ending import Ending, StopSequences, output_text
 from .engine import GenerationResult
 from .grammar import GrammarCompiler, GrammarError, GrammarSpec, GrammarState
 from .loading import RANDOM_BLOCK_SIZE, drafter_config, target_config
@@ -87,9 +88,11 @@ class GenerateRequest:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [−100, 100]) pairs
     min_tokens: int = 0  # no end token and no stop sequence before this many output tokens
     min_p: float = 0.0  # sampled requests: tokens below min_p × the most likely one's probability are cut
-    stop: tuple[str, ...] = ()  # stop sequences: the output ends before the first (`StopSequences`)
+    stop: tuple[str, ...] = ()  # stop sequences: the output ends before the first (`ending.StopSequences`)
     stop_token_ids: tuple[int, ...] = ()  # tokens that end the output, as EOS does
     ignore_eos: bool = False  # decode past the model's EOS (to max_new_tokens, a stop sequence or stop token)
+    include_stop: bool = False  # the stop sequence or end token that ends the output stays in its text
+    skip_special_tokens: bool = True  # the tokenizer's special tokens are left out of the text, as vLLM's default
     grammar: GrammarSpec | None = None  # what the output must match (`grammar.py`)
 
 
@@ -156,85 +159,40 @@ def _generate(request: GenerateRequest, sampling: SamplingParams, name: str, par
                            expert_parallel=request.expert_parallel, max_context=request.max_context)
     draft_len = session.drafter.draft_len if session.drafter is not None else 0
     policy = make_policy(name, draft_len, params, device=request.device)
-    end_ids = _end_ids(request, session)
-    stops = _stop_sequences(request, session, end_ids)
-    grammar = _grammar(request.grammar, session, end_ids)
+    ending = _ending(request, session)
+    hidden = ending.hidden(session.codec.special_ids if session.codec and request.skip_special_tokens else frozenset())
+    text_of = (lambda ids: output_text(session.codec.decode, ids, hidden)) if session.codec else (lambda ids: "")
+    stops = _stop_sequences(request, session, text_of)
+    grammar = _grammar(request.grammar, session, ending.end_ids)
     result = session.engine.generate(_prompt(request, session), policy=policy, max_new_tokens=request.max_new_tokens,
-                                     sampling=sampling, eos_ids=end_ids, logprobs=request.logprobs,
+                                     sampling=sampling, eos_ids=ending.end_ids, logprobs=request.logprobs,
                                      grammar=grammar, stop=stops.length if stops is not None else None)
-    text, stop_reason = None, None
     if result.finish_reason == "stop":
         text, stop_reason = stops.cut(result.token_ids)
-    elif result.finish_reason == "eos" and result.token_ids[-1] not in session.eos_ids:  # a stop token id
-        stop_reason = result.token_ids[-1]
+        text = text + stop_reason if ending.include_stop else text
+    else:
+        text = text_of(result.token_ids)
+        stop_reason = ending.stop_reason(result.token_ids[-1]) if result.finish_reason == "eos" else None
     return summarize(result, session, name, text=text, stop_reason=stop_reason)
 
 
-def _end_ids(request: GenerateRequest, session: Session) -> tuple[int, ...]:
-    """The tokens that end the output: the model's EOS (unless ignore_eos) and the request's stop
-    token ids (ValueError: one outside the vocabulary)."""
+def _ending(request: GenerateRequest, session: Session) -> Ending:
+    """The request's end tokens (ValueError: a stop token id outside the vocabulary)."""
     vocab = session.target.cfg.vocab_size
     bad = [i for i in request.stop_token_ids if not 0 <= i < vocab]
     if bad:
         raise ValueError(f"--stop-token-id {bad[0]} is outside the vocabulary of {vocab}")
-    return tuple(dict.fromkeys((*(() if request.ignore_eos else session.eos_ids), *request.stop_token_ids)))
+    return Ending(session.eos_ids, request.stop_token_ids, request.ignore_eos, request.include_stop)
 
 
-def _stop_sequences(request: GenerateRequest, session: Session, end_ids: tuple[int, ...]) -> StopSequences | None:
-    """The request's stop sequences over its output's text, the end tokens left out of it (the one
-    that ends an output is no more part of its text than a stop sequence is; an EOS under
-    ignore_eos is an ordinary token)."""
+def _stop_sequences(request: GenerateRequest, session: Session,
+                    text_of: Callable[[list[int]], str]) -> StopSequences | None:
+    """The request's stop sequences over its output's text (`text_of`), or None without any."""
     if not request.stop:
         return None
     if session.codec is None:
         raise ValueError(f"model {session.model!r} has no tokenizer.json: stop sequences (--stop) need one")
-    codec, hidden = session.codec, frozenset(end_ids)
-    return StopSequences(request.stop, lambda ids: codec.decode([i for i in ids if i not in hidden]),
-                         request.min_tokens)
-
-
-def first_stop(text: str, stops: tuple[str, ...] | list[str], begin: int = 0) -> tuple[int, str] | None:
-    """(where, which) of the stop sequence found first in text[begin:] (the earlier in `stops` where
-    two begin at one place), or None. A trailing U+FFFD is not searched: it may be the first bytes of
-    a character that the next tokens complete (one that stays a U+FFFD is searched with them)."""
-    text = text.rstrip("\ufffd")
-    hits = [(i, k) for k, i in enumerate(text.find(s, begin) for s in stops) if i >= 0]
-    if not hits:
-        return None
-    at, k = min(hits)
-    return at, stops[k]
-
-
-@dataclass(frozen=True)
-class StopSequences:
-    """vLLM's stop sequences, as `serve` applies them: they count only in the text after that of
-    the first `min_tokens` ids; the output ends at the fewest ids whose text holds one, its text
-    before the stop sequence. `text_of`: the text of output ids (without the end tokens)."""
-
-    stops: tuple[str, ...]
-    text_of: Callable[[list[int]], str]
-    min_tokens: int = 0
-
-    def length(self, ids: list[int], seen: int) -> int | None:
-        """`Engine.generate`'s `stop`: the fewest ids, more than `seen` and `min_tokens`, whose text
-        holds a stop sequence; None while the text of `ids` holds none."""
-        if len(ids) <= self.min_tokens:
-            return None
-        begin = self._begin(ids)
-        if first_stop(self.text_of(ids), self.stops, begin) is None:
-            return None
-        return next((k for k in range(max(seen, self.min_tokens) + 1, len(ids) + 1)
-                     if first_stop(self.text_of(ids[:k]), self.stops, begin) is not None), None)
-
-    def cut(self, ids: list[int]) -> tuple[str, str]:
-        """(text before the stop sequence, the stop sequence) of an output that `length` ended."""
-        text = self.text_of(ids)
-        at, stop = first_stop(text, self.stops, self._begin(ids))
-        return text[:at], stop
-
-    def _begin(self, ids: list[int]) -> int:
-        """Where in the text the search starts: after the text of the first min_tokens ids."""
-        return len(self.text_of(ids[: self.min_tokens]))
+    return StopSequences(request.stop, text_of, request.min_tokens)
 
 
 def _grammar(spec: GrammarSpec | None, session: Session, end_ids: tuple[int, ...]) -> GrammarState | None:
@@ -248,13 +206,11 @@ def _grammar(spec: GrammarSpec | None, session: Session, end_ids: tuple[int, ...
     return GrammarState(compiled, end_ids, session.target.cfg.vocab_size)
 
 
-def summarize(result: GenerationResult, session: Session, policy: str, *, text: str | None = None,
-              stop_reason: str | int | None = None) -> dict:
-    """`generate --json`'s object. `text`: the output's, when a stop sequence cut it (otherwise the
-    text of every generated id); `stop_reason`: the stop sequence or stop token id that ended it."""
+def summarize(result: GenerationResult, session: Session, policy: str, *, text: str,
+              stop_reason: str | int | None) -> dict:
+    """`generate --json`'s object. `text`: the output's (`ending.output_text`, cut before a stop
+    sequence that ended it); `stop_reason`: vLLM's, the stop sequence or stop token id that ended it."""
     seconds = result.decode_seconds
-    if text is None:
-        text = session.codec.decode(result.token_ids) if session.codec else ""
     return {
         "model": session.model,
         "random_weights": session.random_weights,

@@ -150,8 +150,8 @@ class RequestBody(Body):
     # vLLM's: the tokens the tokenizer marks special are left out of the output text (`Service.hidden_ids`);
     # echo's prompt text and the logprobs' token strings keep them, as vLLM's do
     skip_special_tokens: bool = True
-    # vLLM's, taken for its type only: the fast tokenizers this server decodes with write special
-    # tokens without spaces around them either way, as vLLM's fast detokenizer does
+    # vLLM's, taken for its type only: the byte-level tokenizers this server decodes with put no
+    # spaces between special tokens either way (vLLM's false changes only tokenizers that do)
     spaces_between_special_tokens: bool = True
     policy: Text | None = None  # extension: one of the engine's policy names
     spec_decode_stats: bool = False  # extension: the round statistics in the response (a list per choice when n > 1)

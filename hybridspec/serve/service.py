@@ -21,7 +21,8 @@ from pathlib import Path
 
 from ..artifacts.params import PolicyParameters
 from ..runtime.engine import PrefillRecord
-from ..runtime.generation import StopSequences, check_policy, default_policy
+from ..runtime.ending import Ending, StopSequences, output_text
+from ..runtime.generation import check_policy, default_policy
 from ..runtime.grammar import GrammarCompiler, GrammarError, GrammarSpec, GrammarState
 from ..runtime.logprobs import TokenLogprobs
 from ..runtime.policies import Policy, make_policy
@@ -81,20 +82,18 @@ class Decoding:
     `advance` and `close` run in the worker thread only."""
 
     def __init__(self, service: Service, prompt_ids: list[int], policy_name: str, max_tokens: int,
-                 sampling: SamplingParams, stops: list[str], arrived: float, end_ids: tuple[int, ...],
+                 sampling: SamplingParams, stops: list[str], arrived: float, ending: Ending,
                  logprobs: int | None = None, prompt_logprobs: int | None = None,
-                 grammar: GrammarSpec | None = None, include_stop: bool = False,
-                 hidden: frozenset[int] | None = None):
+                 grammar: GrammarSpec | None = None, hidden: frozenset[int] | None = None):
         self.service, self.prompt_ids, self.stops, self.arrived = service, prompt_ids, stops or [], arrived
-        self.include_stop = include_stop  # the stop sequence that ends the output stays in its text
-        self.end_ids = end_ids
-        # the ids left out of the text (`Service.hidden_ids`; None: the end ids): stop sequences are
+        self.ending = ending
+        # the ids left out of the text (`Service.hidden_ids`; None: `ending`'s): stop sequences are
         # matched in the text the client gets
-        self.hidden = frozenset(end_ids) if hidden is None else hidden
+        self.hidden = ending.hidden() if hidden is None else hidden
         self.labels = {"model_name": service.model_name, "policy": policy_name}
         # max_tokens 0 (OpenAI's echo without a completion): the prefill scores the prompt, its token is dropped
         self.prompt_only = max_tokens == 0
-        request = StreamRequest(prompt_ids, policy_name, max(max_tokens, 1), sampling, end_ids, logprobs,
+        request = StreamRequest(prompt_ids, policy_name, max(max_tokens, 1), sampling, ending.end_ids, logprobs,
                                 prompt_logprobs, grammar)
         self.steps = service.steps(request)
         self.ids: list[int] = []
@@ -116,10 +115,10 @@ class Decoding:
         """Run the prefill or one round; sets `finish_reason` when done."""
         step = next(self.steps, None)
         if step is None:
-            ended = bool(self.ids) and self.ids[-1] in self.end_ids
+            ended = bool(self.ids) and self.ids[-1] in self.ending.end_ids
             self.finish_reason = "stop" if ended else "length"
-            if ended and self.ids[-1] not in self.service.session.eos_ids:  # one of the request's stop_token_ids
-                self.stop_reason = self.ids[-1]
+            if ended:
+                self.stop_reason = self.ending.stop_reason(self.ids[-1])
             return
         new, record = step
         if isinstance(record, PrefillRecord):  # the prefill's anchor: the first token
@@ -165,7 +164,7 @@ class Decoding:
         if k is None:
             return False
         text, stop = self.stop_sequences.cut(self.ids[:k])
-        self.ids, self.text, self.stop_reason = self.ids[:k], text + stop if self.include_stop else text, stop
+        self.ids, self.text, self.stop_reason = self.ids[:k], text + stop if self.ending.include_stop else text, stop
         if self.logprobs is not None:  # only this step's tokens are cut: earlier ones never held a stop
             self.logprobs = self.logprobs.head(k)
         return True
@@ -345,7 +344,7 @@ class Service:
             return None
         self.check(body, prompt_ids, max_tokens, param)
         field = "tools" if tools else body.grammar_field()
-        end_ids = self.end_ids(body)
+        end_ids = self.ending(body).end_ids
 
         def compile_() -> None:
             try:
@@ -398,18 +397,17 @@ class Service:
     def visible_text(self, ids: list[int], hidden: frozenset[int] = frozenset()) -> str:
         """The text of output `ids` without the `hidden` ones (`hidden_ids`)."""
         codec = self.session.codec
-        return codec.decode([i for i in ids if i not in hidden]) if codec else ""
+        return output_text(codec.decode, ids, hidden) if codec else ""
 
-    def hidden_ids(self, body: RequestBody, end_ids: tuple[int, ...]) -> frozenset[int]:
-        """The ids left out of a request's output text: its end tokens (`end_ids`: the one that ends
-        it is no more part of its text than a stop sequence is; an EOS under ignore_eos is an
-        ordinary token, as in vLLM) and, with skip_special_tokens (the default), the tokens the
+    def hidden_ids(self, body: RequestBody, ending: Ending) -> frozenset[int]:
+        """The ids left out of a request's output text (`Ending.hidden`): its end tokens unless
+        include_stop_str_in_output, and with skip_special_tokens (the default) the tokens the
         tokenizer marks special (`TextCodec.special_ids`) but for the markers the request's parsers
         read (`parsed_markers`)."""
         codec = self.session.codec
         if codec is None or not body.skip_special_tokens:
-            return frozenset(end_ids)
-        return frozenset(end_ids) | (codec.special_ids - self.parsed_markers(body))
+            return ending.hidden()
+        return ending.hidden(codec.special_ids - self.parsed_markers(body))
 
     def parsed_markers(self, body: RequestBody) -> frozenset[int]:
         """The ids of the tokens `<think>`, `</think>`, `<tool_call>` and `</tool_call>` where a chat
@@ -453,7 +451,7 @@ class Service:
         random one each)."""
         name, room = self.check(body, prompt_ids, max_tokens, param)
         vocab = self.session.target.cfg.vocab_size
-        end_ids = self.end_ids(body)
+        ending = self.ending(body)
         seed = body.seed if body.seed is not None else random.randrange(2**31)
         seed = (seed + choice - SEED_MIN) % 2**64 + SEED_MIN  # wraps within the 64-bit seeds
         temperature = body.temperature if body.temperature >= GREEDY_BELOW else 0.0  # as vLLM: greedy below it
@@ -465,17 +463,16 @@ class Service:
         except ValueError as exc:
             raise RequestError(str(exc), None) from None
         arrived = time.monotonic() if arrived is None else arrived
-        if grammar is not None and not end_ids:
+        if grammar is not None and not ending.end_ids:
             raise RequestError("structured output needs an end token: this model has no EOS; give stop_token_ids",
                                body.grammar_field() or "tool_choice")
         max_tokens = room if max_tokens is None else max_tokens  # 0: the prompt only (`Decoding.prompt_only`)
-        return Decoding(self, prompt_ids, name, max_tokens, sampling, body.stop, arrived, end_ids,
-                        body.logprob_count(), body.prompt_logprob_count(), grammar, body.include_stop_str_in_output,
-                        self.hidden_ids(body, end_ids))
+        return Decoding(self, prompt_ids, name, max_tokens, sampling, body.stop, arrived, ending,
+                        body.logprob_count(), body.prompt_logprob_count(), grammar, self.hidden_ids(body, ending))
 
-    def end_ids(self, body: RequestBody) -> tuple[int, ...]:
-        """The tokens that end the request: the model's EOS (unless ignore_eos) and its stop_token_ids."""
-        return tuple(dict.fromkeys((*(() if body.ignore_eos else self.session.eos_ids), *body.stop_token_ids)))
+    def ending(self, body: RequestBody) -> Ending:
+        """The request's end tokens: the model's EOS (unless ignore_eos) and its stop_token_ids."""
+        return Ending(self.session.eos_ids, tuple(body.stop_token_ids), body.ignore_eos, body.include_stop_str_in_output)
 
     def check_model(self, model: str | None) -> None:
         """RequestError (404) unless `model` is None or the served name."""

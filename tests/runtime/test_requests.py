@@ -8,7 +8,6 @@ import math
 import pytest
 
 from hybridspec.runtime.engine import Engine
-from hybridspec.runtime.generation import StopSequences, first_stop
 from hybridspec.runtime.loading import load_target, random_drafter
 from hybridspec.runtime.policies import make_policy
 from hybridspec.runtime.sampling import GREEDY_BELOW, SamplingParams
@@ -105,23 +104,10 @@ def test_a_stop_ends_the_output_within_a_round(engines, kind, name):
     assert engine.generate(PROMPT, policy=policy, max_new_tokens=20).token_ids == whole.token_ids
 
 
-PIECES = {0: " x", 1: "(", 2: "a", 3: "b)", 4: "ab", 5: "\ufffd"}  # token id → its text
-
-
-def _text(ids: list[int]) -> str:
-    return "".join(PIECES[i] for i in ids)
-
-
-def test_stop_sequences_end_at_the_fewest_ids_whose_text_holds_one():
-    """The fewest ids whose text holds a stop sequence; the one found first in the text wins (the
-    earlier given where two begin at one place); the text of the first min_tokens ids is not
-    searched, nor a trailing U+FFFD (maybe part of a character)."""
-    stops = StopSequences(("b)", "(a"), _text)
-    ids = [0, 1, 2, 3, 4]  # " x(ab)ab"
-    assert stops.length(ids, 0) == 3 and stops.cut(ids) == (" x", "(a")
-    assert stops.length(ids[:2], 0) is None
-    assert first_stop("xabc", ["bc", "b"]) == (2, "bc") and first_stop("xabc", ["b", "ab"]) == (1, "ab")
-    late = StopSequences(("a",), _text, min_tokens=3)  # the text after " x(a" is searched
-    assert late.length(ids[:3], 0) is None and late.length(ids, 3) == 5 and late.cut(ids) == (" x(ab)", "a")
-    assert first_stop("ab\ufffd", ["\ufffd"]) is None and first_stop("a\ufffdb", ["\ufffd"]) == (1, "\ufffd")
-    assert StopSequences(("\ufffd",), _text).length([0, 5], 0) is None
+def test_a_stop_length_outside_the_new_ids_is_refused(engines):
+    """A stop that returns a length not past the ids it had seen, or past all of them, is a
+    ValueError naming it, not a negative emitted count."""
+    policy = make_policy("static:5", 15)
+    for bad in (lambda ids, seen: seen if seen else None, lambda ids, seen: len(ids) + 1):
+        with pytest.raises(ValueError, match="stop returned"):
+            engines["host"].generate(PROMPT, policy=policy, max_new_tokens=20, stop=bad)

@@ -14,7 +14,6 @@ import pytest
 pytest.importorskip("uvicorn")
 
 from hybridspec.serve.app import TextOffsets  # noqa: E402
-from hybridspec.runtime.generation import first_stop  # noqa: E402
 from hybridspec.serve.service import open_service  # noqa: E402
 from tests.serve.live import live_server  # noqa: E402
 
@@ -99,12 +98,6 @@ def test_text_offsets_count_the_characters_before_each_token():
         [0, 1, 1, 2, 4, 5, 6]  # "a😀bcé\ufffdd"
     cut = TextOffsets()  # a character that never completes is one U+FFFD before the next one
     assert [cut.take(b) for b in (b"\xe2\x82", b"a", b"b", smile[:1], "é".encode())] == [0, 1, 2, 3, 4]
-
-
-def test_a_stop_sequence_waits_for_a_partial_character():
-    assert first_stop("ab\ufffd", ["\ufffd"]) is None  # maybe the first bytes of a character
-    assert first_stop("a\ufffdb", ["\ufffd"]) == (1, "\ufffd")  # a character that stayed invalid
-    assert first_stop("abc\ufffd", ["c", "b"]) == (1, "b")
 
 
 def test_fields_that_need_another_are_refused(server):

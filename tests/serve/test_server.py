@@ -125,7 +125,7 @@ def test_stop_sequence_cuts_text(client):
 
 def test_stop_token_ids_and_ignore_eos(tmp_path):
     """A stop token id ends the request as EOS does (in every policy, mid-round included) and stays
-    out of the text; ignore_eos decodes past EOS. The model's EOS is set to a token that its greedy
+    out of the text unless include_stop_str_in_output; ignore_eos decodes past EOS. The model's EOS is set to a token that its greedy
     output emits, so that both paths are taken."""
     service = open_service(max_context=256)
     codec = service.session.codec
@@ -141,6 +141,8 @@ def test_stop_token_ids_and_ignore_eos(tmp_path):
         for policy in ("ar", "full", "static:4"):
             out = complete(policy=policy, stop_token_ids=[ids[j]])
             assert (out.finish_reason, out.text, out.stop_reason) == ("stop", codec.decode(ids[:j]), ids[j]), policy
+        kept = complete(stop_token_ids=[ids[j]], include_stop_str_in_output=True)  # vLLM's: the token's text stays
+        assert (kept.text, kept.stop_reason) == (codec.decode(ids[: j + 1]), ids[j])
         assert complete(stop_token_ids=[ids[j]]).finish_reason == "stop"
         assert complete().stop_reason is None
         streamed = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0, stream=True,
@@ -152,9 +154,10 @@ def test_stop_token_ids_and_ignore_eos(tmp_path):
         past = complete(ignore_eos=True)  # the EOS is then an ordinary output token (here not a special one)
         assert past.finish_reason == "length"
         assert past.text == codec.decode(ids)
-        usage = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0,
-                                          extra_body={"stop_token_ids": [ids[j]], "ignore_eos": True}).usage
-        assert usage.completion_tokens == j + 1  # a stop token id still ends it
+        ended = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0,
+                                          extra_body={"stop_token_ids": [ids[j]], "ignore_eos": True})
+        assert ended.usage.completion_tokens == j + 1  # a stop token id still ends it
+        assert ended.choices[0].stop_reason == ids[j]  # as vLLM's: the stop token id, the EOS being ignored
         bad = httpx.post(f"{base}/v1/completions", json={"prompt": PROMPT, "stop_token_ids": [10**9]})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "stop_token_ids"
 
