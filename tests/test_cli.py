@@ -98,9 +98,9 @@ def test_generate_with_a_checkpoint_directory(qwen35_dir):
     (["--model", "qwen9-unknown", "--prompt-ids", "1", "--policy", "ar"], "is neither a model directory"),
     (["--model", "random-tiny", "--prompt", "hello", "--policy", "ar"], "no tokenizer.json"),
     (["--prompt-ids", "1,2", "--prompt", "x", "--policy", "ar"], "exactly one"),
-    (["--prompt-ids", "1,99999", "--policy", "ar"], "outside the vocabulary"),
+    (["--prompt-ids", "1,99999", "--policy", "ar"], "--prompt-ids 99999 is outside the vocabulary"),
     (["--prompt-ids", "1", "--policy", "ar", "--top-p", "0"], "top_p"),
-    (["--prompt-ids", "1", "--policy", "ar", "--logit-bias", "99999=1"], "logit_bias ids [99999] are outside the vocabulary"),
+    (["--prompt-ids", "1", "--policy", "ar", "--logit-bias", "99999=1"], "--logit-bias 99999 is outside the vocabulary"),
     (["--prompt-ids", "1", "--policy", "ar", "--stop-token-id", "99999"], "--stop-token-id 99999 is outside the vocabulary"),
     (["--model", "random-tiny", "--prompt-ids", "1", "--policy", "ar", "--stop", "x"], "stop sequences (--stop) need one"),
 ])

@@ -48,6 +48,9 @@ def test_markup_in_a_message_is_printed_as_given(tmp_path):
     (["--policy", " "], "--policy is empty"),
     (["--policy", "ar", "--repetition-penalty", "0"], "repetition_penalty must be in (0, 2]"),
     (["--policy", "ar", "--max-context", "100000"], "exceeds the model's max_position_embeddings (4096)"),
+    (["--policy", "ar", "--prompt-ids", "1,99999"], "--prompt-ids 99999 is outside the vocabulary"),
+    (["--policy", "ar", "--logit-bias", "99999=1"], "--logit-bias 99999 is outside the vocabulary"),
+    (["--policy", "ar", "--stop-token-id", "-1"], "--stop-token-id -1 is outside the vocabulary"),
 ])
 def test_generate_checks_policy_and_artifact_before_loading(no_loading, args, message):
     _one_line_error(runner.invoke(app, ["generate", "--prompt-ids", "1,2", *args]), message)

@@ -96,15 +96,22 @@ class GenerateRequest:
     grammar: GrammarSpec | None = None  # what the output must match (`grammar.py`)
 
 
+def _prompt_ids(request: GenerateRequest) -> list[int] | None:
+    """The prompt given as ids ("1,2,3"), or None for a text prompt."""
+    if request.prompt_ids is None:
+        return None
+    try:
+        return [int(x) for x in request.prompt_ids.split(",")]
+    except ValueError:
+        raise ValueError(f"prompt ids must be comma-separated integers, got {request.prompt_ids!r}") from None
+
+
 def _prompt(request: GenerateRequest, session: Session) -> list[int]:
     if (request.prompt is None) == (request.prompt_ids is None):
         raise ValueError("give exactly one of a prompt text or prompt ids")
-    if request.prompt_ids is not None:
-        try:
-            ids = [int(x) for x in request.prompt_ids.split(",")]
-        except ValueError:
-            raise ValueError(f"prompt ids must be comma-separated integers, got {request.prompt_ids!r}") from None
-        return ids  # checked against the vocabulary by `Engine.check`
+    ids = _prompt_ids(request)
+    if ids is not None:
+        return ids
     if session.codec is None:
         raise ValueError(f"model {session.model!r} has no tokenizer.json; give prompt ids")
     try:
@@ -130,12 +137,25 @@ def run_generate(request: GenerateRequest) -> dict | None:
     name = request.policy or default_policy(request.artifact)
     params = check_policy(name, request.artifact, request.model, request.drafter, need_drafter=name != "ar",
                           seed=request.seed, force=request.force)
+    _check_vocabulary(request, target_config(resolve_pair(request.model, request.drafter)[0]).vocab_size)
     if request.tp > 1 or request.expert_parallel:
         from .tensor_parallel import launch
 
         check_tensor_parallel(request.model, request.tp, request.expert_parallel)
         return launch(_generate, request.tp, request.device, request, sampling, name, params, True)
     return _generate(request, sampling, name, params, False)
+
+
+def _check_vocabulary(request: GenerateRequest, vocab: int) -> None:
+    """The token ids the options name, against the target's vocabulary before any weights load
+    (ValueError naming the option; `Engine.check` checks prompt and bias ids again for the library's
+    other callers)."""
+    given = {"--prompt-ids": _prompt_ids(request) or [], "--logit-bias": [i for i, _ in request.logit_bias],
+             "--stop-token-id": request.stop_token_ids}
+    for option, ids in given.items():
+        bad = [i for i in ids if not 0 <= i < vocab]
+        if bad:
+            raise ValueError(f"{option} {bad[0]} is outside the vocabulary of {vocab} (ids 0 … {vocab - 1})")
 
 
 def _check_ending(request: GenerateRequest) -> None:
@@ -177,11 +197,7 @@ def _generate(request: GenerateRequest, sampling: SamplingParams, name: str, par
 
 
 def _ending(request: GenerateRequest, session: Session) -> Ending:
-    """The request's end tokens (ValueError: a stop token id outside the vocabulary)."""
-    vocab = session.target.cfg.vocab_size
-    bad = [i for i in request.stop_token_ids if not 0 <= i < vocab]
-    if bad:
-        raise ValueError(f"--stop-token-id {bad[0]} is outside the vocabulary of {vocab}")
+    """The request's end tokens (their ids checked by `_check_vocabulary`)."""
     return Ending(session.eos_ids, request.stop_token_ids, request.ignore_eos, request.include_stop)
 
 
