@@ -78,11 +78,11 @@ def generate(
     logit_bias: Annotated[Optional[list[str]], typer.Option(
         "--logit-bias", metavar="ID=BIAS", help="Add BIAS (-100 … 100) to token ID's logit (repeat the option for each token).")] = None,
     stop: Annotated[Optional[list[str]], typer.Option(
-        "--stop", help="End the output before this text, which is left out (repeat the option for each).")] = None,
+        "--stop", help="End the output before this text, which is left out unless --include-stop (repeat the option for each).")] = None,
     stop_token_ids: Annotated[Optional[list[int]], typer.Option(
         "--stop-token-id", help="End the output at this token, as EOS does (repeat the option for each).")] = None,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Decode past the model's EOS (to --max-new-tokens, a --stop or a --stop-token-id).")] = False,
-    min_tokens: Annotated[int, typer.Option("--min-tokens", min=0, help="No end token and no --stop before this many output tokens.")] = 0,
+    min_tokens: Annotated[int, typer.Option("--min-tokens", min=0, help="No end token before this many output tokens, and no --stop that ends in their text.")] = 0,
     include_stop: Annotated[bool, typer.Option("--include-stop", help="Keep the --stop text or the end token that ended the output in its text (vLLM's include_stop_str_in_output).")] = False,
     keep_special_tokens: Annotated[bool, typer.Option("--keep-special-tokens", help="Keep the tokenizer's special tokens in the text (by default left out, as vLLM's skip_special_tokens does).")] = False,
     logprobs: Annotated[Optional[int], typer.Option(
