@@ -7,7 +7,7 @@ unless include_stop_str_in_output; special tokens under skip_special_tokens). `g
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -56,16 +56,29 @@ def first_stop(text: str, stops: Sequence[str], new_from: int = 0) -> tuple[int,
     return None
 
 
-@dataclass(frozen=True)
+@dataclass
 class StopSequences:
     """vLLM's stop sequences over an output's tokens, one token at a time: a stop sequence counts
     once it ends in the text of a token after the first `min_tokens` (it may begin before); the
     output ends at that token, its text before the stop sequence. `text_of`: the text of output ids
-    (`output_text`)."""
+    (`output_text`). One instance follows one output, whose ids only grow: `text` keeps the texts of
+    the last two lengths asked for, so that a step decodes its output once (the step before's text
+    is where its search starts)."""
 
     stops: tuple[str, ...]
     text_of: Callable[[list[int]], str]
     min_tokens: int = 0
+    _texts: dict[int, str] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def text(self, ids: list[int]) -> str:
+        """`text_of(ids)`, kept for the last two lengths asked for (a length names one prefix of the
+        output this instance follows)."""
+        text = self._texts.get(len(ids))
+        if text is None:
+            if len(self._texts) >= 2:
+                del self._texts[min(self._texts)]
+            text = self._texts[len(ids)] = self.text_of(ids)
+        return text
 
     def length(self, ids: list[int], seen: int) -> int | None:
         """`Engine.generate`'s `stop`: the fewest ids whose last one's text ends a stop sequence,
@@ -74,10 +87,10 @@ class StopSequences:
         if len(ids) <= start:
             return None
         searched = self._searched(ids[:start])
-        if first_stop(self.text_of(ids), self.stops, searched) is None:
+        if first_stop(self.text(ids), self.stops, searched) is None:
             return None
         for k in range(start + 1, len(ids) + 1):
-            text = self.text_of(ids[:k])
+            text = self.text(ids[:k])
             if first_stop(text, self.stops, searched) is not None:
                 return k
             searched = len(text.rstrip("\ufffd"))
@@ -86,10 +99,10 @@ class StopSequences:
     def cut(self, ids: list[int]) -> tuple[str, str]:
         """(text before the stop sequence, the stop sequence) of output `ids` that `length` ended:
         the stop sequence ends in the last token's text."""
-        text = self.text_of(ids)
+        text = self.text(ids)
         at, stop = first_stop(text, self.stops, self._searched(ids[:-1]))
         return text[:at], stop
 
     def _searched(self, ids: list[int]) -> int:
         """How much of the text of `ids` the search has seen (a trailing U+FFFD it has not)."""
-        return len(self.text_of(ids).rstrip("\ufffd"))
+        return len(self.text(ids).rstrip("\ufffd"))

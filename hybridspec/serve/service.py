@@ -136,7 +136,7 @@ class Decoding:
         self.ids.extend(new)
         if self.logprobs is not None:
             self.logprobs.extend(record.logprobs)
-        self.text = self.service.visible_text(self.ids, self.hidden)
+        self.text = self.stop_sequences.text(self.ids)  # the text the stop search reads again
         if self.stops and self._stop_within(start):
             self.finish_reason = "stop"
 

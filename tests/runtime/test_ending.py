@@ -71,3 +71,14 @@ def test_end_tokens_their_stop_reason_and_the_text_they_leave():
     assert output_text(_text, ids, kept.hidden()) == " x<sp>a<eos>"
     assert output_text(_text, ids, kept.hidden(frozenset({6, 7}))) == " xa"  # a special end token stays skipped
     assert output_text(_text, [0, 6, 2], Ending((6,), ignore_eos=True).hidden()) == " x<eos>a"
+
+
+def test_each_length_of_the_output_is_decoded_once():
+    """A caller that reads each step's text (`text`) and then searches it (`length`) decodes every
+    length of the output once (the empty start once more), not the whole output again per search."""
+    decoded = []
+    sequences = StopSequences(("zz",), lambda ids: decoded.append(len(ids)) or _text(ids))
+    for n in range(1, len(IDS) + 1):
+        assert sequences.text(IDS[:n]) == _text(IDS[:n])
+        assert sequences.length(IDS[:n], n - 1) is None
+    assert decoded == [1, 0, 2, 3, 4, 5]
